@@ -1,0 +1,6 @@
+# trainrun_warnings: a private INTERFACE target that every project target links, so warnings are
+# set per target rather than through CMAKE_CXX_FLAGS.
+add_library(trainrun_warnings INTERFACE)
+target_compile_options(trainrun_warnings INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow=local -Wno-unused-parameter>
+  $<$<COMPILE_LANGUAGE:C>:-Wall -Wextra>)

@@ -1,0 +1,40 @@
+// LaunchSpec: everything the launcher needs to run one job, as the CLI parsed it.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trainrun/hostfile/slot_plan.h"
+
+namespace trainrun::launcher {
+
+// ExportedVariable is one `-x NAME` (value taken from trainrun's environment) or `-x NAME=value`.
+struct ExportedVariable {
+  std::string name;
+  std::optional<std::string> value;
+};
+
+struct LaunchSpec {
+  hostfile::SlotPlan plan;
+  // The worker command and its arguments, as typed after trainrun's own flags.
+  std::vector<std::string> command;
+  std::vector<ExportedVariable> exported;
+  // --output-filename DIR: each rank's output also goes to DIR/rank.<N>/{stdout,stderr}.
+  std::optional<std::string> output_dir;
+  // Prefix worker lines with "[rank]<stdout>:" / "[rank]<stderr>:".
+  bool tag_output = true;
+  // Prefix worker lines with the time they arrived.
+  bool prefix_timestamp = false;
+  // Bound on connecting to hosts and starting ranks.
+  std::chrono::seconds start_timeout{30};
+  // Between SIGTERM and SIGKILL when the job is torn down.
+  std::chrono::milliseconds grace_period{3000};
+  // Print the plan, start nothing.
+  bool dry_run = false;
+  bool verbose = false;
+};
+
+}  // namespace trainrun::launcher

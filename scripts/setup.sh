@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs, once, every Debian 12 package trainrun's build, tests and examples need, then builds
+# into build/. Safe to run again: it installs only what is missing and rebuilds incrementally.
+#
+#   scripts/setup.sh            # packages + build
+#   BUILD_DIR=out scripts/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir=${BUILD_DIR:-build}
+
+packages=(
+  # toolchain
+  cmake ninja-build g++ make pkg-config git ca-certificates
+  # libraries (DESIGN.md's dependencies)
+  libboost-dev libboost-filesystem-dev libssh2-1-dev libcli11-dev libspdlog-dev libfmt-dev
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev catch2
+  # Python bindings, the PyTorch example and its tests
+  python3-dev pybind11-dev python3-numpy python3-torch python3-sklearn python3-pytest
+  # launcher and multi-host tests: real processes, a real sshd, network namespaces
+  openssh-server openssh-client iproute2 procps
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}" >&2
+  sudo=""; [[ $(id -u) -eq 0 ]] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build_dir" -j2
