@@ -19,7 +19,8 @@ constexpr char kFooter[] = R"(Examples:
 
 Hosts: -H and hostfiles take host, host:slots, user@host:slots and [ipv6]:slots; hostfiles also
 `host slots=N [max_slots=M]`. Inside a Slurm allocation, with neither -H nor --hostfile, the hosts
-are the allocation's. Without any of these, all ranks run on this host.)";
+are the allocation's. Without any of these, all ranks run on this host.
+)";
 
 // CLI11 short flags are one letter, so the multi-letter single-dash spellings of horovodrun and
 // mpirun are rewritten to their long names before parsing.
@@ -59,10 +60,10 @@ std::vector<std::string> RewriteSingleDashAliases(const CLI::App& app,
 }  // namespace
 
 void SetupRunOptions(CLI::App& app, RunOptions& options) {
+  app.name("trainrun");
   app.description(
-      "trainrun starts a distributed training job, one worker process per slot, and supervises "
-      "it.\n"
-      "Usage: trainrun [flags] command [args...]");
+      "Start a distributed training job, one worker process per slot, and supervise it:\n"
+      "  trainrun [OPTIONS] COMMAND [ARGS...]");
   app.footer(kFooter);
   app.prefix_command();
   app.set_version_flag("-v,--version", absl::StrCat("trainrun ", TRAINRUN_VERSION));

@@ -16,9 +16,10 @@ absl::StatusOr<SlotPlan> PlanSlots(const std::vector<HostSpec>& hosts,
     return absl::InvalidArgumentError(absl::StrCat("-np must be at least 1, not ", *num_proc));
   }
   if (num_proc && *num_proc > total) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "-np ", *num_proc, " asks for more processes than the ", total, " slots on ", hosts.size(),
-        hosts.size() == 1 ? " host" : " hosts", "; lower -np or add slots (host:N)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("-np ", *num_proc, " asks for more processes than the ", total,
+                     total == 1 ? " slot on " : " slots on ", hosts.size(),
+                     hosts.size() == 1 ? " host" : " hosts", "; lower -np or add slots (host:N)"));
   }
   const int size = num_proc.value_or(static_cast<int>(total));
 

@@ -77,6 +77,10 @@ TEST_CASE("PlanSlots rejects impossible sizes, naming the numbers", "[hostfile][
   CHECK(std::string(too_many.status().message()) ==
         "-np 8 asks for more processes than the 4 slots on 2 hosts; lower -np or add slots "
         "(host:N)");
+  auto one_slot = PlanSlots({HostSpec{"", "a", 1, {}}}, 2);
+  REQUIRE_FALSE(one_slot.ok());
+  CHECK_THAT(std::string(one_slot.status().message()),
+             Catch::StartsWith("-np 2 asks for more processes than the 1 slot on 1 host;"));
   auto zero = PlanSlots(*hosts, 0);
   REQUIRE_FALSE(zero.ok());
   CHECK(std::string(zero.status().message()) == "-np must be at least 1, not 0");
