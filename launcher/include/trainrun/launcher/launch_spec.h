@@ -35,6 +35,14 @@ struct LaunchSpec {
   // Print the plan, start nothing.
   bool dry_run = false;
   bool verbose = false;
+
+  // Remote hosts (horovodrun's flags; the SSH launcher reads them).
+  // --network-interface(s): interfaces for rendezvous and data-plane addresses; empty: automatic.
+  std::vector<std::string> network_interfaces;
+  // -p/--ssh-port: the SSH port on every host; unset: ssh's default.
+  std::optional<int> ssh_port;
+  // -i/--ssh-identity-file: the private key to log in with; unset: ssh's defaults.
+  std::optional<std::string> ssh_identity_file;
 };
 
 }  // namespace trainrun::launcher

@@ -58,6 +58,13 @@ inline constexpr char kOmpiLocalSize[] = "OMPI_COMM_WORLD_LOCAL_SIZE";
 // Set to 1 when several ranks share a host and the user left it unset (as torchrun does).
 inline constexpr char kOmpNumThreads[] = "OMP_NUM_THREADS";
 
+// --- Read by trainrun from its own environment ------------------------------------------------
+
+// Inside a Slurm allocation, and with no -H or --hostfile, the hosts come from these: the
+// compressed node list (`node[01-03],gpu5`) and the tasks per node (`2(x3),1`).
+inline constexpr char kSlurmJobNodelist[] = "SLURM_JOB_NODELIST";
+inline constexpr char kSlurmTasksPerNode[] = "SLURM_TASKS_PER_NODE";
+
 // --- Tunables ----------------------------------------------------------------------------------
 
 // EnvParam is an integer tunable read from the environment, with its default. Get() returns the

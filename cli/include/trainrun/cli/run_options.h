@@ -1,0 +1,60 @@
+// The `trainrun` command line: one options struct, the CLI11 setup that fills it, and the parse
+// step that also takes the worker command (everything after trainrun's flags, or after `--`).
+//
+//   CLI::App app;
+//   trainrun::cli::RunOptions options;
+//   trainrun::cli::SetupRunOptions(app, options);
+//   auto outcome = trainrun::cli::ParseRunArgs(app, {"-np", "4", "python", "train.py"}, options);
+//   // options.num_proc == 4, options.command == {"python", "train.py"}
+//
+// Flags follow horovodrun's names (-np, -H, --hostfile, --start-timeout, --output-filename,
+// --network-interface, -p/--ssh-port, -i/--ssh-identity-file, ...) and mpirun's -x.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace trainrun::cli {
+
+// RunOptions is every flag of `trainrun`, as typed; MakeLaunchSpec checks and resolves them.
+struct RunOptions {
+  std::optional<int> num_proc;                   // -np/--num-proc
+  std::optional<std::string> hosts;              // -H/--hosts, unparsed
+  std::optional<std::string> hostfile;           // --hostfile
+  std::vector<std::string> exports;              // -x NAME[=value], repeatable, unparsed
+  std::optional<std::string> output_filename;    // --output-filename DIR
+  bool tag_output = true;                        // --tag-output / --no-tag-output
+  bool prefix_timestamp = false;                 // --prefix-timestamp
+  int start_timeout_s = 30;                      // --start-timeout SECONDS
+  bool verbose = false;                          // --verbose
+  std::optional<std::string> log_level;          // --log-level
+  bool dry_run = false;                          // --dry-run
+  std::vector<std::string> network_interfaces;   // --network-interface(s)
+  std::optional<int> ssh_port;                   // -p/--ssh-port
+  std::optional<std::string> ssh_identity_file;  // -i/--ssh-identity-file
+  std::vector<std::string> command;              // the worker command and its arguments
+};
+
+// SetupRunOptions declares trainrun's flags, help text and examples on `app`, bound to `options`
+// (which must outlive `app`'s parsing).
+void SetupRunOptions(CLI::App& app, RunOptions& options);
+
+// ParseOutcome says what the user asked for.
+enum class ParseOutcome {
+  kRun,      // options are filled; start (or dry-run) the job
+  kHelp,     // print app.help()
+  kVersion,  // print the version
+};
+
+// ParseRunArgs parses `args` (argv without argv[0]) into the `options` SetupRunOptions bound to
+// `app`. Multi-letter single-dash flags that horovodrun and mpirun users type (`-np 4`,
+// `-hostfile f`, `-prefix-timestamp`) are accepted. Errors (InvalidArgument, one sentence): any
+// flag error, an unknown flag before the command, no command.
+absl::StatusOr<ParseOutcome> ParseRunArgs(CLI::App& app, std::vector<std::string> args,
+                                          RunOptions& options);
+
+}  // namespace trainrun::cli

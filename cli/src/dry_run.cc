@@ -1,0 +1,60 @@
+#include "trainrun/cli/dry_run.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "trainrun/hostfile/host_list.h"
+
+namespace trainrun::cli {
+namespace {
+
+bool NeedsQuoting(const std::string& word) {
+  if (word.empty()) return true;
+  return word.find_first_not_of(
+             "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.,/:=+@%") !=
+         std::string::npos;
+}
+
+}  // namespace
+
+std::string ShellQuote(const std::vector<std::string>& words) {
+  std::vector<std::string> quoted;
+  for (const std::string& word : words) {
+    quoted.push_back(NeedsQuoting(word)
+                         ? absl::StrCat("'", absl::StrReplaceAll(word, {{"'", "'\\''"}}), "'")
+                         : word);
+  }
+  return absl::StrJoin(quoted, " ");
+}
+
+void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out) {
+  const hostfile::SlotPlan& plan = spec.plan;
+  out << absl::StrFormat("trainrun: dry run: %d %s on %d %s; nothing is started\n", plan.size(),
+                         plan.size() == 1 ? "rank" : "ranks", plan.hosts.size(),
+                         plan.hosts.size() == 1 ? "host" : "hosts");
+  size_t host_width = 4;
+  for (const hostfile::HostSpec& host : plan.hosts) {
+    host_width = std::max(host_width, hostfile::HostLabel(host).size());
+  }
+  const int width = static_cast<int>(host_width);
+  out << absl::StrFormat("%-*s  %-4s  %-10s  %-10s  %s\n", width, "HOST", "RANK", "LOCAL_RANK",
+                         "CROSS_RANK", "COMMAND");
+  const std::string command = ShellQuote(spec.command);
+  for (const hostfile::RankAssignment& r : plan.ranks) {
+    out << absl::StrFormat("%-*s  %-4d  %-10d  %-10d  %s\n", width,
+                           hostfile::HostLabel(plan.hosts[r.host_index]), r.rank, r.local_rank,
+                           r.cross_rank, command);
+  }
+  for (const launcher::ExportedVariable& variable : spec.exported) {
+    out << "export " << variable.name
+        << (variable.value ? absl::StrCat("=", ShellQuote({*variable.value}))
+                           : " (from trainrun's environment)")
+        << "\n";
+  }
+  if (spec.output_dir) out << "output: " << *spec.output_dir << "/rank.<N>/{stdout,stderr}\n";
+}
+
+}  // namespace trainrun::cli

@@ -1,0 +1,137 @@
+#include "trainrun/cli/make_launch_spec.h"
+
+#include <cstdlib>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "trainrun/hostfile/host_list.h"
+#include "trainrun/hostfile/hostfile.h"
+#include "trainrun/hostfile/slot_plan.h"
+#include "trainrun/hostfile/slurm.h"
+#include "trainrun/rendezvous/environment.h"
+
+namespace trainrun::cli {
+namespace {
+
+using hostfile::HostSpec;
+
+// Every error of this stage is the user's input; InvalidArgument maps to exit code 2.
+absl::Status BadInput(absl::string_view prefix, const absl::Status& status) {
+  return absl::InvalidArgumentError(absl::StrCat(prefix, status.message()));
+}
+
+// Hosts and where they came from (for messages).
+struct Hosts {
+  std::vector<HostSpec> hosts;
+  std::string source;  // "" for -H/--hostfile, whose messages already name themselves
+};
+
+absl::StatusOr<Hosts> ResolveHosts(const RunOptions& options, const EnvironmentLookup& env) {
+  if (options.hosts && options.hostfile) {
+    return absl::InvalidArgumentError("give either -H or --hostfile, not both");
+  }
+  if (options.hosts) {
+    auto hosts = hostfile::ParseHostList(*options.hosts);
+    if (!hosts.ok()) return BadInput("-H: ", hosts.status());
+    return Hosts{*std::move(hosts), ""};
+  }
+  if (options.hostfile) {
+    auto hosts = hostfile::ReadHostfile(*options.hostfile);
+    if (!hosts.ok()) return BadInput("", hosts.status());
+    return Hosts{*std::move(hosts), ""};
+  }
+  if (std::optional<std::string> nodelist = env(env::kSlurmJobNodelist); nodelist) {
+    std::optional<std::string> tasks = env(env::kSlurmTasksPerNode);
+    auto hosts = hostfile::SlurmHosts(
+        *nodelist, tasks ? std::optional<absl::string_view>(*tasks) : std::nullopt);
+    if (!hosts.ok()) return BadInput("in this Slurm allocation: ", hosts.status());
+    return Hosts{*std::move(hosts), absl::StrCat("in this Slurm allocation (",
+                                                 env::kSlurmJobNodelist, "=", *nodelist, "): ")};
+  }
+  if (!options.num_proc) {
+    return absl::InvalidArgumentError(
+        "give -np (ranks on this host) or hosts with -H or --hostfile, e.g. trainrun -np 4 "
+        "python train.py");
+  }
+  if (*options.num_proc > hostfile::kMaxSlotsPerHost) {
+    return absl::InvalidArgumentError(absl::StrCat("-np ", *options.num_proc, " is more than the ",
+                                                   hostfile::kMaxSlotsPerHost,
+                                                   " ranks one host may run"));
+  }
+  HostSpec local;
+  local.host = kLocalHost;
+  local.slots = std::max(*options.num_proc, 1);  // -np 0 is PlanSlots' error to report
+  return Hosts{{local}, ""};
+}
+
+absl::StatusOr<std::vector<launcher::ExportedVariable>> ParseExports(
+    const std::vector<std::string>& exports) {
+  std::vector<launcher::ExportedVariable> variables;
+  for (const std::string& item : exports) {
+    launcher::ExportedVariable variable;
+    size_t eq = item.find('=');
+    variable.name = item.substr(0, eq);
+    if (eq != std::string::npos) variable.value = item.substr(eq + 1);
+    if (!IsValidVariableName(variable.name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "-x ", item, ": '", variable.name,
+          "' is not a valid variable name (letters, digits and _, not starting with a digit)"));
+    }
+    variables.push_back(std::move(variable));
+  }
+  return variables;
+}
+
+}  // namespace
+
+EnvironmentLookup ProcessEnvironment() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* value = std::getenv(name.c_str());
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  };
+}
+
+bool IsValidVariableName(const std::string& name) {
+  if (name.empty() || absl::ascii_isdigit(static_cast<unsigned char>(name[0]))) return false;
+  for (char c : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+  }
+  return true;
+}
+
+absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
+                                                    const EnvironmentLookup& env) {
+  if (options.command.empty()) {
+    return absl::InvalidArgumentError(
+        "no command to run; put it after the flags, e.g. trainrun -np 4 python train.py");
+  }
+  absl::StatusOr<Hosts> hosts = ResolveHosts(options, env);
+  if (!hosts.ok()) return hosts.status();
+  absl::StatusOr<hostfile::SlotPlan> plan = hostfile::PlanSlots(hosts->hosts, options.num_proc);
+  if (!plan.ok()) return BadInput(hosts->source, plan.status());
+  absl::StatusOr<std::vector<launcher::ExportedVariable>> exported = ParseExports(options.exports);
+  if (!exported.ok()) return exported.status();
+  if (options.output_filename && options.output_filename->empty()) {
+    return absl::InvalidArgumentError("--output-filename needs a directory name");
+  }
+
+  launcher::LaunchSpec spec;
+  spec.plan = *std::move(plan);
+  spec.command = options.command;
+  spec.exported = *std::move(exported);
+  spec.output_dir = options.output_filename;
+  spec.tag_output = options.tag_output;
+  spec.prefix_timestamp = options.prefix_timestamp;
+  spec.start_timeout = std::chrono::seconds(options.start_timeout_s);
+  spec.dry_run = options.dry_run;
+  spec.verbose = options.verbose;
+  spec.network_interfaces = options.network_interfaces;
+  spec.ssh_port = options.ssh_port;
+  spec.ssh_identity_file = options.ssh_identity_file;
+  return spec;
+}
+
+}  // namespace trainrun::cli

@@ -1,0 +1,165 @@
+#include "trainrun/cli/run_options.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace trainrun::cli {
+namespace {
+
+constexpr char kFooter[] = R"(Examples:
+  trainrun -np 4 python train.py                      # 4 ranks on this host
+  trainrun -np 8 -H server1:4,server2:4 python train.py
+  trainrun --hostfile hosts.txt python train.py       # every slot of the hostfile
+  trainrun -np 2 -x NCCL_DEBUG=INFO -x PATH -- ./worker --flag
+  trainrun --dry-run -H a:2,b:2 python train.py       # print the plan, start nothing
+
+Hosts: -H and hostfiles take host, host:slots, user@host:slots and [ipv6]:slots; hostfiles also
+`host slots=N [max_slots=M]`. Inside a Slurm allocation, with neither -H nor --hostfile, the hosts
+are the allocation's. Without any of these, all ranks run on this host.)";
+
+// CLI11 short flags are one letter, so the multi-letter single-dash spellings of horovodrun and
+// mpirun are rewritten to their long names before parsing.
+struct SingleDashAlias {
+  const char* spelling;
+  const char* long_name;
+};
+constexpr SingleDashAlias kSingleDashAliases[] = {
+    {"-np", "--num-proc"},
+    {"-hostfile", "--hostfile"},
+    {"-prefix-timestamp", "--prefix-timestamp"},
+};
+
+// Rewrites aliases among trainrun's own flags, stopping where the worker command begins, so that
+// `trainrun -np 2 mpirun -np 3` leaves the worker's `-np` alone.
+std::vector<std::string> RewriteSingleDashAliases(const CLI::App& app,
+                                                  std::vector<std::string> args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string& arg = args[i];
+    if (arg == "--" || arg.size() < 2 || arg[0] != '-') break;  // the command starts here
+    for (const SingleDashAlias& alias : kSingleDashAliases) {
+      if (arg == alias.spelling) {
+        arg = alias.long_name;
+      } else if (absl::StartsWith(arg, absl::StrCat(alias.spelling, "="))) {
+        arg = absl::StrCat(alias.long_name, arg.substr(std::string(alias.spelling).size()));
+      }
+    }
+    // A flag that takes a value in the next argument: skip that value.
+    if (arg.find('=') != std::string::npos) continue;
+    bool short_with_attached_value = arg[1] != '-' && arg.size() > 2;
+    const CLI::Option* option = app.get_option_no_throw(arg);
+    if (option != nullptr && !short_with_attached_value && option->get_expected_min() > 0) ++i;
+  }
+  return args;
+}
+
+}  // namespace
+
+void SetupRunOptions(CLI::App& app, RunOptions& options) {
+  app.description(
+      "trainrun starts a distributed training job, one worker process per slot, and supervises "
+      "it.\n"
+      "Usage: trainrun [flags] command [args...]");
+  app.footer(kFooter);
+  app.prefix_command();
+  app.set_version_flag("-v,--version", absl::StrCat("trainrun ", TRAINRUN_VERSION));
+
+  app.add_option("-n,--num-proc", options.num_proc,
+                 "Number of ranks (also -np). Default: every slot of the hosts.")
+      ->type_name("N");
+  app.add_option("-H,--hosts", options.hosts,
+                 "Hosts and their slots: host1:4,host2:4 (also user@host:N, [ipv6]:N).")
+      ->type_name("LIST");
+  app.add_option("--hostfile", options.hostfile,
+                 "File listing hosts, one a line: `host slots=N` or `host:N` (also -hostfile).")
+      ->type_name("FILE");
+  app.add_option("-x", options.exports,
+                 "Export NAME (from this environment) or NAME=value to every rank; repeatable.")
+      ->type_name("NAME[=value]")
+      ->allow_extra_args(false);
+  app.add_option("--output-filename", options.output_filename,
+                 "Also write each rank's output to DIR/rank.<N>/stdout and stderr.")
+      ->type_name("DIR");
+  app.add_flag("--tag-output,!--no-tag-output", options.tag_output,
+               "Prefix worker lines with [rank]<stdout>: (default: on).");
+  app.add_flag("--prefix-timestamp,--prefix-output-with-timestamp", options.prefix_timestamp,
+               "Prefix worker lines with the time they arrived.");
+  app.add_option("--start-timeout", options.start_timeout_s,
+                 "Seconds allowed for connecting to hosts and starting every rank.")
+      ->type_name("SECONDS")
+      ->check(CLI::Range(1, 24 * 3600))
+      ->capture_default_str();
+  app.add_flag("--verbose", options.verbose, "Print what trainrun does (log level debug).");
+  app.add_option("--log-level", options.log_level, "trainrun's own log level.")
+      ->type_name("LEVEL")
+      ->transform(CLI::IsMember({"trace", "debug", "info", "warning", "error", "critical", "off"},
+                                CLI::ignore_case));
+  app.add_flag("--dry-run", options.dry_run,
+               "Print the plan (host, rank, local_rank, cross_rank, command); start nothing.");
+
+  CLI::Option_group* remote = app.add_option_group("Remote hosts");
+  remote
+      ->add_option_function<std::vector<std::string>>(
+          "--network-interface,--network-interfaces",
+          [&options](const std::vector<std::string>& values) {
+            for (const std::string& value : values) {
+              for (absl::string_view nic : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+                options.network_interfaces.emplace_back(nic);
+              }
+            }
+          },
+          "Network interface(s) for rendezvous and data traffic, e.g. eth0; repeatable.")
+      ->type_name("NIC[,NIC]")
+      ->allow_extra_args(false)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  remote->add_option("-p,--ssh-port", options.ssh_port, "SSH port on every host.")
+      ->type_name("PORT")
+      ->check(CLI::Range(1, 65535));
+  remote
+      ->add_option("-i,--ssh-identity-file", options.ssh_identity_file,
+                   "Private key to log in to the hosts with.")
+      ->type_name("FILE")
+      ->check(CLI::ExistingFile);
+  // horovodrun users type --gloo to avoid MPI; trainrun never uses MPI, so it changes nothing.
+  remote->add_flag("--gloo", "Accepted for horovodrun compatibility; trainrun never uses MPI.");
+}
+
+absl::StatusOr<ParseOutcome> ParseRunArgs(CLI::App& app, std::vector<std::string> args,
+                                          RunOptions& options) {
+  args = RewriteSingleDashAliases(app, std::move(args));
+  std::reverse(args.begin(), args.end());  // CLI11 takes the vector back to front
+  try {
+    app.parse(args);
+  } catch (const CLI::CallForHelp&) {
+    return ParseOutcome::kHelp;
+  } catch (const CLI::CallForAllHelp&) {
+    return ParseOutcome::kHelp;
+  } catch (const CLI::CallForVersion&) {
+    return ParseOutcome::kVersion;
+  } catch (const CLI::ParseError& e) {
+    return absl::InvalidArgumentError(absl::StrCat(e.what(), "; see trainrun --help"));
+  }
+
+  // prefix_command leaves everything from the first word it does not know: the command, after
+  // an explicit `--` if the user wrote one. An unknown flag before the command lands here too.
+  std::vector<std::string> command = app.remaining();
+  bool explicit_separator = !command.empty() && command.front() == "--";
+  if (explicit_separator) command.erase(command.begin());
+  if (!explicit_separator && !command.empty() && command.front().size() > 1 &&
+      command.front()[0] == '-') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown flag '", command.front(),
+        "'; see trainrun --help (a worker command that starts with '-' goes after --)"));
+  }
+  if (command.empty()) {
+    return absl::InvalidArgumentError(
+        "no command to run; put it after the flags, e.g. trainrun -np 4 python train.py");
+  }
+  options.command = std::move(command);
+  return ParseOutcome::kRun;
+}
+
+}  // namespace trainrun::cli

@@ -1,0 +1,31 @@
+// Pieces shared by the -H, hostfile and Slurm parsers. Messages carry no location; callers prefix
+// theirs (the -H entry, FILE:LINE, the Slurm variable).
+#pragma once
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "trainrun/hostfile/slot_plan.h"
+
+namespace trainrun::hostfile::internal {
+
+// ParseSlotCount reads a slot count for `host`: a whole number in [1, kMaxSlotsPerHost].
+absl::StatusOr<int> ParseSlotCount(absl::string_view text, absl::string_view host);
+
+// ParsedEntry is a host entry and whether it carried an explicit `:slots`.
+struct ParsedEntry {
+  HostSpec spec;
+  bool has_slots = false;
+};
+
+// ParseEntry parses `[user@]host[:slots]` (see ParseHostEntry).
+absl::StatusOr<ParsedEntry> ParseEntry(absl::string_view entry);
+
+// AddHost appends `host` to `hosts`, or, when the same host is already there, adds its slots to
+// that entry (as Open MPI does with a host listed once per slot). Fails when the two entries name
+// different users or the sum exceeds kMaxSlotsPerHost.
+absl::Status AddHost(std::vector<HostSpec>& hosts, const HostSpec& host);
+
+}  // namespace trainrun::hostfile::internal

@@ -1,0 +1,138 @@
+// Argument vectors through CLI11, as CLI11's own tests do: a fixture owns the App and the options.
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include "trainrun/cli/run_options.h"
+
+namespace trainrun::cli {
+namespace {
+
+using Words = std::vector<std::string>;
+
+class TApp {
+ protected:
+  TApp() { SetupRunOptions(app, options); }
+
+  absl::StatusOr<ParseOutcome> Parse(const Words& args) { return ParseRunArgs(app, args, options); }
+
+  // Parses `args` and requires success.
+  void Run(const Words& args) {
+    auto outcome = Parse(args);
+    INFO((outcome.ok() ? "" : std::string(outcome.status().message())));
+    REQUIRE(outcome.ok());
+    REQUIRE(*outcome == ParseOutcome::kRun);
+  }
+
+  CLI::App app;
+  RunOptions options;
+};
+
+TEST_CASE_METHOD(TApp, "trainrun's -np and the worker's own flags are kept apart", "[cli]") {
+  Run({"-np", "4", "python", "train.py", "--lr", "0.1"});
+  CHECK(options.num_proc == 4);
+  CHECK(options.command == Words{"python", "train.py", "--lr", "0.1"});
+}
+
+TEST_CASE_METHOD(TApp, "the worker's -np and -x are not trainrun's", "[cli]") {
+  Run({"-np", "2", "-x", "A", "mpirun", "-np", "3", "-x", "B", "prog"});
+  CHECK(options.num_proc == 2);
+  CHECK(options.exports == Words{"A"});
+  CHECK(options.command == Words{"mpirun", "-np", "3", "-x", "B", "prog"});
+}
+
+TEST_CASE_METHOD(TApp, "a double dash ends trainrun's flags", "[cli]") {
+  Run({"--num-proc", "2", "-H", "a:2", "--", "python", "-x", "--verbose"});
+  CHECK(options.num_proc == 2);
+  CHECK(options.hosts == "a:2");
+  CHECK_FALSE(options.verbose);
+  CHECK(options.command == Words{"python", "-x", "--verbose"});
+}
+
+TEST_CASE_METHOD(TApp, "a command that starts with a dash needs --", "[cli]") {
+  Run({"-np", "1", "--", "-weird-program"});
+  CHECK(options.command == Words{"-weird-program"});
+}
+
+TEST_CASE_METHOD(TApp, "repeated -x keeps each value whole", "[cli]") {
+  Run({"-x", "A", "-x", "B=1", "-x", "C=", "-x", "D=x=y", "-np", "1", "env"});
+  CHECK(options.exports == Words{"A", "B=1", "C=", "D=x=y"});
+  CHECK(options.command == Words{"env"});
+}
+
+TEST_CASE_METHOD(TApp, "horovodrun's and mpirun's spellings work", "[cli]") {
+  SECTION("single-dash long flags") {
+    Run({"-np=3", "-hostfile", "hosts.txt", "-prefix-timestamp", "true"});
+    CHECK(options.num_proc == 3);
+    CHECK(options.hostfile == "hosts.txt");
+    CHECK(options.prefix_timestamp);
+    CHECK(options.command == Words{"true"});
+  }
+  SECTION("horovodrun's long names") {
+    Run({"--num-proc", "8", "--hosts", "a:4,b:4", "--start-timeout", "90", "--output-filename",
+         "logs", "--verbose", "--prefix-output-with-timestamp", "--gloo", "python", "t.py"});
+    CHECK(options.num_proc == 8);
+    CHECK(options.hosts == "a:4,b:4");
+    CHECK(options.start_timeout_s == 90);
+    CHECK(options.output_filename == "logs");
+    CHECK(options.verbose);
+    CHECK(options.prefix_timestamp);
+  }
+  SECTION("networking and ssh") {
+    Run({"--network-interface", "eth0", "--network-interface", "ib0,ib1", "--network-interfaces",
+         "eth9", "-p", "2222", "-i", "/dev/null", "x"});
+    CHECK(options.network_interfaces == Words{"eth0", "ib0", "ib1", "eth9"});
+    CHECK(options.ssh_port == 2222);
+    CHECK(options.ssh_identity_file == "/dev/null");
+  }
+  SECTION("tagging and logging") {
+    Run({"-n", "2", "--no-tag-output", "--log-level", "DEBUG", "--dry-run", "x"});
+    CHECK(options.num_proc == 2);
+    CHECK_FALSE(options.tag_output);
+    CHECK(options.log_level == "debug");
+    CHECK(options.dry_run);
+  }
+  SECTION("defaults") {
+    Run({"x"});
+    CHECK_FALSE(options.num_proc);
+    CHECK(options.tag_output);
+    CHECK_FALSE(options.prefix_timestamp);
+    CHECK(options.start_timeout_s == 30);
+    CHECK_FALSE(options.dry_run);
+  }
+}
+
+TEST_CASE_METHOD(TApp, "help and version are outcomes, not errors", "[cli]") {
+  CHECK(*Parse({"--help"}) == ParseOutcome::kHelp);
+  CHECK(*Parse({"-h"}) == ParseOutcome::kHelp);
+  CHECK(*Parse({"--version"}) == ParseOutcome::kVersion);
+  CHECK(*Parse({"-v"}) == ParseOutcome::kVersion);
+}
+
+TEST_CASE_METHOD(TApp, "flag errors are one sentence naming the flag", "[cli]") {
+  struct Case {
+    Words args;
+    std::string message_part;
+  };
+  auto c = GENERATE(values<Case>({
+      {{}, "no command to run"},
+      {{"-np", "4"}, "no command to run"},
+      {{"-np", "4", "--"}, "no command to run"},
+      {{"--bogus", "python"}, "unknown flag '--bogus'"},
+      {{"-np", "abc", "python"}, "--num-proc"},
+      {{"-np"}, "--num-proc"},
+      {{"--start-timeout", "0", "x"}, "--start-timeout"},
+      {{"-p", "70000", "x"}, "--ssh-port"},
+      {{"-i", "/nonexistent/key", "x"}, "/nonexistent/key"},
+      {{"--log-level", "chatty", "x"}, "chatty"},
+  }));
+  CAPTURE(c.args);
+  auto outcome = Parse(c.args);
+  REQUIRE_FALSE(outcome.ok());
+  CHECK(outcome.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(outcome.status().message()), Catch::Contains(c.message_part));
+  CHECK(std::string(outcome.status().message()).find('\n') == std::string::npos);
+}
+
+}  // namespace
+}  // namespace trainrun::cli
