@@ -9,8 +9,9 @@
 
 namespace trainrun::launcher {
 
-// Logger returns the process-wide "trainrun" logger (created on first use), which writes to
-// stderr — in color when stderr is a terminal — flushing every message.
+// Logger returns trainrun's one logger: spdlog's default logger, named "trainrun". If the default
+// logger is not already named "trainrun" (as the CLI installs it), the first call installs one that
+// writes to stderr, "trainrun: <level>: ...", in color on a terminal. Every message is flushed.
 spdlog::logger& Logger();
 
 // SetLogLevel sets the least severe level Logger() prints; the default is info.
