@@ -1,0 +1,95 @@
+// JobSupervisor: the job's policy (DESIGN.md, "Supervision"). The first rank that fails ends the
+// job: every other rank gets SIGTERM, then SIGKILL after the grace period; trainrun exits with that
+// rank's code (128+N for signal N) and prints one summary that blames the first failure.
+//
+// It only decides: events come in (from RankProcessSet locally, from agents for remote hosts),
+// and it acts through RankControl. Call it on the io_context's thread; the rendezvous server,
+// running on its own threads, posts ReportPeerFailure there with boost::asio::post.
+//
+//   JobSupervisor supervisor(io, plan, ranks, options, [&] { io.stop(); });
+//   ... supervisor.OnRankStarted(r) / OnRankExit(r, exit) / OnSignal(SIGINT) ...
+//   Logger().error(supervisor.Summary()); return supervisor.exit_code();
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "trainrun/hostfile/slot_plan.h"
+#include "trainrun/launcher/exit_info.h"
+#include "trainrun/launcher/process_set.h"
+
+namespace trainrun::launcher {
+
+struct SupervisorOptions {
+  std::string command;  // argv[0] as typed, for "cannot execute 'foo'"
+  std::chrono::milliseconds grace_period{3000};  // SIGTERM → SIGKILL
+  // After SIGKILL, how long to wait for ranks to be reaped before giving up on them.
+  std::chrono::milliseconds kill_timeout{5000};
+  int stderr_tail_lines = 10;  // lines of the failed rank's stderr in the summary
+};
+
+class JobSupervisor {
+ public:
+  // `on_done` runs once, when every started rank has exited (or the kill timeout passed).
+  JobSupervisor(boost::asio::io_context& io, const hostfile::SlotPlan& plan, RankControl& ranks,
+                SupervisorOptions options, std::function<void()> on_done);
+
+  // OnRankStarted counts a rank the job must wait for.
+  void OnRankStarted(int rank);
+  // OnStartFailure ends the job because rank `rank` could not be started at all.
+  void OnStartFailure(int rank, std::string message);
+  // OnStartsComplete says no more ranks will start; with none running the job is done.
+  void OnStartsComplete();
+  // OnOutput keeps the last lines of each rank's stderr for the summary.
+  void OnOutput(int rank, OutputStream stream, std::string_view bytes);
+  // OnRankExit records a rank's end; the first failure starts the teardown.
+  void OnRankExit(int rank, const ExitInfo& exit);
+  // OnSignal: trainrun got SIGINT/SIGTERM/SIGHUP. The first starts the teardown (exit 128+N);
+  // a second one skips the grace period.
+  void OnSignal(int signal);
+  // ReportPeerFailure: rank `rank` says it failed because peer `peer` failed (through the
+  // rendezvous). Such a rank is never blamed while another failure can be.
+  void ReportPeerFailure(int rank, int peer);
+
+  bool done() const { return done_; }
+  // exit_code is what trainrun exits with: the blamed rank's code, 128+N after signal N, 1 when a
+  // rank could not be started, else 0.
+  int exit_code() const;
+  // Summary is the one message for the user after a failed or interrupted job; "" when all ranks
+  // exited 0. Several lines, the first naming the rank, host, and code or signal.
+  std::string Summary() const;
+
+ private:
+  void StartTeardown();
+  void MaybeDone();
+  // Blamed returns the first failure: the earliest one that happened before the teardown began,
+  // preferring ranks that did not report a peer's failure.
+  std::optional<int> Blamed() const;
+
+  const hostfile::SlotPlan& plan_;
+  RankControl& ranks_;
+  SupervisorOptions options_;
+  std::function<void()> on_done_;
+  boost::asio::steady_timer timer_;
+
+  int started_ = 0;
+  bool starts_complete_ = false;
+  std::map<int, ExitInfo> exits_;
+  std::map<int, std::string> stderr_tail_;
+  std::map<int, int> peer_failures_;  // rank → the peer it blamed
+  std::optional<std::string> start_failure_;
+  std::optional<int> signal_;
+  std::optional<std::chrono::steady_clock::time_point> teardown_started_;
+  bool killed_ = false;
+  bool done_ = false;
+};
+
+}  // namespace trainrun::launcher

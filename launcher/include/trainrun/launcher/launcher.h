@@ -1,0 +1,38 @@
+// Launch: run one job to its end and say what trainrun should exit with.
+//
+//   trainrun::launcher::LaunchSpec spec;
+//   spec.plan = *trainrun::hostfile::PlanSlots(hosts, 4);
+//   spec.command = {"python3", "train.py"};
+//   absl::StatusOr<int> code = trainrun::launcher::Launch(spec);
+//   return code.ok() ? *code : ReportAndMapToExitCode(code.status());
+//
+// Launch starts one rank per entry of spec.plan, each with the worker environment of DESIGN.md
+// (JobEnvironment), forwards their output (OutputForwarder), and supervises them (JobSupervisor):
+// the first failure ends the job, Ctrl-C/SIGTERM/SIGHUP end it with 130/143/129, and one summary is
+// logged. While it runs it handles SIGINT, SIGTERM, SIGHUP, SIGCHLD and ignores SIGPIPE; it
+// restores them before it returns.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "trainrun/launcher/launch_spec.h"
+
+namespace trainrun::launcher {
+
+// Launch runs the job and returns trainrun's exit code: 0 when every rank exited 0; the first
+// failed rank's code (128+N for signal N); 127 when the command cannot be executed (reported
+// once, nothing started); 128+N when trainrun got signal N. An error Status only for what kept the
+// job from starting: an empty command or plan, a host that is not this one (remote hosts come
+// with the agent), a bad -x, an --output-filename directory that cannot be made.
+absl::StatusOr<int> Launch(const LaunchSpec& spec);
+
+// DescribePlan returns --dry-run's text: one line per rank with host, rank, local_rank,
+// cross_rank and the command.
+std::string DescribePlan(const LaunchSpec& spec);
+
+// IsLocalHost is true for names that mean this machine: localhost, 127.0.0.0/8, ::1, and this
+// host's own name (with or without its domain).
+bool IsLocalHost(const std::string& host);
+
+}  // namespace trainrun::launcher

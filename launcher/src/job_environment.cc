@@ -1,0 +1,172 @@
+#include "trainrun/launcher/job_environment.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "trainrun/rendezvous/environment.h"
+
+extern char** environ;
+
+namespace trainrun::launcher {
+namespace {
+
+std::map<std::string, std::string> ToMap(const std::vector<std::string>& entries) {
+  std::map<std::string, std::string> out;
+  for (const std::string& entry : entries) {
+    size_t eq = entry.find('=');
+    if (eq == std::string::npos || eq == 0) continue;
+    out.emplace(entry.substr(0, eq), entry.substr(eq + 1));
+  }
+  return out;
+}
+
+// RandomHex returns 2*bytes hex digits from /dev/urandom.
+absl::StatusOr<std::string> RandomHex(size_t bytes) {
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot open /dev/urandom: ", std::strerror(errno)));
+  std::string raw(bytes, '\0');
+  size_t got = 0;
+  while (got < bytes) {
+    ssize_t n = read(fd, raw.data() + got, bytes - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  close(fd);
+  if (got < bytes) return absl::InternalError("cannot read /dev/urandom");
+  return absl::BytesToHexString(raw);
+}
+
+// FreePort asks the kernel for a TCP port nobody listens on now (torchrun does the same; another
+// process may take it before rank 0 binds it, a window we cannot close from here).
+absl::StatusOr<int> FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create a socket: ", std::strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof(addr);
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  int error = errno;
+  close(fd);
+  if (port < 0) return absl::InternalError(absl::StrCat("cannot find a free port: ", std::strerror(error)));
+  return port;
+}
+
+}  // namespace
+
+std::vector<std::string> CurrentEnvironment() {
+  std::vector<std::string> out;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) out.emplace_back(*entry);
+  return out;
+}
+
+absl::StatusOr<JobEnvironment> JobEnvironment::Create(const LaunchSpec& spec,
+                                                      const std::vector<std::string>& base) {
+  JobEnvironment job;
+  job.plan_ = spec.plan;
+  job.base_ = ToMap(base);
+  for (const ExportedVariable& variable : spec.exported) {
+    if (variable.value.has_value()) {
+      job.forced_[variable.name] = *variable.value;
+      continue;
+    }
+    auto it = job.base_.find(variable.name);
+    if (it == job.base_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "-x ", variable.name, ": ", variable.name,
+          " is not set in trainrun's environment; set it, or give it a value with -x ",
+          variable.name, "=VALUE"));
+    }
+    job.forced_[variable.name] = it->second;
+  }
+  absl::StatusOr<std::string> id = RandomHex(6);
+  if (!id.ok()) return id.status();
+  absl::StatusOr<std::string> token = RandomHex(32);
+  if (!token.ok()) return token.status();
+  absl::StatusOr<int> port = FreePort();
+  if (!port.ok()) return port.status();
+  job.job_id_ = *std::move(id);
+  job.token_ = *std::move(token);
+  job.master_port_ = *port;
+  job.master_addr_ = spec.plan.hosts.empty() ? "127.0.0.1" : spec.plan.HostOf(0).host;
+  return job;
+}
+
+std::optional<std::string> JobEnvironment::Lookup(const std::string& name) const {
+  if (auto it = forced_.find(name); it != forced_.end()) return it->second;
+  if (auto it = base_.find(name); it != base_.end()) return it->second;
+  return std::nullopt;
+}
+
+std::vector<std::string> JobEnvironment::ForRank(int rank) const {
+  const hostfile::RankAssignment& a = plan_.ranks[rank];
+  const std::string& host = plan_.HostOf(rank).host;
+  std::map<std::string, std::string> vars = base_;
+  auto set = [&vars](const char* name, const auto& value) {
+    if constexpr (std::is_arithmetic_v<std::decay_t<decltype(value)>>) {
+      vars[name] = absl::StrCat(value);
+    } else {
+      vars[name] = std::string(value);
+    }
+  };
+  const int size = plan_.size();
+  set(env::kRank, a.rank);
+  set(env::kSize, size);
+  set(env::kLocalRank, a.local_rank);
+  set(env::kLocalSize, a.local_size);
+  set(env::kCrossRank, a.cross_rank);
+  set(env::kCrossSize, a.cross_size);
+  set(env::kHostname, host);
+  set(env::kJobId, job_id_);
+  set(env::kJobToken, token_);
+  if (rendezvous_addr_.has_value()) {
+    set(env::kRendezvousAddr, *rendezvous_addr_);
+  } else {
+    vars.erase(env::kRendezvousAddr);  // a stale one from an enclosing job would mislead
+  }
+
+  set(env::kHorovodRank, a.rank);
+  set(env::kHorovodSize, size);
+  set(env::kHorovodLocalRank, a.local_rank);
+  set(env::kHorovodLocalSize, a.local_size);
+  set(env::kHorovodCrossRank, a.cross_rank);
+  set(env::kHorovodCrossSize, a.cross_size);
+  set(env::kHorovodHostname, host);
+
+  set(env::kTorchRank, a.rank);
+  set(env::kTorchWorldSize, size);
+  set(env::kTorchLocalRank, a.local_rank);
+  set(env::kTorchLocalWorldSize, a.local_size);
+  set(env::kTorchGroupRank, a.host_index);  // torchrun: the node's index
+  set(env::kTorchMasterAddr, master_addr_);
+  set(env::kTorchMasterPort, master_port_);
+
+  set(env::kOmpiRank, a.rank);
+  set(env::kOmpiSize, size);
+  set(env::kOmpiLocalRank, a.local_rank);
+  set(env::kOmpiLocalSize, a.local_size);
+
+  if (a.local_size > 1 && !vars.count(env::kOmpNumThreads) && !forced_.count(env::kOmpNumThreads)) {
+    set(env::kOmpNumThreads, "1");
+  }
+  for (const auto& [name, value] : forced_) vars[name] = value;
+
+  std::vector<std::string> out;
+  out.reserve(vars.size());
+  for (const auto& [name, value] : vars) out.push_back(absl::StrCat(name, "=", value));
+  return out;
+}
+
+}  // namespace trainrun::launcher

@@ -1,0 +1,214 @@
+#include "trainrun/launcher/job_supervisor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "trainrun/launcher/logging.h"
+
+namespace trainrun::launcher {
+namespace {
+
+constexpr size_t kTailBytes = 16 * 1024;
+
+// "0-2,5,7-9"
+std::string RankRanges(const std::vector<int>& ranks) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    parts.push_back(i == j ? absl::StrCat(ranks[i]) : absl::StrCat(ranks[i], "-", ranks[j]));
+    i = j + 1;
+  }
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(parts, ","));
+}
+
+// "SIGTERM", "code 1", "not executed"
+std::string Brief(const ExitInfo& exit) {
+  if (exit.exec_errno != 0) return "not executed";
+  if (exit.signal != 0) return SignalName(exit.signal);
+  return absl::StrCat("code ", exit.code);
+}
+
+}  // namespace
+
+JobSupervisor::JobSupervisor(boost::asio::io_context& io, const hostfile::SlotPlan& plan,
+                             RankControl& ranks, SupervisorOptions options,
+                             std::function<void()> on_done)
+    : plan_(plan), ranks_(ranks), options_(std::move(options)), on_done_(std::move(on_done)), timer_(io) {}
+
+void JobSupervisor::OnRankStarted(int rank) { ++started_; }
+
+void JobSupervisor::OnStartFailure(int rank, std::string message) {
+  if (!start_failure_.has_value()) start_failure_ = std::move(message);
+  StartTeardown();
+}
+
+void JobSupervisor::OnStartsComplete() {
+  starts_complete_ = true;
+  MaybeDone();
+}
+
+void JobSupervisor::OnOutput(int rank, OutputStream stream, std::string_view bytes) {
+  if (stream != OutputStream::kStderr) return;
+  std::string& tail = stderr_tail_[rank];
+  tail.append(bytes);
+  if (tail.size() > 2 * kTailBytes) tail.erase(0, tail.size() - kTailBytes);
+}
+
+void JobSupervisor::OnRankExit(int rank, const ExitInfo& exit) {
+  exits_[rank] = exit;
+  if (!exit.ok()) {
+    Logger().debug("rank {} {}", rank, exit.Describe());
+    StartTeardown();
+  }
+  MaybeDone();
+}
+
+void JobSupervisor::OnSignal(int signal) {
+  if (!teardown_started_.has_value()) {
+    signal_ = signal;
+    Logger().warn("got {}; stopping all ranks", SignalName(signal));
+    StartTeardown();
+  } else if (!killed_) {
+    Logger().warn("got {} again; killing all ranks now", SignalName(signal));
+    killed_ = true;
+    ranks_.KillAll();
+  }
+}
+
+void JobSupervisor::ReportPeerFailure(int rank, int peer) { peer_failures_.emplace(rank, peer); }
+
+void JobSupervisor::StartTeardown() {
+  if (teardown_started_.has_value()) return;
+  teardown_started_ = std::chrono::steady_clock::now();
+  ranks_.TerminateAll();
+  timer_.expires_after(options_.grace_period);
+  timer_.async_wait([this](const boost::system::error_code& error) {
+    if (error || done_) return;
+    if (!killed_) {
+      Logger().debug("grace period over; sending SIGKILL");
+      killed_ = true;
+      ranks_.KillAll();
+    }
+    timer_.expires_after(options_.kill_timeout);
+    timer_.async_wait([this](const boost::system::error_code& error2) {
+      if (error2 || done_) return;
+      Logger().error("{} of {} ranks did not end within {} ms of SIGKILL; giving up on them",
+                     started_ - static_cast<int>(exits_.size()), started_,
+                     options_.kill_timeout.count());
+      done_ = true;
+      on_done_();
+    });
+  });
+}
+
+void JobSupervisor::MaybeDone() {
+  if (done_ || !starts_complete_ || static_cast<int>(exits_.size()) < started_) return;
+  done_ = true;
+  timer_.cancel();
+  on_done_();
+}
+
+std::optional<int> JobSupervisor::Blamed() const {
+  std::optional<int> best;
+  auto better = [&](int rank, const ExitInfo& exit) {
+    if (!best.has_value()) return true;
+    bool peer = peer_failures_.count(rank) > 0;
+    bool best_peer = peer_failures_.count(*best) > 0;
+    if (peer != best_peer) return !peer;
+    return exit.time < exits_.at(*best).time;
+  };
+  for (const auto& [rank, exit] : exits_) {
+    if (exit.ok()) continue;
+    // Failures that began after the teardown did are its consequence, not a cause.
+    if (teardown_started_.has_value() && exit.time >= *teardown_started_) continue;
+    if (better(rank, exit)) best = rank;
+  }
+  return best;
+}
+
+int JobSupervisor::exit_code() const {
+  if (std::optional<int> blamed = Blamed(); blamed.has_value()) return exits_.at(*blamed).ExitCode();
+  if (signal_.has_value()) return 128 + *signal_;
+  if (start_failure_.has_value()) return 1;
+  for (const auto& [rank, exit] : exits_) {
+    if (!exit.ok()) return exit.ExitCode();  // only reachable for failures during a teardown
+  }
+  return 0;
+}
+
+std::string JobSupervisor::Summary() const {
+  std::optional<int> blamed = Blamed();
+  if (!blamed.has_value() && !signal_.has_value() && !start_failure_.has_value()) {
+    bool all_ok = std::all_of(exits_.begin(), exits_.end(), [](const auto& e) { return e.second.ok(); });
+    if (all_ok) return "";
+  }
+  std::vector<std::string> lines;
+  std::set<int> accounted;
+  if (blamed.has_value()) {
+    const ExitInfo& exit = exits_.at(*blamed);
+    const std::string& host = plan_.HostOf(*blamed).host;
+    accounted.insert(*blamed);
+    if (exit.exec_errno != 0) {
+      lines.push_back(absl::StrCat("cannot execute '", options_.command, "': ",
+                                   std::strerror(exit.exec_errno), " (rank ", *blamed, " on ", host,
+                                   "); check the command and PATH"));
+    } else {
+      lines.push_back(absl::StrCat("rank ", *blamed, " on ", host, " ", exit.Describe(),
+                                   "; it failed first, so the job was stopped"));
+      auto tail = stderr_tail_.find(*blamed);
+      if (tail != stderr_tail_.end() && !tail->second.empty()) {
+        std::vector<std::string> tail_lines = absl::StrSplit(tail->second, '\n');
+        if (!tail_lines.empty() && tail_lines.back().empty()) tail_lines.pop_back();
+        size_t first = tail_lines.size() > static_cast<size_t>(options_.stderr_tail_lines)
+                           ? tail_lines.size() - options_.stderr_tail_lines
+                           : 0;
+        lines.push_back(absl::StrCat("last lines of rank ", *blamed, "'s stderr:"));
+        for (size_t i = first; i < tail_lines.size(); ++i) lines.push_back(absl::StrCat("  | ", tail_lines[i]));
+      }
+    }
+  } else if (signal_.has_value()) {
+    lines.push_back(absl::StrCat("interrupted by ", SignalName(*signal_), "; the job was stopped"));
+  } else if (start_failure_.has_value()) {
+    lines.push_back(*start_failure_);
+  }
+
+  // Ranks that reported, through the rendezvous, failing because of a peer.
+  std::map<int, std::vector<int>> by_peer;
+  for (const auto& [rank, peer] : peer_failures_) {
+    if (accounted.insert(rank).second) by_peer[peer].push_back(rank);
+  }
+  for (const auto& [peer, ranks] : by_peer) {
+    lines.push_back(absl::StrCat(RankRanges(ranks), " reported failing because rank ", peer, " had"));
+  }
+  // The rest, grouped by how they ended: failures before the teardown (after the blamed one),
+  // and ranks the teardown stopped.
+  std::map<std::string, std::vector<int>> failed_too, stopped;
+  for (const auto& [rank, exit] : exits_) {
+    if (accounted.count(rank) || exit.ok()) continue;
+    bool before = !teardown_started_.has_value() || exit.time < *teardown_started_;
+    if (before) {
+      failed_too[exit.Describe()].push_back(rank);
+    } else {
+      stopped[Brief(exit)].push_back(rank);
+    }
+  }
+  for (const auto& [how, ranks] : failed_too) {
+    lines.push_back(absl::StrCat(RankRanges(ranks), " also ", how, ", after the first failure"));
+  }
+  for (const auto& [how, ranks] : stopped) {
+    lines.push_back(absl::StrCat("stopped as a consequence: ", RankRanges(ranks), " (ended: ", how, ")"));
+  }
+  std::vector<int> unreaped;
+  for (int rank = 0; rank < plan_.size(); ++rank) {
+    if (!exits_.count(rank) && rank < started_) unreaped.push_back(rank);
+  }
+  if (!unreaped.empty()) lines.push_back(absl::StrCat(RankRanges(unreaped), " could not be reaped"));
+  return absl::StrJoin(lines, "\n");
+}
+
+}  // namespace trainrun::launcher

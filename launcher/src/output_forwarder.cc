@@ -1,0 +1,137 @@
+#include "trainrun/launcher/output_forwarder.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace trainrun::launcher {
+namespace {
+
+bool SameFile(int a, int b) {
+  struct stat sa {}, sb {};
+  return fstat(a, &sa) == 0 && fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+std::string Timestamp() {
+  auto now = std::chrono::system_clock::now();
+  std::time_t seconds = std::chrono::system_clock::to_time_t(now);
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm local{};
+  localtime_r(&seconds, &local);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%d %H:%M:%S", &local);
+  return absl::StrFormat("%s.%03d ", text, static_cast<int>(ms));
+}
+
+absl::StatusOr<int> MakeDirectory(const std::string& path) {
+  if (mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--output-filename: cannot create directory '", path, "': ", std::strerror(errno)));
+  }
+  return 0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<OutputForwarder>> OutputForwarder::Create(const OutputOptions& options) {
+  std::unique_ptr<OutputForwarder> forwarder(new OutputForwarder(options));
+  if (!options.output_dir.has_value()) return forwarder;
+  if (auto made = MakeDirectory(*options.output_dir); !made.ok()) return made.status();
+  const int width = static_cast<int>(absl::StrCat(std::max(options.world_size - 1, 0)).size());
+  for (int rank = 0; rank < options.world_size; ++rank) {
+    std::string dir = absl::StrFormat("%s/rank.%0*d", *options.output_dir, width, rank);
+    if (auto made = MakeDirectory(dir); !made.ok()) return made.status();
+    for (OutputStream stream : {OutputStream::kStdout, OutputStream::kStderr}) {
+      std::string path = dir + (stream == OutputStream::kStdout ? "/stdout" : "/stderr");
+      int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd < 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "--output-filename: cannot create '", path, "': ", std::strerror(errno)));
+      }
+      forwarder->files_[{rank, stream}] = fd;
+    }
+  }
+  return forwarder;
+}
+
+OutputForwarder::OutputForwarder(const OutputOptions& options)
+    : options_(options),
+      stdout_{options.stdout_fd, std::nullopt},
+      stderr_{options.stderr_fd, std::nullopt},
+      stderr_console_(SameFile(options.stdout_fd, options.stderr_fd) ? &stdout_ : &stderr_) {}
+
+OutputForwarder::~OutputForwarder() {
+  EndLines();
+  for (const auto& [key, fd] : files_) close(fd);
+}
+
+OutputForwarder::Console& OutputForwarder::ConsoleFor(OutputStream stream) {
+  return stream == OutputStream::kStdout ? stdout_ : *stderr_console_;
+}
+
+void OutputForwarder::Write(int rank, OutputStream stream, std::string_view bytes) {
+  if (bytes.empty()) return;
+  if (auto it = files_.find({rank, stream}); it != files_.end()) WriteAll(it->second, bytes);
+
+  Console& console = ConsoleFor(stream);
+  const int fd = stream == OutputStream::kStdout ? options_.stdout_fd : options_.stderr_fd;
+  const std::pair<int, OutputStream> writer{rank, stream};
+  std::string out;
+  if (console.open_line.has_value() && *console.open_line != writer) {
+    out.push_back('\n');  // another rank's unfinished line: end it, so this one gets its own
+    console.open_line.reset();
+  }
+  if (!console.open_line.has_value()) {
+    if (options_.prefix_timestamp) out += Timestamp();
+    if (options_.tag) {
+      absl::StrAppend(&out, "[", rank, "]", stream == OutputStream::kStdout ? "<stdout>:" : "<stderr>:");
+    }
+  }
+  if (out.empty()) {
+    WriteAll(fd, bytes);
+  } else {
+    out.append(bytes);
+    WriteAll(fd, out);
+  }
+  if (bytes.back() == '\n') {
+    console.open_line.reset();
+  } else {
+    console.open_line = writer;
+  }
+}
+
+void OutputForwarder::EndLines() {
+  for (Console* console : {&stdout_, stderr_console_}) {
+    if (console->open_line.has_value()) {
+      WriteAll(console->fd, "\n");
+      console->open_line.reset();
+    }
+  }
+}
+
+void OutputForwarder::WriteAll(int fd, std::string_view bytes) {
+  while (!bytes.empty()) {
+    ssize_t n = write(fd, bytes.data(), bytes.size());
+    if (n > 0) {
+      bytes.remove_prefix(static_cast<size_t>(n));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && errno == EAGAIN) {
+      pollfd p{fd, POLLOUT, 0};  // the console was left non-blocking by someone else
+      poll(&p, 1, 1000);
+    } else {
+      return;  // EPIPE (a closed pipe, e.g. `| head`): the output has nowhere to go
+    }
+  }
+}
+
+}  // namespace trainrun::launcher

@@ -1,0 +1,103 @@
+// JobSupervisor's policy with a fake RankControl: who is blamed, what trainrun exits with.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+
+#include "trainrun/launcher/job_supervisor.h"
+
+namespace {
+
+using trainrun::launcher::ExitInfo;
+using trainrun::launcher::JobSupervisor;
+using trainrun::launcher::SupervisorOptions;
+
+class FakeRanks : public trainrun::launcher::RankControl {
+ public:
+  void TerminateAll() override { ++terminated; }
+  void KillAll() override { ++killed; }
+  int terminated = 0;
+  int killed = 0;
+};
+
+trainrun::hostfile::SlotPlan Plan(int n) {
+  trainrun::hostfile::SlotPlan plan;
+  plan.hosts.push_back({"", "localhost", n, std::nullopt});
+  for (int r = 0; r < n; ++r) plan.ranks.push_back({r, r, n, 0, 1, 0});
+  return plan;
+}
+
+ExitInfo Exit(int code, std::chrono::steady_clock::time_point time, int signal = 0) {
+  ExitInfo e;
+  e.code = code;
+  e.signal = signal;
+  e.time = time;
+  return e;
+}
+
+struct Fixture {
+  explicit Fixture(int n) : plan(Plan(n)), supervisor(io, plan, ranks, SupervisorOptions{}, [this] { done = true; }) {
+    for (int r = 0; r < n; ++r) supervisor.OnRankStarted(r);
+    supervisor.OnStartsComplete();
+  }
+  boost::asio::io_context io;
+  trainrun::hostfile::SlotPlan plan;
+  FakeRanks ranks;
+  bool done = false;
+  JobSupervisor supervisor;
+};
+
+}  // namespace
+
+TEST_CASE("all ranks exit 0: exit 0, no summary", "[launcher][supervisor]") {
+  Fixture f(2);
+  auto now = std::chrono::steady_clock::now();
+  f.supervisor.OnRankExit(0, Exit(0, now));
+  CHECK_FALSE(f.done);
+  f.supervisor.OnRankExit(1, Exit(0, now));
+  CHECK(f.done);
+  CHECK(f.supervisor.exit_code() == 0);
+  CHECK(f.supervisor.Summary().empty());
+  CHECK(f.ranks.terminated == 0);
+}
+
+TEST_CASE("an earlier failure reported later is still the one blamed", "[launcher][supervisor]") {
+  Fixture f(3);
+  auto t0 = std::chrono::steady_clock::now() - std::chrono::milliseconds(50);
+  // Rank 2 (failed at t0+5ms) is reaped before rank 1 (failed at t0): rank 1 is blamed.
+  f.supervisor.OnRankExit(2, Exit(1, t0 + std::chrono::milliseconds(5)));
+  CHECK(f.ranks.terminated == 1);
+  f.supervisor.OnRankExit(1, Exit(0, t0, SIGSEGV));
+  f.supervisor.OnRankExit(0, Exit(0, std::chrono::steady_clock::now() + std::chrono::seconds(1), SIGTERM));
+  CHECK(f.done);
+  CHECK(f.supervisor.exit_code() == 128 + SIGSEGV);
+  std::string summary = f.supervisor.Summary();
+  CHECK(summary.rfind("rank 1 on localhost was killed by SIGSEGV", 0) == 0);
+  CHECK(summary.find("rank 2 also exited with code 1, after the first failure") != std::string::npos);
+  CHECK(summary.find("stopped as a consequence: rank 0 (ended: SIGTERM)") != std::string::npos);
+}
+
+TEST_CASE("a rank that reported a peer's failure is not blamed", "[launcher][supervisor]") {
+  Fixture f(2);
+  auto t0 = std::chrono::steady_clock::now() - std::chrono::milliseconds(50);
+  f.supervisor.ReportPeerFailure(0, 1);
+  f.supervisor.OnRankExit(0, Exit(1, t0));
+  f.supervisor.OnRankExit(1, Exit(3, t0 + std::chrono::milliseconds(1)));
+  CHECK(f.supervisor.exit_code() == 3);
+  std::string summary = f.supervisor.Summary();
+  CHECK(summary.rfind("rank 1 on localhost exited with code 3", 0) == 0);
+  CHECK(summary.find("rank 0 reported failing because rank 1 had") != std::string::npos);
+}
+
+TEST_CASE("a signal to trainrun: 128+N, a second one kills at once", "[launcher][supervisor]") {
+  Fixture f(2);
+  f.supervisor.OnSignal(SIGINT);
+  CHECK(f.ranks.terminated == 1);
+  CHECK(f.ranks.killed == 0);
+  f.supervisor.OnSignal(SIGINT);
+  CHECK(f.ranks.killed == 1);
+  auto later = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  f.supervisor.OnRankExit(0, Exit(0, later, SIGTERM));
+  f.supervisor.OnRankExit(1, Exit(0, later, SIGKILL));
+  CHECK(f.supervisor.exit_code() == 130);
+  CHECK(f.supervisor.Summary().rfind("interrupted by SIGINT", 0) == 0);
+}
