@@ -57,6 +57,11 @@ struct ClientOptions {
 // DEADLINE_EXCEEDED / UNAVAILABLE when the server cannot be reached within `timeout`.
 absl::StatusOr<WorkerSession> Join(const ClientOptions& options, std::chrono::milliseconds timeout);
 
+// ConnectStore returns a Store backed by the server in `options` without joining (for tools and
+// tests; a worker joins). Waits it enters are attributed to `options.expected_rank` (-1: none).
+// Connecting is lazy: an unreachable server shows up as UNAVAILABLE on the first call.
+absl::StatusOr<std::shared_ptr<Store>> ConnectStore(const ClientOptions& options);
+
 // ClientOptionsFromEnvironment reads TRAINRUN_RENDEZVOUS_ADDR, TRAINRUN_JOB_ID, TRAINRUN_JOB_TOKEN,
 // TRAINRUN_HOSTNAME, TRAINRUN_LOCAL_RANK and (optionally) TRAINRUN_RANK. Fails with
 // FAILED_PRECONDITION naming the first variable that is missing or malformed (a worker not started
