@@ -1,5 +1,8 @@
 #include "grpc_store.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,15 +14,35 @@ namespace {
 // Largest answer a client accepts; the server caps one Get's values below this.
 constexpr int kMaxMessageBytes = 256 << 20;
 
+// ChannelTarget names an IP-literal address with gRPC's ipv4:/ipv6: scheme, so connecting skips
+// the DNS resolver; host names go through it as usual.
+std::string ChannelTarget(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return address;
+  std::string host = address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  unsigned char buffer[sizeof(in6_addr)];
+  if (inet_pton(AF_INET, host.c_str(), buffer) == 1) return "ipv4:" + address;
+  if (inet_pton(AF_INET6, host.c_str(), buffer) == 1) return "ipv6:" + address;
+  return address;
+}
+
 }  // namespace
 
 std::shared_ptr<grpc::Channel> NewChannel(const std::string& address) {
+  QuietAbseilMutexes();
   grpc::ChannelArguments args;
   // A worker's http_proxy must not route calls to the launcher next door.
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
+  // Each channel gets its own connection, even where one process holds several (ranks as threads
+  // in tests and the benchmark), as separate worker processes would.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(ChannelTarget(address), grpc::InsecureChannelCredentials(),
+                                   args);
 }
 
 void PrepareContext(grpc::ClientContext& context, const ClientOptions& options,

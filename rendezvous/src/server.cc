@@ -541,6 +541,8 @@ bool Server::Impl::Claim(Waiter* waiter) {
     }
   };
   if (waiter->get_request != nullptr) {
+    // A Get whose keys all arrived is in no key list any more: each Set took its list away.
+    if (waiter->missing == 0) return true;
     for (const std::string& key : waiter->missing_keys) {
       auto list = key_waiters_.find(key);
       if (list == key_waiters_.end()) continue;
@@ -680,6 +682,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
                                                      options.ranks[r].local_rank));
     }
   }
+  internal::QuietAbseilMutexes();
   auto impl = std::make_unique<Impl>(std::move(options));
   if (absl::Status status = impl->Listen(); !status.ok()) return status;
   return std::unique_ptr<Server>(new Server(std::move(impl)));

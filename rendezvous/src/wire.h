@@ -30,4 +30,9 @@ std::string JoinHostPort(const std::string& host, int port);
 // secret's length, so a caller cannot learn the token byte by byte from response times.
 bool ConstantTimeEquals(std::string_view secret, std::string_view candidate);
 
+// QuietAbseilMutexes turns off Abseil's mutex deadlock detection for the process, once. Debian's
+// Abseil leaves it on, and gRPC's mutexes then spend a tenth of the rendezvous's CPU building lock
+// graphs. Called by the server and the client before they use gRPC.
+void QuietAbseilMutexes();
+
 }  // namespace trainrun::rendezvous::internal
