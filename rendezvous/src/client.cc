@@ -63,7 +63,13 @@ absl::StatusOr<WorkerSession> Join(const ClientOptions& options,
   a.local_size = response.local_size();
   a.cross_rank = response.cross_rank();
   a.cross_size = response.cross_size();
-  a.hosts.assign(response.hosts().begin(), response.hosts().end());
+  a.hosts.reserve(response.host_of_rank_size());
+  for (int host : response.host_of_rank()) {
+    if (host < 0 || host >= response.host_names_size()) {
+      return absl::InternalError("the rendezvous server sent a malformed host list");
+    }
+    a.hosts.push_back(response.host_names(host));
+  }
   a.job_id = response.job_id();
   session.store = std::make_shared<internal::GrpcStore>(std::move(channel), options, a.rank);
   return session;

@@ -29,6 +29,28 @@ std::string ChannelTarget(const std::string& address) {
   return address;
 }
 
+// UnpackValues splits a GetResponse's concatenated values.
+absl::StatusOr<std::vector<std::string>> UnpackValues(const proto::GetResponse& response,
+                                                      size_t count) {
+  const std::string& packed = response.values();
+  if (static_cast<size_t>(response.value_ends_size()) != count) {
+    return absl::InternalError(absl::StrCat("the rendezvous server answered ",
+                                            response.value_ends_size(), " values for ", count,
+                                            " keys; is it the same trainrun version?"));
+  }
+  std::vector<std::string> values;
+  values.reserve(count);
+  size_t begin = 0;
+  for (uint32_t end : response.value_ends()) {
+    if (end < begin || end > packed.size()) {
+      return absl::InternalError("the rendezvous server sent malformed values");
+    }
+    values.emplace_back(packed, begin, end - begin);
+    begin = end;
+  }
+  return values;
+}
+
 }  // namespace
 
 std::shared_ptr<grpc::Channel> NewChannel(const std::string& address) {
@@ -100,13 +122,7 @@ absl::StatusOr<std::vector<std::string>> GrpcStore::Get(const std::vector<std::s
   proto::GetResponse response;
   grpc::Status status = stub_->Get(&context, request, &response);
   if (!status.ok()) return ClientError(status, options_, timeout + kWaitSlack);
-  if (response.values_size() != static_cast<int>(keys.size())) {
-    return absl::InternalError(absl::StrCat("the rendezvous server answered ",
-                                            response.values_size(), " values for ", keys.size(),
-                                            " keys; is it the same trainrun version?"));
-  }
-  return std::vector<std::string>(std::make_move_iterator(response.mutable_values()->begin()),
-                                  std::make_move_iterator(response.mutable_values()->end()));
+  return UnpackValues(response, keys.size());
 }
 
 absl::StatusOr<int64_t> GrpcStore::Add(const std::string& key, int64_t delta) {

@@ -126,6 +126,8 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
   std::condition_variable deadline_changed_;
   bool stopping_ = false;
   std::map<std::pair<std::string, int>, int> rank_of_;  // (host, local_rank) -> rank
+  std::vector<std::string> host_names_;                 // distinct hosts, in rank order
+  std::vector<int> host_of_rank_;                       // index into host_names_
   std::vector<RankState> ranks_;
   std::vector<PeerFailure> peer_failures_;
   std::unordered_map<std::string, std::string> values_;
@@ -163,8 +165,13 @@ class Server::Impl::Waiter final : public grpc::ServerUnaryReactor {
 
 Server::Impl::Impl(ServerOptions options) : options_(std::move(options)) {
   ranks_.resize(options_.ranks.size());
+  std::map<std::string, int> host_index;
   for (size_t r = 0; r < options_.ranks.size(); ++r) {
-    rank_of_[{options_.ranks[r].host, options_.ranks[r].local_rank}] = static_cast<int>(r);
+    const std::string& host = options_.ranks[r].host;
+    rank_of_[{host, options_.ranks[r].local_rank}] = static_cast<int>(r);
+    auto [it, added] = host_index.emplace(host, static_cast<int>(host_names_.size()));
+    if (added) host_names_.push_back(host);
+    host_of_rank_.push_back(it->second);
   }
 }
 
@@ -299,7 +306,8 @@ grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* contex
   response->set_local_size(slot.local_size);
   response->set_cross_rank(slot.cross_rank);
   response->set_cross_size(slot.cross_size);
-  for (const RankSlot& s : options_.ranks) response->add_hosts(s.host);
+  *response->mutable_host_names() = {host_names_.begin(), host_names_.end()};
+  *response->mutable_host_of_rank() = {host_of_rank_.begin(), host_of_rank_.end()};
   response->set_job_id(options_.job_id);
   return FinishNow(context, grpc::Status::OK);
 }
@@ -363,8 +371,13 @@ grpc::Status Server::Impl::FillValues(const proto::GetRequest& request,
                                      options_.limits.max_response_bytes,
                                      " bytes for one Get; ask for fewer keys at a time"));
   }
-  response->mutable_values()->Reserve(request.keys_size());
-  for (const std::string& key : request.keys()) response->add_values(values_.at(key));
+  std::string* packed = response->mutable_values();
+  packed->reserve(bytes);
+  response->mutable_value_ends()->Reserve(request.keys_size());
+  for (const std::string& key : request.keys()) {
+    packed->append(values_.at(key));
+    response->add_value_ends(static_cast<uint32_t>(packed->size()));
+  }
   return grpc::Status::OK;
 }
 
