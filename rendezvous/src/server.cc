@@ -104,6 +104,8 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
   grpc::Status Authenticate(grpc::CallbackServerContext* context) const;
   grpc::Status CheckKey(const std::string& key, const char* what) const;
   grpc::Status CheckTimeout(int64_t timeout_ms) const;
+  // With mutex_ held: whether one more call may wait.
+  grpc::Status CanWait() const;
 
   // With mutex_ held: fill a Get's response from values_, or fail when it is too large.
   grpc::Status FillValues(const proto::GetRequest& request, proto::GetResponse* response) const;
@@ -267,6 +269,19 @@ grpc::Status Server::Impl::CheckTimeout(int64_t timeout_ms) const {
   return grpc::Status::OK;
 }
 
+grpc::Status Server::Impl::CanWait() const {
+  if (stopping_) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "the rendezvous server is shutting down (the job is ending)");
+  }
+  if (waiter_count_ >= options_.limits.max_waiters) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("over ", options_.limits.max_waiters,
+                                     " calls are waiting at once; is a worker looping?"));
+  }
+  return grpc::Status::OK;
+}
+
 grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* context,
                                              const proto::JoinRequest* request,
                                              proto::JoinResponse* response) {
@@ -409,11 +424,7 @@ grpc::ServerUnaryReactor* Server::Impl::Get(grpc::CallbackServerContext* context
     lock.unlock();
     return FinishNow(context, status);
   }
-  if (stopping_ || waiter_count_ >= options_.limits.max_waiters) {
-    return FinishNow(context, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                           stopping_ ? "the rendezvous server is shutting down"
-                                                     : "too many calls are waiting at once"));
-  }
+  if (grpc::Status status = CanWait(); !status.ok()) return FinishNow(context, status);
   std::sort(missing.begin(), missing.end());
   missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
   auto* waiter = new Waiter(this, std::chrono::milliseconds(request->timeout_ms()));
@@ -502,11 +513,7 @@ grpc::ServerUnaryReactor* Server::Impl::Barrier(grpc::CallbackServerContext* con
     FinishAll(completions);
     return FinishNow(context, grpc::Status::OK);
   }
-  if (stopping_ || waiter_count_ >= options_.limits.max_waiters) {
-    return FinishNow(context, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                           stopping_ ? "the rendezvous server is shutting down"
-                                                     : "too many calls are waiting at once"));
-  }
+  if (grpc::Status status = CanWait(); !status.ok()) return FinishNow(context, status);
   auto* waiter = new Waiter(this, std::chrono::milliseconds(request->timeout_ms()));
   waiter->barrier = request->name();
   waiter->rank = request->rank();

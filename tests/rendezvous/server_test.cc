@@ -361,6 +361,28 @@ TEST_CASE("1000 concurrent waiting calls all complete", "[rendezvous]") {
   }
 }
 
+TEST_CASE("Waiting calls past the limit are refused, not queued", "[rendezvous]") {
+  ServerLimits limits;
+  limits.max_waiters = 5;
+  Job job = StartJob(OneHostPlan(1), limits);
+  auto stub = proto::Rendezvous::NewStub(
+      grpc::CreateChannel(job.server->address(), grpc::InsecureChannelCredentials()));
+  PendingGets gets;
+  for (int i = 0; i < 5; ++i) gets.Start(*stub, job, "k");
+  WorkerSession s = job.JoinAs(0);
+  // The five calls reach the server in their own time; poll until the sixth is refused.
+  absl::Status refused;
+  const auto until = Clock::now() + seconds(10);
+  do {
+    refused = s.store->Get({"k"}, milliseconds(1)).status();
+  } while (refused.code() != absl::StatusCode::kResourceExhausted && Clock::now() < until);
+  CHECK(refused.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(Contains(refused, "over 5 calls are waiting"));
+  REQUIRE(s.store->Set("k", "v").ok());
+  REQUIRE(gets.WaitFor(5, seconds(10)));
+  for (grpc::StatusCode code : gets.codes) CHECK(code == grpc::StatusCode::OK);
+}
+
 TEST_CASE("Cancelled waits leave the others undisturbed", "[rendezvous]") {
   Job job = StartJob(OneHostPlan(1));
   auto stub = proto::Rendezvous::NewStub(
