@@ -1,7 +1,11 @@
 #include "trainrun/rendezvous/server.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -14,6 +18,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "proto/rendezvous.grpc.pb.h"
@@ -681,6 +686,22 @@ std::vector<PeerFailure> Server::Impl::PeerFailures() const {
 }
 
 // --- Server ------------------------------------------------------------------------------------
+
+absl::StatusOr<std::string> RandomToken() {
+  unsigned char bytes[32];
+  size_t filled = 0;
+  while (filled < sizeof(bytes)) {
+    const ssize_t got = getrandom(bytes + filled, sizeof(bytes) - filled, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot draw a job token from getrandom(2): ", std::strerror(errno)));
+    }
+    filled += static_cast<size_t>(got);
+  }
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
+}
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.token.empty()) {

@@ -102,6 +102,16 @@ TEST_CASE("Server binds port 0 on loopback and reports it", "[rendezvous]") {
   CHECK(Server::Start(no_token).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("RandomToken gives a fresh 64-hex-digit secret each time", "[rendezvous]") {
+  auto a = RandomToken();
+  auto b = RandomToken();
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(a->size() == 64);
+  CHECK(a->find_first_not_of("0123456789abcdef") == std::string::npos);
+  CHECK(*a != *b);
+}
+
 TEST_CASE("Join gives each rank its place in the slot plan", "[rendezvous]") {
   Job job = StartJob(TwoHostPlan());
   std::vector<Assignment> got(3);

@@ -4,7 +4,7 @@
 //
 //   ServerOptions options;
 //   options.job_id = "job-1";
-//   options.token = RandomToken();
+//   options.token = *RandomToken();
 //   options.ranks = {{"localhost", 0, 2, 0, 1}, {"localhost", 1, 2, 0, 1}};
 //   auto server = trainrun::rendezvous::Server::Start(options);
 //   if (!server.ok()) return server.status();
@@ -77,6 +77,10 @@ struct RankState {
   int64_t pid = 0;                    // the worker's pid as it reported it, when joined
   std::optional<std::string> exited;  // e.g. "exited with code 1", once the launcher noted it
 };
+
+// RandomToken returns a fresh job secret: 32 bytes from getrandom(2), as 64 hex digits. Fails with
+// UNAVAILABLE when the kernel gives no randomness.
+absl::StatusOr<std::string> RandomToken();
 
 // Server is one job's rendezvous server. Thread-safe. Destroying it shuts it down: waiting calls
 // fail with UNAVAILABLE.
