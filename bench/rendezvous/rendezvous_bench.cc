@@ -8,6 +8,13 @@
 //   build/bin/rendezvous_bench                  # N = 16, 256, 1024; 5 runs each
 //   build/bin/rendezvous_bench --runs 10 64 512
 //   build/bin/rendezvous_bench -v 1024          # and when each phase ended
+//
+// --spawn N PROGRAM [ARGS...] instead starts N real worker processes (all "on localhost") with the
+// environment trainrun gives them, and times server start to last exit: the launcher-free floor of
+// `trainrun -np N PROGRAM`, e.g. with build/bin/barrier_example.
+#include <spawn.h>
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -131,6 +138,54 @@ double RunOnce(int n, bool verbose) {
   return failures == 0 ? seconds : -1;
 }
 
+// SpawnOnce runs `n` worker processes of `argv` against a fresh server and returns the seconds from
+// starting the server to the last worker's exit, or a negative number when one failed.
+double SpawnOnce(int n, char** argv) {
+  const Clock::time_point start = Clock::now();
+  rdv::ServerOptions options;
+  options.job_id = "bench";
+  auto token = rdv::RandomToken();
+  if (!token.ok()) return -1;
+  options.token = *token;
+  for (int r = 0; r < n; ++r) options.ranks.push_back({"localhost", r, n, 0, 1});
+  auto server = rdv::Server::Start(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "rendezvous_bench: %s\n", std::string(server.status().message()).c_str());
+    return -1;
+  }
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    std::vector<std::string> env = {
+        absl::StrCat("TRAINRUN_RENDEZVOUS_ADDR=", (*server)->address()),
+        "TRAINRUN_JOB_ID=bench",
+        absl::StrCat("TRAINRUN_JOB_TOKEN=", options.token),
+        "TRAINRUN_HOSTNAME=localhost",
+        absl::StrCat("TRAINRUN_RANK=", r),
+        absl::StrCat("TRAINRUN_SIZE=", n),
+        absl::StrCat("TRAINRUN_LOCAL_RANK=", r),
+        absl::StrCat("TRAINRUN_LOCAL_SIZE=", n),
+        "TRAINRUN_TIMEOUT=60",
+    };
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    pid_t pid = 0;
+    if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv, envp.data()) != 0) {
+      std::fprintf(stderr, "rendezvous_bench: cannot start %s\n", argv[0]);
+      return -1;
+    }
+    pids.push_back(pid);
+  }
+  bool failed = false;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    failed |= !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return failed ? -1 : seconds;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -140,6 +195,20 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "-v") == 0) {
       verbose = true;
+    } else if (std::strcmp(argv[i], "--spawn") == 0 && i + 2 < argc) {
+      const int n = std::atoi(argv[i + 1]);
+      std::vector<double> times;
+      for (int run = 0; run < runs; ++run) {
+        const double t = SpawnOnce(n, argv + i + 2);
+        if (t < 0) return 1;
+        times.push_back(t * 1e3);
+      }
+      std::sort(times.begin(), times.end());
+      std::printf("# %d processes of %s: server start to last exit\n", n, argv[i + 2]);
+      std::printf("# %6s %12s %12s %12s\n", "runs", "min(ms)", "median(ms)", "max(ms)");
+      std::printf("  %6d %12.2f %12.2f %12.2f\n", runs, times.front(), times[times.size() / 2],
+                  times.back());
+      return 0;
     } else if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
       runs = std::atoi(argv[++i]);
     } else {
@@ -148,7 +217,7 @@ int main(int argc, char** argv) {
   }
   if (sizes.empty()) sizes = {16, 256, 1024};
   if (runs < 1 || std::any_of(sizes.begin(), sizes.end(), [](int n) { return n < 1; })) {
-    std::fprintf(stderr, "usage: rendezvous_bench [-v] [--runs R] [N ...]\n");
+    std::fprintf(stderr, "usage: rendezvous_bench [-v] [--runs R] [N ...]\n       rendezvous_bench [--runs R] --spawn N PROGRAM [ARGS...]\n");
     return 2;
   }
 

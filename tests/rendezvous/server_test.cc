@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -313,6 +314,16 @@ TEST_CASE("Peer-failure reports reach the launcher", "[rendezvous]") {
   CHECK(failures[0].message == "connection to rank 0 was reset");
 }
 
+// ThreadCount is the number of threads in this process.
+int ThreadCount() {
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    (void)entry;
+    ++count;
+  }
+  return count;
+}
+
 // Callback-API calls, so a test can hold a thousand waits without a thousand threads.
 struct PendingGets {
   std::mutex mutex;
@@ -355,6 +366,7 @@ TEST_CASE("1000 concurrent waiting calls all complete", "[rendezvous]") {
     stubs.push_back(proto::Rendezvous::NewStub(grpc::CreateCustomChannel(
         job.server->address(), grpc::InsecureChannelCredentials(), args)));
   }
+  const int threads_before = ThreadCount();
   PendingGets gets;
   for (int i = 0; i < kWaiters; ++i) gets.Start(*stubs[i % stubs.size()], job, "go");
   std::this_thread::sleep_for(milliseconds(300));
@@ -362,6 +374,8 @@ TEST_CASE("1000 concurrent waiting calls all complete", "[rendezvous]") {
     std::lock_guard<std::mutex> lock(gets.mutex);
     CHECK(gets.finished == 0);
   }
+  // The server holds a reactor per waiting call, not a thread.
+  CHECK(ThreadCount() < threads_before + 32);
   REQUIRE(job.JoinAs(0).store->Set("go", "now").ok());
   REQUIRE(gets.WaitFor(kWaiters, seconds(30)));
   for (grpc::StatusCode code : gets.codes) CHECK(code == grpc::StatusCode::OK);
