@@ -113,6 +113,27 @@ TEST_CASE("RandomToken gives a fresh 64-hex-digit secret each time", "[rendezvou
   CHECK(*a != *b);
 }
 
+TEST_CASE("Server and client work over IPv6 loopback", "[rendezvous]") {
+  ServerOptions options;
+  options.bind_address = "::1";
+  options.job_id = "v6";
+  options.token = "token";
+  options.ranks = OneHostPlan(1);
+  auto server = Server::Start(options);
+  if (!server.ok()) {
+    WARN("no IPv6 loopback here: " << server.status().message());
+    return;
+  }
+  CHECK((*server)->address() == absl::StrCat("[::1]:", (*server)->port()));
+  ClientOptions client;
+  client.address = (*server)->address();
+  client.token = "token";
+  client.host = "localhost";
+  auto session = Join(client, seconds(10));
+  REQUIRE(session.ok());
+  CHECK(session->assignment.job_id == "v6");
+}
+
 TEST_CASE("Join gives each rank its place in the slot plan", "[rendezvous]") {
   Job job = StartJob(TwoHostPlan());
   std::vector<Assignment> got(3);
