@@ -74,6 +74,10 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
   void NoteRankExit(int rank, const std::string& how);
   std::vector<RankState> Ranks() const;
   std::vector<PeerFailure> PeerFailures() const;
+  size_t WaitingCalls() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return waiter_count_;
+  }
 
  private:
   class Waiter;
@@ -744,6 +748,7 @@ std::vector<int> Server::JoinedRanks() const {
   return joined;
 }
 std::vector<PeerFailure> Server::PeerFailures() const { return impl_->PeerFailures(); }
+size_t Server::WaitingCalls() const { return impl_->WaitingCalls(); }
 void Server::Shutdown() { impl_->Shutdown(); }
 
 }  // namespace trainrun::rendezvous

@@ -302,6 +302,7 @@ TEST_CASE("A timed-out wait names the ranks that never arrived", "[rendezvous]")
   INFO(get.status().message());
   CHECK(Contains(get.status(), "waiting for keys 'addr/0', 'addr/3'"));
   CHECK(Contains(get.status(), "rank 3 exited with code 1"));
+  CHECK(job.server->WaitingCalls() == 0);
 }
 
 TEST_CASE("Keys and values past the limits are refused naming the limit", "[rendezvous]") {
@@ -333,6 +334,17 @@ TEST_CASE("Peer-failure reports reach the launcher", "[rendezvous]") {
   CHECK(failures[0].rank == 2);
   CHECK(failures[0].peer_rank == 0);
   CHECK(failures[0].message == "connection to rank 0 was reset");
+}
+
+// WaitUntil polls `condition` for up to 10 s.
+template <typename Condition>
+bool WaitUntil(Condition condition) {
+  const auto until = Clock::now() + seconds(10);
+  while (!condition()) {
+    if (Clock::now() > until) return false;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  return true;
 }
 
 // ThreadCount is the number of threads in this process.
@@ -415,12 +427,8 @@ TEST_CASE("Waiting calls past the limit are refused, not queued", "[rendezvous]"
   PendingGets gets;
   for (int i = 0; i < 5; ++i) gets.Start(*stub, job, "k");
   WorkerSession s = job.JoinAs(0);
-  // The five calls reach the server in their own time; poll until the sixth is refused.
-  absl::Status refused;
-  const auto until = Clock::now() + seconds(10);
-  do {
-    refused = s.store->Get({"k"}, milliseconds(1)).status();
-  } while (refused.code() != absl::StatusCode::kResourceExhausted && Clock::now() < until);
+  REQUIRE(WaitUntil([&] { return job.server->WaitingCalls() == 5; }));
+  absl::Status refused = s.store->Get({"k"}, seconds(1)).status();
   CHECK(refused.code() == absl::StatusCode::kResourceExhausted);
   CHECK(Contains(refused, "over 5 calls are waiting"));
   REQUIRE(s.store->Set("k", "v").ok());
@@ -436,14 +444,18 @@ TEST_CASE("Cancelled waits leave the others undisturbed", "[rendezvous]") {
   for (int i = 0; i < 200; ++i) cancelled.Start(*stub, job, i % 2 ? "k" : "other");
   for (int i = 0; i < 50; ++i) kept.Start(*stub, job, "k");
   std::this_thread::sleep_for(milliseconds(200));
+  REQUIRE(WaitUntil([&] { return job.server->WaitingCalls() == 250; }));
   for (auto& context : cancelled.contexts) context.TryCancel();
   REQUIRE(cancelled.WaitFor(200, seconds(10)));
   for (grpc::StatusCode code : cancelled.codes) CHECK(code == grpc::StatusCode::CANCELLED);
+  // The server let go of every cancelled call.
+  REQUIRE(WaitUntil([&] { return job.server->WaitingCalls() == 50; }));
   WorkerSession s = job.JoinAs(0);
   REQUIRE(s.store->Set("k", "v").ok());
   REQUIRE(s.store->Set("other", "v").ok());
   REQUIRE(kept.WaitFor(50, seconds(10)));
   for (grpc::StatusCode code : kept.codes) CHECK(code == grpc::StatusCode::OK);
+  CHECK(job.server->WaitingCalls() == 0);
 }
 
 TEST_CASE("A worker killed mid-wait does not disturb the others", "[rendezvous]") {
@@ -480,9 +492,12 @@ TEST_CASE("A worker killed mid-wait does not disturb the others", "[rendezvous]"
     REQUIRE(values.ok());
     CHECK((*values)[0] == "kill");
   });
+  REQUIRE(WaitUntil([&] { return job.server->WaitingCalls() == 2; }));
   REQUIRE(kill(pid, SIGKILL) == 0);
   REQUIRE(waitpid(pid, &wstatus, 0) == pid);
   CHECK(WIFSIGNALED(wstatus));
+  // The dead worker's barrier call is dropped; rank 0's Get still waits.
+  CHECK(WaitUntil([&] { return job.server->WaitingCalls() == 1; }));
   std::this_thread::sleep_for(milliseconds(200));
   REQUIRE(r0.store->Set("after", "kill").ok());
   waiter.join();

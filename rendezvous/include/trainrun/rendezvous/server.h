@@ -110,6 +110,9 @@ class Server {
   // PeerFailures lists the "failed because of peer P" reports, in arrival order.
   std::vector<PeerFailure> PeerFailures() const;
 
+  // WaitingCalls is the number of Get and Barrier calls waiting now.
+  size_t WaitingCalls() const;
+
   // Shutdown fails every waiting call with UNAVAILABLE and stops serving. Idempotent.
   void Shutdown();
 
