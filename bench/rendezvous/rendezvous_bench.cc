@@ -136,10 +136,13 @@ int WorkerGroup(int n, int first, int count) {
   const char* token = std::getenv("TRAINRUN_JOB_TOKEN");
   if (address == nullptr || token == nullptr) return 2;
   std::vector<Phases> phases;
-  const int failures = RunWorkers(address, token, n, first, count, [] {
-    char byte = 'r';
-    if (write(1, &byte, 1) != 1 || read(0, &byte, 1) != 1) std::_Exit(3);
-  }, phases);
+  const int failures = RunWorkers(
+      address, token, n, first, count,
+      [] {
+        char byte = 'r';
+        if (write(1, &byte, 1) != 1 || read(0, &byte, 1) != 1) std::_Exit(3);
+      },
+      phases);
   const char result = failures == 0 ? 'd' : 'f';
   return write(1, &result, 1) == 1 && failures == 0 ? 0 : 1;
 }
@@ -181,8 +184,8 @@ double RunProcesses(const rdv::Server& server, const std::string& token, int n, 
     posix_spawn_file_actions_adddup2(&actions, go[0], 0);
     posix_spawn_file_actions_adddup2(&actions, status[1], 1);
     pid_t pid = 0;
-    const int error = posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(),
-                                  envp.data());
+    const int error =
+        posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&actions);
     if (error == 0) pids.push_back(pid);
   }
@@ -194,8 +197,7 @@ double RunProcesses(const rdv::Server& server, const std::string& token, int n, 
     const Clock::time_point start = Clock::now();
     const std::string release(processes, 'g');
     if (write(go[1], release.data(), release.size()) == static_cast<ssize_t>(release.size()) &&
-        ReadBytes(status[0], done, processes) &&
-        done.find('f') == std::string::npos) {
+        ReadBytes(status[0], done, processes) && done.find('f') == std::string::npos) {
       seconds = std::chrono::duration<double>(Clock::now() - start).count();
     }
   }
@@ -339,8 +341,7 @@ int main(int argc, char** argv) {
   std::printf("# join + publish address + read all addresses + barrier; workers as %s\n",
               processes > 0 ? absl::StrCat("threads in ", processes, " processes").c_str()
                             : "threads of this process");
-  std::printf("# %10s %6s %12s %12s %12s\n", "workers", "runs", "min(ms)", "median(ms)",
-              "max(ms)");
+  std::printf("# %10s %6s %12s %12s %12s\n", "workers", "runs", "min(ms)", "median(ms)", "max(ms)");
   for (int n : sizes) {
     std::vector<double> times;
     for (int run = 0; run < runs; ++run) {

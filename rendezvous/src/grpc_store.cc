@@ -78,9 +78,9 @@ absl::Status ClientError(const grpc::Status& status, const ClientOptions& option
                          std::chrono::milliseconds timeout) {
   switch (status.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
-      return absl::UnavailableError(
-          absl::StrCat("cannot reach the rendezvous server at ", options.address, " (",
-                       status.error_message(), "); check that trainrun is still running"));
+      return absl::UnavailableError(absl::StrCat("cannot reach the rendezvous server at ",
+                                                 options.address, " (", status.error_message(),
+                                                 "); check that trainrun is still running"));
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       // The server answers a wait's own timeout with a message; an empty or transport-made one
       // means the server itself never answered.

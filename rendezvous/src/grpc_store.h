@@ -1,11 +1,11 @@
 // GrpcStore: the Store a worker gets from Join, backed by the launcher's rendezvous server.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "proto/rendezvous.grpc.pb.h"
 #include "trainrun/rendezvous/client.h"

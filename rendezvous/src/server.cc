@@ -1,12 +1,13 @@
 #include "trainrun/rendezvous/server.h"
 
+#include <grpcpp/grpcpp.h>
 #include <sys/random.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <condition_variable>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
@@ -15,8 +16,6 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -34,8 +33,7 @@ using internal::FormatDuration;
 constexpr size_t kMaxNamed = 16;
 
 std::string NameSome(const std::vector<std::string>& items) {
-  std::vector<std::string> named(items.begin(),
-                                 items.begin() + std::min(items.size(), kMaxNamed));
+  std::vector<std::string> named(items.begin(), items.begin() + std::min(items.size(), kMaxNamed));
   std::string out = absl::StrJoin(named, ", ");
   if (items.size() > kMaxNamed) absl::StrAppend(&out, " and ", items.size() - kMaxNamed, " more");
   return out;
@@ -195,10 +193,9 @@ absl::Status Server::Impl::Listen() {
   builder.RegisterService(this);
   // Two jobs must not share a fixed port silently.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.SetMaxReceiveMessageSize(
-      static_cast<int>(options_.limits.max_value_bytes + options_.limits.max_key_bytes +
-                       options_.limits.max_keys_per_get * (options_.limits.max_key_bytes + 8) +
-                       4096));
+  builder.SetMaxReceiveMessageSize(static_cast<int>(
+      options_.limits.max_value_bytes + options_.limits.max_key_bytes +
+      options_.limits.max_keys_per_get * (options_.limits.max_key_bytes + 8) + 4096));
   builder.SetMaxSendMessageSize(static_cast<int>(options_.limits.max_response_bytes + 4096));
   // Notice a worker whose host vanished without closing its connection.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
@@ -307,19 +304,18 @@ grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* contex
   }
   const int rank = found->second;
   if (request->has_rank() && request->rank() != rank) {
-    return FinishNow(context,
-                     grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                  absl::StrCat("a worker claiming rank ", request->rank(),
-                                               " joined as host '", request->host(),
-                                               "' local_rank ", request->local_rank(),
-                                               ", which is rank ", rank)));
+    return FinishNow(
+        context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              absl::StrCat("a worker claiming rank ", request->rank(),
+                                           " joined as host '", request->host(), "' local_rank ",
+                                           request->local_rank(), ", which is rank ", rank)));
   }
   RankState& state = ranks_[rank];
   if (state.joined) {
-    return FinishNow(context, grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                                           absl::StrCat("rank ", rank, " already joined (pid ",
-                                                        state.pid,
-                                                        "); each rank joins once per job")));
+    return FinishNow(context,
+                     grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                                  absl::StrCat("rank ", rank, " already joined (pid ", state.pid,
+                                               "); each rank joins once per job")));
   }
   state.joined = true;
   state.pid = request->pid();
@@ -344,12 +340,11 @@ grpc::ServerUnaryReactor* Server::Impl::Set(grpc::CallbackServerContext* context
     return FinishNow(context, status);
   }
   if (request->value().size() > options_.limits.max_value_bytes) {
-    return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                           absl::StrCat("the value of key '", request->key(),
-                                                        "' has ", request->value().size(),
-                                                        " bytes, over the limit of ",
-                                                        options_.limits.max_value_bytes,
-                                                        " bytes")));
+    return FinishNow(
+        context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              absl::StrCat("the value of key '", request->key(), "' has ",
+                                           request->value().size(), " bytes, over the limit of ",
+                                           options_.limits.max_value_bytes, " bytes")));
   }
   std::vector<Completion> completions;
   {
@@ -359,12 +354,12 @@ grpc::ServerUnaryReactor* Server::Impl::Set(grpc::CallbackServerContext* context
         existing == values_.end() ? 0 : existing->first.size() + existing->second.size();
     const size_t new_bytes = request->key().size() + request->value().size();
     if (stored_bytes_ - old_bytes + new_bytes > options_.limits.max_stored_bytes) {
-      return FinishNow(context, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                             absl::StrCat("the rendezvous holds ", stored_bytes_,
-                                                          " bytes; storing key '", request->key(),
-                                                          "' would pass its limit of ",
-                                                          options_.limits.max_stored_bytes,
-                                                          " bytes")));
+      return FinishNow(
+          context,
+          grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                       absl::StrCat("the rendezvous holds ", stored_bytes_, " bytes; storing key '",
+                                    request->key(), "' would pass its limit of ",
+                                    options_.limits.max_stored_bytes, " bytes")));
     }
     stored_bytes_ = stored_bytes_ - old_bytes + new_bytes;
     values_[request->key()] = request->value();
@@ -389,11 +384,11 @@ grpc::Status Server::Impl::FillValues(const proto::GetRequest& request,
   size_t bytes = 0;
   for (const std::string& key : request.keys()) bytes += values_.at(key).size();
   if (bytes > options_.limits.max_response_bytes) {
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat("the values of these ", request.keys_size(), " keys total ",
-                                     bytes, " bytes, over the limit of ",
-                                     options_.limits.max_response_bytes,
-                                     " bytes for one Get; ask for fewer keys at a time"));
+    return grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("the values of these ", request.keys_size(), " keys total ", bytes,
+                     " bytes, over the limit of ", options_.limits.max_response_bytes,
+                     " bytes for one Get; ask for fewer keys at a time"));
   }
   std::string* packed = response->mutable_values();
   packed->reserve(bytes);
@@ -410,11 +405,11 @@ grpc::ServerUnaryReactor* Server::Impl::Get(grpc::CallbackServerContext* context
                                             proto::GetResponse* response) {
   if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
   if (static_cast<size_t>(request->keys_size()) > options_.limits.max_keys_per_get) {
-    return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                           absl::StrCat("a Get of ", request->keys_size(),
-                                                        " keys is over the limit of ",
-                                                        options_.limits.max_keys_per_get,
-                                                        " keys per call")));
+    return FinishNow(
+        context,
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     absl::StrCat("a Get of ", request->keys_size(), " keys is over the limit of ",
+                                  options_.limits.max_keys_per_get, " keys per call")));
   }
   for (const std::string& key : request->keys()) {
     if (grpc::Status status = CheckKey(key, "key"); !status.ok()) return FinishNow(context, status);
@@ -482,10 +477,10 @@ grpc::ServerUnaryReactor* Server::Impl::Barrier(grpc::CallbackServerContext* con
     return FinishNow(context, status);
   }
   if (request->count() <= 0) {
-    return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                           absl::StrCat("barrier '", request->name(),
-                                                        "' needs a positive count, not ",
-                                                        request->count())));
+    return FinishNow(
+        context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              absl::StrCat("barrier '", request->name(),
+                                           "' needs a positive count, not ", request->count())));
   }
 
   std::vector<Completion> completions;
@@ -539,11 +534,11 @@ grpc::ServerUnaryReactor* Server::Impl::ReportExit(grpc::CallbackServerContext* 
   if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
   const int size = static_cast<int>(options_.ranks.size());
   if (request->rank() < 0 || request->rank() >= size || request->peer_rank() >= size) {
-    return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                           absl::StrCat("an exit report names rank ",
-                                                        request->rank(), " or peer ",
-                                                        request->peer_rank(), "; the job has ",
-                                                        size, " ranks")));
+    return FinishNow(
+        context,
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     absl::StrCat("an exit report names rank ", request->rank(), " or peer ",
+                                  request->peer_rank(), "; the job has ", size, " ranks")));
   }
   std::lock_guard<std::mutex> lock(mutex_);
   if (request->peer_rank() >= 0 && peer_failures_.size() < 4 * options_.ranks.size() + 16) {

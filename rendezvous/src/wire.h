@@ -2,11 +2,11 @@
 // conversion, and the small formatting both sides share.
 #pragma once
 
+#include <grpcpp/support/status.h>
+
 #include <chrono>
 #include <string>
 #include <string_view>
-
-#include <grpcpp/support/status.h>
 
 #include "absl/status/status.h"
 

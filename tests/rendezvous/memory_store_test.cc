@@ -1,12 +1,12 @@
+#include "trainrun/rendezvous/memory_store.h"
+
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <thread>
 #include <vector>
 
-#include <catch2/catch.hpp>
-
 #include "trainrun/rendezvous/client.h"
-#include "trainrun/rendezvous/memory_store.h"
 
 namespace trainrun::rendezvous {
 namespace {

@@ -1,6 +1,9 @@
 // The rendezvous server against real clients over 127.0.0.1: ranks as threads, one real worker
 // process, raw sockets for garbage.
+#include "trainrun/rendezvous/server.h"
+
 #include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
@@ -9,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -20,13 +24,9 @@
 #include <thread>
 #include <vector>
 
-#include <catch2/catch.hpp>
-#include <grpcpp/grpcpp.h>
-
 #include "absl/strings/str_cat.h"
 #include "proto/rendezvous.grpc.pb.h"
 #include "trainrun/rendezvous/client.h"
-#include "trainrun/rendezvous/server.h"
 
 extern char** environ;
 
@@ -267,8 +267,8 @@ TEST_CASE("ShareFromRoot through the server", "[rendezvous]") {
   for (int r = 0; r < kRanks; ++r) {
     ranks.emplace_back([&, r] {
       WorkerSession s = job.JoinAs(r);
-      auto blob = ShareFromRoot(*s.store, "nccl/world/0", r, 0,
-                                [] { return std::string(128, '\x7f'); }, seconds(10));
+      auto blob = ShareFromRoot(
+          *s.store, "nccl/world/0", r, 0, [] { return std::string(128, '\x7f'); }, seconds(10));
       REQUIRE(blob.ok());
       got[r] = *blob;
     });
@@ -517,8 +517,9 @@ TEST_CASE("Garbage on the port does not hurt the server", "[rendezvous]") {
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
     std::string junk = attempt == 0 ? "GET / HTTP/1.1\r\nHost: x\r\n\r\n"
-                       : attempt == 1 ? "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + std::string(100, '\xff')
-                                      : std::string(1 + random() % 65536, '\0');
+                       : attempt == 1
+                           ? "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + std::string(100, '\xff')
+                           : std::string(1 + random() % 65536, '\0');
     if (attempt > 1) {
       for (char& c : junk) c = static_cast<char>(random());
     }

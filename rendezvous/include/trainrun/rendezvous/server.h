@@ -1,5 +1,5 @@
-// The rendezvous server that `trainrun` runs for a job: workers join, publish and wait for keys, and
-// meet at barriers. It runs on gRPC's callback API, so a waiting Get or Barrier holds only its
+// The rendezvous server that `trainrun` runs for a job: workers join, publish and wait for keys,
+// and meet at barriers. It runs on gRPC's callback API, so a waiting Get or Barrier holds only its
 // reactor until the keys arrive or its deadline passes; no thread is parked per waiting rank.
 //
 //   ServerOptions options;
@@ -42,9 +42,9 @@ struct ServerLimits {
   size_t max_key_bytes = 1024;
   size_t max_value_bytes = 1 << 20;
   size_t max_keys_per_get = 1 << 16;
-  size_t max_stored_bytes = size_t{512} << 20;  // all keys and values together
-  size_t max_response_bytes = size_t{64} << 20; // the values one Get returns
-  size_t max_waiters = 1 << 18;                 // Gets and Barriers waiting at once
+  size_t max_stored_bytes = size_t{512} << 20;   // all keys and values together
+  size_t max_response_bytes = size_t{64} << 20;  // the values one Get returns
+  size_t max_waiters = 1 << 18;                  // Gets and Barriers waiting at once
   int64_t max_timeout_ms = int64_t{7} * 24 * 3600 * 1000;
 };
 
