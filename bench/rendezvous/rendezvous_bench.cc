@@ -1,0 +1,355 @@
+// rendezvous_bench: how long a job's start-up handshake takes through the rendezvous server.
+//
+// For each N, a fresh server and N simulated workers, each with its own gRPC channel and
+// connection: every worker joins, publishes its address, reads every other worker's, and passes
+// one barrier. Time runs from releasing the workers (created, not yet connected) until the last one
+// is through the barrier. Horovod's Gloo rendezvous is reported at 15.8 s for 16 ranks.
+//
+// Workers are threads of this process by default; `--processes P` spreads them over P worker
+// processes instead (the server stays in this one, as in trainrun), so the workers do not share
+// one process's gRPC poller.
+//
+//   build/bin/rendezvous_bench                  # N = 16, 256, 1024; 5 runs each
+//   build/bin/rendezvous_bench --runs 10 64 512
+//   build/bin/rendezvous_bench -v 1024          # and when each phase ended (threads only)
+//   build/bin/rendezvous_bench --processes 16 1024
+//
+// --spawn N PROGRAM [ARGS...] instead starts N real worker processes (all "on localhost") with the
+// environment trainrun gives them, and times server start to last exit: the launcher-free floor of
+// `trainrun -np N PROGRAM`, e.g. with build/bin/barrier_example.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "trainrun/rendezvous/client.h"
+#include "trainrun/rendezvous/server.h"
+
+extern char** environ;
+
+namespace {
+
+namespace rdv = trainrun::rendezvous;
+using Clock = std::chrono::steady_clock;
+constexpr std::chrono::seconds kTimeout{60};
+// Workers per simulated host, so the plan has a realistic shape (local and cross ranks).
+constexpr int kSlotsPerHost = 8;
+constexpr int kPhases = 4;
+constexpr const char* kPhaseNames[kPhases] = {"join", "publish", "read all", "barrier"};
+using Phases = std::array<Clock::time_point, kPhases>;
+
+std::vector<rdv::RankSlot> Plan(int n) {
+  std::vector<rdv::RankSlot> ranks;
+  const int hosts = (n + kSlotsPerHost - 1) / kSlotsPerHost;
+  for (int r = 0; r < n; ++r) {
+    const int host = r / kSlotsPerHost;
+    const int local_size = std::min(kSlotsPerHost, n - host * kSlotsPerHost);
+    ranks.push_back({absl::StrCat("node", host), r % kSlotsPerHost, local_size, host, hosts});
+  }
+  return ranks;
+}
+
+// Gate holds the workers until every thread exists, so thread creation is not timed.
+class Gate {
+ public:
+  void Open() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_ = true;
+    opened_.notify_all();
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    opened_.wait(lock, [&] { return open_; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable opened_;
+  bool open_ = false;
+};
+
+// RunWorkers runs workers [first, first + count) of an n-worker job as threads, released by
+// `release` (called once every thread exists). Returns how many failed; fills `phases`.
+int RunWorkers(const std::string& address, const std::string& token, int n, int first, int count,
+               const std::function<void()>& release, std::vector<Phases>& phases) {
+  const std::vector<rdv::RankSlot> plan = Plan(n);
+  std::vector<std::string> keys;
+  for (int r = 0; r < n; ++r) keys.push_back(absl::StrCat("addr/", r));
+  Gate gate;
+  std::atomic<int> failures{0};
+  phases.assign(count, Phases{});
+  std::vector<std::thread> workers;
+  workers.reserve(count);
+  for (int i = 0; i < count; ++i) {
+    workers.emplace_back([&, i] {
+      const int r = first + i;
+      rdv::ClientOptions client;
+      client.address = address;
+      client.job_id = "bench";
+      client.token = token;
+      client.host = plan[r].host;
+      client.local_rank = plan[r].local_rank;
+      gate.Wait();
+      auto session = rdv::Join(client, kTimeout);
+      absl::Status status = session.status();
+      phases[i][0] = Clock::now();
+      if (status.ok()) {
+        const int rank = session->assignment.rank;
+        status = session->store->Set(keys[rank], absl::StrCat("127.0.0.1:", 20000 + rank));
+      }
+      phases[i][1] = Clock::now();
+      if (status.ok()) status = session->store->Get(keys, kTimeout).status();
+      phases[i][2] = Clock::now();
+      if (status.ok()) status = session->store->Barrier("start", n, kTimeout);
+      phases[i][3] = Clock::now();
+      if (!status.ok() && failures++ == 0) {
+        std::fprintf(stderr, "rendezvous_bench: rank %d: %s\n", r,
+                     std::string(status.message()).c_str());
+      }
+    });
+  }
+  release();
+  gate.Open();
+  for (auto& w : workers) w.join();
+  return failures;
+}
+
+// WorkerGroup is a worker process of --processes: it reads the server's address and the job's
+// token from its environment, writes 'r' on stdout once its threads exist, waits for a byte on
+// stdin, runs, and writes 'd' (all passed) or 'f'.
+int WorkerGroup(int n, int first, int count) {
+  const char* address = std::getenv("TRAINRUN_RENDEZVOUS_ADDR");
+  const char* token = std::getenv("TRAINRUN_JOB_TOKEN");
+  if (address == nullptr || token == nullptr) return 2;
+  std::vector<Phases> phases;
+  const int failures = RunWorkers(
+      address, token, n, first, count,
+      [] {
+        char byte = 'r';
+        if (write(1, &byte, 1) != 1 || read(0, &byte, 1) != 1) std::_Exit(3);
+      },
+      phases);
+  const char result = failures == 0 ? 'd' : 'f';
+  return write(1, &result, 1) == 1 && failures == 0 ? 0 : 1;
+}
+
+// ReadBytes reads `count` bytes from `fd`; false on EOF or error.
+bool ReadBytes(int fd, std::string& out, size_t count) {
+  while (out.size() < count) {
+    char buffer[256];
+    const ssize_t got = read(fd, buffer, std::min(sizeof(buffer), count - out.size()));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    out.append(buffer, static_cast<size_t>(got));
+  }
+  return true;
+}
+
+// RunProcesses times one handshake of n workers spread over `processes` worker processes.
+double RunProcesses(const rdv::Server& server, const std::string& token, int n, int processes) {
+  int go[2], status[2];
+  if (pipe2(go, O_CLOEXEC) != 0 || pipe2(status, O_CLOEXEC) != 0) return -1;
+  std::vector<pid_t> pids;
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+  env.push_back(absl::StrCat("TRAINRUN_RENDEZVOUS_ADDR=", server.address()));
+  env.push_back(absl::StrCat("TRAINRUN_JOB_TOKEN=", token));
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  for (int p = 0; p < processes; ++p) {
+    const int first = n * p / processes;
+    const int count = n * (p + 1) / processes - first;
+    std::vector<std::string> args = {"/proc/self/exe", "--worker-group", std::to_string(n),
+                                     std::to_string(first), std::to_string(count)};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, go[0], 0);
+    posix_spawn_file_actions_adddup2(&actions, status[1], 1);
+    pid_t pid = 0;
+    const int error =
+        posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    if (error == 0) pids.push_back(pid);
+  }
+  close(go[0]);
+  close(status[1]);
+  std::string ready, done;
+  double seconds = -1;
+  if (static_cast<int>(pids.size()) == processes && ReadBytes(status[0], ready, processes)) {
+    const Clock::time_point start = Clock::now();
+    const std::string release(processes, 'g');
+    if (write(go[1], release.data(), release.size()) == static_cast<ssize_t>(release.size()) &&
+        ReadBytes(status[0], done, processes) && done.find('f') == std::string::npos) {
+      seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    }
+  }
+  close(go[1]);
+  close(status[0]);
+  for (pid_t pid : pids) waitpid(pid, nullptr, 0);
+  return seconds;
+}
+
+// RunOnce returns the seconds one N-worker handshake took, or a negative number on failure. With
+// `processes` > 0 the workers run in that many processes; else, as threads here, and `verbose`
+// prints when the last worker finished each phase.
+double RunOnce(int n, int processes, bool verbose) {
+  rdv::ServerOptions options;
+  options.job_id = "bench";
+  options.token = "bench-token-0123456789abcdef";
+  options.ranks = Plan(n);
+  auto server = rdv::Server::Start(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "rendezvous_bench: %s\n", std::string(server.status().message()).c_str());
+    return -1;
+  }
+  if (processes > 0) return RunProcesses(**server, options.token, n, processes);
+
+  Clock::time_point start;
+  std::vector<Phases> phases;
+  const int failures = RunWorkers((*server)->address(), options.token, n, 0, n,
+                                  [&] { start = Clock::now(); }, phases);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  if (verbose) {
+    std::printf("  #");
+    for (int p = 0; p < kPhases; ++p) {
+      Clock::time_point last = start;
+      for (const auto& worker : phases) last = std::max(last, worker[p]);
+      std::printf(" %s done at %.1f ms;", kPhaseNames[p],
+                  std::chrono::duration<double, std::milli>(last - start).count());
+    }
+    std::printf("\n");
+  }
+  return failures == 0 ? seconds : -1;
+}
+
+// SpawnOnce runs `n` worker processes of `argv` against a fresh server and returns the seconds from
+// starting the server to the last worker's exit, or a negative number when one failed.
+double SpawnOnce(int n, char** argv) {
+  const Clock::time_point start = Clock::now();
+  rdv::ServerOptions options;
+  options.job_id = "bench";
+  auto token = rdv::RandomToken();
+  if (!token.ok()) return -1;
+  options.token = *token;
+  for (int r = 0; r < n; ++r) options.ranks.push_back({"localhost", r, n, 0, 1});
+  auto server = rdv::Server::Start(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "rendezvous_bench: %s\n", std::string(server.status().message()).c_str());
+    return -1;
+  }
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    std::vector<std::string> env = {
+        absl::StrCat("TRAINRUN_RENDEZVOUS_ADDR=", (*server)->address()),
+        "TRAINRUN_JOB_ID=bench",
+        absl::StrCat("TRAINRUN_JOB_TOKEN=", options.token),
+        "TRAINRUN_HOSTNAME=localhost",
+        absl::StrCat("TRAINRUN_RANK=", r),
+        absl::StrCat("TRAINRUN_SIZE=", n),
+        absl::StrCat("TRAINRUN_LOCAL_RANK=", r),
+        absl::StrCat("TRAINRUN_LOCAL_SIZE=", n),
+        "TRAINRUN_TIMEOUT=60",
+    };
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    pid_t pid = 0;
+    if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv, envp.data()) != 0) {
+      std::fprintf(stderr, "rendezvous_bench: cannot start %s\n", argv[0]);
+      return -1;
+    }
+    pids.push_back(pid);
+  }
+  bool failed = false;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    failed |= !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return failed ? -1 : seconds;
+}
+
+void PrintRow(const char* what, std::vector<double> times_ms) {
+  std::sort(times_ms.begin(), times_ms.end());
+  std::printf("  %10s %6zu %12.2f %12.2f %12.2f\n", what, times_ms.size(), times_ms.front(),
+              times_ms[times_ms.size() / 2], times_ms.back());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 5 && std::strcmp(argv[1], "--worker-group") == 0) {
+    return WorkerGroup(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]));
+  }
+  int runs = 5;
+  int processes = 0;
+  bool verbose = false;
+  std::vector<int> sizes;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "-v") == 0) {
+      verbose = true;
+    } else if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
+      runs = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--processes") == 0 && i + 1 < argc) {
+      processes = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--spawn") == 0 && i + 2 < argc) {
+      const int n = std::atoi(argv[i + 1]);
+      std::vector<double> times;
+      for (int run = 0; run < std::max(runs, 1); ++run) {
+        const double t = SpawnOnce(n, argv + i + 2);
+        if (t < 0) return 1;
+        times.push_back(t * 1e3);
+      }
+      std::printf("# %d processes of %s: server start to last exit\n", n, argv[i + 2]);
+      std::printf("# %10s %6s %12s %12s %12s\n", "workers", "runs", "min(ms)", "median(ms)",
+                  "max(ms)");
+      PrintRow(std::to_string(n).c_str(), times);
+      return 0;
+    } else {
+      sizes.push_back(std::atoi(argv[i]));
+    }
+  }
+  if (sizes.empty()) sizes = {16, 256, 1024};
+  if (runs < 1 || processes < 0 ||
+      std::any_of(sizes.begin(), sizes.end(), [](int n) { return n < 1; })) {
+    std::fprintf(stderr,
+                 "usage: rendezvous_bench [-v] [--runs R] [--processes P] [N ...]\n"
+                 "       rendezvous_bench [--runs R] --spawn N PROGRAM [ARGS...]\n");
+    return 2;
+  }
+
+  std::printf("# join + publish address + read all addresses + barrier; workers as %s\n",
+              processes > 0 ? absl::StrCat("threads in ", processes, " processes").c_str()
+                            : "threads of this process");
+  std::printf("# %10s %6s %12s %12s %12s\n", "workers", "runs", "min(ms)", "median(ms)", "max(ms)");
+  for (int n : sizes) {
+    std::vector<double> times;
+    for (int run = 0; run < runs; ++run) {
+      const double t = RunOnce(n, std::min(processes, n), verbose);
+      if (t < 0) return 1;
+      times.push_back(t * 1e3);
+    }
+    PrintRow(std::to_string(n).c_str(), times);
+  }
+  return 0;
+}
