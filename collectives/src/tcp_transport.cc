@@ -416,6 +416,9 @@ void TcpTransport::ReadControl(int peer) {
     std::string text = control.received.substr(1 + sizeof fields, fields[1]);
     int culprit = static_cast<int>(fields[0]);
     if (culprit < 0 || culprit >= size_) culprit = peer;
+    // A peer that timed out waiting on this rank blames it, but this rank is alive and waiting
+    // too: pass the blame on to whoever this rank waits on.
+    if (culprit == rank_) FailTimeout();
     Fail(culprit, MakeMessage("rank ", culprit, " failed, as rank ", peer, " reports: ", text));
   }
 }
