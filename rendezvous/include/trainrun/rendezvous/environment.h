@@ -95,4 +95,29 @@ inline constexpr StringParam kNetworkInterface{
     "TRAINRUN_NETWORK_INTERFACE", "",
     "interface for data-plane and rendezvous addresses; default: the one routing to the rendezvous"};
 
+// --- Collectives over TCP (collectives/) ---------------------------------------------------------
+
+// TCP connections between each pair of ranks; large transfers are striped across them.
+inline constexpr EnvParam kSocketsPerPeer{"TRAINRUN_SOCKETS_PER_PEER", 1,
+                                          "TCP connections between each pair of ranks"};
+
+// SO_SNDBUF/SO_RCVBUF of data connections in bytes (0: the kernel's autotuning).
+inline constexpr EnvParam kSocketBufferBytes{"TRAINRUN_SOCKET_BUFFER_BYTES", 4 << 20,
+                                             "socket send/receive buffer of data connections"};
+
+// Ring algorithms move data in segments of this many bytes, so sending, receiving and reducing
+// overlap.
+inline constexpr EnvParam kRingSegmentBytes{"TRAINRUN_RING_SEGMENT_BYTES", 256 << 10,
+                                            "pipelining segment of ring algorithms, bytes"};
+
+// Allreduce of at most this many bytes uses recursive doubling (latency) instead of the ring.
+inline constexpr EnvParam kSmallAllreduceBytes{
+    "TRAINRUN_SMALL_ALLREDUCE_BYTES", 64 << 10,
+    "largest allreduce that uses recursive doubling instead of the ring"};
+
+// Microseconds a wait for a peer polls without sleeping before it blocks in poll(2) (lower latency,
+// at the cost of a busy core while waiting). Only used when ranks have a core each.
+inline constexpr EnvParam kSpinMicroseconds{
+    "TRAINRUN_SPIN_MICROSECONDS", 50, "busy-poll time before a wait for a peer sleeps"};
+
 }  // namespace trainrun::env

@@ -1,0 +1,123 @@
+// Communicator: a group of ranks that run collectives together over TCP (later also shared memory).
+//
+// Inside a worker that `trainrun` started:
+//
+//   auto comm = trainrun::collectives::Communicator::FromEnvironment();
+//   comm->Allreduce(grads.data(), grads.size(), DataType::kFloat32, ReduceOp::kAverage);
+//
+// In tests, ranks as threads meeting through one in-memory store:
+//
+//   auto store = std::make_shared<trainrun::rendezvous::MemoryStore>();
+//   // on each of `size` threads:
+//   Communicator comm(store, rank, size);
+//   comm.Allreduce(in.data(), out.data(), in.size(), DataType::kFloat32, ReduceOp::kSum);
+//
+// Every rank of a communicator must call the same collectives in the same order with matching
+// arguments (count, type, op, root). A Communicator is not thread-safe: one thread drives it at a
+// time. Errors are exceptions (errors.h): IoError when a peer's connection breaks (naming the
+// peer's rank), TimeoutError when a peer stalls past `timeout`, InvalidArgumentError for bad
+// arguments. After an IoError or TimeoutError the communicator is broken: every later call throws
+// IoError at once.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainrun/collectives/errors.h"
+#include "trainrun/collectives/types.h"
+#include "trainrun/rendezvous/store.h"
+
+namespace trainrun::collectives {
+
+// CommunicatorOptions tunes how a communicator connects. Defaults come from the environment
+// (rendezvous/environment.h), so a field left as is follows TRAINRUN_* variables.
+struct CommunicatorOptions {
+  // Store keys are put under "collectives/<name>/"; communicators sharing a store need distinct
+  // names.
+  std::string name = "world";
+  // Address to listen on (a numeric IPv4/IPv6 address). Empty: the address of
+  // TRAINRUN_NETWORK_INTERFACE, else the local address that routes to TRAINRUN_RENDEZVOUS_ADDR,
+  // else loopback.
+  std::string listen_address;
+  // The job's secret and id; every data connection proves both. Empty: TRAINRUN_JOB_TOKEN and
+  // TRAINRUN_JOB_ID.
+  std::string job_token;
+  std::string job_id;
+  // How long any single wait (connecting, a peer's data) may take. Zero: TRAINRUN_TIMEOUT.
+  std::chrono::milliseconds timeout{0};
+};
+
+// RankInfo is a rank's place in the job (DESIGN.md, "Rank layout"). A communicator built from an
+// explicit store treats all ranks as one host: local = global, cross_rank 0, cross_size 1.
+struct RankInfo {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  int cross_rank = 0;
+  int cross_size = 1;
+};
+
+class Communicator {
+ public:
+  // Communicator connects rank `rank` of `size` to every other rank, meeting through `store`.
+  // Blocks until all ranks have connected; throws TimeoutError when one does not come within the
+  // timeout, InvalidArgumentError for a bad rank or size.
+  Communicator(std::shared_ptr<rendezvous::Store> store, int rank, int size,
+               CommunicatorOptions options = {});
+  // Communicator as above, with the full rank layout (info.rank, info.size name the rank).
+  Communicator(std::shared_ptr<rendezvous::Store> store, const RankInfo& info,
+               CommunicatorOptions options = {});
+
+  // FromEnvironment joins the job of the trainrun that started this process (TRAINRUN_* variables)
+  // through its rendezvous server and connects to every rank. Throws Error naming the missing
+  // variable when the process was not started by trainrun.
+  static std::unique_ptr<Communicator> FromEnvironment(CommunicatorOptions options = {});
+
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const;
+  int size() const;
+  const RankInfo& info() const;
+
+  // Allreduce reduces `count` elements of `input` across ranks with `op` and writes the result to
+  // `output` on every rank. `input == output` reduces in place; otherwise the buffers must not
+  // overlap. Every rank gets bit-identical results.
+  void Allreduce(const void* input, void* output, size_t count, DataType type, ReduceOp op);
+  // Allreduce in place.
+  void Allreduce(void* data, size_t count, DataType type, ReduceOp op) {
+    Allreduce(data, data, count, type, op);
+  }
+
+  // Broadcast copies `count` elements of `data` on rank `root` into `data` on every other rank.
+  void Broadcast(void* data, size_t count, DataType type, int root);
+
+  // Allgather concatenates every rank's `count` elements of `input`, in rank order, into `output`
+  // (size() * count elements) on every rank. `input` may point into `output` at this rank's block.
+  void Allgather(const void* input, void* output, size_t count, DataType type);
+
+  // Allgatherv is Allgather with a count per rank: `counts[r]` elements from rank r, placed one
+  // after another in rank order. `counts` must be the same on every rank; `input` holds
+  // counts[rank()] elements.
+  void Allgatherv(const void* input, void* output, const std::vector<size_t>& counts,
+                  DataType type);
+
+  // ReduceScatter reduces size() * `count` elements of `input` across ranks with `op`, and writes
+  // block rank() (elements [rank() * count, (rank() + 1) * count)) of the result to `output`.
+  void ReduceScatter(const void* input, void* output, size_t count, DataType type, ReduceOp op);
+
+  // Barrier returns once every rank has entered it.
+  void Barrier();
+
+  class Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trainrun::collectives

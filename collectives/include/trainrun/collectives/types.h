@@ -1,0 +1,41 @@
+// The element types and reduction operations the collectives understand.
+//
+//   size_t bytes = count * trainrun::collectives::ElementSize(DataType::kBFloat16);
+#pragma once
+
+#include <cstddef>
+
+namespace trainrun::collectives {
+
+// DataType names the element type of a buffer. Values are stable (the C API and the Python
+// bindings use the same numbers).
+enum class DataType : int {
+  kFloat32 = 0,
+  kFloat64 = 1,
+  kFloat16 = 2,   // IEEE binary16; reduced in float32, rounded back to nearest even
+  kBFloat16 = 3,  // bfloat16; reduced in float32, rounded back to nearest even
+  kInt32 = 4,
+  kInt64 = 5,
+  kUInt8 = 6,
+  kInt8 = 7,
+};
+
+// ReduceOp names the reduction of Allreduce and ReduceScatter. Values are stable.
+enum class ReduceOp : int {
+  kSum = 0,
+  kAverage = 1,  // sum divided by the communicator's size (integers: truncating division)
+  kMin = 2,
+  kMax = 3,
+  kProduct = 4,
+};
+
+// ElementSize returns the size in bytes of one element of `type`.
+size_t ElementSize(DataType type);
+
+// DataTypeName returns a short name ("float32", "bfloat16", ...) for messages and benchmarks.
+const char* DataTypeName(DataType type);
+
+// ReduceOpName returns a short name ("sum", "avg", ...) for messages and benchmarks.
+const char* ReduceOpName(ReduceOp op);
+
+}  // namespace trainrun::collectives
