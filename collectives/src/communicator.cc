@@ -1,0 +1,195 @@
+#include "trainrun/collectives/communicator.h"
+
+#include <thread>
+
+#include "algorithms.h"
+#include "socket.h"
+#include "tcp_transport.h"
+#include "trainrun/rendezvous/environment.h"
+
+namespace trainrun::collectives {
+
+using ::trainrun::internal::MakeMessage;
+
+class Communicator::Impl {
+ public:
+  Impl(std::shared_ptr<rendezvous::Store> store, const RankInfo& info,
+       const CommunicatorOptions& options)
+      : store_(std::move(store)), info_(info) {
+    if (store_ == nullptr) throw InvalidArgumentError("a communicator needs a store (got null)");
+    if (info_.size < 1 || info_.rank < 0 || info_.rank >= info_.size) {
+      throw InvalidArgumentError(MakeMessage("rank ", info_.rank, " is not in [0, ", info_.size,
+                                             "); pass a rank below the communicator's size"));
+    }
+    internal::TcpOptions tcp;
+    tcp.name = options.name;
+    tcp.listen_host = internal::ChooseListenHost(options.listen_address);
+    tcp.token = options.job_token.empty() ? EnvOr(env::kJobToken) : options.job_token;
+    tcp.job_id = options.job_id.empty() ? EnvOr(env::kJobId) : options.job_id;
+    tcp.timeout = options.timeout.count() > 0
+                      ? options.timeout
+                      : std::chrono::milliseconds(env::kTimeoutSeconds.Get() * 1000);
+    tcp.sockets_per_peer = static_cast<int>(std::max<int64_t>(1, env::kSocketsPerPeer.Get()));
+    tcp.buffer_bytes = static_cast<int>(env::kSocketBufferBytes.Get());
+    // Spinning only pays when every rank on this host has a core of its own.
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    if (static_cast<unsigned>(info_.local_size) <= cores) {
+      tcp.spin = std::chrono::microseconds(env::kSpinMicroseconds.Get());
+    }
+    segment_bytes_ = static_cast<size_t>(std::max<int64_t>(4096, env::kRingSegmentBytes.Get()));
+    small_bytes_ = static_cast<size_t>(std::max<int64_t>(0, env::kSmallAllreduceBytes.Get()));
+    try {
+      transport_ = std::make_unique<internal::TcpTransport>(*store_, info_.rank, info_.size, tcp);
+    } catch (const Error& e) {
+      Report(-1, e.what());
+      throw;
+    }
+  }
+
+  const RankInfo& info() const { return info_; }
+
+  // Run runs one collective; a failure breaks the communicator, tells the peers and the rendezvous
+  // who is to blame, and propagates.
+  template <typename F>
+  void Run(F&& body) {
+    if (!broken_.empty()) {
+      throw IoError(MakeMessage("rank ", info_.rank, ": this communicator failed earlier (",
+                                broken_, "); it cannot be used again"));
+    }
+    internal::AlgorithmContext ctx{*transport_, segment_bytes_, small_bytes_, scratch_};
+    try {
+      body(ctx);
+    } catch (const Error& e) {
+      if (dynamic_cast<const InvalidArgumentError*>(&e) != nullptr) throw;
+      broken_ = e.what();
+      const int peer = transport_->failed_peer();
+      transport_->Abort(peer, e.what());
+      Report(peer, e.what());
+      throw;
+    }
+  }
+
+ private:
+  static std::string EnvOr(const char* name) {
+    const char* value = std::getenv(name);
+    return value == nullptr ? "" : value;
+  }
+
+  void Report(int peer, const std::string& message) {
+    if (peer < 0 && transport_ != nullptr) peer = transport_->failed_peer();
+    if (peer >= 0) (void)store_->ReportPeerFailure(info_.rank, peer, message);
+  }
+
+  std::shared_ptr<rendezvous::Store> store_;
+  RankInfo info_;
+  std::unique_ptr<internal::TcpTransport> transport_;
+  std::vector<char> scratch_;
+  size_t segment_bytes_ = 0;
+  size_t small_bytes_ = 0;
+  std::string broken_;
+};
+
+namespace {
+
+RankInfo SingleHost(int rank, int size) {
+  RankInfo info;
+  info.rank = rank;
+  info.size = size;
+  info.local_rank = rank;
+  info.local_size = size;
+  return info;
+}
+
+void CheckType(DataType type) {
+  if (static_cast<int>(type) < 0 || static_cast<int>(type) > static_cast<int>(DataType::kInt8)) {
+    throw InvalidArgumentError(MakeMessage("unknown data type ", static_cast<int>(type)));
+  }
+}
+
+void CheckOp(ReduceOp op) {
+  if (static_cast<int>(op) < 0 || static_cast<int>(op) > static_cast<int>(ReduceOp::kProduct)) {
+    throw InvalidArgumentError(MakeMessage("unknown reduce op ", static_cast<int>(op)));
+  }
+}
+
+void CheckBuffer(const void* p, size_t count, const char* what) {
+  if (p == nullptr && count > 0) {
+    throw InvalidArgumentError(MakeMessage(what, " is null but ", count, " elements were asked"));
+  }
+}
+
+}  // namespace
+
+Communicator::Communicator(std::shared_ptr<rendezvous::Store> store, int rank, int size,
+                           CommunicatorOptions options)
+    : Communicator(std::move(store), SingleHost(rank, size), std::move(options)) {}
+
+Communicator::Communicator(std::shared_ptr<rendezvous::Store> store, const RankInfo& info,
+                           CommunicatorOptions options)
+    : impl_(std::make_unique<Impl>(std::move(store), info, options)) {}
+
+Communicator::~Communicator() = default;
+
+int Communicator::rank() const { return impl_->info().rank; }
+int Communicator::size() const { return impl_->info().size; }
+const RankInfo& Communicator::info() const { return impl_->info(); }
+
+void Communicator::Allreduce(const void* input, void* output, size_t count, DataType type,
+                             ReduceOp op) {
+  CheckType(type);
+  CheckOp(op);
+  CheckBuffer(input, count, "allreduce input");
+  CheckBuffer(output, count, "allreduce output");
+  impl_->Run([&](internal::AlgorithmContext& ctx) {
+    internal::Allreduce(ctx, input, output, count, type, op);
+  });
+}
+
+void Communicator::Broadcast(void* data, size_t count, DataType type, int root) {
+  CheckType(type);
+  CheckBuffer(data, count, "broadcast buffer");
+  if (root < 0 || root >= size()) {
+    throw InvalidArgumentError(
+        MakeMessage("broadcast root ", root, " is not a rank of this communicator of ", size()));
+  }
+  impl_->Run([&](internal::AlgorithmContext& ctx) {
+    internal::Broadcast(ctx, data, count * ElementSize(type), root);
+  });
+}
+
+void Communicator::Allgather(const void* input, void* output, size_t count, DataType type) {
+  Allgatherv(input, output, std::vector<size_t>(size(), count), type);
+}
+
+void Communicator::Allgatherv(const void* input, void* output, const std::vector<size_t>& counts,
+                              DataType type) {
+  CheckType(type);
+  if (static_cast<int>(counts.size()) != size()) {
+    throw InvalidArgumentError(MakeMessage("allgatherv got ", counts.size(), " counts for ",
+                                           size(), " ranks; pass one count per rank"));
+  }
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  CheckBuffer(input, counts[rank()], "allgather input");
+  CheckBuffer(output, total, "allgather output");
+  impl_->Run([&](internal::AlgorithmContext& ctx) {
+    internal::Allgatherv(ctx, input, output, counts, type);
+  });
+}
+
+void Communicator::ReduceScatter(const void* input, void* output, size_t count, DataType type,
+                                 ReduceOp op) {
+  CheckType(type);
+  CheckOp(op);
+  CheckBuffer(input, count, "reduce-scatter input");
+  CheckBuffer(output, count, "reduce-scatter output");
+  impl_->Run([&](internal::AlgorithmContext& ctx) {
+    internal::ReduceScatter(ctx, input, output, count, type, op);
+  });
+}
+
+void Communicator::Barrier() {
+  impl_->Run([&](internal::AlgorithmContext& ctx) { internal::Barrier(ctx); });
+}
+
+}  // namespace trainrun::collectives

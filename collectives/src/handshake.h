@@ -1,0 +1,45 @@
+// The handshake every data connection opens with, so that only ranks of this job (who know its
+// token) are read as peers. Mutual challenge-response with HMAC-SHA256 keyed by the job token:
+//
+//   connector -> acceptor  hello: magic, version, from rank, to rank, socket index, world size,
+//                          connector nonce
+//   acceptor  -> connector acceptor nonce, HMAC(token, "acceptor" | job | name | hello | nonce)
+//   connector -> acceptor  HMAC(token, "connector" | job | name | hello | nonce)
+//   acceptor  -> connector one byte 'K'
+//
+// The token never crosses the wire; MACs are compared in constant time; a connection that sends
+// anything else, or nothing before the deadline, is refused.
+#pragma once
+
+#include <string>
+
+#include "socket.h"
+
+namespace trainrun::collectives::internal {
+
+// HandshakeParams is what both ends must agree on.
+struct HandshakeParams {
+  std::string token;
+  std::string job_id;
+  std::string name;         // the communicator's name
+  int size = 0;             // ranks in the communicator
+  int sockets_per_peer = 0; // connections between each pair of ranks
+};
+
+// PeerIdentity is who a proven connection comes from.
+struct PeerIdentity {
+  int rank = -1;
+  int index = -1;  // which of the pair's connections this is
+};
+
+// HandshakeConnect runs the connector's side on `fd` as rank `from` for connection `index` to rank
+// `to`. Throws IoError (the other end is not that rank of this job) or TimeoutError.
+void HandshakeConnect(int fd, const HandshakeParams& params, int from, int to, int index,
+                      Clock::time_point deadline);
+
+// HandshakeAccept runs the acceptor's side on `fd` for rank `self`, and returns who connected.
+// Throws IoError saying why the connection was refused, or TimeoutError.
+PeerIdentity HandshakeAccept(int fd, const HandshakeParams& params, int self,
+                             Clock::time_point deadline);
+
+}  // namespace trainrun::collectives::internal

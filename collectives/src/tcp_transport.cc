@@ -1,0 +1,465 @@
+#include "tcp_transport.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "log.h"
+#include "trainrun/collectives/errors.h"
+
+namespace trainrun::collectives::internal {
+namespace {
+
+using ::trainrun::internal::MakeMessage;
+
+// Messages smaller than this per socket go whole over the first connection: striping them would cost
+// more in system calls than it gains.
+constexpr size_t kMinStripeBytes = 64 << 10;
+constexpr char kBye = 'B';
+constexpr char kAbort = 'A';
+// A stranger gets at most this long to prove itself, so it cannot hold up setup for long.
+constexpr std::chrono::seconds kHandshakeTimeout{10};
+
+std::string AddressKey(const std::string& name, int rank) {
+  return MakeMessage("collectives/", name, "/addr/", rank);
+}
+
+[[noreturn]] void ThrowStoreError(const absl::Status& status, const std::string& what) {
+  if (absl::IsDeadlineExceeded(status)) {
+    throw TimeoutError(MakeMessage(what, ": ", status.message()));
+  }
+  throw IoError(MakeMessage(what, ": ", status.ToString()));
+}
+
+// Accepts connections from higher ranks while this rank connects to lower ones, proving each
+// before it counts; strangers and garbage are logged and dropped.
+class Acceptor {
+ public:
+  using Place = std::function<bool(PeerIdentity, Fd)>;  // false: duplicate connection
+
+  Acceptor(Fd listener, const HandshakeParams& params, int rank, Clock::time_point deadline,
+           Place place)
+      : listener_(std::move(listener)),
+        params_(params),
+        rank_(rank),
+        deadline_(deadline),
+        place_(std::move(place)),
+        thread_([this] { Run(); }) {}
+
+  ~Acceptor() {
+    stop_ = true;
+    thread_.join();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (int fd : in_handshake_) ::shutdown(fd, SHUT_RDWR);
+    }
+    for (auto& t : handshakes_) t.join();
+  }
+
+ private:
+  void Run() {
+    while (!stop_ && Clock::now() < deadline_) {
+      pollfd p{listener_.get(), POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      Fd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+      if (!fd.valid()) continue;
+      std::lock_guard<std::mutex> lock(mutex_);
+      in_handshake_.insert(fd.get());
+      handshakes_.emplace_back([this, conn = std::move(fd)]() mutable { Handshake(std::move(conn)); });
+    }
+  }
+
+  void Handshake(Fd fd) {
+    std::string from = PeerName(fd.get());
+    int raw = fd.get();
+    try {
+      auto deadline = std::min(deadline_, Clock::now() + kHandshakeTimeout);
+      PeerIdentity who = HandshakeAccept(fd.get(), params_, rank_, deadline);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        in_handshake_.erase(raw);
+      }
+      if (!place_(who, std::move(fd))) {
+        LogWarning(MakeMessage("rank ", rank_, ": dropped a second connection ", who.index,
+                               " from rank ", who.rank, " (", from, ")"));
+      }
+      return;
+    } catch (const Error& e) {
+      if (!stop_) {
+        LogWarning(MakeMessage("rank ", rank_, ": dropped a data connection from ", from, ": ",
+                               e.what()));
+      }
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    in_handshake_.erase(raw);
+  }
+
+  Fd listener_;
+  HandshakeParams params_;
+  int rank_;
+  Clock::time_point deadline_;
+  Place place_;
+  std::atomic<bool> stop_{false};
+  std::mutex mutex_;
+  std::set<int> in_handshake_;
+  std::vector<std::thread> handshakes_;
+  std::thread thread_;  // last: starts once the rest is built
+};
+
+}  // namespace
+
+TcpTransport::TcpTransport(rendezvous::Store& store, int rank, int size, TcpOptions options)
+    : rank_(rank), size_(size), options_(std::move(options)) {
+  TRAINRUN_ENFORCE(options_.sockets_per_peer >= 1, "sockets per peer ", options_.sockets_per_peer);
+  params_ = HandshakeParams{options_.token, options_.job_id, options_.name, size_,
+                            options_.sockets_per_peer + 1};
+  conns_.resize(static_cast<size_t>(size_) * options_.sockets_per_peer);
+  controls_.resize(size_);
+  for (int peer = 0; peer < size_; ++peer) {
+    for (int i = 0; i < options_.sockets_per_peer; ++i) DataConn(peer, i).peer = peer;
+  }
+  if (size_ > 1) Establish(store);
+}
+
+void TcpTransport::Establish(rendezvous::Store& store) {
+  const auto deadline = Clock::now() + options_.timeout;
+  const int per_peer = options_.sockets_per_peer + 1;  // data connections, then control
+  SocketAddress bound;
+  Fd listener = Listen(options_.listen_host, options_.buffer_bytes, &bound);
+
+  std::mutex mutex;
+  std::condition_variable arrived;
+  int accepted = 0;
+  const int expected = (size_ - 1 - rank_) * per_peer;
+  auto place = [&](PeerIdentity who, Fd fd) {
+    std::lock_guard<std::mutex> lock(mutex);
+    Fd& slot = who.index < options_.sockets_per_peer ? DataConn(who.rank, who.index).fd
+                                                     : controls_[who.rank].fd;
+    if (slot.valid()) return false;
+    slot = std::move(fd);
+    ++accepted;
+    arrived.notify_all();
+    return true;
+  };
+  Acceptor acceptor(std::move(listener), params_, rank_, deadline, place);
+  if (auto status = store.Set(AddressKey(options_.name, rank_), bound.ToString()); !status.ok()) {
+    ThrowStoreError(status, MakeMessage("rank ", rank_, " cannot publish its address"));
+  }
+
+  if (rank_ > 0) {
+    std::vector<std::string> keys;
+    for (int peer = 0; peer < rank_; ++peer) keys.push_back(AddressKey(options_.name, peer));
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    auto addresses = store.Get(keys, std::max(left, std::chrono::milliseconds(1)));
+    if (!addresses.ok()) {
+      ThrowStoreError(addresses.status(),
+                      MakeMessage("rank ", rank_, " waited for the addresses of lower ranks"));
+    }
+    for (int peer = 0; peer < rank_; ++peer) {
+      SocketAddress address = SocketAddress::Parse((*addresses)[peer]);
+      for (int index = 0; index < per_peer; ++index) {
+        Fd fd;
+        try {
+          fd = Connect(address, options_.buffer_bytes, deadline);
+          HandshakeConnect(fd.get(), params_, rank_, peer, index, deadline);
+        } catch (const TimeoutError& e) {
+          failed_peer_ = peer;
+          throw TimeoutError(MakeMessage("rank ", rank_, " could not connect to rank ", peer,
+                                         " at ", address.ToString(), ": ", e.what()));
+        } catch (const Error& e) {
+          failed_peer_ = peer;
+          throw IoError(MakeMessage("rank ", rank_, " could not connect to rank ", peer, " at ",
+                                    address.ToString(), ": ", e.what()));
+        }
+        std::lock_guard<std::mutex> lock(mutex);
+        (index < options_.sockets_per_peer ? DataConn(peer, index).fd : controls_[peer].fd) =
+            std::move(fd);
+      }
+    }
+  }
+
+  std::unique_lock<std::mutex> lock(mutex);
+  if (!arrived.wait_until(lock, deadline, [&] { return accepted == expected; })) {
+    std::string missing;
+    for (int peer = rank_ + 1; peer < size_; ++peer) {
+      if (!controls_[peer].fd.valid() || !DataConn(peer, 0).fd.valid()) {
+        missing += MakeMessage(missing.empty() ? "" : ", ", peer);
+      }
+    }
+    throw TimeoutError(MakeMessage("rank ", rank_, " timed out after ", options_.timeout.count(),
+                                   " ms waiting for ranks ", missing,
+                                   " to connect; did they start, and can they reach ",
+                                   bound.ToString(), "?"));
+  }
+  lock.unlock();
+  for (Conn& conn : conns_) {
+    if (conn.fd.valid()) ConfigureDataSocket(conn.fd.get(), options_.buffer_bytes);
+  }
+}
+
+TcpTransport::~TcpTransport() {
+  for (Control& control : controls_) {
+    if (!control.fd.valid()) continue;
+    ::send(control.fd.get(), &kBye, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    // Drain what the peer sent, so closing does not answer with a reset that could overtake our bye.
+    char sink[256];
+    while (::recv(control.fd.get(), sink, sizeof sink, MSG_DONTWAIT) > 0) {
+    }
+    ::shutdown(control.fd.get(), SHUT_WR);
+  }
+}
+
+void TcpTransport::Abort(int peer, const std::string& message) {
+  std::string text = message.substr(0, 4000);
+  std::string packet(1, kAbort);
+  uint32_t fields[2] = {static_cast<uint32_t>(peer), static_cast<uint32_t>(text.size())};
+  packet.append(reinterpret_cast<const char*>(fields), sizeof fields);
+  packet += text;
+  for (Control& control : controls_) {
+    if (!control.fd.valid()) continue;
+    ::send(control.fd.get(), packet.data(), packet.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    control.fd.Reset();
+  }
+  for (Conn& conn : conns_) conn.fd.Reset();
+}
+
+Request TcpTransport::NewRequest(int parts) {
+  remaining_.push_back(static_cast<uint32_t>(parts));
+  if (parts > 0) ++pending_requests_;
+  return remaining_.size() - 1;
+}
+
+void TcpTransport::Post(std::deque<Op> Conn::*queue, int peer, char* data, size_t bytes,
+                        Request request) {
+  const int k = options_.sockets_per_peer;
+  if (k == 1 || bytes < k * kMinStripeBytes) {
+    (DataConn(peer, 0).*queue).push_back(Op{data, bytes, request});
+    return;
+  }
+  size_t part = ((bytes + k - 1) / k + 4095) & ~size_t{4095};
+  for (int i = 0; i < k && bytes > 0; ++i) {
+    size_t n = std::min(part, bytes);
+    (DataConn(peer, i).*queue).push_back(Op{data, n, request});
+    data += n;
+    bytes -= n;
+  }
+}
+
+namespace {
+int Parts(size_t bytes, int k) {
+  if (bytes == 0) return 0;
+  if (k == 1 || bytes < k * kMinStripeBytes) return 1;
+  size_t part = ((bytes + k - 1) / k + 4095) & ~size_t{4095};
+  return static_cast<int>((bytes + part - 1) / part);
+}
+}  // namespace
+
+Request TcpTransport::Send(int peer, const void* data, size_t bytes) {
+  TRAINRUN_ENFORCE(peer >= 0 && peer < size_ && peer != rank_, "bad peer ", peer);
+  Request request = NewRequest(Parts(bytes, options_.sockets_per_peer));
+  if (bytes > 0) {
+    Post(&Conn::sends, peer, static_cast<char*>(const_cast<void*>(data)), bytes, request);
+  }
+  return request;
+}
+
+Request TcpTransport::Recv(int peer, void* data, size_t bytes) {
+  TRAINRUN_ENFORCE(peer >= 0 && peer < size_ && peer != rank_, "bad peer ", peer);
+  Request request = NewRequest(Parts(bytes, options_.sockets_per_peer));
+  if (bytes > 0) Post(&Conn::recvs, peer, static_cast<char*>(data), bytes, request);
+  return request;
+}
+
+void TcpTransport::CompletePart(Request request) {
+  if (--remaining_[request] == 0) --pending_requests_;
+}
+
+bool TcpTransport::ProgressSends(Conn& conn) {
+  bool moved = false;
+  while (!conn.sends.empty() && conn.maybe_writable) {
+    Op& op = conn.sends.front();
+    ssize_t n = ::send(conn.fd.get(), op.data, op.left, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      moved = true;
+      op.data += n;
+      op.left -= static_cast<size_t>(n);
+      if (op.left == 0) {
+        CompletePart(op.request);
+        conn.sends.pop_front();
+      }
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      conn.maybe_writable = false;
+    } else if (errno != EINTR) {
+      Fail(conn.peer, MakeMessage("sending to rank ", conn.peer, " failed (", std::strerror(errno),
+                                  "): rank ", conn.peer, " exited or its connection broke"));
+    }
+  }
+  return moved;
+}
+
+bool TcpTransport::ProgressRecvs(Conn& conn) {
+  bool moved = false;
+  while (!conn.recvs.empty() && conn.maybe_readable) {
+    Op& op = conn.recvs.front();
+    ssize_t n = ::recv(conn.fd.get(), op.data, op.left, MSG_DONTWAIT);
+    if (n > 0) {
+      moved = true;
+      op.data += n;
+      op.left -= static_cast<size_t>(n);
+      if (op.left == 0) {
+        CompletePart(op.request);
+        conn.recvs.pop_front();
+      }
+    } else if (n == 0) {
+      Fail(conn.peer,
+           controls_[conn.peer].said_bye
+               ? MakeMessage("rank ", conn.peer, " closed its communicator while this rank still "
+                             "expected data from it (mismatched collectives?)")
+               : MakeMessage("the connection to rank ", conn.peer,
+                             " closed: rank ", conn.peer, " exited or was killed"));
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      conn.maybe_readable = false;
+    } else if (errno != EINTR) {
+      Fail(conn.peer, MakeMessage("receiving from rank ", conn.peer, " failed (",
+                                  std::strerror(errno), "): rank ", conn.peer,
+                                  " exited or its connection broke"));
+    }
+  }
+  return moved;
+}
+
+bool TcpTransport::Progress() {
+  bool moved = false;
+  for (Conn& conn : conns_) {
+    if (!conn.sends.empty()) moved |= ProgressSends(conn);
+    if (!conn.recvs.empty()) moved |= ProgressRecvs(conn);
+  }
+  return moved;
+}
+
+bool TcpTransport::PollOnce(int timeout_ms) {
+  std::vector<pollfd> fds;
+  std::vector<int> owner;  // index into conns_, or -(peer + 1) for a control connection
+  for (size_t i = 0; i < conns_.size(); ++i) {
+    Conn& conn = conns_[i];
+    short events = 0;
+    if (!conn.sends.empty() && !conn.maybe_writable) events |= POLLOUT;
+    if (!conn.recvs.empty() && !conn.maybe_readable) events |= POLLIN;
+    if (events == 0) continue;
+    fds.push_back(pollfd{conn.fd.get(), events, 0});
+    owner.push_back(static_cast<int>(i));
+  }
+  for (int peer = 0; peer < size_; ++peer) {
+    if (!controls_[peer].fd.valid()) continue;
+    fds.push_back(pollfd{controls_[peer].fd.get(), POLLIN, 0});
+    owner.push_back(-(peer + 1));
+  }
+  int n = ::poll(fds.data(), fds.size(), timeout_ms);
+  if (n < 0) {
+    if (errno == EINTR) return false;
+    throw IoError(MakeMessage("rank ", rank_, ": poll failed: ", std::strerror(errno)));
+  }
+  if (n == 0) return false;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    short revents = fds[i].revents;
+    if (revents == 0) continue;
+    if (owner[i] < 0) {
+      ReadControl(-owner[i] - 1);
+      continue;
+    }
+    Conn& conn = conns_[owner[i]];
+    if (revents & (POLLIN | POLLHUP | POLLERR)) conn.maybe_readable = true;
+    if (revents & (POLLOUT | POLLHUP | POLLERR)) conn.maybe_writable = true;
+  }
+  return true;
+}
+
+void TcpTransport::ReadControl(int peer) {
+  Control& control = controls_[peer];
+  char buffer[4096];
+  ssize_t n = ::recv(control.fd.get(), buffer, sizeof buffer, MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  if (n <= 0) {
+    if (control.said_bye) {
+      control.fd.Reset();  // a clean close; data still buffered from it stays readable
+      return;
+    }
+    Fail(peer, MakeMessage("rank ", peer, " exited or was killed (its connection closed)"));
+  }
+  control.received.append(buffer, static_cast<size_t>(n));
+  while (!control.received.empty()) {
+    if (control.received[0] == kBye) {
+      control.said_bye = true;
+      control.received.erase(0, 1);
+      continue;
+    }
+    if (control.received[0] != kAbort) {
+      Fail(peer, MakeMessage("rank ", peer, " sent garbage on its control connection"));
+    }
+    uint32_t fields[2];
+    if (control.received.size() < 1 + sizeof fields) return;
+    std::memcpy(fields, control.received.data() + 1, sizeof fields);
+    if (control.received.size() < 1 + sizeof fields + fields[1]) return;
+    std::string text = control.received.substr(1 + sizeof fields, fields[1]);
+    int culprit = static_cast<int>(fields[0]);
+    if (culprit < 0 || culprit >= size_) culprit = peer;
+    Fail(culprit, MakeMessage("rank ", culprit, " failed, as rank ", peer, " reports: ", text));
+  }
+}
+
+void TcpTransport::Fail(int peer, const std::string& message) {
+  failed_peer_ = peer;
+  throw IoError(MakeMessage("rank ", rank_, ": ", message));
+}
+
+void TcpTransport::FailTimeout() {
+  std::set<int> waiting;
+  for (const Conn& conn : conns_) {
+    if (!conn.recvs.empty() || !conn.sends.empty()) waiting.insert(conn.peer);
+  }
+  std::string names;
+  for (int peer : waiting) names += MakeMessage(names.empty() ? "" : ", ", peer);
+  failed_peer_ = waiting.empty() ? -1 : *waiting.begin();
+  throw TimeoutError(MakeMessage("rank ", rank_, ": no data moved to or from rank(s) ", names,
+                                 " for ", options_.timeout.count(),
+                                 " ms; the peer is stalled or not calling the same collective "
+                                 "(timeout: TRAINRUN_TIMEOUT)"));
+}
+
+void TcpTransport::Wait(Request request) {
+  if (request >= remaining_.size()) return;
+  auto last_progress = Clock::now();
+  while (remaining_[request] > 0) {
+    if (Progress()) {
+      if (remaining_[request] == 0) break;
+      last_progress = Clock::now();
+      continue;
+    }
+    auto now = Clock::now();
+    if (now - last_progress >= options_.timeout) FailTimeout();
+    int wait_ms = 0;
+    if (now - last_progress >= options_.spin) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          options_.timeout - (now - last_progress));
+      wait_ms = static_cast<int>(std::clamp<int64_t>(left.count() + 1, 1, 1000));
+    }
+    PollOnce(wait_ms);
+  }
+}
+
+void TcpTransport::WaitAll() {
+  for (Request r = 0; r < remaining_.size(); ++r) Wait(r);
+  remaining_.clear();
+  pending_requests_ = 0;
+}
+
+}  // namespace trainrun::collectives::internal

@@ -1,0 +1,101 @@
+// TcpTransport: a full mesh of TCP connections between the ranks of a communicator, driven by one
+// thread (the caller's) with non-blocking sockets and poll(2), so two ranks on two cores do not
+// fight for them.
+//
+// Between each pair of ranks there are `sockets_per_peer` data connections (a large message is
+// striped across them) and one control connection. The control connection carries only "bye"
+// (a clean close) and "abort" (this rank failed because of rank P), so that when one rank dies every
+// other rank learns it at once and names the rank that died, even one that was not talking to it.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "handshake.h"
+#include "socket.h"
+#include "transport.h"
+#include "trainrun/rendezvous/store.h"
+
+namespace trainrun::collectives::internal {
+
+struct TcpOptions {
+  std::string name;            // the communicator's name (store keys, handshake)
+  std::string listen_host;     // numeric address to listen on
+  std::string token;
+  std::string job_id;
+  std::chrono::milliseconds timeout{300000};
+  int sockets_per_peer = 1;
+  int buffer_bytes = 4 << 20;
+  std::chrono::microseconds spin{0};  // busy-poll before sleeping in poll(2)
+};
+
+class TcpTransport : public Transport {
+ public:
+  // TcpTransport listens, publishes its address under "collectives/<name>/addr/<rank>", connects to
+  // every lower rank and accepts every higher one. Throws TimeoutError or IoError.
+  TcpTransport(rendezvous::Store& store, int rank, int size, TcpOptions options);
+  // Sends "bye" to every peer and closes.
+  ~TcpTransport() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Request Send(int peer, const void* data, size_t bytes) override;
+  Request Recv(int peer, void* data, size_t bytes) override;
+  void Wait(Request request) override;
+  void WaitAll() override;
+  int failed_peer() const override { return failed_peer_; }
+
+  // Abort tells every peer still connected that this rank failed because of `peer` (best effort,
+  // never blocks), and closes every connection.
+  void Abort(int peer, const std::string& message);
+
+ private:
+  struct Op {
+    char* data;
+    size_t left;
+    Request request;
+  };
+  struct Conn {
+    Fd fd;
+    int peer = -1;
+    std::deque<Op> sends;
+    std::deque<Op> recvs;
+    bool maybe_writable = true;
+    bool maybe_readable = true;
+  };
+  struct Control {
+    Fd fd;
+    std::string received;  // bytes of a message not yet complete
+    bool said_bye = false;
+  };
+
+  void Establish(rendezvous::Store& store);
+  Conn& DataConn(int peer, int index) { return conns_[peer * options_.sockets_per_peer + index]; }
+  Request NewRequest(int parts);
+  void Post(std::deque<Op> Conn::*queue, int peer, char* data, size_t bytes, Request request);
+  // Moves bytes on every connection that may be ready; returns whether anything moved.
+  bool Progress();
+  bool ProgressSends(Conn& conn);
+  bool ProgressRecvs(Conn& conn);
+  void CompletePart(Request request);
+  // Blocks in poll(2) until a connection is ready or `timeout_ms` passes; reads control messages.
+  bool PollOnce(int timeout_ms);
+  void ReadControl(int peer);
+  [[noreturn]] void Fail(int peer, const std::string& message);
+  [[noreturn]] void FailTimeout();
+
+  int rank_;
+  int size_;
+  TcpOptions options_;
+  HandshakeParams params_;
+  std::vector<Conn> conns_;        // size * sockets_per_peer; own entries unused
+  std::vector<Control> controls_;  // one per peer
+  std::vector<uint32_t> remaining_;  // parts still pending, per request since the last WaitAll
+  size_t pending_requests_ = 0;
+  int failed_peer_ = -1;
+};
+
+}  // namespace trainrun::collectives::internal
