@@ -38,8 +38,8 @@ def make_model(kind):
         return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
                                    torch.nn.Linear(128, 64), torch.nn.ReLU(),
                                    torch.nn.Linear(64, 10))
-    layers, width = [], 1024
-    for i in range(4):
+    layers, width = [], 512  # about 0.66 M parameters: a few fusion buckets
+    for i in range(3):
         layers += [torch.nn.Linear(256 if i == 0 else width, width), torch.nn.ReLU()]
     return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
 
@@ -74,7 +74,7 @@ def main():
     parser.add_argument("--model", choices=["mlp", "digits"], default="mlp")
     parser.add_argument("--batch", type=int, default=64, help="per rank")
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--steps", type=int, default=20, help="per round and contender")
+    parser.add_argument("--steps", type=int, default=10, help="per round and contender")
     args = parser.parse_args()
 
     hvd.init()
