@@ -92,7 +92,7 @@ void HandshakeConnect(int fd, const HandshakeParams& params, int from, int to, i
   Mac their_mac;
   ReadFull(fd, theirs.data(), theirs.size(), deadline);
   ReadFull(fd, their_mac.data(), their_mac.size(), deadline);
-  if (!SameMac(their_mac, ComputeMac(params, "acceptor", hello, mine))) {
+  if (!SameMac(their_mac, ComputeMac(params, "acceptor", hello, theirs))) {
     throw IoError(MakeMessage("the listener at ", PeerName(fd), " is not rank ", to,
                               " of this job (its handshake proof does not match the job token)"));
   }

@@ -4,6 +4,7 @@
 //   connector -> acceptor  hello: magic, version, from rank, to rank, socket index, world size,
 //                          connector nonce
 //   acceptor  -> connector acceptor nonce, HMAC(token, "acceptor" | job | name | hello | nonce)
+//                          (hello holds the connector nonce, so both MACs answer a fresh challenge)
 //   connector -> acceptor  HMAC(token, "connector" | job | name | hello | nonce)
 //   acceptor  -> connector one byte 'K'
 //

@@ -422,17 +422,20 @@ void TcpTransport::Fail(int peer, const std::string& message) {
 }
 
 void TcpTransport::FailTimeout() {
-  std::set<int> waiting;
+  // Blame the peers this rank waits to hear from; only when it waits on none, those it cannot send to.
+  std::set<int> receiving, sending;
   for (const Conn& conn : conns_) {
-    if (!conn.recvs.empty() || !conn.sends.empty()) waiting.insert(conn.peer);
+    if (!conn.recvs.empty()) receiving.insert(conn.peer);
+    if (!conn.sends.empty()) sending.insert(conn.peer);
   }
+  const std::set<int>& blamed = receiving.empty() ? sending : receiving;
   std::string names;
-  for (int peer : waiting) names += MakeMessage(names.empty() ? "" : ", ", peer);
-  failed_peer_ = waiting.empty() ? -1 : *waiting.begin();
-  throw TimeoutError(MakeMessage("rank ", rank_, ": no data moved to or from rank(s) ", names,
-                                 " for ", options_.timeout.count(),
-                                 " ms; the peer is stalled or not calling the same collective "
-                                 "(timeout: TRAINRUN_TIMEOUT)"));
+  for (int peer : blamed) names += MakeMessage(names.empty() ? "" : ", ", peer);
+  failed_peer_ = blamed.empty() ? -1 : *blamed.begin();
+  throw TimeoutError(MakeMessage("rank ", rank_, ": ", blamed.size() == 1 ? "rank " : "ranks ",
+                                 names, " moved no data for ", options_.timeout.count(),
+                                 " ms: stalled, or not calling the same collective (raise "
+                                 "TRAINRUN_TIMEOUT if it is just slow)"));
 }
 
 void TcpTransport::Wait(Request request) {

@@ -1,0 +1,329 @@
+// allreduce_perf, broadcast_perf, allgather_perf, reduce_scatter_perf: nccl-tests' programs over
+// trainrun's collectives, printing the same columns so figures compare directly with
+// ../shared/bench/peers.sh.
+//
+//   trainrun -np 2 build/bin/allreduce_perf -b 4K -e 256M -f 4
+//   build/bin/allreduce_perf --np 2 -b 4K -e 256M -f 4     # standalone: forks 2 ranks on this host
+//
+// Flags as nccl-tests: -b/-e smallest/largest size in bytes (K, M, G suffixes), -f factor between
+// sizes, -n timed iterations, -w warm-up iterations, -c 1 to count wrong elements, -d type
+// (float, double, half, bfloat16, int32, int64, uint8, int8), -o op (sum, prod, min, max, avg).
+// Time is the mean per operation on the slowest rank, in µs; algbw = size / time; busbw as
+// nccl-tests: allreduce algbw·2(n-1)/n, allgather and reduce_scatter algbw·(n-1)/n, broadcast algbw.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "file_store.h"
+#include "trainrun/collectives/communicator.h"
+#include "trainrun/rendezvous/environment.h"
+
+namespace {
+
+using trainrun::collectives::Communicator;
+using trainrun::collectives::DataType;
+using trainrun::collectives::ReduceOp;
+
+enum class Collective { kAllreduce, kBroadcast, kAllgather, kReduceScatter };
+
+struct Flags {
+  size_t min_bytes = 8;
+  size_t max_bytes = 32 << 20;
+  size_t factor = 2;
+  int iters = 20;
+  int warmup = 5;
+  bool check = true;
+  DataType type = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  int np = 0;  // standalone: fork this many ranks
+};
+
+size_t ParseSize(const char* text) {
+  char* end = nullptr;
+  double value = std::strtod(text, &end);
+  switch (*end) {
+    case 'K': case 'k': value *= 1 << 10; break;
+    case 'M': case 'm': value *= 1 << 20; break;
+    case 'G': case 'g': value *= 1 << 30; break;
+    default: break;
+  }
+  return static_cast<size_t>(value);
+}
+
+DataType ParseType(const std::string& name) {
+  if (name == "float" || name == "float32") return DataType::kFloat32;
+  if (name == "double" || name == "float64") return DataType::kFloat64;
+  if (name == "half" || name == "float16") return DataType::kFloat16;
+  if (name == "bfloat16") return DataType::kBFloat16;
+  if (name == "int32" || name == "int") return DataType::kInt32;
+  if (name == "int64") return DataType::kInt64;
+  if (name == "uint8") return DataType::kUInt8;
+  if (name == "int8") return DataType::kInt8;
+  std::fprintf(stderr, "unknown type '%s'\n", name.c_str());
+  std::exit(2);
+}
+
+ReduceOp ParseOp(const std::string& name) {
+  if (name == "sum") return ReduceOp::kSum;
+  if (name == "prod") return ReduceOp::kProduct;
+  if (name == "min") return ReduceOp::kMin;
+  if (name == "max") return ReduceOp::kMax;
+  if (name == "avg") return ReduceOp::kAverage;
+  std::fprintf(stderr, "unknown op '%s'\n", name.c_str());
+  std::exit(2);
+}
+
+Flags ParseFlags(int argc, char** argv) {
+  Flags flags;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "flag %s needs a value\n", flag.c_str());
+      std::exit(2);
+    }
+    const char* value = argv[++i];
+    if (flag == "-b") flags.min_bytes = ParseSize(value);
+    else if (flag == "-e") flags.max_bytes = ParseSize(value);
+    else if (flag == "-f") flags.factor = std::max<size_t>(2, std::atoi(value));
+    else if (flag == "-n") flags.iters = std::atoi(value);
+    else if (flag == "-w") flags.warmup = std::atoi(value);
+    else if (flag == "-c") flags.check = std::atoi(value) != 0;
+    else if (flag == "-d") flags.type = ParseType(value);
+    else if (flag == "-o") flags.op = ParseOp(value);
+    else if (flag == "--np") flags.np = std::atoi(value);
+    else {
+      std::fprintf(stderr, "unknown flag %s (see the head of collective_perf.cc)\n", flag.c_str());
+      std::exit(2);
+    }
+  }
+  return flags;
+}
+
+// Small integers are exact in every type, so sums and checks are exact too.
+double InputValue(int rank, size_t i) { return static_cast<double>((rank + 1 + i) % 5); }
+
+void Fill(void* data, DataType type, size_t count, int rank) {
+  for (size_t i = 0; i < count; ++i) {
+    double v = InputValue(rank, i);
+    switch (type) {
+      case DataType::kFloat32: static_cast<float*>(data)[i] = static_cast<float>(v); break;
+      case DataType::kFloat64: static_cast<double*>(data)[i] = v; break;
+      case DataType::kFloat16: static_cast<_Float16*>(data)[i] = static_cast<_Float16>(v); break;
+      case DataType::kBFloat16: {
+        float f = static_cast<float>(v);
+        uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        static_cast<uint16_t*>(data)[i] = static_cast<uint16_t>(bits >> 16);
+        break;
+      }
+      case DataType::kInt32: static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v); break;
+      case DataType::kInt64: static_cast<int64_t*>(data)[i] = static_cast<int64_t>(v); break;
+      case DataType::kUInt8: static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(v); break;
+      case DataType::kInt8: static_cast<int8_t*>(data)[i] = static_cast<int8_t>(v); break;
+    }
+  }
+}
+
+double Read(const void* data, DataType type, size_t i) {
+  switch (type) {
+    case DataType::kFloat32: return static_cast<const float*>(data)[i];
+    case DataType::kFloat64: return static_cast<const double*>(data)[i];
+    case DataType::kFloat16: return static_cast<float>(static_cast<const _Float16*>(data)[i]);
+    case DataType::kBFloat16: {
+      uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(data)[i]) << 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    }
+    case DataType::kInt32: return static_cast<const int32_t*>(data)[i];
+    case DataType::kInt64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case DataType::kUInt8: return static_cast<const uint8_t*>(data)[i];
+    case DataType::kInt8: return static_cast<const int8_t*>(data)[i];
+  }
+  return 0;
+}
+
+double Expected(ReduceOp op, DataType type, int n, size_t i) {
+  double acc = InputValue(0, i);
+  for (int r = 1; r < n; ++r) {
+    double v = InputValue(r, i);
+    switch (op) {
+      case ReduceOp::kSum: case ReduceOp::kAverage: acc += v; break;
+      case ReduceOp::kProduct: acc *= v; break;
+      case ReduceOp::kMin: acc = std::min(acc, v); break;
+      case ReduceOp::kMax: acc = std::max(acc, v); break;
+    }
+  }
+  if (op == ReduceOp::kAverage) {
+    bool integer = type == DataType::kInt32 || type == DataType::kInt64 ||
+                   type == DataType::kUInt8 || type == DataType::kInt8;
+    acc = integer ? std::trunc(acc / n) : acc / n;
+  }
+  return acc;
+}
+
+struct Run {
+  Collective collective;
+  const char* name;
+};
+
+// One size: returns the wrong-element count on this rank and the mean time per operation.
+void Measure(Communicator& comm, const Flags& flags, Collective collective, size_t bytes) {
+  const int n = comm.size();
+  const int rank = comm.rank();
+  const size_t e = trainrun::collectives::ElementSize(flags.type);
+  // nccl-tests' size: the full buffer (allgather: the output, reduce_scatter: the input).
+  size_t count = bytes / e;
+  size_t in_count = count, out_count = count;
+  if (collective == Collective::kAllgather) {
+    count = bytes / e / n;
+    in_count = count;
+    out_count = count * n;
+  } else if (collective == Collective::kReduceScatter) {
+    count = bytes / e / n;
+    in_count = count * n;
+    out_count = count;
+  }
+  std::vector<char> in(std::max<size_t>(1, in_count * e)), out(std::max<size_t>(1, out_count * e));
+  Fill(in.data(), flags.type, in_count, rank);
+  auto once = [&] {
+    switch (collective) {
+      case Collective::kAllreduce:
+        comm.Allreduce(in.data(), out.data(), count, flags.type, flags.op);
+        break;
+      case Collective::kBroadcast:
+        comm.Broadcast(rank == 0 ? in.data() : out.data(), count, flags.type, 0);
+        break;
+      case Collective::kAllgather:
+        comm.Allgather(in.data(), out.data(), count, flags.type);
+        break;
+      case Collective::kReduceScatter:
+        comm.ReduceScatter(in.data(), out.data(), count, flags.type, flags.op);
+        break;
+    }
+  };
+  for (int i = 0; i < flags.warmup; ++i) once();
+  comm.Barrier();
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < flags.iters; ++i) once();
+  double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+      std::max(1, flags.iters);
+
+  int64_t wrong = 0;
+  if (flags.check) {
+    std::fill(out.begin(), out.end(), 0);
+    once();
+    for (size_t i = 0; i < out_count; ++i) {
+      double expect = 0;
+      switch (collective) {
+        case Collective::kAllreduce: expect = Expected(flags.op, flags.type, n, i); break;
+        case Collective::kBroadcast: expect = InputValue(0, i); break;
+        case Collective::kAllgather: expect = InputValue(static_cast<int>(i / count), i % count); break;
+        case Collective::kReduceScatter:
+          expect = Expected(flags.op, flags.type, n, rank * count + i);
+          break;
+      }
+      const void* result = collective == Collective::kBroadcast && rank == 0 ? in.data() : out.data();
+      if (Read(result, flags.type, i) != expect) ++wrong;
+    }
+  }
+  double stats[2] = {seconds, static_cast<double>(wrong)};
+  double slowest[2];
+  comm.Allreduce(stats, slowest, 1, DataType::kFloat64, ReduceOp::kMax);
+  int64_t total_wrong = 0;
+  comm.Allreduce(&wrong, &total_wrong, 1, DataType::kInt64, ReduceOp::kSum);
+  if (rank != 0) return;
+  double algbw = static_cast<double>(bytes) / slowest[0] / 1e9;
+  double factor = 1;
+  if (collective == Collective::kAllreduce) factor = 2.0 * (n - 1) / n;
+  if (collective == Collective::kAllgather || collective == Collective::kReduceScatter) {
+    factor = static_cast<double>(n - 1) / n;
+  }
+  std::printf("%12zu %12zu %8s %6s %10.1f %8.3f %8.3f %8lld\n", bytes, count,
+              trainrun::collectives::DataTypeName(flags.type),
+              collective == Collective::kAllreduce || collective == Collective::kReduceScatter
+                  ? trainrun::collectives::ReduceOpName(flags.op)
+                  : "none",
+              slowest[0] * 1e6, algbw, algbw * factor, static_cast<long long>(total_wrong));
+  std::fflush(stdout);
+}
+
+int RunRank(Communicator& comm, const Flags& flags, Collective collective) {
+  if (comm.rank() == 0) {
+    std::printf("# trainrun collectives over TCP: %d ranks\n", comm.size());
+    std::printf("# %10s %12s %8s %6s %10s %8s %8s %8s\n", "size", "count", "type", "redop",
+                "time", "algbw", "busbw", "#wrong");
+    std::printf("# %10s %12s %8s %6s %10s %8s %8s %8s\n", "(B)", "(elements)", "", "", "(us)",
+                "(GB/s)", "(GB/s)", "");
+  }
+  const size_t e = trainrun::collectives::ElementSize(flags.type);
+  for (size_t bytes = std::max(flags.min_bytes, e); bytes <= flags.max_bytes;
+       bytes *= flags.factor) {
+    Measure(comm, flags, collective, bytes);
+  }
+  return 0;
+}
+
+int Main(int argc, char** argv, Collective collective) {
+  Flags flags = ParseFlags(argc, argv);
+  try {
+    if (std::getenv(trainrun::env::kRendezvousAddr) != nullptr) {
+      auto comm = Communicator::FromEnvironment();
+      return RunRank(*comm, flags, collective);
+    }
+    const int np = std::max(1, flags.np);
+    char dir[] = "/tmp/trainrun-perf-XXXXXX";
+    if (::mkdtemp(dir) == nullptr) {
+      std::perror("mkdtemp");
+      return 1;
+    }
+    std::vector<pid_t> children;
+    for (int rank = 1; rank < np; ++rank) {
+      pid_t pid = ::fork();
+      if (pid == 0) {
+        int code = 1;
+        try {
+          Communicator comm(std::make_shared<trainrun::collectives::testing::FileStore>(dir),
+                            rank, np);
+          code = RunRank(comm, flags, collective);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        }
+        std::fflush(stdout);
+        ::_exit(code);
+      }
+      children.push_back(pid);
+    }
+    int code = 0;
+    {
+      Communicator comm(std::make_shared<trainrun::collectives::testing::FileStore>(dir), 0, np);
+      code = RunRank(comm, flags, collective);
+    }
+    for (pid_t pid : children) {
+      int status = 0;
+      ::waitpid(pid, &status, 0);
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) code = 1;
+    }
+    std::string cleanup = std::string("rm -rf ") + dir;
+    if (std::system(cleanup.c_str()) != 0) code = 1;
+    return code;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return Main(argc, argv, static_cast<Collective>(TRAINRUN_PERF_COLLECTIVE));
+}

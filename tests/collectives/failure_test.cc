@@ -1,0 +1,223 @@
+// Failure behaviour: strangers on the data port, a peer that goes away, a peer that stalls, and a
+// real process killed with SIGKILL mid-allreduce.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "file_store.h"
+#include "handshake.h"
+#include "socket.h"
+#include "spawn.h"
+#include "trainrun/collectives/communicator.h"
+
+namespace trainrun::collectives {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using testing::Spawn;
+
+CommunicatorOptions WithToken(const std::string& token) {
+  CommunicatorOptions options;
+  options.job_token = token;
+  options.job_id = "job-1";
+  options.timeout = std::chrono::seconds(20);
+  return options;
+}
+
+TEST_CASE("strangers on the data port are dropped and the collective still succeeds", "[hostile]") {
+  auto store = std::make_shared<rendezvous::MemoryStore>();
+  const int n = 3;
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<float> sums(n, 0);
+  auto rank_main = [&](int rank) {
+    try {
+      Communicator comm(store, rank, n, WithToken("secret"));
+      float x = static_cast<float>(rank + 1);
+      comm.Allreduce(&x, 1, DataType::kFloat32, ReduceOp::kSum);
+      sums[rank] = x;
+    } catch (...) {
+      errors[rank] = std::current_exception();
+    }
+  };
+  // Rank 0 listens first; the strangers reach its port before ranks 1 and 2 exist.
+  std::thread rank0(rank_main, 0);
+  auto address = store->Get({"collectives/world/addr/0"}, std::chrono::seconds(10));
+  REQUIRE(address.ok());
+  auto target = internal::SocketAddress::Parse((*address)[0]);
+  auto deadline = Clock::now() + std::chrono::seconds(5);
+
+  // Garbage instead of a handshake.
+  internal::Fd garbage = internal::Connect(target, 0, deadline);
+  const std::string junk(200, '\x7f');
+  internal::WriteFull(garbage.get(), junk.data(), junk.size(), deadline);
+  // A well-formed handshake with the wrong token: refused, and the stranger can tell.
+  internal::Fd impostor = internal::Connect(target, 0, deadline);
+  internal::HandshakeParams wrong{"not-the-secret", "job-1", "world", n, 2};
+  CHECK_THROWS_AS(internal::HandshakeConnect(impostor.get(), wrong, 1, 0, 0, deadline), IoError);
+  // The right token for another job: refused as well.
+  internal::Fd other_job = internal::Connect(target, 0, deadline);
+  internal::HandshakeParams other{"secret", "job-2", "world", n, 2};
+  CHECK_THROWS_AS(internal::HandshakeConnect(other_job.get(), other, 1, 0, 0, deadline), IoError);
+  // One that connects and says nothing must not hold up the others.
+  internal::Fd silent = internal::Connect(target, 0, deadline);
+
+  auto start = Clock::now();
+  std::thread rank1(rank_main, 1), rank2(rank_main, 2);
+  rank0.join();
+  rank1.join();
+  rank2.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  CHECK(sums == std::vector<float>{6, 6, 6});
+  CHECK(Clock::now() - start < std::chrono::seconds(5));
+}
+
+// Runs `n` ranks as threads; each returns the message of the error it got, or "" for none.
+std::vector<std::string> RunFailing(int n, const std::function<void(int, Communicator&)>& body,
+                                    CommunicatorOptions options) {
+  std::vector<std::string> messages(n);
+  Spawn(n, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
+    Communicator comm(store, rank, n, options);
+    try {
+      body(rank, comm);
+    } catch (const Error& e) {
+      messages[rank] = e.what();
+    }
+  });
+  return messages;
+}
+
+TEST_CASE("a peer leaving mid-allreduce makes the others raise naming it", "[failure]") {
+  const int n = 4, victim = 2;
+  std::vector<float> data(1 << 20, 1.0f);
+  auto start = Clock::now();
+  auto messages = RunFailing(
+      n,
+      [&](int rank, Communicator& comm) {
+        std::vector<float> mine = data;
+        for (int i = 0; i < 1000; ++i) {
+          if (rank == victim && i == 3) throw Error("victim leaves");  // closes its connections
+          comm.Allreduce(mine.data(), mine.size(), DataType::kFloat32, ReduceOp::kSum);
+        }
+      },
+      WithToken("t"));
+  CHECK(Clock::now() - start < std::chrono::seconds(10));
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << messages[r]);
+    if (r == victim) continue;
+    CHECK(messages[r].find("rank 2") != std::string::npos);
+  }
+}
+
+TEST_CASE("a stalled peer makes the others time out naming it", "[failure]") {
+  const int n = 3, staller = 2;
+  CommunicatorOptions options = WithToken("t");
+  options.timeout = std::chrono::milliseconds(1000);
+  std::vector<Clock::duration> took(n);
+  std::vector<bool> timed_out(n, false);
+  auto messages = RunFailing(
+      n,
+      [&](int rank, Communicator& comm) {
+        std::vector<float> x(1 << 18, 1.0f);
+        if (rank == staller) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+          return;
+        }
+        auto start = Clock::now();
+        try {
+          comm.Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
+        } catch (const TimeoutError&) {
+          timed_out[rank] = true;
+          took[rank] = Clock::now() - start;
+          throw;
+        } catch (const IoError&) {
+          took[rank] = Clock::now() - start;
+          throw;
+        }
+      },
+      options);
+  CHECK((timed_out[0] || timed_out[1]));
+  for (int r = 0; r < n; ++r) {
+    if (r == staller) continue;
+    INFO("rank " << r << ": " << messages[r]);
+    CHECK(messages[r].find("rank 2") != std::string::npos);
+    CHECK(took[r] < std::chrono::milliseconds(2400));
+  }
+}
+
+TEST_CASE("a rank killed with SIGKILL mid-allreduce: the others raise promptly naming it",
+          "[failure][process]") {
+  const int n = 3, victim = 1;
+  char dir[] = "/tmp/trainrun-collectives-test-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < n; ++rank) {
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      int code = 3;
+      try {
+        auto store = std::make_shared<testing::FileStore>(dir);
+        Communicator comm(store, rank, n, WithToken("t"));
+        std::vector<float> x(1 << 20, 1.0f);
+        for (int i = 0; i < 100000; ++i) {
+          if (rank == victim && i == 5) ::raise(SIGKILL);
+          comm.Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
+        }
+      } catch (const IoError& e) {
+        std::ofstream(std::string(dir) + "/error." + std::to_string(rank)) << e.what();
+        code = 0;
+      } catch (...) {
+        code = 4;
+      }
+      ::_exit(code);
+    }
+    children.push_back(pid);
+  }
+  // Every child must end on its own within the bound; any straggler is killed and fails the test.
+  auto deadline = Clock::now() + std::chrono::seconds(20);
+  std::vector<int> status(n, -1);
+  int left = n;
+  while (left > 0 && Clock::now() < deadline) {
+    for (int r = 0; r < n; ++r) {
+      if (status[r] != -1) continue;
+      int s = 0;
+      if (::waitpid(children[r], &s, WNOHANG) == children[r]) {
+        status[r] = s;
+        --left;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (int r = 0; r < n; ++r) {
+    if (status[r] == -1) {
+      ::kill(children[r], SIGKILL);
+      ::waitpid(children[r], nullptr, 0);
+    }
+  }
+  REQUIRE(left == 0);
+  CHECK(WIFSIGNALED(status[victim]));
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) continue;
+    CHECK(WIFEXITED(status[r]));
+    CHECK(WEXITSTATUS(status[r]) == 0);
+    std::ifstream in(std::string(dir) + "/error." + std::to_string(r));
+    std::string message((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    INFO("rank " << r << ": " << message);
+    CHECK(message.find("rank 1") != std::string::npos);
+  }
+  CHECK(std::system((std::string("rm -rf ") + dir).c_str()) == 0);
+}
+
+}  // namespace
+}  // namespace trainrun::collectives
