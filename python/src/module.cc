@@ -7,6 +7,7 @@
 // become trainrun.Error and its subclasses, with the library's message.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <cstdint>
@@ -16,12 +17,13 @@
 #include <string>
 
 #include "comm_thread.h"
-#include "file_store.h"
 #include "trainrun/collectives/communicator.h"
 #include "trainrun/collectives/errors.h"
 #include "trainrun/collectives/types.h"
 #include "trainrun/rendezvous/environment.h"
 #include "trainrun/rendezvous/memory_store.h"
+
+#include "file_store.h"  // trainrun_collectives_testing
 
 namespace py = pybind11;
 
@@ -74,7 +76,9 @@ std::unique_ptr<Communicator> Connect() {
     collectives::CommunicatorOptions options;
     if (!GetEnv(env::kJobToken)) options.job_token = "file-store:" + *directory;
     if (!GetEnv(env::kJobId)) options.job_id = *directory;
-    return std::make_unique<Communicator>(std::make_shared<FileStore>(*directory), info, options);
+    ::mkdir(directory->c_str(), 0700);  // Already there is fine; the store reports real trouble.
+    return std::make_unique<Communicator>(
+        std::make_shared<collectives::testing::FileStore>(*directory), info, options);
   }
   collectives::CommunicatorOptions options;
   options.job_token = "single-process";
