@@ -116,8 +116,8 @@ inline constexpr EnvParam kSpinMicroseconds{
 // --- Python package (python/) ----------------------------------------------------------------
 
 // A directory every rank on this host can see: without a launcher (tests, quick local runs),
-// trainrun.init() makes the ranks meet
-// through files there (TRAINRUN_RANK and TRAINRUN_SIZE must be set too), as torch's file:// init.
+// trainrun.init() makes the ranks meet through files there (TRAINRUN_RANK and TRAINRUN_SIZE must
+// be set too), as torch's file:// init does.
 inline constexpr char kFileStore[] = "TRAINRUN_FILE_STORE";
 
 // Read by python/trainrun (Python code reads the environment itself; declared here so every
