@@ -80,6 +80,14 @@ std::unique_ptr<Communicator> Connect() {
     return std::make_unique<Communicator>(
         std::make_shared<collectives::testing::FileStore>(*directory), info, options);
   }
+  // A job of one, unless the environment says this process is one rank of several: then the
+  // launcher did not give us its rendezvous, and running alone would silently train wrong.
+  if (GetIntEnv(env::kSize, 1, "") > 1) {
+    throw Error(internal::MakeMessage(
+        env::kSize, "=", *GetEnv(env::kSize), " but ", env::kRendezvousAddr,
+        " is not set, so this rank cannot find the others; start the job with trainrun (or set ",
+        env::kFileStore, " to a directory shared by the ranks)"));
+  }
   collectives::CommunicatorOptions options;
   options.job_token = "single-process";
   options.job_id = "single-process";
