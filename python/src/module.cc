@@ -17,13 +17,12 @@
 #include <string>
 
 #include "comm_thread.h"
+#include "file_store.h"  // trainrun_collectives_testing
 #include "trainrun/collectives/communicator.h"
 #include "trainrun/collectives/errors.h"
 #include "trainrun/collectives/types.h"
 #include "trainrun/rendezvous/environment.h"
 #include "trainrun/rendezvous/memory_store.h"
-
-#include "file_store.h"  // trainrun_collectives_testing
 
 namespace py = pybind11;
 
@@ -92,8 +91,7 @@ std::unique_ptr<Communicator> Connect() {
   options.job_token = "single-process";
   options.job_id = "single-process";
   options.listen_address = "127.0.0.1";
-  return std::make_unique<Communicator>(std::make_shared<rendezvous::MemoryStore>(), 0, 1,
-                                        options);
+  return std::make_unique<Communicator>(std::make_shared<rendezvous::MemoryStore>(), 0, 1, options);
 }
 
 // Runtime is the process's one connection to the job, between init() and shutdown().
@@ -197,8 +195,7 @@ void RegisterExceptions(py::module_& m) {
   io_error = NewException(m, "IoError", py::make_tuple(base)).ptr();
   timeout_error = NewException(m, "TimeoutError", py::make_tuple(base)).ptr();
   invalid_argument_error =
-      NewException(m, "InvalidArgumentError",
-                   py::make_tuple(base, py::handle(PyExc_ValueError)))
+      NewException(m, "InvalidArgumentError", py::make_tuple(base, py::handle(PyExc_ValueError)))
           .ptr();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -232,63 +229,81 @@ PYBIND11_MODULE(_core, m) {
       .value("Max", ReduceOp::kMax)
       .value("Product", ReduceOp::kProduct);
 
-  m.def("dtypes", [] {
-    py::dict codes;
-    for (int code = 0; code < kDataTypeCount; ++code) {
-      codes[trainrun::collectives::DataTypeName(static_cast<DataType>(code))] = code;
-    }
-    return codes;
-  }, "Element type names the library supports, with their codes.");
+  m.def(
+      "dtypes",
+      [] {
+        py::dict codes;
+        for (int code = 0; code < kDataTypeCount; ++code) {
+          codes[trainrun::collectives::DataTypeName(static_cast<DataType>(code))] = code;
+        }
+        return codes;
+      },
+      "Element type names the library supports, with their codes.");
 
-  m.def("init", [] { Runtime::Get().Init(); },
-        "Joins the job (see trainrun.init); a no-op when already initialized.");
-  m.def("shutdown", [] { Runtime::Get().Shutdown(); },
-        "Finishes pending operations and leaves the job; init() may be called again.");
+  m.def(
+      "init", [] { Runtime::Get().Init(); },
+      "Joins the job (see trainrun.init); a no-op when already initialized.");
+  m.def(
+      "shutdown", [] { Runtime::Get().Shutdown(); },
+      "Finishes pending operations and leaves the job; init() may be called again.");
   m.def("is_initialized", [] { return Runtime::Get().initialized(); });
-  m.def("rank", [] { return Runtime::Get().info().rank; }, "This process's global rank.");
-  m.def("size", [] { return Runtime::Get().info().size; }, "Number of ranks in the job.");
-  m.def("local_rank", [] { return Runtime::Get().info().local_rank; }, "Rank on this host.");
-  m.def("local_size", [] { return Runtime::Get().info().local_size; }, "Ranks on this host.");
-  m.def("cross_rank", [] { return Runtime::Get().info().cross_rank; },
-        "Index of this host among hosts with this local_rank.");
-  m.def("cross_size", [] { return Runtime::Get().info().cross_size; },
-        "Number of hosts with this local_rank.");
+  m.def(
+      "rank", [] { return Runtime::Get().info().rank; }, "This process's global rank.");
+  m.def(
+      "size", [] { return Runtime::Get().info().size; }, "Number of ranks in the job.");
+  m.def(
+      "local_rank", [] { return Runtime::Get().info().local_rank; }, "Rank on this host.");
+  m.def(
+      "local_size", [] { return Runtime::Get().info().local_size; }, "Ranks on this host.");
+  m.def(
+      "cross_rank", [] { return Runtime::Get().info().cross_rank; },
+      "Index of this host among hosts with this local_rank.");
+  m.def(
+      "cross_size", [] { return Runtime::Get().info().cross_size; },
+      "Number of hosts with this local_rank.");
 
-  m.def("allreduce",
-        [](uintptr_t address, size_t count, int dtype, ReduceOp op) {
-          Run(AllreduceJob(address, count, dtype, op));
-        },
-        py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-        "Reduces count elements at address in place; returns when done.");
-  m.def("allreduce_async",
-        [](uintptr_t address, size_t count, int dtype, ReduceOp op) {
-          return Submit(AllreduceJob(address, count, dtype, op));
-        },
-        py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-        "Starts an in-place allreduce; returns a handle for wait() and poll().");
-  m.def("broadcast",
-        [](uintptr_t address, size_t count, int dtype, int root) {
-          Run(BroadcastJob(address, count, dtype, root));
-        },
-        py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("root"));
-  m.def("broadcast_async",
-        [](uintptr_t address, size_t count, int dtype, int root) {
-          return Submit(BroadcastJob(address, count, dtype, root));
-        },
-        py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("root"));
-  m.def("allgather",
-        [](uintptr_t input, uintptr_t output, size_t count, int dtype) {
-          const void* in = ToPointer(input, count);
-          void* out = ToPointer(output, count);
-          DataType type = ToDataType(dtype);
-          Run([=](trainrun::collectives::Communicator& c) { c.Allgather(in, out, count, type); });
-        },
-        py::arg("input"), py::arg("output"), py::arg("count"), py::arg("dtype"),
-        "Gathers count elements from every rank, in rank order, into output.");
-  m.def("barrier", [] { Run([](trainrun::collectives::Communicator& c) { c.Barrier(); }); },
-        "Returns once every rank has called barrier().");
-  m.def("poll", [](CommThread::Handle h) { return Runtime::Get().thread().Done(h); },
-        py::arg("handle"), "Whether the operation `handle` has finished.");
+  m.def(
+      "allreduce",
+      [](uintptr_t address, size_t count, int dtype, ReduceOp op) {
+        Run(AllreduceJob(address, count, dtype, op));
+      },
+      py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+      "Reduces count elements at address in place; returns when done.");
+  m.def(
+      "allreduce_async",
+      [](uintptr_t address, size_t count, int dtype, ReduceOp op) {
+        return Submit(AllreduceJob(address, count, dtype, op));
+      },
+      py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+      "Starts an in-place allreduce; returns a handle for wait() and poll().");
+  m.def(
+      "broadcast",
+      [](uintptr_t address, size_t count, int dtype, int root) {
+        Run(BroadcastJob(address, count, dtype, root));
+      },
+      py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("root"));
+  m.def(
+      "broadcast_async",
+      [](uintptr_t address, size_t count, int dtype, int root) {
+        return Submit(BroadcastJob(address, count, dtype, root));
+      },
+      py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("root"));
+  m.def(
+      "allgather",
+      [](uintptr_t input, uintptr_t output, size_t count, int dtype) {
+        const void* in = ToPointer(input, count);
+        void* out = ToPointer(output, count);
+        DataType type = ToDataType(dtype);
+        Run([=](trainrun::collectives::Communicator& c) { c.Allgather(in, out, count, type); });
+      },
+      py::arg("input"), py::arg("output"), py::arg("count"), py::arg("dtype"),
+      "Gathers count elements from every rank, in rank order, into output.");
+  m.def(
+      "barrier", [] { Run([](trainrun::collectives::Communicator& c) { c.Barrier(); }); },
+      "Returns once every rank has called barrier().");
+  m.def(
+      "poll", [](CommThread::Handle h) { return Runtime::Get().thread().Done(h); },
+      py::arg("handle"), "Whether the operation `handle` has finished.");
   m.def("wait", &Wait, py::arg("handle"),
         "Waits for the operation `handle`; raises its error if it failed.");
 }
