@@ -174,6 +174,11 @@ def test_mismatched_shapes_across_ranks_raise():
         trainrun.allreduce_(np.ones(4, dtype=dtype))
     with pytest.raises(trainrun.InvalidArgumentError, match="ranks disagree"):
         trainrun.allgather(np.ones((2, 1 + trainrun.rank())))
+    with pytest.raises(trainrun.InvalidArgumentError, match="allreduce of .* broadcast of"):
+        if trainrun.rank() == 0:
+            trainrun.allreduce(np.ones(2))
+        else:
+            trainrun.broadcast(np.ones(2))
     # The communicator is still healthy afterwards.
     assert trainrun.allreduce(np.ones(2), op=trainrun.Sum).tolist() == [trainrun.size()] * 2
 
