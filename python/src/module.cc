@@ -104,6 +104,12 @@ class Runtime {
 
   void Init() {
     if (thread_) return;
+    // A rank joins its job once (the rendezvous refuses a second join of the same rank).
+    if (shut_down_) {
+      throw Error(
+          "trainrun.init() was called after trainrun.shutdown(); a process joins its job once, so "
+          "call shutdown() only when it is done with collectives");
+    }
     std::unique_ptr<Communicator> comm;
     {
       py::gil_scoped_release release;
@@ -113,6 +119,8 @@ class Runtime {
   }
 
   void Shutdown() {
+    if (!thread_) return;
+    shut_down_ = true;
     py::gil_scoped_release release;
     thread_.reset();  // Finishes what was submitted, then closes the connections.
   }
@@ -130,6 +138,7 @@ class Runtime {
 
  private:
   std::unique_ptr<CommThread> thread_;
+  bool shut_down_ = false;
 };
 
 DataType ToDataType(int code) {
@@ -245,7 +254,7 @@ PYBIND11_MODULE(_core, m) {
       "Joins the job (see trainrun.init); a no-op when already initialized.");
   m.def(
       "shutdown", [] { Runtime::Get().Shutdown(); },
-      "Finishes pending operations and leaves the job; init() may be called again.");
+      "Finishes pending operations and leaves the job (for good: no init() after it).");
   m.def("is_initialized", [] { return Runtime::Get().initialized(); });
   m.def(
       "rank", [] { return Runtime::Get().info().rank; }, "This process's global rank.");

@@ -170,3 +170,19 @@ def test_allreduce_metric_and_sampler():
     assert set().union(*map(set, shards)) == set(range(10))
     sampler = hvd.DistributedSampler(list(range(10)), shuffle=False)
     assert list(sampler) == hvd.shard_indices(10)
+
+
+def test_horovod_style_arguments():
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(),
+                                   compression=hvd.Compression.none, op=hvd.Sum)
+    assert isinstance(opt, torch.optim.SGD)
+    with pytest.raises(trainrun.InvalidArgumentError, match="compression"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 compression=hvd.Compression.fp16)
+    with pytest.raises(trainrun.InvalidArgumentError, match="op must be"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Max)
+    with pytest.raises(ValueError, match="duplicate names"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=[("w", p) for p in model.parameters()])

@@ -29,9 +29,19 @@ __all__ = [
     "cross_size", "allreduce", "allreduce_", "allreduce_async_", "broadcast", "broadcast_",
     "broadcast_async_", "allgather", "barrier", "synchronize", "poll", "broadcast_object",
     "allgather_object", "broadcast_parameters", "broadcast_optimizer_state",
-    "DistributedOptimizer", "DistributedSampler", "shard_indices", "ReduceOp", "Sum", "Average",
+    "DistributedOptimizer", "DistributedSampler", "shard_indices", "Compression", "ReduceOp", "Sum", "Average",
     "Min", "Max", "Product", "Error", "IoError", "TimeoutError", "InvalidArgumentError",
 ]
+
+
+class Compression:
+    """Horovod's gradient compression choices, so `compression=hvd.Compression.none` ports.
+
+    trainrun sends gradients uncompressed; DistributedOptimizer refuses Compression.fp16.
+    """
+
+    none = None
+    fp16 = "fp16"
 
 
 def _resolve_op(average, op):
