@@ -107,6 +107,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"{len(unnamed)} parameter(s) of the optimizer are missing from "
                              "named_parameters; pass model.named_parameters() of the same model")
 
+        on_device = next((p for p in all_params if p.device.type != "cpu"), None)
+        if on_device is not None:
+            raise trainrun.InvalidArgumentError(
+                f"DistributedOptimizer: parameter {self._names[on_device]} is on "
+                f"{on_device.device}; trainrun.torch reduces CPU gradients only, so keep the "
+                "model on the CPU")
         seen = set()
         params = []
         for p in all_params:
@@ -143,12 +149,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     "every rank must build the same model")
 
     def _register_hooks(self):
-        for b in self._buckets:
-            for p in b.params:
-                # The gradient accumulator node of a leaf fires once p.grad holds the new sum.
-                accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-                accumulator.register_hook(self._make_hook(p))
-                self._grad_accumulators.append(accumulator)
+        # Reaching a leaf's accumulator takes one differentiable op, even under torch.no_grad().
+        with torch.enable_grad():
+            for b in self._buckets:
+                for p in b.params:
+                    # The gradient accumulator node of a leaf; its hook runs once p.grad holds
+                    # this pass's sum (torch 1.13 has no register_post_accumulate_grad_hook).
+                    accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+                    accumulator.register_hook(self._make_hook(p))
+                    self._grad_accumulators.append(accumulator)
 
     def _make_hook(self, p):
         def hook(*unused):
