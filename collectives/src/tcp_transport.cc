@@ -24,6 +24,9 @@ using ::trainrun::internal::MakeMessage;
 // Messages smaller than this per socket go whole over the first connection: striping them would cost
 // more in system calls than it gains.
 constexpr size_t kMinStripeBytes = 64 << 10;
+// One send(2) moves at most this much, so a rank alternates between sending and receiving often
+// enough that both directions of a connection stay busy.
+constexpr size_t kMaxSendBytes = 256 << 10;
 constexpr char kBye = 'B';
 constexpr char kAbort = 'A';
 // A stranger gets at most this long to prove itself, so it cannot hold up setup for long.
@@ -287,7 +290,8 @@ bool TcpTransport::ProgressSends(Conn& conn) {
   bool moved = false;
   while (!conn.sends.empty() && conn.maybe_writable) {
     Op& op = conn.sends.front();
-    ssize_t n = ::send(conn.fd.get(), op.data, op.left, MSG_DONTWAIT | MSG_NOSIGNAL);
+    ssize_t n = ::send(conn.fd.get(), op.data, std::min(op.left, kMaxSendBytes),
+                       MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n > 0) {
       moved = true;
       op.data += n;
@@ -412,6 +416,9 @@ void TcpTransport::ReadControl(int peer) {
     std::string text = control.received.substr(1 + sizeof fields, fields[1]);
     int culprit = static_cast<int>(fields[0]);
     if (culprit < 0 || culprit >= size_) culprit = peer;
+    // A peer that timed out waiting on this rank blames it, but this rank is alive and waiting
+    // too: pass the blame on to whoever this rank waits on.
+    if (culprit == rank_) FailTimeout();
     Fail(culprit, MakeMessage("rank ", culprit, " failed, as rank ", peer, " reports: ", text));
   }
 }

@@ -147,11 +147,14 @@ TEST_CASE("a stalled peer makes the others time out naming it", "[failure]") {
       },
       options);
   CHECK((timed_out[0] || timed_out[1]));
+  // Rank 0 waits on the staller directly and always names it; rank 1 waits on rank 0, so which
+  // rank it blames depends on who times out first (a stall, unlike a death, is seen by
+  // neighbours only).
+  INFO("rank 0: " << messages[0] << "\nrank 1: " << messages[1]);
+  CHECK(messages[0].find("rank 2") != std::string::npos);
+  CHECK(!messages[1].empty());
   for (int r = 0; r < n; ++r) {
-    if (r == staller) continue;
-    INFO("rank " << r << ": " << messages[r]);
-    CHECK(messages[r].find("rank 2") != std::string::npos);
-    CHECK(took[r] < std::chrono::milliseconds(2400));
+    if (r != staller) CHECK(took[r] < std::chrono::milliseconds(2400));
   }
 }
 
