@@ -2,7 +2,7 @@
 
 Gradients are averaged across ranks while backward is still running. Parameters are grouped, in
 the reverse of their registration order (about the order backward produces their gradients), into
-buckets of at most TRAINRUN_FUSION_BYTES bytes. A hook on each parameter's gradient accumulator
+buckets of about TRAINRUN_FUSION_BYTES bytes. A hook on each parameter's gradient accumulator
 marks it ready; when every parameter of a bucket is ready, the bucket is handed to the core's
 communication thread, which allreduces it with the GIL released while autograd goes on computing
 the next layers' gradients. step() (or synchronize()) waits for the last buckets.
@@ -68,14 +68,18 @@ class _Bucket:
 
 
 def _make_buckets(params, bucket_bytes):
+    """Groups params, last first, into buckets of one dtype closed once they hold bucket_bytes
+    (as DDP does: a bias is not left alone in a bucket because the next weight is large)."""
     buckets, current, current_bytes = [], [], 0
     for p in reversed(params):
-        size = p.numel() * p.element_size()
-        if current and (p.dtype != current[0].dtype or current_bytes + size > bucket_bytes):
+        if current and p.dtype != current[0].dtype:
             buckets.append(_Bucket(len(buckets), current))
             current, current_bytes = [], 0
         current.append(p)
-        current_bytes += size
+        current_bytes += p.numel() * p.element_size()
+        if current_bytes >= bucket_bytes:
+            buckets.append(_Bucket(len(buckets), current))
+            current, current_bytes = [], 0
     if current:
         buckets.append(_Bucket(len(buckets), current))
     return buckets
