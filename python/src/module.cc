@@ -7,6 +7,7 @@
 // become trainrun.Error and its subclasses, with the library's message.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <pthread.h>
 #include <sys/stat.h>
 
 #include <chrono>
@@ -128,10 +129,24 @@ class Runtime {
   bool initialized() const { return thread_ != nullptr; }
 
   CommThread& thread() {
+    if (forked_) {
+      throw Error(
+          "trainrun cannot be used in a process forked after trainrun.init() (e.g. a DataLoader "
+          "worker); only the rank's own process takes part in collectives");
+    }
     if (!thread_) {
       throw Error("trainrun is not initialized; call trainrun.init() first");
     }
     return *thread_;
+  }
+
+  // AbandonAfterFork runs in the child of a fork(): the communication thread does not exist there,
+  // so the child must never join or destroy it; it leaks it instead (the parent still owns it).
+  void AbandonAfterFork() {
+    if (thread_) {
+      (void)thread_.release();
+      forked_ = true;
+    }
   }
 
   const RankInfo& info() { return thread().comm().info(); }
@@ -139,6 +154,7 @@ class Runtime {
  private:
   std::unique_ptr<CommThread> thread_;
   bool shut_down_ = false;
+  bool forked_ = false;
 };
 
 DataType ToDataType(int code) {
@@ -230,6 +246,7 @@ PYBIND11_MODULE(_core, m) {
   using trainrun::collectives::ReduceOp;
   m.doc() = "trainrun's collectives on raw buffers; use the trainrun package, not this module.";
   RegisterExceptions(m);
+  pthread_atfork(nullptr, nullptr, [] { Runtime::Get().AbandonAfterFork(); });
 
   py::enum_<ReduceOp>(m, "ReduceOp", py::arithmetic(), "Reduction of allreduce.")
       .value("Sum", ReduceOp::kSum)

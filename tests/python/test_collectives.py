@@ -1,5 +1,7 @@
 """trainrun's collectives on NumPy arrays and torch tensors, against NumPy references."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -202,3 +204,18 @@ def test_errors_are_trainrun_errors():
     assert issubclass(trainrun.TimeoutError, trainrun.Error)
     with pytest.raises(trainrun.InvalidArgumentError, match="not a pending operation"):
         trainrun.synchronize(10 ** 9)
+
+
+def test_forked_child_is_refused():
+    pid = os.fork()
+    if pid == 0:  # e.g. a DataLoader worker: must not touch the parent's connections
+        try:
+            trainrun.allreduce(np.ones(2))
+            os._exit(1)
+        except trainrun.Error as e:
+            os._exit(0 if "forked" in str(e) else 2)
+        except BaseException:  # pylint: disable=broad-except
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert trainrun.allreduce(np.ones(2), op=trainrun.Sum).tolist() == [trainrun.size()] * 2
