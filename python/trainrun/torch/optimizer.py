@@ -153,15 +153,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     "every rank must build the same model")
 
     def _register_hooks(self):
-        # Reaching a leaf's accumulator takes one differentiable op, even under torch.no_grad().
-        with torch.enable_grad():
-            for b in self._buckets:
-                for p in b.params:
-                    # The gradient accumulator node of a leaf; its hook runs once p.grad holds
-                    # this pass's sum (torch 1.13 has no register_post_accumulate_grad_hook).
+        for b in self._buckets:
+            for p in b.params:
+                hook = self._make_hook(p)
+                if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
+                    p.register_post_accumulate_grad_hook(lambda _, hook=hook: hook())
+                    continue
+                # Older torch (Debian 12 has 1.13): a hook on the leaf's gradient accumulator
+                # node runs once p.grad holds this pass's sum. Reaching the node takes one
+                # differentiable op, so grad mode must be on.
+                with torch.enable_grad():
                     accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-                    accumulator.register_hook(self._make_hook(p))
-                    self._grad_accumulators.append(accumulator)
+                accumulator.register_hook(hook)
+                self._grad_accumulators.append(accumulator)
 
     def _make_hook(self, p):
         def hook(*unused):
