@@ -29,7 +29,7 @@ __all__ = [
     "cross_size", "allreduce", "allreduce_", "allreduce_async_", "broadcast", "broadcast_",
     "broadcast_async_", "allgather", "barrier", "synchronize", "poll", "broadcast_object",
     "allgather_object", "broadcast_parameters", "broadcast_optimizer_state",
-    "DistributedOptimizer", "DistributedSampler", "shard_indices", "Compression", "ReduceOp", "Sum", "Average",
+    "DistributedOptimizer", "DistributedSampler", "shard_indices", "Compression", "nccl_built", "mpi_built", "gloo_built", "ReduceOp", "Sum", "Average",
     "Min", "Max", "Product", "Error", "IoError", "TimeoutError", "InvalidArgumentError",
 ]
 
@@ -42,6 +42,21 @@ class Compression:
 
     none = None
     fp16 = "fp16"
+
+
+def nccl_built():
+    """False: trainrun.torch reduces CPU tensors (Horovod scripts ask before using GPUs)."""
+    return False
+
+
+def mpi_built():
+    """False: trainrun needs no MPI."""
+    return False
+
+
+def gloo_built():
+    """False: trainrun has its own TCP collectives."""
+    return False
 
 
 def _resolve_op(average, op):

@@ -255,8 +255,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return None
 
 
-def DistributedOptimizer(optimizer, named_parameters=None, op=None, backward_passes_per_step=1,
-                         compression=None, bucket_bytes=None):
+def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
+                         backward_passes_per_step=1, op=None, gradient_predivide_factor=1.0,
+                         bucket_bytes=None):
     """Wraps `optimizer` so that step() applies gradients averaged (op) across all ranks.
 
     As horovod.torch.DistributedOptimizer: returns an instance of a subclass of optimizer's class,
@@ -267,6 +268,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, op=None, backward_pas
       check every rank built the same model. op: trainrun.Average (default) or trainrun.Sum.
     backward_passes_per_step: backward passes that accumulate locally before one allreduce.
     compression: accepted for Horovod compatibility; only None (no compression) is supported.
+    gradient_predivide_factor: accepted for Horovod compatibility; Horovod splits the averaging
+      around the sum with it, which gives the same average, so trainrun ignores it.
     bucket_bytes: fusion bucket size; default TRAINRUN_FUSION_BYTES or 1 MiB.
     """
     if compression not in (None, "none") and type(compression).__name__ != "NoneCompressor":
