@@ -66,15 +66,15 @@ def _check_enabled():
     return _os.environ.get("TRAINRUN_CHECK_SHAPES", "1") not in ("0", "false", "no", "off")
 
 
-# --- Agreement on what is being reduced ----------------------------------------------------------
+# --- Agreement on what is being reduced --------------------------------------------------------
 #
 # Before a checked collective every rank contributes one fixed-size record, allgathered; each rank
 # then sees everyone's record and raises the same error when they differ, so no rank goes on to a
 # transfer whose sizes disagree (which would hang or corrupt). The record is an int64 array built
 # with the standard `array` module so that this needs no NumPy.
 
-_KIND_ALLREDUCE, _KIND_BROADCAST, _KIND_ALLGATHER, _KIND_OBJECT = 1, 2, 3, 4
-_KIND_NAMES = {1: "allreduce", 2: "broadcast", 3: "allgather", 4: "broadcast_object"}
+_KIND_ALLREDUCE, _KIND_BROADCAST, _KIND_ALLGATHER = 1, 2, 3
+_KIND_NAMES = {1: "allreduce", 2: "broadcast", 3: "allgather"}
 _MAX_DIMS = 8
 _RECORD = 4 + _MAX_DIMS  # kind, dtype, op or root, ndim, dims...
 _INT64 = _core.dtypes()["int64"]
@@ -94,8 +94,10 @@ def _record(kind, buf, arg):
 
 
 def _describe(rec):
+    """E.g. "allreduce of float32[4, 3]"."""
     dtype = {code: name for name, code in _core.dtypes().items()}.get(rec[1], f"dtype#{rec[1]}")
-    return f"{_KIND_NAMES.get(rec[0], 'collective')} of {dtype}{list(rec[4:4 + min(rec[3], _MAX_DIMS)])}"
+    dims = rec[4:4 + min(rec[3], _MAX_DIMS)]
+    return f"{_KIND_NAMES.get(rec[0], 'collective')} of {dtype}{dims}"
 
 
 def _exchange_records(rec):
@@ -115,9 +117,7 @@ def _agree(kind, buf, arg, what, ignore_first_dim=False):
     records = _exchange_records(rec)
 
     def key(r):
-        if ignore_first_dim:
-            return r[:3] + [r[3]] + r[5:]
-        return r
+        return r[:4] + r[5:] if ignore_first_dim else r
 
     reference = key(records[0])
     differing = [i for i, r in enumerate(records) if key(r) != reference]
@@ -134,7 +134,7 @@ def _agree(kind, buf, arg, what, ignore_first_dim=False):
     return records
 
 
-# --- Collectives ---------------------------------------------------------------------------------
+# --- Collectives -------------------------------------------------------------------------------
 
 
 def _op(op):
@@ -282,7 +282,7 @@ def synchronize(handle):
     return tensor
 
 
-# --- Python objects --------------------------------------------------------------------------------
+# --- Python objects ----------------------------------------------------------------------------
 
 
 def broadcast_object(obj, root_rank=0, name=None):

@@ -29,8 +29,9 @@ __all__ = [
     "cross_size", "allreduce", "allreduce_", "allreduce_async_", "broadcast", "broadcast_",
     "broadcast_async_", "allgather", "barrier", "synchronize", "poll", "broadcast_object",
     "allgather_object", "broadcast_parameters", "broadcast_optimizer_state",
-    "DistributedOptimizer", "DistributedSampler", "shard_indices", "Compression", "nccl_built", "mpi_built", "gloo_built", "ReduceOp", "Sum", "Average",
-    "Min", "Max", "Product", "Error", "IoError", "TimeoutError", "InvalidArgumentError",
+    "DistributedOptimizer", "DistributedSampler", "shard_indices", "Compression", "nccl_built",
+    "mpi_built", "gloo_built", "ReduceOp", "Sum", "Average", "Min", "Max", "Product", "Error",
+    "IoError", "TimeoutError", "InvalidArgumentError",
 ]
 
 
