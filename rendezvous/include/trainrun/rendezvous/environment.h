@@ -120,4 +120,20 @@ inline constexpr EnvParam kSmallAllreduceBytes{
 inline constexpr EnvParam kSpinMicroseconds{
     "TRAINRUN_SPIN_MICROSECONDS", 50, "busy-poll time before a wait for a peer sleeps"};
 
+// --- Python package (python/) ----------------------------------------------------------------
+
+// A directory every rank on this host can see: without a launcher (tests, quick local runs),
+// trainrun.init() makes the ranks meet through files there (TRAINRUN_RANK and TRAINRUN_SIZE must
+// be set too), as torch's file:// init does.
+inline constexpr char kFileStore[] = "TRAINRUN_FILE_STORE";
+
+// Read by python/trainrun (Python code reads the environment itself; declared here so every
+// variable stays listed in one place).
+// 0 skips the shape/dtype agreement check before each checked Python collective.
+inline constexpr EnvParam kCheckShapes{"TRAINRUN_CHECK_SHAPES", 1,
+                                       "1: Python collectives check ranks agree on shape and dtype"};
+// Size of the gradient buckets trainrun.torch.DistributedOptimizer reduces as one message.
+inline constexpr EnvParam kFusionBytes{"TRAINRUN_FUSION_BYTES", 1 << 20,
+                                       "DistributedOptimizer gradient bucket size, bytes"};
+
 }  // namespace trainrun::env

@@ -1,0 +1,292 @@
+"""DistributedOptimizer: horovod.torch's optimizer wrapper, over trainrun's collectives.
+
+Gradients are averaged across ranks while backward is still running. Parameters are grouped, in
+the reverse of their registration order (about the order backward produces their gradients), into
+buckets of about TRAINRUN_FUSION_BYTES bytes. A hook on each parameter's gradient accumulator
+marks it ready; when every parameter of a bucket is ready, the bucket is handed to the core's
+communication thread, which allreduces it with the GIL released while autograd goes on computing
+the next layers' gradients. step() (or synchronize()) waits for the last buckets.
+
+Buckets are launched strictly in bucket order, so every rank issues the same sequence of
+collectives whatever order its hooks happen to fire in. After the first launch a parameter's .grad
+is a view into its bucket, so later backward passes accumulate straight into the buffer that is
+reduced, and reduced values need no copy back.
+"""
+
+import os
+import warnings
+from contextlib import contextmanager
+
+import torch
+
+import trainrun
+from trainrun import _buffers
+from trainrun import _core
+
+# Default bucket size: small enough that the first buckets start while backward still has work
+# to do, large enough that per-message latency does not dominate.
+_DEFAULT_FUSION_BYTES = 1 << 20
+
+
+def _fusion_bytes():
+    # TRAINRUN_FUSION_BYTES (rendezvous/include/trainrun/rendezvous/environment.h).
+    value = os.environ.get("TRAINRUN_FUSION_BYTES", "")
+    try:
+        return int(value) if value else _DEFAULT_FUSION_BYTES
+    except ValueError:
+        raise trainrun.InvalidArgumentError(
+            f"TRAINRUN_FUSION_BYTES={value!r} is not an integer number of bytes") from None
+
+
+class _Bucket:
+    """Parameters of one dtype whose gradients are reduced together in one flat buffer."""
+
+    def __init__(self, index, params):
+        self.index = index
+        self.params = params
+        self.flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
+        self.views = []
+        offset = 0
+        for p in params:
+            self.views.append(self.flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        self.dtype_code = _buffers.view(self.flat, "DistributedOptimizer", True).dtype
+        self.waiting = len(params)  # parameters not yet ready in this step
+        self.handle = None
+
+    def gather_grads(self):
+        """Makes every parameter's .grad a view into the flat buffer, copying where it is not."""
+        for p, v in zip(self.params, self.views):
+            g = p.grad
+            if g is None:
+                v.zero_()
+            elif g.data_ptr() != v.data_ptr():
+                if g.is_sparse:
+                    g = g.to_dense()
+                v.copy_(g)
+            p.grad = v
+
+
+def _make_buckets(params, bucket_bytes):
+    """Groups params, last first, into buckets of one dtype closed once they hold bucket_bytes
+    (as DDP does: a bias is not left alone in a bucket because the next weight is large)."""
+    buckets, current, current_bytes = [], [], 0
+    for p in reversed(params):
+        if current and p.dtype != current[0].dtype:
+            buckets.append(_Bucket(len(buckets), current))
+            current, current_bytes = [], 0
+        current.append(p)
+        current_bytes += p.numel() * p.element_size()
+        if current_bytes >= bucket_bytes:
+            buckets.append(_Bucket(len(buckets), current))
+            current, current_bytes = [], 0
+    if current:
+        buckets.append(_Bucket(len(buckets), current))
+    return buckets
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """Mixed into the wrapped optimizer's class by DistributedOptimizer(); see there."""
+
+    def __init__(self, params, named_parameters, op, backward_passes_per_step, bucket_bytes):
+        super(self.__class__, self).__init__(params)
+        self._op = op
+        self._backward_passes_per_step = backward_passes_per_step
+
+        all_params = [p for group in self.param_groups for p in group["params"]]
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [(f"allreduce.noname.{i}", p) for i, p in enumerate(all_params)]
+        if any(not isinstance(n, tuple) or len(n) != 2 for n in named_parameters):
+            raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, "
+                             "as model.named_parameters() gives")
+        names = [n for n, _ in named_parameters]
+        if len(set(names)) != len(names):
+            dups = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"named_parameters has duplicate names: {', '.join(dups)}")
+        self._names = {p: n for n, p in named_parameters}
+        unnamed = [p for p in all_params if p not in self._names]
+        if unnamed:
+            raise ValueError(f"{len(unnamed)} parameter(s) of the optimizer are missing from "
+                             "named_parameters; pass model.named_parameters() of the same model")
+
+        on_device = next((p for p in all_params if p.device.type != "cpu"), None)
+        if on_device is not None:
+            raise trainrun.InvalidArgumentError(
+                f"DistributedOptimizer: parameter {self._names[on_device]} is on "
+                f"{on_device.device}; trainrun.torch reduces CPU gradients only, so keep the "
+                "model on the CPU")
+        seen = set()
+        params = []
+        for p in all_params:
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+        self._buckets = _make_buckets(params, bucket_bytes)
+        self._bucket_of = {}
+        for b in self._buckets:
+            for p in b.params:
+                self._bucket_of[p] = b
+        self._delay = {p: backward_passes_per_step for p in params}
+        self._next_launch = 0
+        self._synchronized = False
+        self._should_synchronize = True
+        self._grad_accumulators = []
+        self._check_layout()
+        if trainrun.size() > 1:
+            self._register_hooks()
+
+    def _check_layout(self):
+        """Raises on every rank when the ranks' parameter lists differ (names, shapes, dtypes)."""
+        if trainrun.size() == 1:
+            return
+        layout = [(self._names[p], tuple(p.shape), str(p.dtype))
+                  for b in self._buckets for p in b.params]
+        layouts = trainrun.allgather_object(layout)
+        for r, other in enumerate(layouts):
+            if other != layouts[0]:
+                diff = next((f"{a} vs {b}" for a, b in zip(layouts[0], other) if a != b),
+                            f"{len(layouts[0])} vs {len(other)} parameters")
+                raise trainrun.InvalidArgumentError(
+                    f"DistributedOptimizer: rank {r}'s parameters differ from rank 0's ({diff}); "
+                    "every rank must build the same model")
+
+    def _register_hooks(self):
+        for b in self._buckets:
+            for p in b.params:
+                hook = self._make_hook(p)
+                if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
+                    p.register_post_accumulate_grad_hook(lambda _, hook=hook: hook())
+                    continue
+                # Older torch (Debian 12 has 1.13): a hook on the leaf's gradient accumulator
+                # node runs once p.grad holds this pass's sum. Reaching the node takes one
+                # differentiable op, so grad mode must be on.
+                with torch.enable_grad():
+                    accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+                accumulator.register_hook(hook)
+                self._grad_accumulators.append(accumulator)
+
+    def _make_hook(self, p):
+        def hook(*unused):
+            if self._delay[p] <= 0:
+                raise AssertionError(
+                    "Gradients were computed more than backward_passes_per_step times before "
+                    "step() or synchronize(); raise backward_passes_per_step to accumulate more")
+            self._delay[p] -= 1
+            if self._delay[p] == 0:
+                bucket = self._bucket_of[p]
+                bucket.waiting -= 1
+                if bucket.waiting == 0:
+                    self._launch_ready()
+
+        return hook
+
+    def _launch(self, bucket):
+        bucket.gather_grads()
+        bucket.handle = _core.allreduce_async(bucket.flat.data_ptr(), bucket.flat.numel(),
+                                              bucket.dtype_code, self._op)
+
+    def _launch_ready(self):
+        while (self._next_launch < len(self._buckets)
+               and self._buckets[self._next_launch].waiting == 0):
+            self._launch(self._buckets[self._next_launch])
+            self._next_launch += 1
+
+    def synchronize(self):
+        """Waits until every gradient is averaged across ranks (launching any bucket not yet
+        launched, with zeros for parameters that got no gradient)."""
+        if trainrun.size() == 1:
+            self._synchronized = True
+            return
+        while self._next_launch < len(self._buckets):
+            self._launch(self._buckets[self._next_launch])
+            self._next_launch += 1
+        error = None
+        for b in self._buckets:
+            if b.handle is not None:
+                try:
+                    _core.wait(b.handle)
+                except trainrun.Error as e:  # Wait for all, then report the first failure.
+                    error = error or e
+                b.handle = None
+            b.waiting = len(b.params)
+        for p in self._delay:
+            self._delay[p] = self._backward_passes_per_step
+        self._next_launch = 0
+        if error is not None:
+            raise error
+        self._synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self):
+        """Within it, step() does not synchronize (call synchronize() yourself first), e.g. to
+        clip the averaged gradients between synchronize() and step()."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without a backward pass since the last "
+                              "synchronize(); wrap step() in optimizer.skip_synchronize() when "
+                              "you call synchronize() yourself")
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, set_to_none=False):
+        if trainrun.size() == 1:
+            return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+        if any(b.handle is not None for b in self._buckets):
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
+                                 "before optimizer.step() or optimizer.synchronize()")
+        # Gradients are views into the buckets: zero them in place rather than dropping them, so
+        # the next backward accumulates straight into the reduced buffers.
+        # (So with set_to_none=True they stay zeroed views, not None.)
+        for b in self._buckets:
+            b.flat.zero_()
+            for p, v in zip(b.params, b.views):
+                if p.grad is not None and p.grad.data_ptr() != v.data_ptr():
+                    p.grad = None  # not yet a bucket view (no backward since the wrap)
+        return None
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
+                         backward_passes_per_step=1, op=None, gradient_predivide_factor=1.0,
+                         bucket_bytes=None):
+    """Wraps `optimizer` so that step() applies gradients averaged (op) across all ranks.
+
+    As horovod.torch.DistributedOptimizer: returns an instance of a subclass of optimizer's class,
+    built on optimizer.param_groups (so pass a freshly made optimizer), whose step() first calls
+    synchronize(). Gradient allreduces start during backward (see the module comment).
+
+    named_parameters: model.named_parameters(), used to name parameters in error messages and to
+      check every rank built the same model. op: trainrun.Average (default) or trainrun.Sum.
+    backward_passes_per_step: backward passes that accumulate locally before one allreduce.
+    compression: accepted for Horovod compatibility; only None (no compression) is supported.
+    gradient_predivide_factor: accepted for Horovod compatibility; Horovod splits the averaging
+      around the sum with it, which gives the same average, so trainrun ignores it.
+    bucket_bytes: fusion bucket size; default TRAINRUN_FUSION_BYTES or 1 MiB.
+    """
+    if compression not in (None, "none") and type(compression).__name__ != "NoneCompressor":
+        raise trainrun.InvalidArgumentError("DistributedOptimizer: gradient compression is not "
+                                            "supported; leave compression unset")
+    if op is None:
+        op = trainrun.Average
+    if op not in (trainrun.Average, trainrun.Sum):
+        raise trainrun.InvalidArgumentError(
+            f"DistributedOptimizer: op must be trainrun.Average or trainrun.Sum, got {op!r}")
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise trainrun.InvalidArgumentError(
+            f"DistributedOptimizer: backward_passes_per_step must be a positive integer, "
+            f"got {backward_passes_per_step!r}")
+    if bucket_bytes is None:
+        bucket_bytes = _fusion_bytes()
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, op, backward_passes_per_step,
+               bucket_bytes)

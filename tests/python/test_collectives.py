@@ -1,0 +1,221 @@
+"""trainrun's collectives on NumPy arrays and torch tensors, against NumPy references."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import trainrun
+
+OPS = [trainrun.Sum, trainrun.Average, trainrun.Min, trainrun.Max, trainrun.Product]
+NUMPY_DTYPES = ["float32", "float64", "float16", "int32", "int64", "uint8", "int8"]
+TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+                "bfloat16": torch.bfloat16, "int32": torch.int32, "int64": torch.int64,
+                "uint8": torch.uint8, "int8": torch.int8}
+COUNT = 1031  # not a multiple of any size, so ring chunks are uneven
+
+
+def contribution(rank, dtype, op, count=COUNT):
+    """Rank `rank`'s input, as float64, chosen so sums and products are exact in every dtype."""
+    rng = np.random.default_rng(1000 * rank + int(op) * 17 + len(dtype))
+    signed = dtype != "uint8"
+    floating = dtype.startswith(("float", "bfloat"))
+    if op == trainrun.Product:
+        choices = [1, 2, -1] if signed else [1, 2]
+        values = rng.choice(choices, size=count).astype(np.float64)
+        return values / 2 if floating else values
+    values = rng.integers(-20 if signed else 0, 21 if signed else 41, size=count)
+    return values / 4 if floating else values.astype(np.float64)
+
+
+def reference(dtype, op, size, count=COUNT):
+    parts = np.stack([contribution(r, dtype, op, count) for r in range(size)])
+    if op == trainrun.Sum:
+        return parts.sum(axis=0)
+    if op == trainrun.Average:
+        mean = parts.sum(axis=0) / size
+        return mean if dtype.startswith(("float", "bfloat")) else np.trunc(mean)
+    if op == trainrun.Min:
+        return parts.min(axis=0)
+    if op == trainrun.Max:
+        return parts.max(axis=0)
+    return parts.prod(axis=0)
+
+
+def tolerance(dtype):
+    return {"float16": 1e-3, "bfloat16": 8e-3, "float32": 1e-6}.get(dtype, 1e-12)
+
+
+def test_rank_layout():
+    assert 0 <= trainrun.rank() < trainrun.size()
+    assert 0 <= trainrun.local_rank() < trainrun.local_size()
+    assert 0 <= trainrun.cross_rank() < trainrun.cross_size()
+    ranks = trainrun.allgather(np.array([trainrun.rank()], dtype=np.int64))
+    assert ranks.tolist() == list(range(trainrun.size()))
+
+
+def test_supported_dtypes():
+    assert set(trainrun.supported_dtypes()) == set(TORCH_DTYPES)
+
+
+@pytest.mark.parametrize("op", OPS, ids=lambda op: op.name)
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES)
+def test_numpy_allreduce(dtype, op):
+    mine = contribution(trainrun.rank(), dtype, op).astype(dtype)
+    before = mine.copy()
+    out = trainrun.allreduce(mine, op=op)
+    assert out.dtype == np.dtype(dtype) and out.shape == mine.shape
+    np.testing.assert_array_equal(mine, before)  # out of place leaves the input alone
+    expected = reference(dtype, op, trainrun.size())
+    np.testing.assert_allclose(out.astype(np.float64), expected, rtol=tolerance(dtype))
+
+    result = trainrun.allreduce_(mine, op=op)
+    assert result is mine
+    np.testing.assert_array_equal(mine, out)
+
+
+@pytest.mark.parametrize("op", OPS, ids=lambda op: op.name)
+@pytest.mark.parametrize("dtype", list(TORCH_DTYPES))
+def test_torch_allreduce_in_place(dtype, op):
+    values = contribution(trainrun.rank(), dtype, op)
+    t = torch.tensor(values, dtype=torch.float64).to(TORCH_DTYPES[dtype]).reshape(1031, 1)
+    address = t.data_ptr()
+    result = trainrun.allreduce_(t, op=op)
+    assert result is t and t.data_ptr() == address  # in place, no copy
+    expected = reference(dtype, op, trainrun.size()).reshape(1031, 1)
+    np.testing.assert_allclose(t.double().numpy(), expected, rtol=tolerance(dtype))
+
+
+def test_default_op_is_average():
+    out = trainrun.allreduce(np.full(5, float(trainrun.rank()), dtype=np.float64))
+    np.testing.assert_allclose(out, np.full(5, (trainrun.size() - 1) / 2))
+
+
+@pytest.mark.parametrize("count", [0, 1, 7, 300001])
+def test_allreduce_sizes(count):
+    x = np.arange(count, dtype=np.float32) + trainrun.rank()
+    out = trainrun.allreduce(x, op=trainrun.Sum)
+    size = trainrun.size()
+    np.testing.assert_allclose(out, np.arange(count) * size + size * (size - 1) / 2, rtol=1e-6)
+
+
+def test_allreduce_keeps_multidimensional_shape():
+    x = torch.ones(2, 3, 4)
+    out = trainrun.allreduce(x, op=trainrun.Sum)
+    assert out.shape == (2, 3, 4) and torch.all(out == trainrun.size())
+
+
+@pytest.mark.parametrize("root", [0, -1])
+def test_broadcast(root):
+    root = root % trainrun.size()
+    x = np.full((3, 5), trainrun.rank(), dtype=np.int64)
+    out = trainrun.broadcast(x, root_rank=root)
+    assert (out == root).all() and (x == trainrun.rank()).all()
+    t = torch.full((17,), float(trainrun.rank()), dtype=torch.bfloat16)
+    trainrun.broadcast_(t, root_rank=root)
+    assert torch.all(t == root)
+
+
+def test_allgather_equal_and_ragged():
+    r, n = trainrun.rank(), trainrun.size()
+    out = trainrun.allgather(np.full((2, 3), r, dtype=np.float32))
+    assert out.shape == (2 * n, 3)
+    np.testing.assert_array_equal(out[:, 0], np.repeat(np.arange(n), 2))
+    ragged = trainrun.allgather(torch.full((r + 1, 2), r, dtype=torch.int32))
+    expected = torch.cat([torch.full((k + 1, 2), k, dtype=torch.int32) for k in range(n)])
+    assert torch.equal(ragged, expected)
+
+
+def test_async_allreduce_and_objects():
+    tensors = [torch.full((100 * (i + 1),), float(trainrun.rank() + i)) for i in range(4)]
+    handles = [trainrun.allreduce_async_(t, op=trainrun.Sum) for t in tensors]
+    for i, (h, t) in enumerate(zip(handles, tensors)):
+        assert trainrun.synchronize(h) is t
+        n = trainrun.size()
+        assert torch.all(t == n * i + n * (n - 1) / 2)
+    assert trainrun.broadcast_object({"rank": trainrun.rank()}, root_rank=0) == {"rank": 0}
+    assert trainrun.allgather_object(trainrun.rank()) == list(range(trainrun.size()))
+    trainrun.barrier()
+
+
+# --- Bad input: a clear exception on every rank, and the job goes on ------------------------------
+
+
+def test_unsupported_dtype_raises():
+    with pytest.raises(trainrun.InvalidArgumentError, match="element type complex64"):
+        trainrun.allreduce(np.ones(3, dtype=np.complex64))
+    with pytest.raises(trainrun.InvalidArgumentError, match="element type bool"):
+        trainrun.allreduce_(torch.ones(3, dtype=torch.bool))
+    with pytest.raises(trainrun.InvalidArgumentError, match="element type int16"):
+        trainrun.broadcast(torch.ones(3, dtype=torch.int16))
+
+
+def test_non_contiguous_raises():
+    with pytest.raises(trainrun.InvalidArgumentError, match="not contiguous"):
+        trainrun.allreduce_(torch.ones(4, 6).t())
+    with pytest.raises(trainrun.InvalidArgumentError, match="not C-contiguous"):
+        trainrun.allreduce(np.ones((4, 6))[:, ::2])
+
+
+def test_bad_op_and_root_raise():
+    with pytest.raises(trainrun.InvalidArgumentError, match="op must be"):
+        trainrun.allreduce(np.ones(3), op="sum")
+    with pytest.raises(trainrun.InvalidArgumentError, match="root_rank"):
+        trainrun.broadcast(np.ones(3), root_rank=trainrun.size())
+
+
+def test_mismatched_shapes_across_ranks_raise():
+    x = np.ones(3 + trainrun.rank(), dtype=np.float32)
+    if trainrun.size() == 1:
+        pytest.skip("needs two ranks")
+    with pytest.raises(trainrun.InvalidArgumentError, match=r"ranks disagree.*rank 1 has"):
+        trainrun.allreduce(x)
+    dtype = np.float32 if trainrun.rank() == 0 else np.float64
+    with pytest.raises(trainrun.InvalidArgumentError, match="ranks disagree"):
+        trainrun.allreduce_(np.ones(4, dtype=dtype))
+    with pytest.raises(trainrun.InvalidArgumentError, match="ranks disagree"):
+        trainrun.allgather(np.ones((2, 1 + trainrun.rank())))
+    with pytest.raises(trainrun.InvalidArgumentError, match="allreduce of .* broadcast of"):
+        if trainrun.rank() == 0:
+            trainrun.allreduce(np.ones(2))
+        else:
+            trainrun.broadcast(np.ones(2))
+    # The communicator is still healthy afterwards.
+    assert trainrun.allreduce(np.ones(2), op=trainrun.Sum).tolist() == [trainrun.size()] * 2
+
+
+def test_read_only_and_foreign_objects():
+    ro = np.ones(3)
+    ro.flags.writeable = False
+    with pytest.raises(trainrun.InvalidArgumentError, match="read-only"):
+        trainrun.allreduce_(ro)
+    with pytest.raises(trainrun.InvalidArgumentError, match="in-place"):
+        trainrun.allreduce_([1.0, 2.0])
+    # Out of place takes anything NumPy can read.
+    np.testing.assert_allclose(trainrun.allreduce([1.0, 2.0], op=trainrun.Sum),
+                               [trainrun.size(), 2 * trainrun.size()])
+
+
+def test_errors_are_trainrun_errors():
+    assert issubclass(trainrun.InvalidArgumentError, trainrun.Error)
+    assert issubclass(trainrun.InvalidArgumentError, ValueError)
+    assert issubclass(trainrun.IoError, trainrun.Error)
+    assert issubclass(trainrun.TimeoutError, trainrun.Error)
+    with pytest.raises(trainrun.InvalidArgumentError, match="not a pending operation"):
+        trainrun.synchronize(10 ** 9)
+
+
+def test_forked_child_is_refused():
+    pid = os.fork()
+    if pid == 0:  # e.g. a DataLoader worker: must not touch the parent's connections
+        try:
+            trainrun.allreduce(np.ones(2))
+            os._exit(1)
+        except trainrun.Error as e:
+            os._exit(0 if "forked" in str(e) else 2)
+        except BaseException:  # pylint: disable=broad-except
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert trainrun.allreduce(np.ones(2), op=trainrun.Sum).tolist() == [trainrun.size()] * 2
