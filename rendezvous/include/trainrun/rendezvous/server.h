@@ -1,0 +1,119 @@
+// The rendezvous server that `trainrun` runs for a job: workers join, publish and wait for keys, and
+// meet at barriers. It runs on gRPC's callback API, so a waiting Get or Barrier holds only its
+// reactor until the keys arrive or its deadline passes; no thread is parked per waiting rank.
+//
+//   ServerOptions options;
+//   options.job_id = "job-1";
+//   options.token = RandomToken();
+//   options.ranks = {{"localhost", 0, 2, 0, 1}, {"localhost", 1, 2, 0, 1}};
+//   auto server = trainrun::rendezvous::Server::Start(options);
+//   if (!server.ok()) return server.status();
+//   env[TRAINRUN_RENDEZVOUS_ADDR] = (*server)->address();
+//   ...
+//   (*server)->NoteRankExit(3, "exited with code 1");
+//   for (const PeerFailure& f : (*server)->PeerFailures()) ...
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace trainrun::rendezvous {
+
+// RankSlot is one rank's place, as the slot plan gives it; the rank is its index in
+// ServerOptions::ranks. A worker joins by (host, local_rank).
+struct RankSlot {
+  std::string host;  // as the user wrote it; the worker's TRAINRUN_HOSTNAME
+  int local_rank = 0;
+  int local_size = 1;
+  int cross_rank = 0;
+  int cross_size = 1;
+};
+
+// ServerLimits bound what one call may store or ask for, so a buggy or hostile worker cannot
+// exhaust the launcher's memory. Calls past a limit fail with INVALID_ARGUMENT (or
+// RESOURCE_EXHAUSTED for the totals) naming it.
+struct ServerLimits {
+  size_t max_key_bytes = 1024;
+  size_t max_value_bytes = 1 << 20;
+  size_t max_keys_per_get = 1 << 16;
+  size_t max_stored_bytes = size_t{512} << 20;  // all keys and values together
+  size_t max_response_bytes = size_t{64} << 20; // the values one Get returns
+  size_t max_waiters = 1 << 18;                 // Gets and Barriers waiting at once
+  int64_t max_timeout_ms = int64_t{7} * 24 * 3600 * 1000;
+};
+
+// ServerOptions configures one job's server.
+struct ServerOptions {
+  // Address to listen on: "127.0.0.1" when every rank is local, a host's address or "0.0.0.0"
+  // otherwise. Port 0 lets the kernel choose (the default); a fixed port is --rendezvous-port.
+  std::string bind_address = "127.0.0.1";
+  int port = 0;
+  // Host the workers dial (TRAINRUN_RENDEZVOUS_ADDR); empty means bind_address, which then must
+  // not be a wildcard address.
+  std::string advertise_host;
+  std::string job_id;
+  std::string token;  // the job's secret; must not be empty
+  std::vector<RankSlot> ranks;
+  ServerLimits limits;
+};
+
+// PeerFailure is a rank's report that it failed because of another rank.
+struct PeerFailure {
+  int rank = 0;
+  int peer_rank = 0;
+  int exit_code = 1;
+  std::string message;
+};
+
+// RankState is what the server knows about one rank.
+struct RankState {
+  bool joined = false;
+  int64_t pid = 0;                    // the worker's pid as it reported it, when joined
+  std::optional<std::string> exited;  // e.g. "exited with code 1", once the launcher noted it
+};
+
+// Server is one job's rendezvous server. Thread-safe. Destroying it shuts it down: waiting calls
+// fail with UNAVAILABLE.
+class Server {
+ public:
+  // Start listens and serves. Fails with INVALID_ARGUMENT for bad options (empty token, no ranks,
+  // wildcard address without advertise_host) and UNAVAILABLE when it cannot listen (port in use).
+  static absl::StatusOr<std::unique_ptr<Server>> Start(ServerOptions options);
+
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // address is host:port for the workers' TRAINRUN_RENDEZVOUS_ADDR.
+  std::string address() const;
+  // port is the port actually bound (the kernel's choice when ServerOptions::port was 0).
+  int port() const;
+
+  // NoteRankExit records how rank `rank` ended, completing "rank 3 ...": "exited with code 1",
+  // "was killed by SIGKILL". Timeout errors of waiting ranks then say it.
+  void NoteRankExit(int rank, const std::string& how);
+
+  // Ranks returns what the server knows about every rank, indexed by rank.
+  std::vector<RankState> Ranks() const;
+  // JoinedRanks lists the ranks that have joined, ascending.
+  std::vector<int> JoinedRanks() const;
+  // PeerFailures lists the "failed because of peer P" reports, in arrival order.
+  std::vector<PeerFailure> PeerFailures() const;
+
+  // Shutdown fails every waiting call with UNAVAILABLE and stops serving. Idempotent.
+  void Shutdown();
+
+  class Impl;
+
+ private:
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trainrun::rendezvous

@@ -1,0 +1,54 @@
+// GrpcStore: the Store a worker gets from Join, backed by the launcher's rendezvous server.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "proto/rendezvous.grpc.pb.h"
+#include "trainrun/rendezvous/client.h"
+#include "trainrun/rendezvous/store.h"
+
+namespace trainrun::rendezvous::internal {
+
+// NewChannel opens a channel to `address` with the options every rendezvous client uses (no HTTP
+// proxy, large enough messages).
+std::shared_ptr<grpc::Channel> NewChannel(const std::string& address);
+
+// PrepareContext sets the job's metadata and a deadline of `timeout` from now on `context`.
+void PrepareContext(grpc::ClientContext& context, const ClientOptions& options,
+                    std::chrono::milliseconds timeout);
+
+// ClientError turns a failed call into a status a person can act on: the server's own message
+// when it answered, else one naming the server's address.
+absl::Status ClientError(const grpc::Status& status, const ClientOptions& options,
+                         std::chrono::milliseconds timeout);
+
+// GrpcStore is thread-safe: gRPC stubs are, and it holds no other state.
+class GrpcStore : public Store {
+ public:
+  // `rank` is this worker's rank (-1 when it has not joined); the server names it in errors.
+  GrpcStore(std::shared_ptr<grpc::Channel> channel, ClientOptions options, int rank);
+
+  absl::Status Set(const std::string& key, const std::string& value) override;
+  absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
+                                               std::chrono::milliseconds timeout) override;
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override;
+  absl::Status Barrier(const std::string& name, int count,
+                       std::chrono::milliseconds timeout) override;
+  absl::Status ReportPeerFailure(int rank, int peer_rank, const std::string& message) override;
+
+ private:
+  // The client waits this much longer than the server-side timeout, so the server's message (which
+  // names the missing ranks) arrives before the client's own deadline fires.
+  static constexpr std::chrono::milliseconds kWaitSlack{5000};
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<proto::Rendezvous::Stub> stub_;
+  ClientOptions options_;
+  int rank_;
+};
+
+}  // namespace trainrun::rendezvous::internal

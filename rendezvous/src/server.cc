@@ -1,0 +1,705 @@
+#include "trainrun/rendezvous/server.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "proto/rendezvous.grpc.pb.h"
+#include "wire.h"
+
+namespace trainrun::rendezvous {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using internal::FormatDuration;
+
+// At most this many keys or ranks are named in one error; the rest are counted.
+constexpr size_t kMaxNamed = 16;
+
+std::string NameSome(const std::vector<std::string>& items) {
+  std::vector<std::string> named(items.begin(),
+                                 items.begin() + std::min(items.size(), kMaxNamed));
+  std::string out = absl::StrJoin(named, ", ");
+  if (items.size() > kMaxNamed) absl::StrAppend(&out, " and ", items.size() - kMaxNamed, " more");
+  return out;
+}
+
+std::string NameRanks(const std::vector<int>& ranks) {
+  std::vector<std::string> names;
+  names.reserve(ranks.size());
+  for (int r : ranks) names.push_back(absl::StrCat(r));
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", NameSome(names));
+}
+
+bool IsWildcard(const std::string& host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
+}
+
+}  // namespace
+
+// Impl is the service and all of the job's state, behind one mutex. Waiting calls are Waiter
+// reactors indexed by the keys or barrier they wait for and by deadline; whoever takes a waiter
+// out of those indexes (a Set, the barrier's last arrival, the deadline thread, a cancellation,
+// shutdown) is the one that finishes it, after letting go of the mutex.
+class Server::Impl final : public proto::Rendezvous::CallbackService {
+ public:
+  explicit Impl(ServerOptions options);
+  ~Impl() override;
+
+  absl::Status Listen();
+  void Shutdown();
+
+  std::string address() const {
+    return internal::JoinHostPort(
+        options_.advertise_host.empty() ? options_.bind_address : options_.advertise_host, port_);
+  }
+  int port() const { return port_; }
+  void NoteRankExit(int rank, const std::string& how);
+  std::vector<RankState> Ranks() const;
+  std::vector<PeerFailure> PeerFailures() const;
+
+ private:
+  class Waiter;
+  struct BarrierState {
+    int count = 0;
+    int arrived = 0;
+    std::set<int> ranks;  // the ranks that entered, when they said who they are
+    std::vector<Waiter*> waiters;
+  };
+  using Completion = std::pair<Waiter*, grpc::Status>;
+
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
+                                 const proto::JoinRequest* request,
+                                 proto::JoinResponse* response) override;
+  grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context,
+                                const proto::SetRequest* request,
+                                proto::SetResponse* response) override;
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* context,
+                                const proto::GetRequest* request,
+                                proto::GetResponse* response) override;
+  grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* context,
+                                const proto::AddRequest* request,
+                                proto::AddResponse* response) override;
+  grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* context,
+                                    const proto::BarrierRequest* request,
+                                    proto::BarrierResponse* response) override;
+  grpc::ServerUnaryReactor* ReportExit(grpc::CallbackServerContext* context,
+                                       const proto::ExitReport* request,
+                                       proto::ExitResponse* response) override;
+
+  static grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
+                                             const grpc::Status& status);
+  grpc::Status Authenticate(grpc::CallbackServerContext* context) const;
+  grpc::Status CheckKey(const std::string& key, const char* what) const;
+  grpc::Status CheckTimeout(int64_t timeout_ms) const;
+
+  // With mutex_ held: fill a Get's response from values_, or fail when it is too large.
+  grpc::Status FillValues(const proto::GetRequest& request, proto::GetResponse* response) const;
+  // With mutex_ held: take `waiter` out of every index; false when someone already did.
+  bool Claim(Waiter* waiter);
+  // With mutex_ held: why `waiter` is still waiting, for its timeout error.
+  std::string DescribeTimeout(const Waiter& waiter) const;
+  // With mutex_ held: ", ranks 3, 7 have not joined; rank 3 exited with code 1" or "".
+  std::string DescribeAbsentRanks(const std::vector<int>& ranks) const;
+  void Cancel(Waiter* waiter);
+  static void FinishAll(std::vector<Completion>& completions);
+  void RunDeadlines();
+
+  const ServerOptions options_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  std::thread deadline_thread_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable deadline_changed_;
+  bool stopping_ = false;
+  std::map<std::pair<std::string, int>, int> rank_of_;  // (host, local_rank) -> rank
+  std::vector<RankState> ranks_;
+  std::vector<PeerFailure> peer_failures_;
+  std::unordered_map<std::string, std::string> values_;
+  std::unordered_map<std::string, int64_t> counters_;
+  size_t stored_bytes_ = 0;
+  std::unordered_map<std::string, std::vector<Waiter*>> key_waiters_;
+  std::unordered_map<std::string, BarrierState> barriers_;
+  std::multimap<Clock::time_point, Waiter*> deadlines_;
+  size_t waiter_count_ = 0;
+};
+
+// Waiter is a Get or Barrier call that could not finish at once. gRPC owns it as the call's reactor
+// and it deletes itself in OnDone, gRPC's callback-API idiom; the indexes in Impl only point at it
+// while it is pending.
+class Server::Impl::Waiter final : public grpc::ServerUnaryReactor {
+ public:
+  Waiter(Impl* impl, std::chrono::milliseconds timeout) : impl_(impl), timeout_(timeout) {}
+
+  void OnCancel() override { impl_->Cancel(this); }
+  void OnDone() override { delete this; }
+
+  Impl* impl_;
+  std::chrono::milliseconds timeout_;
+  bool pending = true;
+  std::multimap<Clock::time_point, Waiter*>::iterator deadline;
+  // A Get: its request and response, and how many distinct keys are still missing.
+  const proto::GetRequest* get_request = nullptr;
+  proto::GetResponse* get_response = nullptr;
+  std::vector<std::string> missing_keys;
+  size_t missing = 0;
+  // A Barrier: its name.
+  std::string barrier;
+  int rank = -1;
+};
+
+Server::Impl::Impl(ServerOptions options) : options_(std::move(options)) {
+  ranks_.resize(options_.ranks.size());
+  for (size_t r = 0; r < options_.ranks.size(); ++r) {
+    rank_of_[{options_.ranks[r].host, options_.ranks[r].local_rank}] = static_cast<int>(r);
+  }
+}
+
+Server::Impl::~Impl() { Shutdown(); }
+
+absl::Status Server::Impl::Listen() {
+  grpc::ServerBuilder builder;
+  const std::string listen = internal::JoinHostPort(options_.bind_address, options_.port);
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port_);
+  builder.RegisterService(this);
+  // Two jobs must not share a fixed port silently.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(options_.limits.max_value_bytes + options_.limits.max_key_bytes +
+                       options_.limits.max_keys_per_get * (options_.limits.max_key_bytes + 8) +
+                       4096));
+  builder.SetMaxSendMessageSize(static_cast<int>(options_.limits.max_response_bytes + 4096));
+  // Notice a worker whose host vanished without closing its connection.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port_ == 0) {
+    server_.reset();
+    return absl::UnavailableError(absl::StrCat(
+        "the rendezvous server cannot listen on ", listen,
+        options_.port != 0 ? "; the port may be in use: choose another with --rendezvous-port"
+                           : "; check --rendezvous-addr"));
+  }
+  deadline_thread_ = std::thread([this] { RunDeadlines(); });
+  return absl::OkStatus();
+}
+
+void Server::Impl::Shutdown() {
+  std::vector<Completion> completions;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return;
+    stopping_ = true;
+    while (!deadlines_.empty()) {
+      Waiter* waiter = deadlines_.begin()->second;
+      Claim(waiter);
+      completions.emplace_back(
+          waiter, grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               "the rendezvous server is shutting down (the job is ending)"));
+    }
+  }
+  deadline_changed_.notify_all();
+  FinishAll(completions);
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+  if (deadline_thread_.joinable()) deadline_thread_.join();
+}
+
+grpc::ServerUnaryReactor* Server::Impl::FinishNow(grpc::CallbackServerContext* context,
+                                                  const grpc::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(status);
+  return reactor;
+}
+
+grpc::Status Server::Impl::Authenticate(grpc::CallbackServerContext* context) const {
+  const auto& metadata = context->client_metadata();
+  auto token = metadata.find(internal::kTokenMetadata);
+  if (token == metadata.end() ||
+      !internal::ConstantTimeEquals(options_.token,
+                                    std::string_view(token->second.data(), token->second.size()))) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "the rendezvous refused a call without this job's token "
+                        "(TRAINRUN_JOB_TOKEN); is the worker from another job?");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status Server::Impl::CheckKey(const std::string& key, const char* what) const {
+  if (key.empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("a ", what, " is empty"));
+  }
+  if (key.size() > options_.limits.max_key_bytes) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("a ", what, " of ", key.size(), " bytes is over the limit of ",
+                                     options_.limits.max_key_bytes, " bytes"));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status Server::Impl::CheckTimeout(int64_t timeout_ms) const {
+  if (timeout_ms < 0 || timeout_ms > options_.limits.max_timeout_ms) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("a timeout of ", timeout_ms, " ms is outside 0 to ",
+                                     options_.limits.max_timeout_ms, " ms"));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* context,
+                                             const proto::JoinRequest* request,
+                                             proto::JoinResponse* response) {
+  if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto found = rank_of_.find({request->host(), request->local_rank()});
+  if (found == rank_of_.end()) {
+    return FinishNow(
+        context,
+        grpc::Status(grpc::StatusCode::NOT_FOUND,
+                     absl::StrCat("this job has no rank on host '", request->host().substr(0, 256),
+                                  "' with local_rank ", request->local_rank(),
+                                  "; check TRAINRUN_HOSTNAME and TRAINRUN_LOCAL_RANK")));
+  }
+  const int rank = found->second;
+  if (request->has_rank() && request->rank() != rank) {
+    return FinishNow(context,
+                     grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                  absl::StrCat("a worker claiming rank ", request->rank(),
+                                               " joined as host '", request->host(),
+                                               "' local_rank ", request->local_rank(),
+                                               ", which is rank ", rank)));
+  }
+  RankState& state = ranks_[rank];
+  if (state.joined) {
+    return FinishNow(context, grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                                           absl::StrCat("rank ", rank, " already joined (pid ",
+                                                        state.pid,
+                                                        "); each rank joins once per job")));
+  }
+  state.joined = true;
+  state.pid = request->pid();
+  const RankSlot& slot = options_.ranks[rank];
+  response->set_rank(rank);
+  response->set_size(static_cast<int>(options_.ranks.size()));
+  response->set_local_rank(slot.local_rank);
+  response->set_local_size(slot.local_size);
+  response->set_cross_rank(slot.cross_rank);
+  response->set_cross_size(slot.cross_size);
+  for (const RankSlot& s : options_.ranks) response->add_hosts(s.host);
+  response->set_job_id(options_.job_id);
+  return FinishNow(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* Server::Impl::Set(grpc::CallbackServerContext* context,
+                                            const proto::SetRequest* request,
+                                            proto::SetResponse* response) {
+  if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
+  if (grpc::Status status = CheckKey(request->key(), "key"); !status.ok()) {
+    return FinishNow(context, status);
+  }
+  if (request->value().size() > options_.limits.max_value_bytes) {
+    return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                           absl::StrCat("the value of key '", request->key(),
+                                                        "' has ", request->value().size(),
+                                                        " bytes, over the limit of ",
+                                                        options_.limits.max_value_bytes,
+                                                        " bytes")));
+  }
+  std::vector<Completion> completions;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto existing = values_.find(request->key());
+    const size_t old_bytes =
+        existing == values_.end() ? 0 : existing->first.size() + existing->second.size();
+    const size_t new_bytes = request->key().size() + request->value().size();
+    if (stored_bytes_ - old_bytes + new_bytes > options_.limits.max_stored_bytes) {
+      return FinishNow(context, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                             absl::StrCat("the rendezvous holds ", stored_bytes_,
+                                                          " bytes; storing key '", request->key(),
+                                                          "' would pass its limit of ",
+                                                          options_.limits.max_stored_bytes,
+                                                          " bytes")));
+    }
+    stored_bytes_ = stored_bytes_ - old_bytes + new_bytes;
+    values_[request->key()] = request->value();
+    auto waiting = key_waiters_.find(request->key());
+    if (waiting != key_waiters_.end()) {
+      std::vector<Waiter*> waiters = std::move(waiting->second);
+      key_waiters_.erase(waiting);
+      for (Waiter* waiter : waiters) {
+        if (--waiter->missing > 0) continue;
+        grpc::Status status = FillValues(*waiter->get_request, waiter->get_response);
+        Claim(waiter);
+        completions.emplace_back(waiter, std::move(status));
+      }
+    }
+  }
+  FinishAll(completions);
+  return FinishNow(context, grpc::Status::OK);
+}
+
+grpc::Status Server::Impl::FillValues(const proto::GetRequest& request,
+                                      proto::GetResponse* response) const {
+  size_t bytes = 0;
+  for (const std::string& key : request.keys()) bytes += values_.at(key).size();
+  if (bytes > options_.limits.max_response_bytes) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("the values of these ", request.keys_size(), " keys total ",
+                                     bytes, " bytes, over the limit of ",
+                                     options_.limits.max_response_bytes,
+                                     " bytes for one Get; ask for fewer keys at a time"));
+  }
+  response->mutable_values()->Reserve(request.keys_size());
+  for (const std::string& key : request.keys()) response->add_values(values_.at(key));
+  return grpc::Status::OK;
+}
+
+grpc::ServerUnaryReactor* Server::Impl::Get(grpc::CallbackServerContext* context,
+                                            const proto::GetRequest* request,
+                                            proto::GetResponse* response) {
+  if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
+  if (static_cast<size_t>(request->keys_size()) > options_.limits.max_keys_per_get) {
+    return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                           absl::StrCat("a Get of ", request->keys_size(),
+                                                        " keys is over the limit of ",
+                                                        options_.limits.max_keys_per_get,
+                                                        " keys per call")));
+  }
+  for (const std::string& key : request->keys()) {
+    if (grpc::Status status = CheckKey(key, "key"); !status.ok()) return FinishNow(context, status);
+  }
+  if (grpc::Status status = CheckTimeout(request->timeout_ms()); !status.ok()) {
+    return FinishNow(context, status);
+  }
+
+  std::unique_lock<std::mutex> lock(mutex_);
+  std::vector<std::string> missing;
+  for (const std::string& key : request->keys()) {
+    if (values_.count(key) == 0) missing.push_back(key);
+  }
+  if (missing.empty()) {
+    grpc::Status status = FillValues(*request, response);
+    lock.unlock();
+    return FinishNow(context, status);
+  }
+  if (stopping_ || waiter_count_ >= options_.limits.max_waiters) {
+    return FinishNow(context, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                           stopping_ ? "the rendezvous server is shutting down"
+                                                     : "too many calls are waiting at once"));
+  }
+  std::sort(missing.begin(), missing.end());
+  missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+  auto* waiter = new Waiter(this, std::chrono::milliseconds(request->timeout_ms()));
+  waiter->get_request = request;
+  waiter->get_response = response;
+  waiter->rank = request->rank();
+  waiter->missing = missing.size();
+  for (const std::string& key : missing) key_waiters_[key].push_back(waiter);
+  waiter->missing_keys = std::move(missing);
+  waiter->deadline = deadlines_.emplace(Clock::now() + waiter->timeout_, waiter);
+  ++waiter_count_;
+  if (waiter->deadline == deadlines_.begin()) deadline_changed_.notify_one();
+  return waiter;
+}
+
+grpc::ServerUnaryReactor* Server::Impl::Add(grpc::CallbackServerContext* context,
+                                            const proto::AddRequest* request,
+                                            proto::AddResponse* response) {
+  if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
+  if (grpc::Status status = CheckKey(request->key(), "counter name"); !status.ok()) {
+    return FinishNow(context, status);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto counter = counters_.find(request->key());
+  if (counter == counters_.end()) {
+    if (stored_bytes_ + request->key().size() + 8 > options_.limits.max_stored_bytes) {
+      return FinishNow(context, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                             "the rendezvous's storage limit is reached"));
+    }
+    stored_bytes_ += request->key().size() + 8;
+    counter = counters_.emplace(request->key(), 0).first;
+  }
+  counter->second += request->delta();
+  response->set_value(counter->second);
+  return FinishNow(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* Server::Impl::Barrier(grpc::CallbackServerContext* context,
+                                                const proto::BarrierRequest* request,
+                                                proto::BarrierResponse* response) {
+  if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
+  if (grpc::Status status = CheckKey(request->name(), "barrier name"); !status.ok()) {
+    return FinishNow(context, status);
+  }
+  if (grpc::Status status = CheckTimeout(request->timeout_ms()); !status.ok()) {
+    return FinishNow(context, status);
+  }
+  if (request->count() <= 0) {
+    return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                           absl::StrCat("barrier '", request->name(),
+                                                        "' needs a positive count, not ",
+                                                        request->count())));
+  }
+
+  std::vector<Completion> completions;
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto found = barriers_.find(request->name());
+  if (found == barriers_.end()) {
+    if (stored_bytes_ + request->name().size() + 64 > options_.limits.max_stored_bytes) {
+      return FinishNow(context, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                             "the rendezvous's storage limit is reached"));
+    }
+    stored_bytes_ += request->name().size() + 64;
+    found = barriers_.emplace(request->name(), BarrierState{}).first;
+    found->second.count = request->count();
+  }
+  BarrierState& barrier = found->second;
+  if (barrier.count != request->count()) {
+    return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                           absl::StrCat("barrier '", request->name(),
+                                                        "' was entered with count ", barrier.count,
+                                                        " and now with count ", request->count(),
+                                                        "; all callers must agree")));
+  }
+  // A rank that enters again (a retried call) counts once.
+  const bool counts = request->rank() < 0 || barrier.ranks.insert(request->rank()).second;
+  if (counts) ++barrier.arrived;
+  if (barrier.arrived >= barrier.count) {
+    std::vector<Waiter*> waiters = std::move(barrier.waiters);
+    barrier.waiters.clear();
+    for (Waiter* waiter : waiters) {
+      Claim(waiter);
+      completions.emplace_back(waiter, grpc::Status::OK);
+    }
+    lock.unlock();
+    FinishAll(completions);
+    return FinishNow(context, grpc::Status::OK);
+  }
+  if (stopping_ || waiter_count_ >= options_.limits.max_waiters) {
+    return FinishNow(context, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                           stopping_ ? "the rendezvous server is shutting down"
+                                                     : "too many calls are waiting at once"));
+  }
+  auto* waiter = new Waiter(this, std::chrono::milliseconds(request->timeout_ms()));
+  waiter->barrier = request->name();
+  waiter->rank = request->rank();
+  barrier.waiters.push_back(waiter);
+  waiter->deadline = deadlines_.emplace(Clock::now() + waiter->timeout_, waiter);
+  ++waiter_count_;
+  if (waiter->deadline == deadlines_.begin()) deadline_changed_.notify_one();
+  return waiter;
+}
+
+grpc::ServerUnaryReactor* Server::Impl::ReportExit(grpc::CallbackServerContext* context,
+                                                   const proto::ExitReport* request,
+                                                   proto::ExitResponse* response) {
+  if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
+  const int size = static_cast<int>(options_.ranks.size());
+  if (request->rank() < 0 || request->rank() >= size || request->peer_rank() >= size) {
+    return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                           absl::StrCat("an exit report names rank ",
+                                                        request->rank(), " or peer ",
+                                                        request->peer_rank(), "; the job has ",
+                                                        size, " ranks")));
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (request->peer_rank() >= 0 && peer_failures_.size() < 4 * options_.ranks.size() + 16) {
+    PeerFailure failure;
+    failure.rank = request->rank();
+    failure.peer_rank = request->peer_rank();
+    failure.exit_code = request->exit_code();
+    failure.message = request->message().substr(0, 1024);
+    peer_failures_.push_back(std::move(failure));
+  }
+  return FinishNow(context, grpc::Status::OK);
+}
+
+bool Server::Impl::Claim(Waiter* waiter) {
+  if (!waiter->pending) return false;
+  waiter->pending = false;
+  deadlines_.erase(waiter->deadline);
+  --waiter_count_;
+  auto remove = [waiter](std::vector<Waiter*>& list) {
+    auto it = std::find(list.begin(), list.end(), waiter);
+    if (it != list.end()) {
+      *it = list.back();
+      list.pop_back();
+    }
+  };
+  if (waiter->get_request != nullptr) {
+    for (const std::string& key : waiter->missing_keys) {
+      auto list = key_waiters_.find(key);
+      if (list == key_waiters_.end()) continue;
+      remove(list->second);
+      if (list->second.empty()) key_waiters_.erase(list);
+    }
+  } else {
+    auto barrier = barriers_.find(waiter->barrier);
+    if (barrier != barriers_.end()) remove(barrier->second.waiters);
+  }
+  return true;
+}
+
+void Server::Impl::Cancel(Waiter* waiter) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!Claim(waiter)) return;
+  }
+  waiter->Finish(grpc::Status::CANCELLED);
+}
+
+void Server::Impl::FinishAll(std::vector<Completion>& completions) {
+  for (auto& [waiter, status] : completions) waiter->Finish(status);
+  completions.clear();
+}
+
+std::string Server::Impl::DescribeAbsentRanks(const std::vector<int>& ranks) const {
+  std::vector<int> not_joined;
+  std::vector<std::string> exits;
+  for (int r : ranks) {
+    if (r < 0 || r >= static_cast<int>(ranks_.size())) continue;
+    if (!ranks_[r].joined) not_joined.push_back(r);
+    if (ranks_[r].exited && exits.size() < kMaxNamed) {
+      exits.push_back(absl::StrCat("rank ", r, " ", *ranks_[r].exited));
+    }
+  }
+  std::string out;
+  if (!not_joined.empty()) {
+    absl::StrAppend(&out, "; ", NameRanks(not_joined), not_joined.size() == 1 ? " has" : " have",
+                    " not joined");
+  }
+  if (!exits.empty()) absl::StrAppend(&out, "; ", absl::StrJoin(exits, "; "));
+  return out;
+}
+
+std::string Server::Impl::DescribeTimeout(const Waiter& waiter) const {
+  const std::string after = absl::StrCat("timed out after ", FormatDuration(waiter.timeout_));
+  std::vector<int> all_ranks(ranks_.size());
+  for (size_t r = 0; r < all_ranks.size(); ++r) all_ranks[r] = static_cast<int>(r);
+  if (waiter.get_request != nullptr) {
+    std::vector<std::string> missing;
+    for (const std::string& key : waiter.missing_keys) {
+      if (values_.count(key) == 0) missing.push_back(absl::StrCat("'", key, "'"));
+    }
+    return absl::StrCat(after, " waiting for ", missing.size() == 1 ? "key " : "keys ",
+                        NameSome(missing), DescribeAbsentRanks(all_ranks));
+  }
+  const BarrierState& barrier = barriers_.at(waiter.barrier);
+  std::string out = absl::StrCat(after, " in barrier '", waiter.barrier, "': ", barrier.arrived,
+                                 " of ", barrier.count, " arrived");
+  if (barrier.count == static_cast<int>(ranks_.size()) &&
+      static_cast<int>(barrier.ranks.size()) == barrier.arrived) {
+    // Every rank was expected and each said who it is: name the ones missing.
+    std::vector<int> absent;
+    for (int r : all_ranks) {
+      if (barrier.ranks.count(r) == 0) absent.push_back(r);
+    }
+    absl::StrAppend(&out, ", waiting for ", NameRanks(absent), DescribeAbsentRanks(absent));
+  } else {
+    absl::StrAppend(&out, DescribeAbsentRanks(all_ranks));
+  }
+  return out;
+}
+
+void Server::Impl::RunDeadlines() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    if (deadlines_.empty()) {
+      deadline_changed_.wait(lock);
+      continue;
+    }
+    const Clock::time_point next = deadlines_.begin()->first;
+    if (Clock::now() < next) {
+      deadline_changed_.wait_until(lock, next);
+      continue;
+    }
+    std::vector<Completion> completions;
+    const Clock::time_point now = Clock::now();
+    while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+      Waiter* waiter = deadlines_.begin()->second;
+      std::string message = DescribeTimeout(*waiter);
+      Claim(waiter);
+      completions.emplace_back(
+          waiter, grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, std::move(message)));
+    }
+    lock.unlock();
+    FinishAll(completions);
+    lock.lock();
+  }
+}
+
+void Server::Impl::NoteRankExit(int rank, const std::string& how) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (rank < 0 || rank >= static_cast<int>(ranks_.size())) return;
+  ranks_[rank].exited = how;
+}
+
+std::vector<RankState> Server::Impl::Ranks() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return ranks_;
+}
+
+std::vector<PeerFailure> Server::Impl::PeerFailures() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return peer_failures_;
+}
+
+// --- Server ------------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
+  if (options.token.empty()) {
+    return absl::InvalidArgumentError("the rendezvous server needs a job token");
+  }
+  if (options.ranks.empty()) {
+    return absl::InvalidArgumentError("the rendezvous server needs at least one rank");
+  }
+  if (options.advertise_host.empty() && IsWildcard(options.bind_address)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the rendezvous server binds '", options.bind_address,
+        "', which workers cannot dial; give the address they should use (--rendezvous-addr)"));
+  }
+  std::set<std::pair<std::string, int>> seen;
+  for (size_t r = 0; r < options.ranks.size(); ++r) {
+    if (!seen.insert({options.ranks[r].host, options.ranks[r].local_rank}).second) {
+      return absl::InvalidArgumentError(absl::StrCat("ranks share host '", options.ranks[r].host,
+                                                     "' and local_rank ",
+                                                     options.ranks[r].local_rank));
+    }
+  }
+  auto impl = std::make_unique<Impl>(std::move(options));
+  if (absl::Status status = impl->Listen(); !status.ok()) return status;
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Server::~Server() { Shutdown(); }
+std::string Server::address() const { return impl_->address(); }
+int Server::port() const { return impl_->port(); }
+void Server::NoteRankExit(int rank, const std::string& how) { impl_->NoteRankExit(rank, how); }
+std::vector<RankState> Server::Ranks() const { return impl_->Ranks(); }
+std::vector<int> Server::JoinedRanks() const {
+  std::vector<int> joined;
+  std::vector<RankState> ranks = impl_->Ranks();
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (ranks[r].joined) joined.push_back(static_cast<int>(r));
+  }
+  return joined;
+}
+std::vector<PeerFailure> Server::PeerFailures() const { return impl_->PeerFailures(); }
+void Server::Shutdown() { impl_->Shutdown(); }
+
+}  // namespace trainrun::rendezvous
