@@ -7,6 +7,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "trainrun/collectives/errors.h"
 #include "trainrun/collectives/nccl/check.h"
 #include "trainrun/collectives/nccl/unique_id_exchange.h"
@@ -145,6 +146,34 @@ std::unique_ptr<Communicator> Communicator::Create(rendezvous::Store& store, int
                       " creating the stream of NCCL communicator '", options.name, "'");
   communicator->stream_.reset(stream);
   return communicator;
+}
+
+std::unique_ptr<Communicator> Communicator::FromSession(const rendezvous::WorkerSession& session,
+                                                        const CommunicatorOptions& options) {
+  const rendezvous::Assignment& me = session.assignment;
+  TRAINRUN_ENFORCE(session.store != nullptr, "a rendezvous session without a store");
+  int devices = 0;
+  TRAINRUN_CUDA_CHECK(cudaGetDeviceCount(&devices), "rank ", me.rank,
+                      " looking for its GPU; check the NVIDIA driver and CUDA_VISIBLE_DEVICES");
+  return Create(*session.store, me.rank, me.size, DeviceForLocalRank(me.local_rank, devices),
+                options);
+}
+
+std::unique_ptr<Communicator> Communicator::FromEnvironment(const CommunicatorOptions& options) {
+  const std::chrono::milliseconds timeout = ResolveTimeout(options.timeout);
+  absl::StatusOr<rendezvous::WorkerSession> session = rendezvous::JoinFromEnvironment(timeout);
+  if (!session.ok()) {
+    const std::string message = MakeMessage(
+        "could not join the job's rendezvous for NCCL communicator '", options.name,
+        "': ", session.status().message());
+    if (absl::IsFailedPrecondition(session.status()) ||
+        absl::IsInvalidArgument(session.status())) {
+      throw InvalidArgumentError(message + " (start the worker with trainrun)");
+    }
+    if (absl::IsDeadlineExceeded(session.status())) throw TimeoutError(message);
+    throw IoError(message);
+  }
+  return FromSession(*session, options);
 }
 
 Communicator::Communicator(Passkey, ncclComm* comm, int rank, int size, int device,

@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "trainrun/collectives/nccl/types.h"
+#include "trainrun/rendezvous/client.h"
 #include "trainrun/rendezvous/store.h"
 
 struct ncclComm;  // nccl.h: typedef struct ncclComm* ncclComm_t.
@@ -54,9 +55,16 @@ class Communicator {
   static std::unique_ptr<Communicator> Create(rendezvous::Store& store, int rank, int size,
                                               int device, const CommunicatorOptions& options = {});
 
-  // FromEnvironment joins the job's rendezvous (TRAINRUN_RENDEZVOUS_ADDR, TRAINRUN_JOB_TOKEN, ...)
-  // and creates the communicator over all of the job's ranks, on device
-  // DeviceForLocalRank(local_rank, visible device count).
+  // FromSession creates the communicator over all of a joined job's ranks, through the session's
+  // Store, on device DeviceForLocalRank(local_rank, visible device count). Use it when the process
+  // has already joined the rendezvous (a rank joins once), e.g. for the TCP collectives too.
+  static std::unique_ptr<Communicator> FromSession(const rendezvous::WorkerSession& session,
+                                                   const CommunicatorOptions& options = {});
+
+  // FromEnvironment joins the job's rendezvous (rendezvous::JoinFromEnvironment: the
+  // TRAINRUN_RENDEZVOUS_ADDR, TRAINRUN_JOB_TOKEN, ... the launcher set) and calls FromSession.
+  // Throws InvalidArgumentError outside a trainrun job, TimeoutError or IoError when the rendezvous
+  // cannot be reached.
   static std::unique_ptr<Communicator> FromEnvironment(const CommunicatorOptions& options = {});
 
   Communicator(Passkey, ncclComm* comm, int rank, int size, int device, std::string name,

@@ -17,12 +17,14 @@
 
 namespace trainrun::collectives::nccl {
 
-// UniqueIdKey is the Store key under which communicator `name` publishes its unique ID.
+// ShareName is the name communicator `name` shares its ID under (rendezvous::ShareFromRoot), and
+// UniqueIdKey the Store key that ends up holding it.
+std::string ShareName(const std::string& name);
 std::string UniqueIdKey(const std::string& name);
 
-// ExchangeUniqueId returns communicator `name`'s unique ID on every rank. On `root` it calls
-// `make_id` and publishes the result under UniqueIdKey(name); on the other ranks it waits up to
-// `timeout` for the root's blob. A name names one communicator for the life of the Store.
+// ExchangeUniqueId returns communicator `name`'s unique ID on every rank, through the rendezvous's
+// ShareFromRoot: on `root` it calls `make_id` and publishes the result under UniqueIdKey(name); on
+// the other ranks it waits up to `timeout` for the root's blob. A name names one communicator for the life of the Store.
 //
 // Throws InvalidArgumentError when rank/root are negative or `make_id` returns an empty blob,
 // TimeoutError naming the root rank (and the store's own account of what is missing) when the ID
