@@ -110,8 +110,8 @@ std::unique_ptr<Communicator> Communicator::Create(rendezvous::Store& store, int
                                            " was given CUDA device ", device));
   }
   const std::chrono::milliseconds timeout = ResolveTimeout(options.timeout);
-  TRAINRUN_CUDA_CHECK(cudaSetDevice(device), "rank ", rank, " selecting CUDA device ", device,
-                      "; check CUDA_VISIBLE_DEVICES");
+  TRAINRUN_CUDA_CHECK(cudaSetDevice(device), "rank ", rank, " could not use CUDA device ", device,
+                      " (check the NVIDIA driver and CUDA_VISIBLE_DEVICES)");
 
   const std::string blob = ExchangeUniqueId(
       store, options.name, rank, /*root=*/0,
