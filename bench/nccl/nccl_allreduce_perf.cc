@@ -57,10 +57,23 @@ size_t ParseBytes(const char* text) {
   const double value = std::strtod(text, &end);
   double scale = 1;
   switch (*end) {
-    case 'K': case 'k': scale = 1 << 10; ++end; break;
-    case 'M': case 'm': scale = 1 << 20; ++end; break;
-    case 'G': case 'g': scale = 1 << 30; ++end; break;
-    default: break;
+    case 'K':
+    case 'k':
+      scale = 1 << 10;
+      ++end;
+      break;
+    case 'M':
+    case 'm':
+      scale = 1 << 20;
+      ++end;
+      break;
+    case 'G':
+    case 'g':
+      scale = 1 << 30;
+      ++end;
+      break;
+    default:
+      break;
   }
   if (end == text || *end != '\0' || value < 0) Usage("a size must look like 8, 64K, 128M or 1G");
   return static_cast<size_t>(value * scale);
@@ -71,12 +84,24 @@ Options ParseOptions(int argc, char** argv) {
   int flag;
   while ((flag = getopt(argc, argv, "b:e:f:n:w:c:d:o:h")) != -1) {
     switch (flag) {
-      case 'b': options.min_bytes = ParseBytes(optarg); break;
-      case 'e': options.max_bytes = ParseBytes(optarg); break;
-      case 'f': options.step_factor = std::atof(optarg); break;
-      case 'n': options.iters = std::atoi(optarg); break;
-      case 'w': options.warmup = std::atoi(optarg); break;
-      case 'c': options.check = std::atoi(optarg) != 0; break;
+      case 'b':
+        options.min_bytes = ParseBytes(optarg);
+        break;
+      case 'e':
+        options.max_bytes = ParseBytes(optarg);
+        break;
+      case 'f':
+        options.step_factor = std::atof(optarg);
+        break;
+      case 'n':
+        options.iters = std::atoi(optarg);
+        break;
+      case 'w':
+        options.warmup = std::atoi(optarg);
+        break;
+      case 'c':
+        options.check = std::atoi(optarg) != 0;
+        break;
       case 'd':
         if (std::string(optarg) == "all") {
           options.types.assign(std::begin(kAllDataTypes), std::end(kAllDataTypes));
@@ -95,7 +120,8 @@ Options ParseOptions(int argc, char** argv) {
           Usage("unknown -o op");
         }
         break;
-      default: Usage("unknown flag");
+      default:
+        Usage("unknown flag");
     }
   }
   if (options.step_factor <= 1 || options.iters < 1 || options.warmup < 0 ||
@@ -154,7 +180,8 @@ uint16_t ToHalf(double v) {
   uint32_t bits;
   std::memcpy(&bits, &f, 4);
   const uint32_t exponent = ((bits >> 23) & 0xff) - 127 + 15;
-  return static_cast<uint16_t>(((bits >> 16) & 0x8000) | (exponent << 10) | ((bits & 0x7fffff) >> 13));
+  return static_cast<uint16_t>(((bits >> 16) & 0x8000) | (exponent << 10) |
+                               ((bits & 0x7fffff) >> 13));
 }
 
 double FromHalf(uint16_t h) {
@@ -182,27 +209,89 @@ double FromBfloat16(uint16_t b) {
 
 void Store(DataType type, uint8_t* out, double v) {
   switch (type) {
-    case DataType::kInt8: { int8_t x = static_cast<int8_t>(v); std::memcpy(out, &x, 1); break; }
-    case DataType::kUint8: { uint8_t x = static_cast<uint8_t>(v); std::memcpy(out, &x, 1); break; }
-    case DataType::kInt32: { int32_t x = static_cast<int32_t>(v); std::memcpy(out, &x, 4); break; }
-    case DataType::kInt64: { int64_t x = static_cast<int64_t>(v); std::memcpy(out, &x, 8); break; }
-    case DataType::kFloat16: { uint16_t x = ToHalf(v); std::memcpy(out, &x, 2); break; }
-    case DataType::kBfloat16: { uint16_t x = ToBfloat16(v); std::memcpy(out, &x, 2); break; }
-    case DataType::kFloat32: { float x = static_cast<float>(v); std::memcpy(out, &x, 4); break; }
-    case DataType::kFloat64: std::memcpy(out, &v, 8); break;
+    case DataType::kInt8: {
+      int8_t x = static_cast<int8_t>(v);
+      std::memcpy(out, &x, 1);
+      break;
+    }
+    case DataType::kUint8: {
+      uint8_t x = static_cast<uint8_t>(v);
+      std::memcpy(out, &x, 1);
+      break;
+    }
+    case DataType::kInt32: {
+      int32_t x = static_cast<int32_t>(v);
+      std::memcpy(out, &x, 4);
+      break;
+    }
+    case DataType::kInt64: {
+      int64_t x = static_cast<int64_t>(v);
+      std::memcpy(out, &x, 8);
+      break;
+    }
+    case DataType::kFloat16: {
+      uint16_t x = ToHalf(v);
+      std::memcpy(out, &x, 2);
+      break;
+    }
+    case DataType::kBfloat16: {
+      uint16_t x = ToBfloat16(v);
+      std::memcpy(out, &x, 2);
+      break;
+    }
+    case DataType::kFloat32: {
+      float x = static_cast<float>(v);
+      std::memcpy(out, &x, 4);
+      break;
+    }
+    case DataType::kFloat64:
+      std::memcpy(out, &v, 8);
+      break;
   }
 }
 
 double Load(DataType type, const uint8_t* in) {
   switch (type) {
-    case DataType::kInt8: { int8_t x; std::memcpy(&x, in, 1); return x; }
-    case DataType::kUint8: { uint8_t x; std::memcpy(&x, in, 1); return x; }
-    case DataType::kInt32: { int32_t x; std::memcpy(&x, in, 4); return x; }
-    case DataType::kInt64: { int64_t x; std::memcpy(&x, in, 8); return static_cast<double>(x); }
-    case DataType::kFloat16: { uint16_t x; std::memcpy(&x, in, 2); return FromHalf(x); }
-    case DataType::kBfloat16: { uint16_t x; std::memcpy(&x, in, 2); return FromBfloat16(x); }
-    case DataType::kFloat32: { float x; std::memcpy(&x, in, 4); return x; }
-    case DataType::kFloat64: { double x; std::memcpy(&x, in, 8); return x; }
+    case DataType::kInt8: {
+      int8_t x;
+      std::memcpy(&x, in, 1);
+      return x;
+    }
+    case DataType::kUint8: {
+      uint8_t x;
+      std::memcpy(&x, in, 1);
+      return x;
+    }
+    case DataType::kInt32: {
+      int32_t x;
+      std::memcpy(&x, in, 4);
+      return x;
+    }
+    case DataType::kInt64: {
+      int64_t x;
+      std::memcpy(&x, in, 8);
+      return static_cast<double>(x);
+    }
+    case DataType::kFloat16: {
+      uint16_t x;
+      std::memcpy(&x, in, 2);
+      return FromHalf(x);
+    }
+    case DataType::kBfloat16: {
+      uint16_t x;
+      std::memcpy(&x, in, 2);
+      return FromBfloat16(x);
+    }
+    case DataType::kFloat32: {
+      float x;
+      std::memcpy(&x, in, 4);
+      return x;
+    }
+    case DataType::kFloat64: {
+      double x;
+      std::memcpy(&x, in, 8);
+      return x;
+    }
   }
   return 0;
 }
@@ -293,8 +382,10 @@ int Run(int argc, char** argv) {
   char host[256] = "?";
   gethostname(host, sizeof host - 1);
   if (print) {
-    std::printf("# nccl_allreduce_perf (trainrun NCCL backend): %d ranks, iters %d, warmup %d, "
-                "check %d\n#\n", comm->size(), options.iters, options.warmup, options.check);
+    std::printf(
+        "# nccl_allreduce_perf (trainrun NCCL backend): %d ranks, iters %d, warmup %d, "
+        "check %d\n#\n",
+        comm->size(), options.iters, options.warmup, options.check);
   }
   // Every rank names its GPU, in rank order, as nccl-tests does.
   for (int r = 0; r < comm->size(); ++r) {
@@ -308,11 +399,11 @@ int Run(int argc, char** argv) {
   }
   if (print) {
     std::printf("#\n#%58s%s\n", "", "out-of-place                       in-place");
-    std::printf("#%11s %13s %9s %7s %7s %8s %7s %7s %6s %8s %7s %7s %6s\n", "size", "count",
-                "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
-                "busbw", "#wrong");
-    std::printf("#%11s %13s %9s %7s %7s %8s %7s %7s %6s %8s %7s %7s %6s\n", "(B)", "(elements)",
-                "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+    std::printf("#%11s %13s %9s %7s %7s %8s %7s %7s %6s %8s %7s %7s %6s\n", "size", "count", "type",
+                "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
+                "#wrong");
+    std::printf("#%11s %13s %9s %7s %7s %8s %7s %7s %6s %8s %7s %7s %6s\n", "(B)", "(elements)", "",
+                "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
   }
 
   DeviceBuffer scratch(sizeof(double));
@@ -330,7 +421,8 @@ int Run(int argc, char** argv) {
         const size_t count = static_cast<size_t>(size) / width;
         const size_t bytes = count * width;
         if (count == 0) continue;
-        const Result out = Measure(*comm, options, scratch, send.get(), recv.get(), count, type, op);
+        const Result out =
+            Measure(*comm, options, scratch, send.get(), recv.get(), count, type, op);
         const Result in = Measure(*comm, options, scratch, recv.get(), recv.get(), count, type, op);
         if (print) {
           auto columns = [&](const Result& r) {

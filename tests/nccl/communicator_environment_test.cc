@@ -1,7 +1,6 @@
 // Communicator::FromEnvironment outside a trainrun job fails with one clear sentence, before it
 // touches a GPU, so this runs without one.
 #include <catch2/catch.hpp>
-
 #include <cstdlib>
 #include <string>
 

@@ -3,10 +3,10 @@
 // the executable where CUDA sees no device.
 #include "trainrun/collectives/nccl/communicator.h"
 
-#include <catch2/catch.hpp>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -97,16 +97,30 @@ std::vector<uint8_t> Encode(DataType type, const std::vector<double>& values) {
   for (size_t i = 0; i < values.size(); ++i) {
     const double v = values[i];
     switch (type) {
-      case DataType::kInt8: Put<int8_t>(bytes, i, static_cast<int8_t>(v)); break;
-      case DataType::kUint8: Put<uint8_t>(bytes, i, static_cast<uint8_t>(v)); break;
-      case DataType::kInt32: Put<int32_t>(bytes, i, static_cast<int32_t>(v)); break;
-      case DataType::kInt64: Put<int64_t>(bytes, i, static_cast<int64_t>(v)); break;
-      case DataType::kFloat16: Put<uint16_t>(bytes, i, FloatToHalf(static_cast<float>(v))); break;
+      case DataType::kInt8:
+        Put<int8_t>(bytes, i, static_cast<int8_t>(v));
+        break;
+      case DataType::kUint8:
+        Put<uint8_t>(bytes, i, static_cast<uint8_t>(v));
+        break;
+      case DataType::kInt32:
+        Put<int32_t>(bytes, i, static_cast<int32_t>(v));
+        break;
+      case DataType::kInt64:
+        Put<int64_t>(bytes, i, static_cast<int64_t>(v));
+        break;
+      case DataType::kFloat16:
+        Put<uint16_t>(bytes, i, FloatToHalf(static_cast<float>(v)));
+        break;
       case DataType::kBfloat16:
         Put<uint16_t>(bytes, i, FloatToBfloat16(static_cast<float>(v)));
         break;
-      case DataType::kFloat32: Put<float>(bytes, i, static_cast<float>(v)); break;
-      case DataType::kFloat64: Put<double>(bytes, i, v); break;
+      case DataType::kFloat32:
+        Put<float>(bytes, i, static_cast<float>(v));
+        break;
+      case DataType::kFloat64:
+        Put<double>(bytes, i, v);
+        break;
     }
   }
   return bytes;
@@ -116,14 +130,30 @@ std::vector<double> Decode(DataType type, const std::vector<uint8_t>& bytes) {
   std::vector<double> values(bytes.size() / ElementSize(type));
   for (size_t i = 0; i < values.size(); ++i) {
     switch (type) {
-      case DataType::kInt8: values[i] = Take<int8_t>(bytes, i); break;
-      case DataType::kUint8: values[i] = Take<uint8_t>(bytes, i); break;
-      case DataType::kInt32: values[i] = Take<int32_t>(bytes, i); break;
-      case DataType::kInt64: values[i] = static_cast<double>(Take<int64_t>(bytes, i)); break;
-      case DataType::kFloat16: values[i] = HalfToFloat(Take<uint16_t>(bytes, i)); break;
-      case DataType::kBfloat16: values[i] = Bfloat16ToFloat(Take<uint16_t>(bytes, i)); break;
-      case DataType::kFloat32: values[i] = Take<float>(bytes, i); break;
-      case DataType::kFloat64: values[i] = Take<double>(bytes, i); break;
+      case DataType::kInt8:
+        values[i] = Take<int8_t>(bytes, i);
+        break;
+      case DataType::kUint8:
+        values[i] = Take<uint8_t>(bytes, i);
+        break;
+      case DataType::kInt32:
+        values[i] = Take<int32_t>(bytes, i);
+        break;
+      case DataType::kInt64:
+        values[i] = static_cast<double>(Take<int64_t>(bytes, i));
+        break;
+      case DataType::kFloat16:
+        values[i] = HalfToFloat(Take<uint16_t>(bytes, i));
+        break;
+      case DataType::kBfloat16:
+        values[i] = Bfloat16ToFloat(Take<uint16_t>(bytes, i));
+        break;
+      case DataType::kFloat32:
+        values[i] = Take<float>(bytes, i);
+        break;
+      case DataType::kFloat64:
+        values[i] = Take<double>(bytes, i);
+        break;
     }
   }
   return values;
@@ -136,11 +166,16 @@ bool IsInteger(DataType type) {
 
 double Tolerance(DataType type, double expected) {
   switch (type) {
-    case DataType::kFloat16: return 2e-3 * std::max(1.0, std::fabs(expected));
-    case DataType::kBfloat16: return 1e-2 * std::max(1.0, std::fabs(expected));
-    case DataType::kFloat32: return 1e-5 * std::max(1.0, std::fabs(expected));
-    case DataType::kFloat64: return 1e-12 * std::max(1.0, std::fabs(expected));
-    default: return 0;
+    case DataType::kFloat16:
+      return 2e-3 * std::max(1.0, std::fabs(expected));
+    case DataType::kBfloat16:
+      return 1e-2 * std::max(1.0, std::fabs(expected));
+    case DataType::kFloat32:
+      return 1e-5 * std::max(1.0, std::fabs(expected));
+    case DataType::kFloat64:
+      return 1e-12 * std::max(1.0, std::fabs(expected));
+    default:
+      return 0;
   }
 }
 
@@ -156,10 +191,18 @@ double Reference(ReduceOp op, DataType type, int size, size_t i) {
     const double v = Input(op, r, i);
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kAvg: result += v; break;
-      case ReduceOp::kProd: result *= v; break;
-      case ReduceOp::kMin: result = std::min(result, v); break;
-      case ReduceOp::kMax: result = std::max(result, v); break;
+      case ReduceOp::kAvg:
+        result += v;
+        break;
+      case ReduceOp::kProd:
+        result *= v;
+        break;
+      case ReduceOp::kMin:
+        result = std::min(result, v);
+        break;
+      case ReduceOp::kMax:
+        result = std::max(result, v);
+        break;
     }
   }
   if (op == ReduceOp::kAvg) {
@@ -266,10 +309,9 @@ TEST_CASE("allreduce: every type and op matches a float64 reference", "[nccl][gp
           cudaStream_t stream = (step++ % 2 == 0) ? nullptr : caller.get();
           comm.Allreduce(buffer.get(), buffer.get(), kCount, type, op, stream);
           comm.Synchronize(stream);
-          std::string failure =
-              Compare(std::string("allreduce ") + ReduceOpName(op), type,
-                      Decode(type, buffer.Download()),
-                      [&](size_t i) { return Reference(op, type, comm.size(), i); });
+          std::string failure = Compare(
+              std::string("allreduce ") + ReduceOpName(op), type, Decode(type, buffer.Download()),
+              [&](size_t i) { return Reference(op, type, comm.size(), i); });
           if (!failure.empty()) return failure;
         }
       }
@@ -295,10 +337,9 @@ TEST_CASE("broadcast, allgather and reduce-scatter move the right elements", "[n
           send.Upload(Encode(type, mine));
           comm.Broadcast(send.get(), recv.get(), kCount, type, root);
           comm.Synchronize();
-          std::string failure = Compare("broadcast from " + std::to_string(root), type,
-                                        Decode(type, recv.Download()), [&](size_t i) {
-                                          return static_cast<double>((i + root) % 13);
-                                        });
+          std::string failure =
+              Compare("broadcast from " + std::to_string(root), type, Decode(type, recv.Download()),
+                      [&](size_t i) { return static_cast<double>((i + root) % 13); });
           if (!failure.empty()) return failure;
         }
 
@@ -308,11 +349,11 @@ TEST_CASE("broadcast, allgather and reduce-scatter move the right elements", "[n
         send.Upload(Encode(type, block));
         comm.Allgather(send.get(), gathered.get(), kCount, type);
         comm.Synchronize();
-        std::string failure = Compare("allgather", type, Decode(type, gathered.Download()),
-                                      [&](size_t j) {
-                                        const size_t from = j / kCount, i = j % kCount;
-                                        return static_cast<double>((from * 5 + i) % 17);
-                                      });
+        std::string failure =
+            Compare("allgather", type, Decode(type, gathered.Download()), [&](size_t j) {
+              const size_t from = j / kCount, i = j % kCount;
+              return static_cast<double>((from * 5 + i) % 17);
+            });
         if (!failure.empty()) return failure;
 
         std::vector<double> full(kCount * n);
@@ -321,13 +362,12 @@ TEST_CASE("broadcast, allgather and reduce-scatter move the right elements", "[n
         whole.Upload(Encode(type, full));
         comm.ReduceScatter(whole.get(), part.get(), kCount, type, ReduceOp::kSum);
         comm.Synchronize();
-        failure = Compare("reduce-scatter sum", type, Decode(type, part.Download()),
-                          [&](size_t i) {
-                            const size_t j = rank * kCount + i;
-                            double sum = 0;
-                            for (int r = 0; r < n; ++r) sum += static_cast<double>((j + r) % 5);
-                            return sum;
-                          });
+        failure = Compare("reduce-scatter sum", type, Decode(type, part.Download()), [&](size_t i) {
+          const size_t j = rank * kCount + i;
+          double sum = 0;
+          for (int r = 0; r < n; ++r) sum += static_cast<double>((j + r) % 5);
+          return sum;
+        });
         if (!failure.empty()) return failure;
       }
       return std::string();
@@ -376,8 +416,7 @@ TEST_CASE("a rank that never joins makes creation time out and abort", "[nccl][g
   CHECK(elapsed < milliseconds(30000));
 }
 
-TEST_CASE("a peer that stops taking part releases the other ranks by the deadline",
-          "[nccl][gpu]") {
+TEST_CASE("a peer that stops taking part releases the other ranks by the deadline", "[nccl][gpu]") {
   if (VisibleGpus() < 2) {
     WARN("needs 2 GPUs; " << VisibleGpus() << " visible");
     return;

@@ -2,7 +2,6 @@
 #include "trainrun/launcher/gpu_assignment.h"
 
 #include <catch2/catch.hpp>
-
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -13,8 +12,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::optional<std::string> Assign(int local_rank, int local_size,
-                                  std::optional<std::string> user, int gpus, bool enabled = true) {
+std::optional<std::string> Assign(int local_rank, int local_size, std::optional<std::string> user,
+                                  int gpus, bool enabled = true) {
   auto result = AssignGpu({local_rank, local_size, std::move(user), gpus, enabled});
   REQUIRE(result.ok());
   return *result;

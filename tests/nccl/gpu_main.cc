@@ -2,9 +2,9 @@
 // reports as skipped (SKIP_RETURN_CODE), rather than failing or passing without testing anything.
 // Listing the tests (catch_discover_tests at build time) works everywhere.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <cuda_runtime_api.h>
 
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstring>
 

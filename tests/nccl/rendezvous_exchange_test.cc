@@ -1,7 +1,6 @@
 // The NCCL unique-ID exchange through the real rendezvous server on 127.0.0.1: the timeout names
 // the root that never published and, from the server, the rank that never joined. No GPU needed.
 #include <catch2/catch.hpp>
-
 #include <chrono>
 #include <cstdlib>
 #include <future>
@@ -49,12 +48,12 @@ TEST_CASE("both ranks get rank 0's ID through the server", "[nccl][unique_id][re
   auto session0 = job.Join(0);
   auto session1 = job.Join(1);
   auto waiter = std::async(std::launch::async, [&] {
-    return ExchangeUniqueId(*session1.store, "world", 1, 0, [] { return std::string("unused"); },
-                            seconds(10));
+    return ExchangeUniqueId(
+        *session1.store, "world", 1, 0, [] { return std::string("unused"); }, seconds(10));
   });
   const std::string blob(128, '\x7f');
-  CHECK(ExchangeUniqueId(*session0.store, "world", 0, 0, [&] { return blob; }, seconds(10)) ==
-        blob);
+  CHECK(ExchangeUniqueId(
+            *session0.store, "world", 0, 0, [&] { return blob; }, seconds(10)) == blob);
   CHECK(waiter.get() == blob);
 }
 
@@ -63,8 +62,8 @@ TEST_CASE("a root that never joined is named in the timeout", "[nccl][unique_id]
   auto session1 = job.Join(1);
   const auto start = std::chrono::steady_clock::now();
   try {
-    ExchangeUniqueId(*session1.store, "world", 1, 0, [] { return std::string("x"); },
-                     milliseconds(500));
+    ExchangeUniqueId(
+        *session1.store, "world", 1, 0, [] { return std::string("x"); }, milliseconds(500));
     FAIL("the exchange returned without rank 0");
   } catch (const TimeoutError& error) {
     const std::string message = error.what();

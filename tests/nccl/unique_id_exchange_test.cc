@@ -2,9 +2,8 @@
 // real NCCL IDs: no GPU needed.
 #include "trainrun/collectives/nccl/unique_id_exchange.h"
 
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <future>
 #include <string>
@@ -48,12 +47,13 @@ TEST_CASE("every rank receives the root's blob, created once", "[nccl][unique_id
       std::atomic<int> made{0};
       const std::string blob = "not-a-real-nccl-id:" + std::to_string(size);
       auto results = RunRanks(size, [&](int rank) {
-        return ExchangeUniqueId(store, "world", rank, root,
-                                [&] {
-                                  ++made;
-                                  return blob;
-                                },
-                                milliseconds(5000));
+        return ExchangeUniqueId(
+            store, "world", rank, root,
+            [&] {
+              ++made;
+              return blob;
+            },
+            milliseconds(5000));
       });
       CAPTURE(size, root);
       CHECK(made == 1);
@@ -66,8 +66,8 @@ TEST_CASE("ranks wait for a root that publishes late", "[nccl][unique_id]") {
   rendezvous::MemoryStore store;
   auto results = RunRanks(3, [&](int rank) {
     if (rank == 0) std::this_thread::sleep_for(milliseconds(200));
-    return ExchangeUniqueId(store, "late", rank, 0, [] { return std::string("\x01\x00\x02", 3); },
-                            milliseconds(5000));
+    return ExchangeUniqueId(
+        store, "late", rank, 0, [] { return std::string("\x01\x00\x02", 3); }, milliseconds(5000));
   });
   for (const auto& result : results) CHECK(result == std::string("\x01\x00\x02", 3));
 }
@@ -77,7 +77,8 @@ TEST_CASE("a binary blob of NCCL's size travels unchanged", "[nccl][unique_id]")
   std::string blob(128, '\0');
   for (size_t i = 0; i < blob.size(); ++i) blob[i] = static_cast<char>(255 - i);
   auto results = RunRanks(2, [&](int rank) {
-    return ExchangeUniqueId(store, "bytes", rank, 0, [&] { return blob; }, milliseconds(5000));
+    return ExchangeUniqueId(
+        store, "bytes", rank, 0, [&] { return blob; }, milliseconds(5000));
   });
   CHECK(results[1] == blob);
 }
@@ -86,7 +87,8 @@ TEST_CASE("a missing root times out, naming the root and the waiting rank", "[nc
   rendezvous::MemoryStore store;
   const auto start = std::chrono::steady_clock::now();
   try {
-    ExchangeUniqueId(store, "world", 2, 0, [] { return std::string("never"); }, milliseconds(300));
+    ExchangeUniqueId(
+        store, "world", 2, 0, [] { return std::string("never"); }, milliseconds(300));
     FAIL("ExchangeUniqueId returned without a root");
   } catch (const TimeoutError& error) {
     const std::string message = error.what();
@@ -102,30 +104,31 @@ TEST_CASE("a missing root times out, naming the root and the waiting rank", "[nc
 
 TEST_CASE("communicators with different names do not share IDs", "[nccl][unique_id]") {
   rendezvous::MemoryStore store;
-  CHECK(ExchangeUniqueId(store, "a", 0, 0, [] { return std::string("id-a"); }, milliseconds(100)) ==
-        "id-a");
-  CHECK(ExchangeUniqueId(store, "b", 0, 0, [] { return std::string("id-b"); }, milliseconds(100)) ==
-        "id-b");
-  CHECK(ExchangeUniqueId(store, "a", 1, 0, [] { return std::string(); }, milliseconds(100)) ==
-        "id-a");
-  CHECK(ExchangeUniqueId(store, "b", 1, 0, [] { return std::string(); }, milliseconds(100)) ==
-        "id-b");
-  CHECK_THROWS_AS(
-      ExchangeUniqueId(store, "c", 1, 0, [] { return std::string(); }, milliseconds(50)),
-      TimeoutError);
+  CHECK(ExchangeUniqueId(
+            store, "a", 0, 0, [] { return std::string("id-a"); }, milliseconds(100)) == "id-a");
+  CHECK(ExchangeUniqueId(
+            store, "b", 0, 0, [] { return std::string("id-b"); }, milliseconds(100)) == "id-b");
+  CHECK(ExchangeUniqueId(
+            store, "a", 1, 0, [] { return std::string(); }, milliseconds(100)) == "id-a");
+  CHECK(ExchangeUniqueId(
+            store, "b", 1, 0, [] { return std::string(); }, milliseconds(100)) == "id-b");
+  CHECK_THROWS_AS(ExchangeUniqueId(
+                      store, "c", 1, 0, [] { return std::string(); }, milliseconds(50)),
+                  TimeoutError);
 }
 
 TEST_CASE("bad arguments and a failing store raise the right errors", "[nccl][unique_id]") {
   rendezvous::MemoryStore store;
-  CHECK_THROWS_AS(
-      ExchangeUniqueId(store, "w", 0, 0, [] { return std::string(); }, milliseconds(100)),
-      InvalidArgumentError);
-  CHECK_THROWS_AS(
-      ExchangeUniqueId(store, "w", -1, 0, [] { return std::string("x"); }, milliseconds(100)),
-      InvalidArgumentError);
+  CHECK_THROWS_AS(ExchangeUniqueId(
+                      store, "w", 0, 0, [] { return std::string(); }, milliseconds(100)),
+                  InvalidArgumentError);
+  CHECK_THROWS_AS(ExchangeUniqueId(
+                      store, "w", -1, 0, [] { return std::string("x"); }, milliseconds(100)),
+                  InvalidArgumentError);
   FailingStore failing;
   try {
-    ExchangeUniqueId(failing, "w", 1, 0, [] { return std::string("x"); }, milliseconds(100));
+    ExchangeUniqueId(
+        failing, "w", 1, 0, [] { return std::string("x"); }, milliseconds(100));
     FAIL("a failing store went unnoticed");
   } catch (const IoError& error) {
     CHECK_THAT(std::string(error.what()), Catch::Contains("connection to the rendezvous"));

@@ -7,9 +7,10 @@ void ThrowNcclError(ncclResult_t result, const char* call, const char* file, int
   // ncclGetLastError ignores its argument and may describe an earlier asynchronous failure, which
   // is still the most useful detail when a peer died.
   const char* last = ncclGetLastError(nullptr);
-  std::string message = ::trainrun::internal::MakeMessage(context, ": NCCL failed: ",
-                                                          ncclGetErrorString(result));
-  if (last != nullptr && *last != '\0') message += ::trainrun::internal::MakeMessage(" (", last, ")");
+  std::string message =
+      ::trainrun::internal::MakeMessage(context, ": NCCL failed: ", ncclGetErrorString(result));
+  if (last != nullptr && *last != '\0')
+    message += ::trainrun::internal::MakeMessage(" (", last, ")");
   message += ::trainrun::internal::MakeMessage(" [", call, " at ", file, ":", line, "]");
   switch (result) {
     case ncclRemoteError:

@@ -21,25 +21,38 @@ using ::trainrun::internal::MakeMessage;
 
 ncclDataType_t ToNccl(DataType type) {
   switch (type) {
-    case DataType::kInt8: return ncclInt8;
-    case DataType::kUint8: return ncclUint8;
-    case DataType::kInt32: return ncclInt32;
-    case DataType::kInt64: return ncclInt64;
-    case DataType::kFloat16: return ncclFloat16;
-    case DataType::kBfloat16: return ncclBfloat16;
-    case DataType::kFloat32: return ncclFloat32;
-    case DataType::kFloat64: return ncclFloat64;
+    case DataType::kInt8:
+      return ncclInt8;
+    case DataType::kUint8:
+      return ncclUint8;
+    case DataType::kInt32:
+      return ncclInt32;
+    case DataType::kInt64:
+      return ncclInt64;
+    case DataType::kFloat16:
+      return ncclFloat16;
+    case DataType::kBfloat16:
+      return ncclBfloat16;
+    case DataType::kFloat32:
+      return ncclFloat32;
+    case DataType::kFloat64:
+      return ncclFloat64;
   }
   throw InvalidArgumentError(MakeMessage("unknown DataType ", static_cast<int>(type)));
 }
 
 ncclRedOp_t ToNccl(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kProd: return ncclProd;
-    case ReduceOp::kMin: return ncclMin;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kProd:
+      return ncclProd;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kAvg:
+      return ncclAvg;
   }
   throw InvalidArgumentError(MakeMessage("unknown ReduceOp ", static_cast<int>(op)));
 }
@@ -114,14 +127,14 @@ std::unique_ptr<Communicator> Communicator::Create(rendezvous::Store& store, int
                       " (check the NVIDIA driver and CUDA_VISIBLE_DEVICES)");
 
   const std::string blob = ExchangeUniqueId(
-      store, options.name, rank, /*root=*/0,
-      [&] { return MakeUniqueIdBlob(options.name, rank); }, timeout);
+      store, options.name, rank, /*root=*/0, [&] { return MakeUniqueIdBlob(options.name, rank); },
+      timeout);
   ncclUniqueId id;
   if (blob.size() != sizeof(id.internal)) {
-    throw InvalidArgumentError(MakeMessage(
-        "rank ", rank, " received an NCCL unique ID of ", blob.size(), " bytes for communicator '",
-        options.name, "', expected ", sizeof(id.internal),
-        "; are all ranks running the same trainrun and NCCL?"));
+    throw InvalidArgumentError(MakeMessage("rank ", rank, " received an NCCL unique ID of ",
+                                           blob.size(), " bytes for communicator '", options.name,
+                                           "', expected ", sizeof(id.internal),
+                                           "; are all ranks running the same trainrun and NCCL?"));
   }
   std::memcpy(id.internal, blob.data(), sizeof(id.internal));
 
@@ -137,8 +150,8 @@ std::unique_ptr<Communicator> Communicator::Create(rendezvous::Store& store, int
     TRAINRUN_ENFORCE(comm != nullptr, "ncclCommInitRankConfig succeeded without a communicator");
   }
   // From here the Communicator owns `comm`: a failure below aborts it.
-  auto communicator = std::make_unique<Communicator>(Passkey{}, comm, rank, size, device,
-                                                     options.name, timeout);
+  auto communicator =
+      std::make_unique<Communicator>(Passkey{}, comm, rank, size, device, options.name, timeout);
   communicator->Check(started, what);
 
   cudaStream_t stream = nullptr;
@@ -163,11 +176,10 @@ std::unique_ptr<Communicator> Communicator::FromEnvironment(const CommunicatorOp
   const std::chrono::milliseconds timeout = ResolveTimeout(options.timeout);
   absl::StatusOr<rendezvous::WorkerSession> session = rendezvous::JoinFromEnvironment(timeout);
   if (!session.ok()) {
-    const std::string message = MakeMessage(
-        "could not join the job's rendezvous for NCCL communicator '", options.name,
-        "': ", session.status().message());
-    if (absl::IsFailedPrecondition(session.status()) ||
-        absl::IsInvalidArgument(session.status())) {
+    const std::string message =
+        MakeMessage("could not join the job's rendezvous for NCCL communicator '", options.name,
+                    "': ", session.status().message());
+    if (absl::IsFailedPrecondition(session.status()) || absl::IsInvalidArgument(session.status())) {
       throw InvalidArgumentError(message + " (start the worker with trainrun)");
     }
     if (absl::IsDeadlineExceeded(session.status())) throw TimeoutError(message);
@@ -247,13 +259,14 @@ void Communicator::WaitReady(const std::string& what) {
 
 void Communicator::Fail(int result, const std::string& what) {
   const auto status = static_cast<ncclResult_t>(result);
-  const std::string context = MakeMessage("rank ", rank_, " ", what, " (NCCL communicator '",
-                                          name_, "')");
+  const std::string context =
+      MakeMessage("rank ", rank_, " ", what, " (NCCL communicator '", name_, "')");
   if (BreaksCommunicator(status)) Abort();
   internal::ThrowNcclError(status, "NCCL", __FILE__, __LINE__,
                            BreaksCommunicator(status)
-                               ? context + "; the communicator was aborted, a peer rank may have "
-                                           "failed"
+                               ? context +
+                                     "; the communicator was aborted, a peer rank may have "
+                                     "failed"
                                : context);
 }
 
@@ -265,8 +278,8 @@ void Communicator::FailTimeout(const std::string& what) {
       "never started (raise TRAINRUN_TIMEOUT if the work is just slow)"));
 }
 
-void Communicator::Allreduce(const void* send, void* recv, size_t count, DataType type,
-                             ReduceOp op, cudaStream_t stream) {
+void Communicator::Allreduce(const void* send, void* recv, size_t count, DataType type, ReduceOp op,
+                             cudaStream_t stream) {
   ncclComm_t comm = Live("allreduce");
   DeviceGuard guard(device_);
   Check(ncclAllReduce(send, recv, count, ToNccl(type), ToNccl(op), comm, Resolve(stream)),
@@ -288,17 +301,16 @@ void Communicator::Allgather(const void* send, void* recv, size_t send_count, Da
                              cudaStream_t stream) {
   ncclComm_t comm = Live("allgather");
   DeviceGuard guard(device_);
-  Check(ncclAllGather(send, recv, send_count, ToNccl(type), comm, Resolve(stream)),
-        MakeMessage("enqueueing an allgather of ", send_count, " ", DataTypeName(type),
-                    " per rank"));
+  Check(
+      ncclAllGather(send, recv, send_count, ToNccl(type), comm, Resolve(stream)),
+      MakeMessage("enqueueing an allgather of ", send_count, " ", DataTypeName(type), " per rank"));
 }
 
 void Communicator::ReduceScatter(const void* send, void* recv, size_t recv_count, DataType type,
                                  ReduceOp op, cudaStream_t stream) {
   ncclComm_t comm = Live("reduce-scatter");
   DeviceGuard guard(device_);
-  Check(ncclReduceScatter(send, recv, recv_count, ToNccl(type), ToNccl(op), comm,
-                          Resolve(stream)),
+  Check(ncclReduceScatter(send, recv, recv_count, ToNccl(type), ToNccl(op), comm, Resolve(stream)),
         MakeMessage("enqueueing a reduce-scatter (", ReduceOpName(op), ") of ", recv_count, " ",
                     DataTypeName(type), " per rank"));
 }

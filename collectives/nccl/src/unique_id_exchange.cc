@@ -2,8 +2,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "trainrun/rendezvous/client.h"
 #include "trainrun/collectives/errors.h"
+#include "trainrun/rendezvous/client.h"
 
 namespace trainrun::collectives::nccl {
 
@@ -24,8 +24,8 @@ std::string ExchangeUniqueId(rendezvous::Store& store, const std::string& name, 
   auto make_checked = [&] {
     std::string id = make_id();
     if (id.empty()) {
-      throw InvalidArgumentError(internal::MakeMessage(
-          "NCCL communicator '", name, "': rank ", rank, " created an empty unique ID"));
+      throw InvalidArgumentError(internal::MakeMessage("NCCL communicator '", name, "': rank ",
+                                                       rank, " created an empty unique ID"));
     }
     return id;
   };
@@ -34,8 +34,8 @@ std::string ExchangeUniqueId(rendezvous::Store& store, const std::string& name, 
   if (shared.ok()) return *std::move(shared);
   if (rank == root) {
     throw IoError(internal::MakeMessage("rank ", rank, " could not publish the NCCL unique ID of ",
-                                        "communicator '", name, "' to the rendezvous: ",
-                                        shared.status().message()));
+                                        "communicator '", name,
+                                        "' to the rendezvous: ", shared.status().message()));
   }
   if (absl::IsDeadlineExceeded(shared.status())) {
     // The store's message says which key is missing and, from the server, which ranks never joined.
@@ -46,19 +46,20 @@ std::string ExchangeUniqueId(rendezvous::Store& store, const std::string& name, 
         shared.status().message(), ")"));
   }
   throw IoError(internal::MakeMessage("rank ", rank, " could not fetch the NCCL unique ID of ",
-                                      "communicator '", name, "' from the rendezvous: ",
-                                      shared.status().message()));
+                                      "communicator '", name,
+                                      "' from the rendezvous: ", shared.status().message()));
 }
 
 int DeviceForLocalRank(int local_rank, int device_count) {
   if (device_count < 1) {
-    throw InvalidArgumentError(internal::MakeMessage(
-        "local rank ", local_rank, " sees no CUDA device; check CUDA_VISIBLE_DEVICES and that the "
-        "host has GPUs, or use the TCP collectives"));
+    throw InvalidArgumentError(
+        internal::MakeMessage("local rank ", local_rank,
+                              " sees no CUDA device; check CUDA_VISIBLE_DEVICES and that the "
+                              "host has GPUs, or use the TCP collectives"));
   }
   if (local_rank < 0) {
-    throw InvalidArgumentError(
-        internal::MakeMessage("local rank ", local_rank, " is negative; check TRAINRUN_LOCAL_RANK"));
+    throw InvalidArgumentError(internal::MakeMessage("local rank ", local_rank,
+                                                     " is negative; check TRAINRUN_LOCAL_RANK"));
   }
   return local_rank % device_count;
 }

@@ -32,23 +32,23 @@ namespace trainrun::collectives::nccl::internal {
 
 // TRAINRUN_NCCL_CHECK evaluates `call` once and throws unless it returned ncclSuccess. The context
 // (one or more streamable values) says what was being done and on which rank.
-#define TRAINRUN_NCCL_CHECK(call, ...)                                                 \
-  do {                                                                                 \
-    const ncclResult_t trainrun_nccl_result = (call);                                  \
-    if (trainrun_nccl_result != ncclSuccess) {                                         \
-      ::trainrun::collectives::nccl::internal::ThrowNcclError(                         \
-          trainrun_nccl_result, #call, __FILE__, __LINE__,                             \
-          ::trainrun::internal::MakeMessage(__VA_ARGS__));                             \
-    }                                                                                  \
+#define TRAINRUN_NCCL_CHECK(call, ...)                         \
+  do {                                                         \
+    const ncclResult_t trainrun_nccl_result = (call);          \
+    if (trainrun_nccl_result != ncclSuccess) {                 \
+      ::trainrun::collectives::nccl::internal::ThrowNcclError( \
+          trainrun_nccl_result, #call, __FILE__, __LINE__,     \
+          ::trainrun::internal::MakeMessage(__VA_ARGS__));     \
+    }                                                          \
   } while (0)
 
 // TRAINRUN_CUDA_CHECK evaluates `call` once and throws unless it returned cudaSuccess.
-#define TRAINRUN_CUDA_CHECK(call, ...)                                                 \
-  do {                                                                                 \
-    const cudaError_t trainrun_cuda_error = (call);                                    \
-    if (trainrun_cuda_error != cudaSuccess) {                                          \
-      ::trainrun::collectives::nccl::internal::ThrowCudaError(                         \
-          trainrun_cuda_error, #call, __FILE__, __LINE__,                              \
-          ::trainrun::internal::MakeMessage(__VA_ARGS__));                             \
-    }                                                                                  \
+#define TRAINRUN_CUDA_CHECK(call, ...)                         \
+  do {                                                         \
+    const cudaError_t trainrun_cuda_error = (call);            \
+    if (trainrun_cuda_error != cudaSuccess) {                  \
+      ::trainrun::collectives::nccl::internal::ThrowCudaError( \
+          trainrun_cuda_error, #call, __FILE__, __LINE__,      \
+          ::trainrun::internal::MakeMessage(__VA_ARGS__));     \
+    }                                                          \
   } while (0)

@@ -49,9 +49,9 @@ class Communicator {
 
  public:
   // Create makes rank `rank` of a communicator of `size` ranks on CUDA device `device`, exchanging
-  // the unique ID through `store`. It makes `device` the calling thread's current device. Every rank
-  // calls it at the same time; it returns once all have joined, or throws (TimeoutError naming the
-  // missing root, or NCCL's error) and leaves nothing behind.
+  // the unique ID through `store`. It makes `device` the calling thread's current device. Every
+  // rank calls it at the same time; it returns once all have joined, or throws (TimeoutError naming
+  // the missing root, or NCCL's error) and leaves nothing behind.
   static std::unique_ptr<Communicator> Create(rendezvous::Store& store, int rank, int size,
                                               int device, const CommunicatorOptions& options = {});
 
@@ -96,8 +96,8 @@ class Communicator {
   void ReduceScatter(const void* send, void* recv, size_t recv_count, DataType type, ReduceOp op,
                      cudaStream_t stream = nullptr);
 
-  // Synchronize waits until all work enqueued on `stream` (nullptr: the communicator's own) is done.
-  // Throws IoError when a peer failed, TimeoutError when the timeout passed; both abort.
+  // Synchronize waits until all work enqueued on `stream` (nullptr: the communicator's own) is
+  // done. Throws IoError when a peer failed, TimeoutError when the timeout passed; both abort.
   void Synchronize(cudaStream_t stream = nullptr);
 
   // Abort tears the communicator down at once (ncclCommAbort), releasing this rank from any

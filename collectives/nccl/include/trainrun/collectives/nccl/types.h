@@ -46,14 +46,22 @@ constexpr size_t ElementSize(DataType type) {
 // float, double), as its `type` column prints it.
 constexpr const char* DataTypeName(DataType type) {
   switch (type) {
-    case DataType::kInt8: return "int8";
-    case DataType::kUint8: return "uint8";
-    case DataType::kInt32: return "int32";
-    case DataType::kInt64: return "int64";
-    case DataType::kFloat16: return "half";
-    case DataType::kBfloat16: return "bfloat16";
-    case DataType::kFloat32: return "float";
-    case DataType::kFloat64: return "double";
+    case DataType::kInt8:
+      return "int8";
+    case DataType::kUint8:
+      return "uint8";
+    case DataType::kInt32:
+      return "int32";
+    case DataType::kInt64:
+      return "int64";
+    case DataType::kFloat16:
+      return "half";
+    case DataType::kBfloat16:
+      return "bfloat16";
+    case DataType::kFloat32:
+      return "float";
+    case DataType::kFloat64:
+      return "double";
   }
   return "?";
 }
@@ -61,11 +69,16 @@ constexpr const char* DataTypeName(DataType type) {
 // ReduceOpName returns nccl-tests' name for `op`: sum, prod, min, max, avg.
 constexpr const char* ReduceOpName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kProd: return "prod";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kProd:
+      return "prod";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kAvg:
+      return "avg";
   }
   return "?";
 }

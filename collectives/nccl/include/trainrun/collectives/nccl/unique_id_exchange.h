@@ -6,7 +6,8 @@
 // exchange with blobs that are not real IDs.
 //
 //   std::string id = ExchangeUniqueId(store, "world", rank, /*root=*/0,
-//                                     [] { return MakeRealNcclIdBlob(); }, std::chrono::seconds(60));
+//                                     [] { return MakeRealNcclIdBlob(); },
+//                                     std::chrono::seconds(60));
 #pragma once
 
 #include <chrono>
@@ -24,7 +25,8 @@ std::string UniqueIdKey(const std::string& name);
 
 // ExchangeUniqueId returns communicator `name`'s unique ID on every rank, through the rendezvous's
 // ShareFromRoot: on `root` it calls `make_id` and publishes the result under UniqueIdKey(name); on
-// the other ranks it waits up to `timeout` for the root's blob. A name names one communicator for the life of the Store.
+// the other ranks it waits up to `timeout` for the root's blob. A name names one communicator for
+// the life of the Store.
 //
 // Throws InvalidArgumentError when rank/root are negative or `make_id` returns an empty blob,
 // TimeoutError naming the root rank (and the store's own account of what is missing) when the ID
