@@ -58,6 +58,11 @@ inline constexpr char kOmpiLocalSize[] = "OMPI_COMM_WORLD_LOCAL_SIZE";
 // Set to 1 when several ranks share a host and the user left it unset (as torchrun does).
 inline constexpr char kOmpNumThreads[] = "OMP_NUM_THREADS";
 
+// CUDA's own: the GPUs a process may use. The launcher sets it to one GPU per local rank when the
+// host has GPUs (launcher/gpu_assignment.h); a value the user set is respected (each rank gets one
+// of its entries). Not set when kAssignGpus is 0.
+inline constexpr char kCudaVisibleDevices[] = "CUDA_VISIBLE_DEVICES";
+
 // --- Read by trainrun from its own environment ------------------------------------------------
 
 // Inside a Slurm allocation, and with no -H or --hostfile, the hosts come from these: the
@@ -89,6 +94,12 @@ struct StringParam {
 // Seconds a collective or rendezvous wait may take before it fails with a TimeoutError.
 inline constexpr EnvParam kTimeoutSeconds{"TRAINRUN_TIMEOUT", 300,
                                           "seconds any single wait may take before it fails"};
+
+// Whether the launcher gives each local rank its own GPU through CUDA_VISIBLE_DEVICES (1) or
+// leaves CUDA_VISIBLE_DEVICES alone (0), e.g. when the workers pick devices themselves.
+inline constexpr EnvParam kAssignGpus{
+    "TRAINRUN_ASSIGN_GPUS", 1,
+    "1: one GPU per local rank via CUDA_VISIBLE_DEVICES when the host has GPUs; 0: leave it alone"};
 
 // Network interface (e.g. eth0) whose address workers listen on and the rendezvous binds.
 inline constexpr StringParam kNetworkInterface{
