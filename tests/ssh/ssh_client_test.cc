@@ -161,7 +161,7 @@ TEST_CASE("libssh2: a key the host does not accept fails authentication", "[ssh]
   CHECK(r.open.message().find("stranger_ed25519") != std::string::npos);
 }
 
-TEST_CASE("libssh2: an RSA-only user gets the SHA-1 explanation; openssh client works", "[ssh]") {
+TEST_CASE("libssh2: an RSA-only user gets the SHA-1 explanation, and the openssh client works", "[ssh]") {
   SshWorld world;
   SshOptions options = world.ClientOptions();
   options.identity_file = world.user_rsa();
