@@ -473,6 +473,20 @@ class Libssh2Channel final : public RemoteChannel {
   }
 
   absl::Status EndStatus() override {
+    // sshd sends the exit status after end-of-file: wait (briefly) for the channel to close, so
+    // that the status has arrived.
+    absl::Time deadline = absl::Now() + absl::Seconds(2);
+    for (;;) {
+      int rc, directions;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (failed_) return end_status_;
+        DrainStderr();
+        rc = libssh2_channel_wait_closed(channel_.get());
+        directions = libssh2_session_block_directions(session_.get());
+      }
+      if (rc != LIBSSH2_ERROR_EAGAIN || !WaitSocket(directions, deadline, false)) break;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_) return end_status_;
     int code = libssh2_channel_get_exit_status(channel_.get());
