@@ -1,0 +1,232 @@
+#include "remote/agent.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "remote/agent_protocol.h"
+#include "trainrun/launcher/process_set.h"
+
+namespace trainrun::launcher::remote {
+namespace {
+
+// Proxy to write(2) until all is written, with EINTR retry. The launcher reads continuously, so a
+// blocking write only waits while it catches up.
+bool WriteAll(int fd, const std::string& data) {
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += n;
+  }
+  return true;
+}
+
+// Resolves argv[0] on the rank's PATH, as execvp would; a name that resolves nowhere is returned
+// as is, and the exec failure then reaches the launcher as the rank's Exit.
+std::string ResolveOnPath(const std::string& name, const std::vector<std::string>& env) {
+  if (name.find('/') != std::string::npos) return name;
+  std::string path = "/usr/local/bin:/usr/bin:/bin";
+  for (const std::string& entry : env) {
+    if (absl::StartsWith(entry, "PATH=")) path = entry.substr(5);
+  }
+  for (absl::string_view dir : absl::StrSplit(path, ':')) {
+    std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", name);
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return name;
+}
+
+std::string Hostname() {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
+class Agent {
+ public:
+  Agent()
+      : input_(io_, ::dup(0)),
+        silence_(io_),
+        grace_(io_),
+        ranks_(io_, Callbacks()) {}
+
+  int Run() {
+    Hello hello;
+    hello.hostname = Hostname();
+    hello.pid = static_cast<uint32_t>(::getpid());
+    if (const char* connection = std::getenv("SSH_CONNECTION")) {
+      hello.ssh_client_address = std::string(connection).substr(0, std::string(connection).find(' '));
+    }
+    if (!Send(EncodeHello(hello))) return 1;
+    ReadMore();
+    ArmSilence();
+    io_.run();
+    return failed_ ? 1 : 0;
+  }
+
+ private:
+  RankProcessSet::Callbacks Callbacks() {
+    RankProcessSet::Callbacks callbacks;
+    callbacks.on_output = [this](int rank, OutputStream stream, std::string_view bytes) {
+      Send(EncodeOutput({static_cast<uint32_t>(rank),
+                         static_cast<uint8_t>(stream == OutputStream::kStderr ? 1 : 0),
+                         std::string(bytes)}));
+    };
+    callbacks.on_exit = [this](int rank, const ExitInfo& exit) {
+      if (!exit.ok()) failed_ = true;
+      Send(EncodeExit({static_cast<uint32_t>(rank), exit.code, exit.signal, exit.exec_errno}));
+      MaybeDone();
+    };
+    return callbacks;
+  }
+
+  bool Send(const std::string& frame) {
+    if (launcher_gone_) return false;
+    if (!WriteAll(1, frame)) {
+      LauncherGone();
+      return false;
+    }
+    return true;
+  }
+
+  void ReadMore() {
+    input_.async_read_some(boost::asio::buffer(buffer_),
+                           [this](const boost::system::error_code& error, size_t n) {
+                             if (error || n == 0) {
+                               LauncherGone();
+                               return;
+                             }
+                             ArmSilence();
+                             reader_.Append(absl::string_view(buffer_, n));
+                             if (HandleFrames()) ReadMore();
+                           });
+  }
+
+  // Handles every whole frame received; false when the stream is unusable.
+  bool HandleFrames() {
+    for (;;) {
+      auto frame = reader_.Next();
+      if (!frame.ok()) {
+        LauncherGone();
+        return false;
+      }
+      if (!frame->has_value()) return true;
+      switch ((*frame)->type) {
+        case MessageType::kJob: StartJob((*frame)->payload); break;
+        case MessageType::kTerminate: Terminate(); break;
+        case MessageType::kKill: ranks_.KillAll(); break;
+        case MessageType::kHeartbeat: Send(EncodeFrame(MessageType::kHeartbeat)); break;
+        default: break;
+      }
+    }
+  }
+
+  void StartJob(absl::string_view payload) {
+    auto job = DecodeJob(payload);
+    if (!job.ok()) {
+      Send(EncodeError(job.status().message()));
+      return Finish();
+    }
+    grace_period_ = std::chrono::milliseconds(job->grace_period_ms);
+    if (!job->cwd.empty() && ::chdir(job->cwd.c_str()) != 0) {
+      Send(EncodeError(absl::StrCat("host ", Hostname(), ": cannot change to the directory '",
+                                    job->cwd, "': ", std::strerror(errno),
+                                    "; the job runs in the launcher's directory on every host")));
+      return Finish();
+    }
+    for (const RankJob& rank : job->ranks) {
+      ProcessSpec spec;
+      spec.argv = job->argv;
+      spec.env = rank.env;
+      spec.executable = ResolveOnPath(job->argv.empty() ? "" : job->argv[0], rank.env);
+      if (absl::Status started = ranks_.Start(static_cast<int>(rank.rank), spec); !started.ok()) {
+        Send(EncodeError(absl::StrCat("host ", Hostname(), ": cannot start rank ", rank.rank, ": ",
+                                      started.message())));
+        failed_ = true;
+        ranks_.KillAll();
+        break;
+      }
+      ++started_;
+      Send(EncodeStarted(rank.rank));
+    }
+    job_received_ = true;
+    MaybeDone();
+  }
+
+  void Terminate() {
+    ranks_.TerminateAll();
+    grace_.expires_after(grace_period_);
+    grace_.async_wait([this](const boost::system::error_code& error) {
+      if (!error) ranks_.KillAll();
+    });
+  }
+
+  // The launcher is gone (end-of-file, a broken pipe, silence): nobody will collect this host's
+  // output, so its ranks end now, without a grace period.
+  void LauncherGone() {
+    if (launcher_gone_) return;
+    launcher_gone_ = true;
+    ranks_.KillAll();
+    if (ranks_.running() == 0) Finish();
+  }
+
+  void MaybeDone() {
+    if (ranks_.running() > 0) return;
+    if (launcher_gone_ || job_received_) {
+      Send(EncodeFrame(MessageType::kDone));
+      Finish();
+    }
+  }
+
+  void Finish() { io_.stop(); }
+
+  void ArmSilence() {
+    silence_.expires_after(kSilenceLimit);
+    silence_.async_wait([this](const boost::system::error_code& error) {
+      if (!error) LauncherGone();
+    });
+  }
+
+  boost::asio::io_context io_;
+  boost::asio::posix::stream_descriptor input_;
+  boost::asio::steady_timer silence_;
+  boost::asio::steady_timer grace_;
+  RankProcessSet ranks_;
+  FrameReader reader_;
+  char buffer_[64 * 1024];
+  std::chrono::milliseconds grace_period_{3000};
+  int started_ = 0;
+  bool job_received_ = false;
+  bool launcher_gone_ = false;
+  bool failed_ = false;
+};
+
+}  // namespace
+
+int RunAgent() {
+  // The SSH session (our parent) ending means the connection is gone.
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (::getppid() == 1) return 1;
+  // A broken pipe to the launcher is an error from write(), handled as "launcher gone".
+  ::signal(SIGPIPE, SIG_IGN);
+  Agent agent;
+  return agent.Run();
+}
+
+}  // namespace trainrun::launcher::remote

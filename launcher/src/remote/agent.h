@@ -1,0 +1,22 @@
+// The agent: `trainrun --agent`, started by the launcher on a remote host over SSH. It reads its
+// host's Job from stdin, starts those ranks with the launcher's own RankProcessSet, and sends their
+// output and exits back on stdout (agent_protocol.h). It obeys Terminate and Kill, and kills its
+// ranks when the launcher goes away: end-of-file on stdin (launcher killed, connection closed), no
+// frame for kSilenceLimit (network lost), or the death of its parent, the SSH session
+// (PR_SET_PDEATHSIG).
+#pragma once
+
+#include <chrono>
+
+namespace trainrun::launcher::remote {
+
+// The launcher sends a Heartbeat this often; the agent gives up after kSilenceLimit without any
+// frame.
+inline constexpr std::chrono::seconds kHeartbeatInterval{5};
+inline constexpr std::chrono::seconds kSilenceLimit{30};
+
+// RunAgent runs the agent over fds 0 and 1 and returns the process's exit code: 0 when every rank
+// exited 0, 1 otherwise (the launcher learns each rank's end from Exit messages, not from this).
+int RunAgent();
+
+}  // namespace trainrun::launcher::remote

@@ -1,0 +1,117 @@
+// The agent protocol: what the launcher and a remote `trainrun --agent` say to each other over the
+// SSH channel (the agent's stdin and stdout). The job description, with the job token in its
+// environment, travels here and never on a command line.
+//
+// Every message is one frame: a 4-byte big-endian length, then a 1-byte type, then the payload
+// (length counts type and payload). Payload fields are u32 (big-endian), bytes (u32 length + data)
+// and lists of bytes.
+//
+//   launcher                                agent
+//      ──────────── (ssh exec: trainrun --agent) ──▶
+//      ◀─ Hello{version, host, pid, ssh_client_address}
+//      ── Job{cwd, executable, argv, ranks[{rank, env}], grace} ─▶
+//      ◀─ Started{rank} / Output{rank, stream, bytes} / Exit{rank, ...}
+//      ── Terminate / Kill ─▶        (the job is ending elsewhere)
+//      ◀─ Done                        (every rank of this host has exited)
+//      ◀─▶ Heartbeat                  (each side ends the job when the other falls silent)
+//   End of file on the agent's stdin means the launcher is gone: the agent kills its ranks.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace trainrun::launcher::remote {
+
+// Bumped when a message changes meaning; the launcher refuses an agent of another version.
+inline constexpr uint32_t kProtocolVersion = 1;
+// Frames larger than this are a protocol error (output comes in pieces far below it).
+inline constexpr uint32_t kMaxFrameBytes = 64u << 20;
+
+enum class MessageType : uint8_t {
+  kHello = 1,
+  kJob = 2,
+  kStarted = 3,
+  kOutput = 4,
+  kExit = 5,
+  kTerminate = 6,
+  kKill = 7,
+  kDone = 8,
+  kHeartbeat = 9,
+  kError = 10,
+};
+
+struct Hello {
+  uint32_t version = kProtocolVersion;
+  std::string hostname;
+  uint32_t pid = 0;
+  std::string ssh_client_address;  // first word of SSH_CONNECTION: how the host sees the launcher
+};
+
+struct RankJob {
+  uint32_t rank = 0;
+  std::vector<std::string> env;  // "NAME=value": the whole worker environment
+};
+
+struct Job {
+  std::string cwd;
+  std::vector<std::string> argv;  // the command as typed; the agent resolves argv[0] on its PATH
+  std::vector<RankJob> ranks;
+  uint32_t grace_period_ms = 3000;
+};
+
+struct RankExit {
+  uint32_t rank = 0;
+  int32_t code = 0;
+  int32_t signal = 0;
+  int32_t exec_errno = 0;
+};
+
+struct RankOutput {
+  uint32_t rank = 0;
+  uint8_t stream = 0;  // 0 stdout, 1 stderr
+  std::string bytes;
+};
+
+// Frame is one decoded message: its type and raw payload.
+struct Frame {
+  MessageType type;
+  std::string payload;
+};
+
+// EncodeFrame builds one frame.
+std::string EncodeFrame(MessageType type, absl::string_view payload = {});
+
+std::string EncodeHello(const Hello& hello);
+std::string EncodeJob(const Job& job);
+std::string EncodeStarted(uint32_t rank);
+std::string EncodeOutput(const RankOutput& output);
+std::string EncodeExit(const RankExit& exit);
+std::string EncodeError(absl::string_view message);
+
+// Decode* read a frame's payload; a malformed payload is an InvalidArgument.
+absl::StatusOr<Hello> DecodeHello(absl::string_view payload);
+absl::StatusOr<Job> DecodeJob(absl::string_view payload);
+absl::StatusOr<uint32_t> DecodeStarted(absl::string_view payload);
+absl::StatusOr<RankOutput> DecodeOutput(absl::string_view payload);
+absl::StatusOr<RankExit> DecodeExit(absl::string_view payload);
+absl::StatusOr<std::string> DecodeError(absl::string_view payload);
+
+// FrameReader cuts a byte stream into frames: Append what arrived, then Next until it is empty.
+class FrameReader {
+ public:
+  void Append(absl::string_view bytes) { buffer_.append(bytes.data(), bytes.size()); }
+  // Next returns the next whole frame, nullopt when more bytes are needed, or an error for a frame
+  // over kMaxFrameBytes or of length 0 (the stream is then unusable).
+  absl::StatusOr<std::optional<Frame>> Next();
+
+ private:
+  std::string buffer_;
+  size_t consumed_ = 0;
+};
+
+}  // namespace trainrun::launcher::remote

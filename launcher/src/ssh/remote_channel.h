@@ -1,0 +1,85 @@
+// RemoteChannel: a command running on another host, reached over SSH, seen as a byte stream (its
+// stdin and stdout). The launcher speaks the agent protocol over it; which SSH client carries it
+// (in-process libssh2, or the system `ssh` binary) is chosen by SshOptions::client.
+//
+//   auto target = ResolveSshTarget("", "h1", options);
+//   auto channel = OpenRemoteCommand(*target, "/usr/bin/trainrun --agent", options);
+//   if (!channel.ok()) { /* one line: host and reason */ }
+//   (*channel)->Write("hello", absl::Seconds(5));
+//   char buf[4096];
+//   auto n = (*channel)->Read(buf, sizeof buf, absl::Seconds(5));  // 0: the command's stdout ended
+//
+// Read and Write may be called from two threads at once (one reader, one writer); everything else
+// from one thread. Destroying the channel closes the connection, which makes the remote agent tear
+// down its ranks.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "ssh/ssh_config.h"
+
+namespace trainrun::launcher::ssh {
+
+class RemoteChannel {
+ public:
+  virtual ~RemoteChannel() = default;
+  RemoteChannel(const RemoteChannel&) = delete;
+  RemoteChannel& operator=(const RemoteChannel&) = delete;
+
+  // Write sends all of `data` to the remote command's stdin, waiting at most `timeout` for room.
+  virtual absl::Status Write(absl::string_view data, absl::Duration timeout) = 0;
+
+  // Read waits at most `timeout` for the remote command's stdout and returns how many bytes it
+  // put in `buffer` (at least 1), 0 once that stdout has ended, DeadlineExceeded when nothing came,
+  // Cancelled after Interrupt(), or an error naming the host when the connection failed.
+  virtual absl::StatusOr<size_t> Read(char* buffer, size_t size, absl::Duration timeout) = 0;
+
+  // Interrupt makes a Read blocked in another thread return Cancelled, now and from then on.
+  virtual void Interrupt() = 0;
+
+  // CloseStdin sends end-of-file to the remote command.
+  virtual void CloseStdin() = 0;
+
+  // EndStatus, after Read returned 0 or an error, says why the remote side ended, in one line
+  // naming the host: the command's exit status, or the SSH failure (for the openssh client, what
+  // `ssh` printed: name not resolved, refused, authentication, host key).
+  virtual absl::Status EndStatus() = 0;
+
+  // LocalAddress is this machine's address on the connection toward the host (for the rendezvous
+  // server to bind), without a port; "" when unknown.
+  virtual std::string LocalAddress() const = 0;
+
+ protected:
+  RemoteChannel() = default;
+};
+
+// OpenRemoteCommand connects to `target` and starts `command` there, within
+// options.connect_timeout. Its errors are one line naming the host and the reason: name not
+// resolved, connection refused, timed out, host key mismatch or unknown, authentication failed
+// (with the RSA/SHA-1 explanation where that is the cause).
+//
+// With SshClient::kOpenssh the connection is made by `ssh` in the background: failures then appear
+// as Read returning 0 or an error, and EndStatus says what they were.
+absl::StatusOr<std::unique_ptr<RemoteChannel>> OpenRemoteCommand(const SshTarget& target,
+                                                                 const std::string& command,
+                                                                 const SshOptions& options);
+
+// OpenLibssh2Command and OpenOpensshCommand are the two implementations behind OpenRemoteCommand.
+absl::StatusOr<std::unique_ptr<RemoteChannel>> OpenLibssh2Command(const SshTarget& target,
+                                                                  const std::string& command,
+                                                                  const SshOptions& options);
+absl::StatusOr<std::unique_ptr<RemoteChannel>> OpenOpensshCommand(const SshTarget& target,
+                                                                  const std::string& command,
+                                                                  const SshOptions& options);
+
+// ShellQuote quotes `word` for a POSIX shell (the remote login shell runs the exec command).
+std::string ShellQuote(absl::string_view word);
+
+}  // namespace trainrun::launcher::ssh

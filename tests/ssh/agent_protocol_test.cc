@@ -1,0 +1,72 @@
+// The agent protocol's frames: round trips, frames split anywhere, and corrupt streams refused.
+#include <catch2/catch.hpp>
+
+#include "remote/agent_protocol.h"
+
+namespace trainrun::launcher::remote {
+namespace {
+
+TEST_CASE("agent protocol: a job description round-trips, token in the env only", "[ssh]") {
+  Job job;
+  job.cwd = "/work/dir with space";
+  job.argv = {"python3", "train.py", "--lr", "0.1"};
+  job.grace_period_ms = 1500;
+  job.ranks = {{2, {"TRAINRUN_RANK=2", "TRAINRUN_JOB_TOKEN=s3cret"}}, {3, {"TRAINRUN_RANK=3"}}};
+  std::string frame = EncodeJob(job);
+  FrameReader reader;
+  reader.Append(frame);
+  auto next = reader.Next();
+  REQUIRE(next.ok());
+  REQUIRE(next->has_value());
+  CHECK((*next)->type == MessageType::kJob);
+  auto decoded = DecodeJob((*next)->payload);
+  REQUIRE(decoded.ok());
+  CHECK(decoded->cwd == job.cwd);
+  CHECK(decoded->argv == job.argv);
+  CHECK(decoded->grace_period_ms == 1500);
+  REQUIRE(decoded->ranks.size() == 2);
+  CHECK(decoded->ranks[0].rank == 2);
+  CHECK(decoded->ranks[0].env == job.ranks[0].env);
+}
+
+TEST_CASE("agent protocol: frames split at every byte and joined", "[ssh]") {
+  std::string stream = EncodeHello({kProtocolVersion, "h1", 42, "10.0.0.1"}) +
+                       EncodeOutput({1, 1, std::string("a\0b\r\n", 5)}) +
+                       EncodeExit({1, 0, 9, 0}) + EncodeFrame(MessageType::kDone);
+  FrameReader reader;
+  std::vector<Frame> frames;
+  for (char c : stream) {
+    reader.Append(absl::string_view(&c, 1));
+    for (;;) {
+      auto next = reader.Next();
+      REQUIRE(next.ok());
+      if (!next->has_value()) break;
+      frames.push_back(**next);
+    }
+  }
+  REQUIRE(frames.size() == 4);
+  auto hello = DecodeHello(frames[0].payload);
+  REQUIRE(hello.ok());
+  CHECK(hello->hostname == "h1");
+  CHECK(hello->pid == 42);
+  CHECK(hello->ssh_client_address == "10.0.0.1");
+  auto output = DecodeOutput(frames[1].payload);
+  REQUIRE(output.ok());
+  CHECK(output->bytes == std::string("a\0b\r\n", 5));
+  auto exit = DecodeExit(frames[2].payload);
+  REQUIRE(exit.ok());
+  CHECK(exit->signal == 9);
+  CHECK(frames[3].type == MessageType::kDone);
+}
+
+TEST_CASE("agent protocol: text where frames belong is refused, not trusted", "[ssh]") {
+  FrameReader reader;
+  reader.Append("Welcome to host1!\n");  // a .bashrc that prints
+  auto next = reader.Next();
+  REQUIRE_FALSE(next.ok());
+  CHECK(next.status().message().find(".bashrc") != std::string::npos);
+  CHECK_FALSE(DecodeExit("xx").ok());
+}
+
+}  // namespace
+}  // namespace trainrun::launcher::remote
