@@ -129,6 +129,8 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
   spec.dry_run = options.dry_run;
   spec.verbose = options.verbose;
   spec.network_interfaces = options.network_interfaces;
+  spec.rendezvous_port = options.rendezvous_port;
+  spec.rendezvous_addr = options.rendezvous_addr;
   spec.ssh_port = options.ssh_port;
   spec.ssh_identity_file = options.ssh_identity_file;
   return spec;

@@ -101,6 +101,15 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
   app.add_flag("--dry-run", options.dry_run,
                "Print the plan (host, rank, local_rank, cross_rank, command); start nothing.");
 
+  app.add_option("--rendezvous-port", options.rendezvous_port,
+                 "Port of the job's rendezvous server; 0 lets the kernel choose.")
+      ->type_name("PORT")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--rendezvous-addr", options.rendezvous_addr,
+                 "Address the rendezvous server binds and workers dial; default 127.0.0.1 for a "
+                 "job on this host.")
+      ->type_name("ADDR");
+
   CLI::Option_group* remote = app.add_option_group("Remote hosts");
   remote
       ->add_option_function<std::vector<std::string>>(

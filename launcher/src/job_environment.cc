@@ -10,6 +10,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "trainrun/launcher/gpu_assignment.h"
 #include "trainrun/rendezvous/environment.h"
 
 extern char** environ;
@@ -100,6 +101,8 @@ absl::StatusOr<JobEnvironment> JobEnvironment::Create(const LaunchSpec& spec,
   job.job_id_ = *std::move(id);
   job.token_ = *std::move(token);
   job.master_port_ = *port;
+  job.host_gpu_count_ = CountHostGpus();
+  job.assign_gpus_ = env::kAssignGpus.Get() != 0;
   job.master_addr_ = spec.plan.hosts.empty() ? "127.0.0.1" : spec.plan.HostOf(0).host;
   return job;
 }
@@ -162,6 +165,18 @@ std::vector<std::string> JobEnvironment::ForRank(int rank) const {
     set(env::kOmpNumThreads, "1");
   }
   for (const auto& [name, value] : forced_) vars[name] = value;
+
+  // One GPU per local rank (gpu_assignment.h); a CUDA_VISIBLE_DEVICES the user set, in trainrun's
+  // environment or with -x, is the list the ranks share out.
+  GpuAssignmentRequest gpu;
+  gpu.local_rank = a.local_rank;
+  gpu.local_size = a.local_size;
+  gpu.user_visible_devices = Lookup(env::kCudaVisibleDevices);
+  gpu.host_gpu_count = host_gpu_count_;
+  gpu.enabled = assign_gpus_;
+  if (absl::StatusOr<std::optional<std::string>> device = AssignGpu(gpu); device.ok() && *device) {
+    vars[env::kCudaVisibleDevices] = **device;
+  }
 
   std::vector<std::string> out;
   out.reserve(vars.size());

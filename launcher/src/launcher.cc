@@ -6,9 +6,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <optional>
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 
 #include "absl/strings/match.h"
@@ -22,6 +25,7 @@
 #include "trainrun/launcher/logging.h"
 #include "trainrun/launcher/output_forwarder.h"
 #include "trainrun/launcher/process_set.h"
+#include "trainrun/rendezvous/server.h"
 
 namespace trainrun::launcher {
 namespace {
@@ -67,6 +71,27 @@ class IgnoreSigpipe {
   struct sigaction previous_ {};
 };
 
+// RendezvousOptions is the job's rendezvous server configuration: every rank's slot, the job's id
+// and token, and where to listen (127.0.0.1 unless --rendezvous-addr says otherwise).
+rendezvous::ServerOptions RendezvousOptions(
+    const LaunchSpec& spec, const JobEnvironment& job,
+    std::function<void(const rendezvous::PeerFailure&)> on_peer_failure) {
+  rendezvous::ServerOptions options;
+  options.bind_address = spec.rendezvous_addr.empty() ? "127.0.0.1" : spec.rendezvous_addr;
+  if (options.bind_address == "0.0.0.0" || options.bind_address == "::") {
+    options.advertise_host = "127.0.0.1";  // every rank is on this host
+  }
+  options.port = spec.rendezvous_port;
+  options.job_id = job.job_id();
+  options.token = job.token();
+  for (const hostfile::RankAssignment& a : spec.plan.ranks) {
+    options.ranks.push_back(
+        {spec.plan.HostOf(a.rank).host, a.local_rank, a.local_size, a.cross_rank, a.cross_size});
+  }
+  options.on_peer_failure = std::move(on_peer_failure);
+  return options;
+}
+
 }  // namespace
 
 bool IsLocalHost(const std::string& host) {
@@ -81,17 +106,6 @@ bool IsLocalHost(const std::string& host) {
   return host == self || host == short_self;
 }
 
-std::string DescribePlan(const LaunchSpec& spec) {
-  std::string out;
-  std::string command = absl::StrJoin(spec.command, " ");
-  for (const hostfile::RankAssignment& a : spec.plan.ranks) {
-    absl::StrAppend(&out, "host=", spec.plan.HostOf(a.rank).host, " rank=", a.rank,
-                    " local_rank=", a.local_rank, " cross_rank=", a.cross_rank, " command=", command,
-                    "\n");
-  }
-  return out;
-}
-
 absl::StatusOr<int> Launch(const LaunchSpec& spec) {
   if (spec.command.empty()) {
     return absl::InvalidArgumentError("no command given; put it after trainrun's flags, e.g. `trainrun -np 2 python3 train.py`");
@@ -104,16 +118,8 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
           "run with localhost slots only"));
     }
   }
-  if (spec.dry_run) {
-    std::fputs(DescribePlan(spec).c_str(), stdout);
-    std::fflush(stdout);
-    return 0;
-  }
-
   absl::StatusOr<JobEnvironment> job = JobEnvironment::Create(spec, CurrentEnvironment());
   if (!job.ok()) return job.status();
-  // The rendezvous server starts here, before any rank's environment is made:
-  //   job->SetRendezvousAddress(server->address());
 
   Executable executable = ResolveExecutable(spec.command[0], job->Lookup("PATH").value_or("/bin:/usr/bin"));
   if (executable.error != 0) {
@@ -132,19 +138,38 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
   IgnoreSigpipe ignore_sigpipe;
   boost::asio::io_context io;
   std::optional<JobSupervisor> supervisor;
+
+  // The rendezvous server lives until the ranks are gone (it is destroyed before `supervisor` and
+  // `io`). A rank's "I failed because of peer P" arrives on a gRPC thread and is posted to the
+  // supervisor, which then blames P rather than the rank that reported it.
+  absl::StatusOr<std::unique_ptr<rendezvous::Server>> server =
+      rendezvous::Server::Start(RendezvousOptions(spec, *job, [&io, &supervisor](
+                                                                  const rendezvous::PeerFailure& f) {
+        boost::asio::post(io, [&supervisor, rank = f.rank, peer = f.peer_rank] {
+          if (supervisor) supervisor->ReportPeerFailure(rank, peer);
+        });
+      }));
+  if (!server.ok()) {
+    return absl::Status(server.status().code(),
+                        absl::StrCat("cannot start the job's rendezvous server: ",
+                                     server.status().message()));
+  }
+  job->SetRendezvousAddress((*server)->address());
+  Logger().debug("rendezvous server at {}", (*server)->address());
   RankProcessSet::Callbacks callbacks;
   callbacks.on_output = [&](int rank, OutputStream stream, std::string_view bytes) {
     (*output)->Write(rank, stream, bytes);
     supervisor->OnOutput(rank, stream, bytes);
   };
-  callbacks.on_exit = [&](int rank, const ExitInfo& exit) { supervisor->OnRankExit(rank, exit); };
+  callbacks.on_exit = [&](int rank, const ExitInfo& exit) {
+    (*server)->NoteRankExit(rank, exit.Describe());
+    supervisor->OnRankExit(rank, exit);
+  };
   RankProcessSet ranks(io, std::move(callbacks));
   SupervisorOptions supervisor_options;
   supervisor_options.command = spec.command[0];
   supervisor_options.grace_period = spec.grace_period;
   supervisor.emplace(io, spec.plan, ranks, supervisor_options, [&io] { io.stop(); });
-  // The rendezvous delivers "rank R failed because of peer P" with
-  //   boost::asio::post(io, [&] { supervisor->ReportPeerFailure(r, p); });
 
   boost::asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
   std::function<void()> wait_for_signal = [&] {
@@ -174,6 +199,7 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
   Logger().debug("job {}: started {} ranks of {}", job->job_id(), ranks.running(), spec.plan.size());
   if (!supervisor->done()) io.run();
 
+  (*server)->Shutdown();
   (*output)->EndLines();
   if (std::string summary = supervisor->Summary(); !summary.empty()) {
     Logger().error("{}", absl::StrReplaceAll(summary, {{"\n", "\n  "}}));

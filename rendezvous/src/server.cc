@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -540,15 +541,20 @@ grpc::ServerUnaryReactor* Server::Impl::ReportExit(grpc::CallbackServerContext* 
                      absl::StrCat("an exit report names rank ", request->rank(), " or peer ",
                                   request->peer_rank(), "; the job has ", size, " ranks")));
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (request->peer_rank() >= 0 && peer_failures_.size() < 4 * options_.ranks.size() + 16) {
-    PeerFailure failure;
-    failure.rank = request->rank();
-    failure.peer_rank = request->peer_rank();
-    failure.exit_code = request->exit_code();
-    failure.message = request->message().substr(0, 1024);
-    peer_failures_.push_back(std::move(failure));
+  std::optional<PeerFailure> reported;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (request->peer_rank() >= 0 && peer_failures_.size() < 4 * options_.ranks.size() + 16) {
+      PeerFailure failure;
+      failure.rank = request->rank();
+      failure.peer_rank = request->peer_rank();
+      failure.exit_code = request->exit_code();
+      failure.message = request->message().substr(0, 1024);
+      peer_failures_.push_back(failure);
+      reported = std::move(failure);
+    }
   }
+  if (reported.has_value() && options_.on_peer_failure) options_.on_peer_failure(*reported);
   return FinishNow(context, grpc::Status::OK);
 }
 

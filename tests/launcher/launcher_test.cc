@@ -192,7 +192,9 @@ TEST_CASE("every rank gets the worker environment of DESIGN.md", "[launcher]") {
     CHECK(v["TRAINRUN_JOB_TOKEN"] == env[0]["TRAINRUN_JOB_TOKEN"]);
     CHECK(!v["TRAINRUN_JOB_ID"].empty());
     CHECK(v["TRAINRUN_JOB_ID"] == env[0]["TRAINRUN_JOB_ID"]);
-    CHECK(v.count("TRAINRUN_RENDEZVOUS_ADDR") == 0);  // no server yet: left out, not empty
+    // The job's rendezvous server, on loopback for a job on this host; one address for all ranks.
+    CHECK(std::regex_match(v["TRAINRUN_RENDEZVOUS_ADDR"], std::regex(R"(127\.0\.0\.1:[0-9]+)")));
+    CHECK(v["TRAINRUN_RENDEZVOUS_ADDR"] == env[0]["TRAINRUN_RENDEZVOUS_ADDR"]);
     CHECK(v["TRAINRUN_TEST_PASSED_ON"] == "yes");
     CHECK(v["FORCED"] == "1");
     if (e.local_size > 1) {

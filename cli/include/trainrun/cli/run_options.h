@@ -33,6 +33,8 @@ struct RunOptions {
   bool verbose = false;                          // --verbose
   std::optional<std::string> log_level;          // --log-level
   bool dry_run = false;                          // --dry-run
+  int rendezvous_port = 0;                       // --rendezvous-port
+  std::string rendezvous_addr;                   // --rendezvous-addr
   std::vector<std::string> network_interfaces;   // --network-interface(s)
   std::optional<int> ssh_port;                   // -p/--ssh-port
   std::optional<std::string> ssh_identity_file;  // -i/--ssh-identity-file

@@ -32,9 +32,15 @@ struct LaunchSpec {
   std::chrono::seconds start_timeout{30};
   // Between SIGTERM and SIGKILL when the job is torn down.
   std::chrono::milliseconds grace_period{3000};
-  // Print the plan, start nothing.
+  // Print the plan, start nothing (the CLI prints it; Launch is not called).
   bool dry_run = false;
   bool verbose = false;
+
+  // The job's rendezvous server (rendezvous/server.h). --rendezvous-port: the port it listens on;
+  // 0 lets the kernel choose. --rendezvous-addr: the address it binds and workers dial; empty:
+  // 127.0.0.1 when every rank is on this host.
+  int rendezvous_port = 0;
+  std::string rendezvous_addr;
 
   // Remote hosts (horovodrun's flags; the SSH launcher reads them).
   // --network-interface(s): interfaces for rendezvous and data-plane addresses; empty: automatic.

@@ -7,7 +7,8 @@
 //   return code.ok() ? *code : ReportAndMapToExitCode(code.status());
 //
 // Launch starts one rank per entry of spec.plan, each with the worker environment of DESIGN.md
-// (JobEnvironment), forwards their output (OutputForwarder), and supervises them (JobSupervisor):
+// (JobEnvironment) and the address of the job's rendezvous server, which runs while the ranks do,
+// forwards their output (OutputForwarder), and supervises them (JobSupervisor):
 // the first failure ends the job, Ctrl-C/SIGTERM/SIGHUP end it with 130/143/129, and one summary is
 // logged. While it runs it handles SIGINT, SIGTERM, SIGHUP, SIGCHLD and ignores SIGPIPE; it
 // restores them before it returns.
@@ -26,10 +27,6 @@ namespace trainrun::launcher {
 // job from starting: an empty command or plan, a host that is not this one (remote hosts come
 // with the agent), a bad -x, an --output-filename directory that cannot be made.
 absl::StatusOr<int> Launch(const LaunchSpec& spec);
-
-// DescribePlan returns --dry-run's text: one line per rank with host, rank, local_rank,
-// cross_rank and the command.
-std::string DescribePlan(const LaunchSpec& spec);
 
 // IsLocalHost is true for names that mean this machine: localhost, 127.0.0.0/8, ::1, and this
 // host's own name (with or without its domain).

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,6 +49,14 @@ struct ServerLimits {
   int64_t max_timeout_ms = int64_t{7} * 24 * 3600 * 1000;
 };
 
+// PeerFailure is a rank's report that it failed because of another rank.
+struct PeerFailure {
+  int rank = 0;
+  int peer_rank = 0;
+  int exit_code = 1;
+  std::string message;
+};
+
 // ServerOptions configures one job's server.
 struct ServerOptions {
   // Address to listen on: "127.0.0.1" when every rank is local, a host's address or "0.0.0.0"
@@ -61,15 +70,11 @@ struct ServerOptions {
   std::string token;  // the job's secret; must not be empty
   std::vector<RankSlot> ranks;
   ServerLimits limits;
+  // Called, on a gRPC thread and without the server's lock, for each "failed because of peer P"
+  // report as it arrives (the launcher posts it to its supervisor). May be empty.
+  std::function<void(const PeerFailure&)> on_peer_failure;
 };
 
-// PeerFailure is a rank's report that it failed because of another rank.
-struct PeerFailure {
-  int rank = 0;
-  int peer_rank = 0;
-  int exit_code = 1;
-  std::string message;
-};
 
 // RankState is what the server knows about one rank.
 struct RankState {
