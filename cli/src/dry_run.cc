@@ -6,7 +6,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "remote/remote_ranks.h"
 #include "trainrun/hostfile/host_list.h"
+#include "trainrun/launcher/launcher.h"
 
 namespace trainrun::cli {
 namespace {
@@ -47,6 +49,16 @@ void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out) {
     out << absl::StrFormat("%-*s  %-4d  %-10d  %-10d  %s\n", width,
                            hostfile::HostLabel(plan.hosts[r.host_index]), r.rank, r.local_rank,
                            r.cross_rank, command);
+  }
+  // How each host is reached, when any is not this machine.
+  bool any_remote = false;
+  for (const hostfile::HostSpec& host : plan.hosts) any_remote |= !launcher::IsLocalHost(host.host);
+  if (any_remote) {
+    out << "hosts:\n";
+    for (const hostfile::HostSpec& host : plan.hosts) {
+      out << "  " << hostfile::HostLabel(host) << ": "
+          << launcher::remote::DescribeHostAccess(spec, host) << "\n";
+    }
   }
   for (const launcher::ExportedVariable& variable : spec.exported) {
     out << "export " << variable.name

@@ -1,0 +1,169 @@
+// End to end: the real `trainrun` binary, run in the client namespace of a NetnsCluster, launching
+// over SSH (a real sshd in each host namespace) onto hosts 10.213.1.11 and .12, with the agent
+// being `trainrun --agent` at the same path. Checks results, failure summaries naming rank and
+// host, and that nothing is left running on any host afterwards.
+#include <signal.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "sshd_fixture.h"
+
+namespace trainrun::testing {
+namespace {
+
+// Runs trainrun in the cluster's client namespace with the world's SSH directory as ~/.ssh and
+// the world's ed25519 key; returns its exit status and puts its output (stdout and stderr) in *out.
+int RunTrainrun(const SshWorld& world, const NetnsCluster& cluster,
+                const std::vector<std::string>& args, std::string* out, double* seconds = nullptr) {
+  std::vector<std::string> argv = {"ip", "netns", "exec", cluster.client_ns(), "env",
+                                   "HOME=" + world.dir() + "/home", TRAINRUN_BIN,
+                                   "-i", world.user_ed25519(), "--start-timeout", "20"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto start = std::chrono::steady_clock::now();
+  int status = RunCommand(argv, out, 60);
+  if (seconds) {
+    *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return status;
+}
+
+std::string Hosts(const NetnsCluster& cluster, int slots) {
+  return absl::StrCat(cluster.host_address(0), ":", slots, ",", cluster.host_address(1), ":", slots);
+}
+
+// Waits up to `timeout` for both hosts to have no process but their sshd listener.
+bool HostsEmpty(const NetnsCluster& cluster, std::chrono::seconds timeout = std::chrono::seconds(5)) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (cluster.HostProcesses(0).empty() && cluster.HostProcesses(1).empty()) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+std::string Processes(const NetnsCluster& cluster) {
+  std::string list;
+  for (int i = 0; i < 2; ++i) {
+    for (pid_t pid : cluster.HostProcesses(i)) {
+      list += absl::StrCat(" ", pid, ":", ReadFileText(absl::StrCat("/proc/", pid, "/cmdline")));
+    }
+  }
+  return list;
+}
+
+TEST_CASE("multihost: -np 8 over two SSH hosts passes the rendezvous barrier", "[ssh][netns]") {
+  if (!CanUseNetns()) {
+    WARN("skipped: needs root and iproute2");
+    return;
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  std::string out;
+  int status = RunTrainrun(world, cluster, {"-np", "8", "-H", Hosts(cluster, 4), TRAINRUN_BARRIER, "-v"},
+                           &out);
+  INFO(out);
+  CHECK(status == 0);
+  for (int rank = 0; rank < 8; ++rank) {
+    CHECK(out.find(absl::StrCat("[", rank, "]<stdout>:rank ", rank, " of 8")) != std::string::npos);
+  }
+  CHECK(out.find("passed the barrier") != std::string::npos);
+  INFO("left behind:" << Processes(cluster));
+  CHECK(HostsEmpty(cluster));
+
+  // The dry run says how each host is reached.
+  status = RunTrainrun(world, cluster,
+                       {"--dry-run", "-np", "4", "-H", "localhost:2," + cluster.host_address(1) + ":2",
+                        "true"},
+                       &out);
+  CHECK(status == 0);
+  CHECK(out.find("localhost: local") != std::string::npos);
+  CHECK(out.find(cluster.host_address(1) + ": ssh root@" + cluster.host_address(1) + " port 22") !=
+        std::string::npos);
+}
+
+TEST_CASE("multihost: a remote rank's failure ends the job everywhere, naming rank and host",
+          "[ssh][netns]") {
+  if (!CanUseNetns()) {
+    WARN("skipped: needs root and iproute2");
+    return;
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  const std::string host1 = cluster.host_address(1);
+
+  SECTION("exit code 3") {
+    std::string out;
+    double seconds = 0;
+    int status = RunTrainrun(
+        world, cluster,
+        {"-np", "4", "-H", Hosts(cluster, 2), "sh", "-c",
+         "if [ \"$TRAINRUN_RANK\" = 3 ]; then sleep 0.5; echo dying >&2; exit 3; fi; sleep 30"},
+        &out, &seconds);
+    INFO(out);
+    CHECK(status == 3);
+    CHECK(out.find("rank 3 on " + host1 + " exited with code 3") != std::string::npos);
+    CHECK(out.find("| dying") != std::string::npos);
+    CHECK(seconds < 15);
+    INFO("left behind:" << Processes(cluster));
+    CHECK(HostsEmpty(cluster));
+  }
+  SECTION("kill -9 of a remote rank") {
+    std::string out;
+    int status = RunTrainrun(
+        world, cluster,
+        {"-np", "4", "-H", Hosts(cluster, 2), "sh", "-c",
+         "if [ \"$TRAINRUN_RANK\" = 2 ]; then sleep 0.5; kill -9 $$; fi; sleep 30"},
+        &out);
+    INFO(out);
+    CHECK(status == 128 + SIGKILL);
+    CHECK(out.find("rank 2 on " + host1 + " was killed by SIGKILL") != std::string::npos);
+    INFO("left behind:" << Processes(cluster));
+    CHECK(HostsEmpty(cluster));
+  }
+  SECTION("kill -9 of a host's agent") {
+    std::string out;
+    // The rank's parent is its supervisor (rank_shim); the supervisor's parent is the agent.
+    int status = RunTrainrun(
+        world, cluster,
+        {"-np", "4", "-H", Hosts(cluster, 2), "sh", "-c",
+         "if [ \"$TRAINRUN_RANK\" = 2 ]; then sleep 0.5; "
+         "kill -9 $(ps -o ppid= -p $PPID); fi; sleep 30"},
+        &out);
+    INFO(out);
+    CHECK(status != 0);
+    CHECK(out.find("host " + host1 + ": lost its agent") != std::string::npos);
+    INFO("left behind:" << Processes(cluster));
+    CHECK(HostsEmpty(cluster));
+  }
+}
+
+TEST_CASE("multihost: kill -9 of trainrun leaves nothing running on the hosts", "[ssh][netns]") {
+  if (!CanUseNetns()) {
+    WARN("skipped: needs root and iproute2");
+    return;
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  std::string out;
+  // trainrun in the background; once its ranks run everywhere, SIGKILL it.
+  std::string script = absl::StrCat(
+      "env HOME=", world.dir(), "/home ", TRAINRUN_BIN, " -i ", world.user_ed25519(),
+      " -np 4 -H ", Hosts(cluster, 2), " sh -c 'echo up; sleep 60' > ", world.dir(),
+      "/bg.out 2>&1 & pid=$!; for i in $(seq 100); do [ \"$(grep -c up ", world.dir(),
+      "/bg.out)\" = 4 ] && break; sleep 0.1; done; kill -9 $pid; wait $pid; echo killed");
+  int status = RunCommand({"ip", "netns", "exec", cluster.client_ns(), "sh", "-c", script}, &out, 30);
+  INFO(out << ReadFileText(world.dir() + "/bg.out"));
+  CHECK(status == 0);
+  CHECK(ReadFileText(world.dir() + "/bg.out").find("[3]<stdout>:up") != std::string::npos);
+  INFO("left behind:" << Processes(cluster));
+  CHECK(HostsEmpty(cluster, std::chrono::seconds(5)));
+}
+
+}  // namespace
+}  // namespace trainrun::testing
