@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <string>
@@ -74,6 +75,16 @@ TEST_CASE("multihost: -np 8 over two SSH hosts passes the rendezvous barrier", "
   }
   CHECK(out.find("passed the barrier") != std::string::npos);
   INFO("left behind:" << Processes(cluster));
+  CHECK(HostsEmpty(cluster));
+
+  // The same launch through the system `ssh` binary.
+  status = RunTrainrun(world, cluster,
+                       {"--ssh-client", "openssh", "-np", "4", "-H", Hosts(cluster, 2),
+                        TRAINRUN_BARRIER, "-v"},
+                       &out);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK(out.find("[3]<stdout>:rank 3 of 4") != std::string::npos);
   CHECK(HostsEmpty(cluster));
 
   // The dry run says how each host is reached.
@@ -163,6 +174,50 @@ TEST_CASE("multihost: kill -9 of trainrun leaves nothing running on the hosts", 
   CHECK(ReadFileText(world.dir() + "/bg.out").find("[3]<stdout>:up") != std::string::npos);
   INFO("left behind:" << Processes(cluster));
   CHECK(HostsEmpty(cluster, std::chrono::seconds(5)));
+}
+
+}  // namespace
+}  // namespace trainrun::testing
+
+namespace trainrun::testing {
+namespace {
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Not part of the suite (hidden): start-to-exit of `-np 8` over two SSH hosts beside `-np 8` on
+// this host. Run: build/bin/ssh_multihost_test "[bench]"
+TEST_CASE("multihost bench: -np 8 on two SSH hosts vs one host", "[.][bench]") {
+  if (!CanUseNetns()) return;
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  if (getenv("TRAINRUN_BENCH_TRACE")) {
+    std::string out;
+    std::string script = absl::StrCat("env HOME=", world.dir(), "/home ", TRAINRUN_BIN, " -i ", world.user_ed25519(),
+      " --log-level debug ", getenv("TRAINRUN_BENCH_TRACE"), " -np 8 -H ", Hosts(cluster, 4), " ", TRAINRUN_BARRIER,
+      " 2>&1 | while read l; do echo \"$(date +%s.%N) $l\"; done; date +%s.%N");
+    RunCommand({"ip", "netns", "exec", cluster.client_ns(), "sh", "-c", "date +%s.%N; " + script}, &out, 30);
+    WARN(out);
+  }
+  constexpr int kRuns = 11;
+  std::vector<double> remote, local;
+  for (int i = 0; i < kRuns; ++i) {
+    std::string out;
+    double seconds = 0;
+    REQUIRE(RunTrainrun(world, cluster, {"-np", "8", "-H", Hosts(cluster, 4), TRAINRUN_BARRIER},
+                        &out, &seconds) == 0);
+    remote.push_back(seconds);
+    auto start = std::chrono::steady_clock::now();
+    REQUIRE(RunCommand({TRAINRUN_BIN, "-np", "8", TRAINRUN_BARRIER}, &out) == 0);
+    local.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(remote.begin(), remote.end());
+  std::sort(local.begin(), local.end());
+  WARN("runs " << kRuns << ": two SSH hosts x4: median " << Median(remote) << " s (min "
+               << remote.front() << ", max " << remote.back() << "); one host -np 8: median "
+               << Median(local) << " s (min " << local.front() << ", max " << local.back() << ")");
 }
 
 }  // namespace

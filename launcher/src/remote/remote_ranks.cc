@@ -360,8 +360,10 @@ void RemoteRanks::OnEnd(Host& host, const std::string& reason) {
     if (!host.exited.count(rank)) missing.push_back(rank);
   }
   if (missing.empty()) return;  // every rank reported its end: a normal finish
-  Fail(host, absl::StrCat("host ", host.name(), ": lost its agent before its ranks ended (",
-                          reason, "); its ranks are presumed gone"));
+  absl::string_view why = reason;
+  absl::ConsumePrefix(&why, absl::StrCat("host ", host.name(), ": "));
+  Fail(host, absl::StrCat("host ", host.name(), ": lost its agent before its ranks ended (", why,
+                          "); its ranks there are presumed gone"));
   // Stamped after the failure started the teardown, so these are its consequence.
   for (int rank : missing) {
     host.exited.insert(rank);
