@@ -154,6 +154,44 @@ TEST_CASE("multihost: a remote rank's failure ends the job everywhere, naming ra
   }
 }
 
+TEST_CASE("multihost: local and remote ranks in one job; an unreachable host fails the start",
+          "[ssh][netns]") {
+  if (!CanUseNetns()) {
+    WARN("skipped: needs root and iproute2");
+    return;
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  std::string out;
+  int status = RunTrainrun(
+      world, cluster,
+      {"-np", "4", "-H", "localhost:2," + cluster.host_address(1) + ":2", TRAINRUN_BARRIER, "-v"},
+      &out);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK(out.find("[0]<stdout>:rank 0 of 4") != std::string::npos);
+  CHECK(out.find("[3]<stdout>:rank 3 of 4") != std::string::npos);
+
+  // 10.213.1.99 is on the test subnet but nobody holds it: the start fails within the timeout,
+  // naming it, and the host that did connect is left with nothing running.
+  double seconds = 0;
+  std::vector<std::string> args = {"--start-timeout", "3", "-np", "4", "-H",
+                                   cluster.host_address(0) + ":2,10.213.1.99:2", "true"};
+  std::vector<std::string> argv = {"ip", "netns", "exec", cluster.client_ns(), "env",
+                                   "HOME=" + world.dir() + "/home", TRAINRUN_BIN,
+                                   "-i", world.user_ed25519()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto start = std::chrono::steady_clock::now();
+  status = RunCommand(argv, &out, 30);
+  seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(out);
+  CHECK(status != 0);
+  CHECK(out.find("host 10.213.1.99") != std::string::npos);
+  CHECK(seconds < 6);
+  INFO("left behind:" << Processes(cluster));
+  CHECK(HostsEmpty(cluster));
+}
+
 TEST_CASE("multihost: kill -9 of trainrun leaves nothing running on the hosts", "[ssh][netns]") {
   if (!CanUseNetns()) {
     WARN("skipped: needs root and iproute2");
