@@ -50,6 +50,13 @@ void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out) {
                            hostfile::HostLabel(plan.hosts[r.host_index]), r.rank, r.local_rank,
                            r.cross_rank, command);
   }
+  for (const launcher::ExportedVariable& variable : spec.exported) {
+    out << "export " << variable.name
+        << (variable.value ? absl::StrCat("=", ShellQuote({*variable.value}))
+                           : " (from trainrun's environment)")
+        << "\n";
+  }
+  if (spec.output_dir) out << "output: " << *spec.output_dir << "/rank.<N>/{stdout,stderr}\n";
   // How each host is reached, when any is not this machine.
   bool any_remote = false;
   for (const hostfile::HostSpec& host : plan.hosts) any_remote |= !launcher::IsLocalHost(host.host);
@@ -60,13 +67,6 @@ void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out) {
           << launcher::remote::DescribeHostAccess(spec, host) << "\n";
     }
   }
-  for (const launcher::ExportedVariable& variable : spec.exported) {
-    out << "export " << variable.name
-        << (variable.value ? absl::StrCat("=", ShellQuote({*variable.value}))
-                           : " (from trainrun's environment)")
-        << "\n";
-  }
-  if (spec.output_dir) out << "output: " << *spec.output_dir << "/rank.<N>/{stdout,stderr}\n";
 }
 
 }  // namespace trainrun::cli
