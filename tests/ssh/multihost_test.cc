@@ -48,6 +48,24 @@ bool HostsEmpty(const NetnsCluster& cluster, std::chrono::seconds timeout = std:
   }
 }
 
+// Waits up to `timeout` for both hosts to have nothing but sshd processes: no agent, no rank. (An
+// sshd session whose client vanished from the network lingers until TCP gives up; it is sshd's.)
+bool OnlySshdLeft(const NetnsCluster& cluster, std::chrono::seconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    bool clean = true;
+    for (int i = 0; i < 2; ++i) {
+      for (pid_t pid : cluster.HostProcesses(i)) {
+        std::string cmdline = ReadFileText(absl::StrCat("/proc/", pid, "/cmdline"));
+        if (!cmdline.empty() && cmdline.rfind("sshd", 0) != 0) clean = false;
+      }
+    }
+    if (clean) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 std::string Processes(const NetnsCluster& cluster) {
   std::string list;
   for (int i = 0; i < 2; ++i) {
@@ -58,7 +76,7 @@ std::string Processes(const NetnsCluster& cluster) {
   return list;
 }
 
-TEST_CASE("multihost: -np 8 over two SSH hosts passes the rendezvous barrier", "[ssh][netns]") {
+TEST_CASE("multihost: -np 8 over two SSH hosts passes the rendezvous barrier", "[ssh][netns][barrier]") {
   if (!CanUseNetns()) {
     WARN("skipped: needs root and iproute2");
     return;
@@ -99,7 +117,7 @@ TEST_CASE("multihost: -np 8 over two SSH hosts passes the rendezvous barrier", "
 }
 
 TEST_CASE("multihost: a remote rank's failure ends the job everywhere, naming rank and host",
-          "[ssh][netns]") {
+          "[ssh][netns][failure]") {
   if (!CanUseNetns()) {
     WARN("skipped: needs root and iproute2");
     return;
@@ -154,8 +172,8 @@ TEST_CASE("multihost: a remote rank's failure ends the job everywhere, naming ra
   }
 }
 
-TEST_CASE("multihost: local and remote ranks in one job; an unreachable host fails the start",
-          "[ssh][netns]") {
+TEST_CASE("multihost: local and remote ranks in one job and an unreachable host failing the start",
+          "[ssh][netns][mixed]") {
   if (!CanUseNetns()) {
     WARN("skipped: needs root and iproute2");
     return;
@@ -192,7 +210,37 @@ TEST_CASE("multihost: local and remote ranks in one job; an unreachable host fai
   CHECK(HostsEmpty(cluster));
 }
 
-TEST_CASE("multihost: kill -9 of trainrun leaves nothing running on the hosts", "[ssh][netns]") {
+TEST_CASE("multihost: a host that falls off the network fails the job, naming it",
+          "[ssh][netns][slow][netloss]") {
+  if (!CanUseNetns()) {
+    WARN("skipped: needs root and iproute2");
+    return;
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  // Once every rank runs, host 1's link goes down: no end-of-file, only silence.
+  std::string script = absl::StrCat(
+      "(for i in $(seq 100); do [ \"$(grep -c up ", world.dir(), "/net.out)\" = 4 ] && break; "
+      "sleep 0.1; done; ip netns exec ", cluster.host_ns(1), " ip link set eth0 down) & "
+      "env HOME=", world.dir(), "/home ", TRAINRUN_BIN, " -i ", world.user_ed25519(),
+      " -np 4 -H ", Hosts(cluster, 2), " sh -c 'echo up; sleep 120' > ", world.dir(),
+      "/net.out 2>&1; echo status $?");
+  std::string out;
+  auto start = std::chrono::steady_clock::now();
+  RunCommand({"ip", "netns", "exec", cluster.client_ns(), "sh", "-c", script}, &out, 90);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::string log = ReadFileText(world.dir() + "/net.out");
+  INFO(out << log);
+  CHECK(out.find("status 1") != std::string::npos);
+  CHECK(log.find("host " + cluster.host_address(1) + ": lost its agent") != std::string::npos);
+  CHECK(log.find("no word from its agent") != std::string::npos);
+  CHECK(seconds < 60);
+  // The agent there noticed the silence too and killed its ranks.
+  INFO("left behind:" << Processes(cluster));
+  CHECK(OnlySshdLeft(cluster, std::chrono::seconds(10)));
+}
+
+TEST_CASE("multihost: kill -9 of trainrun leaves nothing running on the hosts", "[ssh][netns][kill9]") {
   if (!CanUseNetns()) {
     WARN("skipped: needs root and iproute2");
     return;
