@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -190,6 +191,23 @@ TEST_CASE("multihost: local and remote ranks in one job and an unreachable host 
   CHECK(out.find("[0]<stdout>:rank 0 of 4") != std::string::npos);
   CHECK(out.find("[3]<stdout>:rank 3 of 4") != std::string::npos);
 
+  // Remote ranks reach rank 0's host (this one) at the client's address, not "localhost".
+  status = RunTrainrun(world, cluster,
+                       {"-np", "4", "-H", "localhost:2," + cluster.host_address(1) + ":2", "sh",
+                        "-c", "echo master=$MASTER_ADDR"},
+                       &out);
+  CHECK(status == 0);
+  CHECK(out.find("[1]<stdout>:master=localhost") != std::string::npos);
+  CHECK(out.find("[3]<stdout>:master=10.213.1.1") != std::string::npos);
+
+  // Nothing listens on port 2222 there: refused, in words, at once.
+  status = RunTrainrun(world, cluster,
+                       {"-p", "2222", "-np", "2", "-H", cluster.host_address(0) + ":2", "true"},
+                       &out);
+  CHECK(status != 0);
+  CHECK(out.find("host " + cluster.host_address(0)) != std::string::npos);
+  CHECK(out.find("refused") != std::string::npos);
+
   // 10.213.1.99 is on the test subnet but nobody holds it: the start fails within the timeout,
   // naming it, and the host that did connect is left with nothing running.
   double seconds = 0;
@@ -209,6 +227,40 @@ TEST_CASE("multihost: local and remote ranks in one job and an unreachable host 
   INFO("left behind:" << Processes(cluster));
   CHECK(HostsEmpty(cluster));
 }
+
+#ifdef TRAINRUN_ALLREDUCE_PERF
+TEST_CASE("multihost: an allreduce across two SSH hosts gives the right result",
+          "[ssh][netns][allreduce]") {
+  if (!CanUseNetns()) {
+    WARN("skipped: needs root and iproute2");
+    return;
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  std::string out;
+  int status = RunTrainrun(world, cluster,
+                           {"-np", "4", "-H", Hosts(cluster, 2), TRAINRUN_ALLREDUCE_PERF, "-b",
+                            "1K", "-e", "1M", "-f", "32", "-n", "2", "-w", "1", "-c", "1"},
+                           &out);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK(out.find("4 ranks") != std::string::npos);
+  // Rank 0 prints one line per size; its last column counts wrong elements over all ranks.
+  int sizes = 0;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    const std::string tag = "[0]<stdout>:";
+    if (line.rfind(tag, 0) != 0 || line.find('#') != std::string::npos) continue;
+    ++sizes;
+    std::istringstream words(line.substr(tag.size()));
+    std::string word, last;
+    while (words >> word) last = word;
+    CHECK(last == "0");
+  }
+  CHECK(sizes == 3);  // 1K, 32K, 1M
+  CHECK(HostsEmpty(cluster));
+}
+#endif
 
 TEST_CASE("multihost: a host that falls off the network fails the job, naming it",
           "[ssh][netns][slow][netloss]") {

@@ -155,22 +155,29 @@ std::vector<Job> MakeJobs(const LaunchSpec& spec, const JobEnvironment& environm
   std::string directory = ::getcwd(cwd, sizeof cwd - 1) ? cwd : "";
   const bool wildcard = bind_address == "0.0.0.0" || bind_address == "::";
   const std::string prefix = absl::StrCat(::trainrun::env::kRendezvousAddr, "=");
+  const std::string master_prefix = absl::StrCat(::trainrun::env::kTorchMasterAddr, "=");
   std::vector<Job> jobs;
   for (size_t i = 0; i < host_indices.size() && i < agents.size(); ++i) {
     Job job;
     job.cwd = directory;
     job.argv = spec.command;
     job.grace_period_ms = static_cast<uint32_t>(spec.grace_period.count());
-    std::string local = wildcard ? AgentLocalAddress(agents[i]) : "";
+    // This machine as host i sees it.
+    const std::string launcher_address = AgentLocalAddress(agents[i]);
+    std::string local = wildcard ? launcher_address : "";
     if (local.find(':') != std::string::npos) local = absl::StrCat("[", local, "]");
+    // MASTER_ADDR names rank 0's host as the user typed it; "localhost" means something else there.
+    const bool master_here = IsLocalHost(spec.plan.HostOf(0).host) && !launcher_address.empty();
     for (const hostfile::RankAssignment& a : spec.plan.ranks) {
       if (a.host_index != host_indices[i]) continue;
       RankJob rank;
       rank.rank = static_cast<uint32_t>(a.rank);
       rank.env = environment.ForRank(a.rank);
-      if (!local.empty()) {
-        for (std::string& entry : rank.env) {
-          if (absl::StartsWith(entry, prefix)) entry = absl::StrCat(prefix, local, ":", port);
+      for (std::string& entry : rank.env) {
+        if (!local.empty() && absl::StartsWith(entry, prefix)) {
+          entry = absl::StrCat(prefix, local, ":", port);
+        } else if (master_here && absl::StartsWith(entry, master_prefix)) {
+          entry = absl::StrCat(master_prefix, launcher_address);
         }
       }
       job.ranks.push_back(std::move(rank));

@@ -59,7 +59,8 @@ std::string AdvertiseHost(const std::vector<RemoteAgent>& agents);
 // MakeJobs builds agent i's Job for the plan's host host_indices[i]: its ranks with their whole
 // environments (JobEnvironment::ForRank, the job token included), the command, this directory and
 // the grace period. With a wildcard `bind_address`, each host's ranks dial the rendezvous server
-// (`port`) at the address its own SSH connection arrived from.
+// (`port`) at the address its own SSH connection arrived from. When rank 0 runs on this machine,
+// remote ranks' MASTER_ADDR is this machine's address toward them, not "localhost".
 std::vector<Job> MakeJobs(const LaunchSpec& spec, const JobEnvironment& environment,
                           const std::vector<RemoteAgent>& agents,
                           const std::vector<int>& host_indices, const std::string& bind_address,
