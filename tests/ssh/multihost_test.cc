@@ -312,6 +312,19 @@ TEST_CASE("multihost: kill -9 of trainrun leaves nothing running on the hosts", 
   CHECK(ReadFileText(world.dir() + "/bg.out").find("[3]<stdout>:up") != std::string::npos);
   INFO("left behind:" << Processes(cluster));
   CHECK(HostsEmpty(cluster, std::chrono::seconds(5)));
+
+  // Ctrl-C (SIGINT) reaches the remote ranks as a teardown, and trainrun exits 130.
+  script = absl::StrCat(
+      "env HOME=", world.dir(), "/home ", TRAINRUN_BIN, " -i ", world.user_ed25519(),
+      " -np 4 -H ", Hosts(cluster, 2), " sh -c 'echo up; sleep 60' > ", world.dir(),
+      "/int.out 2>&1 & pid=$!; for i in $(seq 100); do [ \"$(grep -c up ", world.dir(),
+      "/int.out)\" = 4 ] && break; sleep 0.1; done; kill -INT $pid; wait $pid; echo status $?");
+  status = RunCommand({"ip", "netns", "exec", cluster.client_ns(), "sh", "-c", script}, &out, 30);
+  std::string log = ReadFileText(world.dir() + "/int.out");
+  INFO(out << log);
+  CHECK(out.find("status 130") != std::string::npos);
+  CHECK(log.find("interrupted by SIGINT") != std::string::npos);
+  CHECK(HostsEmpty(cluster, std::chrono::seconds(5)));
 }
 
 }  // namespace
