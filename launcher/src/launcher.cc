@@ -211,7 +211,9 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
   };
   wait_for_signal();
 
-  std::unique_ptr<internal::StdinForwarder> stdin_forwarder = internal::StdinForwarder::Create(io);
+  // trainrun's stdin goes to rank 0 when it runs here; a remote rank 0 gets /dev/null.
+  std::unique_ptr<internal::StdinForwarder> stdin_forwarder =
+      rank_is_local[0] ? internal::StdinForwarder::Create(io) : nullptr;
   if (!remote_hosts.empty()) {
     std::vector<remote::Job> jobs = remote::MakeJobs(spec, *job, remote_ranks.agents(), remote_hosts,
                                                      bind_address, (*server)->port());
@@ -235,7 +237,8 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
     if (rank == 0) stdin_forwarder->RankStarted();
   }
   supervisor->OnStartsComplete();
-  Logger().debug("job {}: started {} ranks of {}", job->job_id(), ranks.running(), spec.plan.size());
+  Logger().debug("job {}: started {} local ranks of {} ({} hosts remote)", job->job_id(), ranks.running(),
+                 spec.plan.size(), remote_hosts.size());
   if (!supervisor->done()) io.run();
 
   (*server)->Shutdown();
