@@ -228,6 +228,50 @@ TEST_CASE("multihost: local and remote ranks in one job and an unreachable host 
   CHECK(HostsEmpty(cluster));
 }
 
+TEST_CASE("multihost: each start failure in its own words, with nothing left on the other host",
+          "[ssh][netns][errors]") {
+  if (!CanUseNetns()) {
+    WARN("skipped: needs root and iproute2");
+    return;
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  const std::string good = cluster.host_address(1) + ":2,";
+  auto run = [&](const std::string& key, const std::string& hosts, std::string* out) {
+    std::vector<std::string> argv = {"ip", "netns", "exec", cluster.client_ns(), "env",
+                                     "HOME=" + world.dir() + "/home", TRAINRUN_BIN, "-i", key,
+                                     "--start-timeout", "5", "-np", "4", "-H", hosts,
+                                     "sleep", "30"};
+    auto start = std::chrono::steady_clock::now();
+    int status = RunCommand(argv, out, 30);
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(7));
+    return status;
+  };
+  std::string out;
+  SECTION("unresolvable name") {
+    CHECK(run(world.user_ed25519(), good + "no-such-host.invalid:2", &out) != 0);
+    INFO(out);
+    CHECK(out.find("host no-such-host.invalid: name not resolved") != std::string::npos);
+  }
+  SECTION("a key the host does not accept") {
+    CHECK(run(world.stranger(), good + cluster.host_address(0) + ":2", &out) != 0);
+    INFO(out);
+    CHECK(out.find("authentication failed for user root") != std::string::npos);
+  }
+  SECTION("a changed host key") {
+    std::string other = world.dir() + "/other_host_key";
+    MakeKey("ed25519", other);
+    std::string known = cluster.host_address(0) + " " + ReadFileText(other + ".pub");
+    REQUIRE(RunCommand({"sh", "-c", "printf '%s' \"$0\" > " + world.ssh_dir() + "/known_hosts",
+                        known}) == 0);
+    CHECK(run(world.user_ed25519(), good + cluster.host_address(0) + ":2", &out) != 0);
+    INFO(out);
+    CHECK(out.find("host " + cluster.host_address(0) + ": host key mismatch") != std::string::npos);
+  }
+  INFO("left behind:" << Processes(cluster));
+  CHECK(HostsEmpty(cluster));
+}
+
 #ifdef TRAINRUN_ALLREDUCE_PERF
 TEST_CASE("multihost: an allreduce across two SSH hosts gives the right result",
           "[ssh][netns][allreduce]") {
