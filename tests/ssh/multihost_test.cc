@@ -237,9 +237,11 @@ TEST_CASE("multihost: each start failure in its own words, with nothing left on 
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
   const std::string good = cluster.host_address(1) + ":2,";
-  auto run = [&](const std::string& key, const std::string& hosts, std::string* out) {
+  auto run = [&](const std::string& key, const std::string& hosts, std::string* out,
+                 const std::string& remote_trainrun = TRAINRUN_BIN) {
     std::vector<std::string> argv = {"ip", "netns", "exec", cluster.client_ns(), "env",
                                      "HOME=" + world.dir() + "/home", TRAINRUN_BIN, "-i", key,
+                                     "--remote-trainrun", remote_trainrun,
                                      "--start-timeout", "5", "-np", "4", "-H", hosts,
                                      "sleep", "30"};
     auto start = std::chrono::steady_clock::now();
@@ -257,6 +259,13 @@ TEST_CASE("multihost: each start failure in its own words, with nothing left on 
     CHECK(run(world.stranger(), good + cluster.host_address(0) + ":2", &out) != 0);
     INFO(out);
     CHECK(out.find("authentication failed for user root") != std::string::npos);
+  }
+  SECTION("no trainrun at that path on the host") {
+    CHECK(run(world.user_ed25519(), good + cluster.host_address(0) + ":2", &out,
+              "/nonexistent/trainrun") != 0);
+    INFO(out);
+    CHECK(out.find("trainrun is not installed at that path there") != std::string::npos);
+    CHECK(out.find("--remote-trainrun") != std::string::npos);
   }
   SECTION("a changed host key") {
     std::string other = world.dir() + "/other_host_key";
