@@ -27,6 +27,7 @@
 #include "trainrun/launcher/logging.h"
 #include "trainrun/launcher/output_forwarder.h"
 #include "trainrun/launcher/process_set.h"
+#include "trainrun/rendezvous/environment.h"
 #include "trainrun/rendezvous/server.h"
 
 namespace trainrun::launcher {
@@ -127,7 +128,21 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
     }
   }
   const bool any_local = std::find(rank_is_local.begin(), rank_is_local.end(), true) != rank_is_local.end();
-  absl::StatusOr<JobEnvironment> job = JobEnvironment::Create(spec, CurrentEnvironment());
+  // --network-interface: the rendezvous binds that interface's address here, and every worker
+  // gets TRAINRUN_NETWORK_INTERFACE (its data plane listens on that interface of its own host);
+  // passed as an -x the user's own -x can still override.
+  std::string interface_address;
+  LaunchSpec job_spec = spec;
+  if (!spec.network_interfaces.empty()) {
+    if (spec.rendezvous_addr.empty()) {
+      absl::StatusOr<std::string> address = remote::NetworkInterfaceAddress(spec.network_interfaces[0]);
+      if (!address.ok()) return address.status();
+      interface_address = *address;
+    }
+    job_spec.exported.insert(job_spec.exported.begin(),
+                             {env::kNetworkInterface.name, spec.network_interfaces[0]});
+  }
+  absl::StatusOr<JobEnvironment> job = JobEnvironment::Create(job_spec, CurrentEnvironment());
   if (!job.ok()) return job.status();
 
   Executable executable = ResolveExecutable(spec.command[0], job->Lookup("PATH").value_or("/bin:/usr/bin"));
@@ -147,14 +162,18 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
   IgnoreSigpipe ignore_sigpipe;
   // Remote hosts: their agents, connected in parallel, before anything starts anywhere.
   std::vector<remote::RemoteAgent> agents;
-  std::string bind_address = spec.rendezvous_addr.empty() ? "127.0.0.1" : spec.rendezvous_addr;
+  std::string bind_address = !spec.rendezvous_addr.empty() ? spec.rendezvous_addr
+                             : !interface_address.empty() ? interface_address
+                                                          : "127.0.0.1";
   std::string advertise_host = "127.0.0.1";  // for a wildcard bind: every rank is on this host
   if (!remote_hosts.empty()) {
     absl::StatusOr<std::vector<remote::RemoteAgent>> connected =
         remote::ConnectRemoteHosts(spec, remote_hosts);
     if (!connected.ok()) return connected.status();
     agents = *std::move(connected);
-    if (spec.rendezvous_addr.empty()) bind_address = remote::RendezvousBindAddress(agents);
+    if (spec.rendezvous_addr.empty() && interface_address.empty()) {
+      bind_address = remote::RendezvousBindAddress(agents);
+    }
     advertise_host = remote::AdvertiseHost(agents);
   }
 

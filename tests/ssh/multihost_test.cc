@@ -200,6 +200,23 @@ TEST_CASE("multihost: local and remote ranks in one job and an unreachable host 
   CHECK(out.find("[1]<stdout>:master=localhost") != std::string::npos);
   CHECK(out.find("[3]<stdout>:master=10.213.1.1") != std::string::npos);
 
+  // --network-interface: the rendezvous binds that interface's address, workers are told its name.
+  status = RunTrainrun(world, cluster,
+                       {"--network-interface", "br0", "-np", "2", "-H",
+                        "localhost:1," + cluster.host_address(1) + ":1", "sh", "-c",
+                        "echo nic=$TRAINRUN_NETWORK_INTERFACE at=${TRAINRUN_RENDEZVOUS_ADDR%:*}"},
+                       &out);
+  CHECK(status == 0);
+  CHECK(out.find("[0]<stdout>:nic=br0 at=10.213.1.1") != std::string::npos);
+  CHECK(out.find("[1]<stdout>:nic=br0 at=10.213.1.1") != std::string::npos);
+  status = RunTrainrun(world, cluster,
+                       {"--network-interface", "nosuch0", "-np", "2", "-H",
+                        cluster.host_address(1) + ":2", "true"},
+                       &out);
+  CHECK(status != 0);
+  CHECK(out.find("--network-interface nosuch0: this host has no interface 'nosuch0'") !=
+        std::string::npos);
+
   // Nothing listens on port 2222 there: refused, in words, at once.
   status = RunTrainrun(world, cluster,
                        {"-p", "2222", "-np", "2", "-H", cluster.host_address(0) + ":2", "true"},

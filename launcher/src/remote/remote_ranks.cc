@@ -1,11 +1,16 @@
 #include "remote/remote_ranks.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <condition_variable>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <set>
 
@@ -72,6 +77,27 @@ std::string DescribeHostAccess(const LaunchSpec& spec, const hostfile::HostSpec&
                       options->client == ssh::SshClient::kOpenssh ? "openssh" : "libssh2",
                       ", host keys ", ssh::HostKeyPolicyName(options->host_key_policy), "), keys: ",
                       keys, "; agent: ", AgentCommand(RemoteTrainrunPath(spec)));
+}
+
+absl::StatusOr<std::string> NetworkInterfaceAddress(const std::string& name) {
+  ifaddrs* all = nullptr;
+  if (::getifaddrs(&all) != 0) {
+    return absl::InternalError(absl::StrCat("cannot list network interfaces: ", std::strerror(errno)));
+  }
+  std::string address;
+  for (ifaddrs* it = all; it != nullptr && address.empty(); it = it->ifa_next) {
+    if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET || name != it->ifa_name) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr, text, sizeof text);
+    address = text;
+  }
+  ::freeifaddrs(all);
+  if (address.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--network-interface ", name, ": this host has no interface '", name,
+        "' with an IPv4 address; see `ip -4 addr` for the names"));
+  }
+  return address;
 }
 
 absl::StatusOr<std::vector<RemoteAgent>> ConnectRemoteHosts(const LaunchSpec& spec,

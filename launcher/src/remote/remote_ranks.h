@@ -45,6 +45,11 @@ std::string RemoteTrainrunPath(const LaunchSpec& spec);
 // "ssh root@h1 port 22, key /root/.ssh/id_ed25519 (libssh2), agent: /usr/bin/trainrun --agent".
 std::string DescribeHostAccess(const LaunchSpec& spec, const hostfile::HostSpec& host);
 
+// NetworkInterfaceAddress is the IPv4 address of this host's interface `name` (--network-interface),
+// for the rendezvous server to bind; an unknown interface, or one without an IPv4 address, is an
+// InvalidArgument naming it.
+absl::StatusOr<std::string> NetworkInterfaceAddress(const std::string& name);
+
 // ConnectRemoteHosts connects to the agents of the plan's hosts `host_indices` (indices into
 // spec.plan.hosts), all in parallel, within spec.start_timeout. On a terminal it shows one
 // progress line while that takes longer than a second. The first failure is returned at once
