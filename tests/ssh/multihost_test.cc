@@ -370,10 +370,13 @@ TEST_CASE("multihost: kill -9 of trainrun leaves nothing running on the hosts", 
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
   std::string out;
+  // Both SSH clients: with openssh, the launcher's `ssh` children must go with it.
+  const std::string client = GENERATE(std::string("libssh2"), std::string("openssh"));
+  CAPTURE(client);
   // trainrun in the background; once its ranks run everywhere, SIGKILL it.
   std::string script = absl::StrCat(
       "env HOME=", world.dir(), "/home ", TRAINRUN_BIN, " -i ", world.user_ed25519(),
-      " -np 4 -H ", Hosts(cluster, 2), " sh -c 'echo up; sleep 60' > ", world.dir(),
+      " --ssh-client ", client, " -np 4 -H ", Hosts(cluster, 2), " sh -c 'echo up; sleep 60' > ", world.dir(),
       "/bg.out 2>&1 & pid=$!; for i in $(seq 100); do [ \"$(grep -c up ", world.dir(),
       "/bg.out)\" = 4 ] && break; sleep 0.1; done; kill -9 $pid; wait $pid; echo killed");
   int status = RunCommand({"ip", "netns", "exec", cluster.client_ns(), "sh", "-c", script}, &out, 30);
