@@ -417,14 +417,6 @@ TEST_CASE("multihost bench: -np 8 on two SSH hosts vs one host", "[.][bench]") {
   if (!CanUseNetns()) return;
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
-  if (getenv("TRAINRUN_BENCH_TRACE")) {
-    std::string out;
-    std::string script = absl::StrCat("env HOME=", world.dir(), "/home ", TRAINRUN_BIN, " -i ", world.user_ed25519(),
-      " --log-level debug ", getenv("TRAINRUN_BENCH_TRACE"), " -np 8 -H ", Hosts(cluster, 4), " ", TRAINRUN_BARRIER,
-      " 2>&1 | while read l; do echo \"$(date +%s.%N) $l\"; done; date +%s.%N");
-    RunCommand({"ip", "netns", "exec", cluster.client_ns(), "sh", "-c", "date +%s.%N; " + script}, &out, 30);
-    WARN(out);
-  }
   constexpr int kRuns = 11;
   std::vector<double> remote, local;
   for (int i = 0; i < kRuns; ++i) {
