@@ -6,7 +6,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "remote/remote_ranks.h"
 #include "trainrun/hostfile/host_list.h"
+#include "trainrun/launcher/launcher.h"
 
 namespace trainrun::cli {
 namespace {
@@ -55,6 +57,16 @@ void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out) {
         << "\n";
   }
   if (spec.output_dir) out << "output: " << *spec.output_dir << "/rank.<N>/{stdout,stderr}\n";
+  // How each host is reached, when any is not this machine.
+  bool any_remote = false;
+  for (const hostfile::HostSpec& host : plan.hosts) any_remote |= !launcher::IsLocalHost(host.host);
+  if (any_remote) {
+    out << "hosts:\n";
+    for (const hostfile::HostSpec& host : plan.hosts) {
+      out << "  " << hostfile::HostLabel(host) << ": "
+          << launcher::remote::DescribeHostAccess(spec, host) << "\n";
+    }
+  }
 }
 
 }  // namespace trainrun::cli

@@ -1,9 +1,27 @@
 // trainrun: start and supervise a distributed training job. All of it is in trainrun_cli and
 // trainrun_launcher; see trainrun/cli/run_main.h.
+//
+// `trainrun --agent` (alone) is the hidden role the launcher starts on every remote host over SSH
+// (launcher/src/remote/agent.h): it speaks the agent protocol on stdin/stdout.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "remote/agent.h"
 #include "trainrun/cli/run_main.h"
 #include "trainrun/launcher/launcher.h"
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], "--agent") == 0) {
+    if (::isatty(0) || ::isatty(1)) {
+      std::fprintf(stderr,
+                   "trainrun: error: --agent is the role trainrun starts on remote hosts over SSH; "
+                   "it is not for use from a terminal\n");
+      return 2;
+    }
+    return trainrun::launcher::remote::RunAgent();
+  }
   trainrun::cli::InstallStderrLogger();
   return trainrun::cli::RunMain(trainrun::cli::Arguments(argc, argv), trainrun::launcher::Launch);
 }

@@ -133,6 +133,9 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
   spec.rendezvous_addr = options.rendezvous_addr;
   spec.ssh_port = options.ssh_port;
   spec.ssh_identity_file = options.ssh_identity_file;
+  spec.ssh_client = options.ssh_client;
+  spec.ssh_host_key_checking = options.ssh_host_key_checking;
+  spec.remote_trainrun = options.remote_trainrun;
   return spec;
 }
 

@@ -133,6 +133,24 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
                    "Private key to log in to the hosts with.")
       ->type_name("FILE")
       ->check(CLI::ExistingFile);
+  remote
+      ->add_option("--ssh-client", options.ssh_client,
+                   "How to reach the hosts: libssh2 (in-process, default) or openssh (the system "
+                   "`ssh`, for ProxyJump, certificates, Kerberos or RSA keys).")
+      ->type_name("CLIENT")
+      ->transform(CLI::IsMember({"libssh2", "openssh"}, CLI::ignore_case))
+      ->capture_default_str();
+  remote
+      ->add_option("--ssh-strict-host-key-checking", options.ssh_host_key_checking,
+                   "Host keys against ~/.ssh/known_hosts, as OpenSSH's StrictHostKeyChecking: yes "
+                   "(must be known), accept-new (learn unknown hosts; default), no.")
+      ->type_name("POLICY")
+      ->transform(CLI::IsMember({"yes", "accept-new", "no"}, CLI::ignore_case))
+      ->capture_default_str();
+  remote
+      ->add_option("--remote-trainrun", options.remote_trainrun,
+                   "Path of trainrun on the other hosts (default: this trainrun's own path).")
+      ->type_name("PATH");
   // horovodrun users type --gloo to avoid MPI; trainrun never uses MPI, so it changes nothing.
   remote->add_flag("--gloo", "Accepted for horovodrun compatibility; trainrun never uses MPI.");
 }

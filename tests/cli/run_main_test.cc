@@ -126,14 +126,20 @@ TEST_CASE_METHOD(TrainrunFixture, "dry run prints the plan and starts nothing", 
   CHECK(Run({"--dry-run", "-H", "a:2,ubuntu@bb:1", "-x", "A=1 2", "-x", "HOME", "python",
              "train.py", "--name", "it's"}) == 0);
   CHECK(launches_.empty());
-  CHECK(out_.str() ==
-        "trainrun: dry run: 3 ranks on 2 hosts; nothing is started\n"
-        "HOST       RANK  LOCAL_RANK  CROSS_RANK  COMMAND\n"
-        "a          0     0           0           python train.py --name 'it'\\''s'\n"
-        "a          1     1           0           python train.py --name 'it'\\''s'\n"
-        "ubuntu@bb  2     0           1           python train.py --name 'it'\\''s'\n"
-        "export A='1 2'\n"
-        "export HOME (from trainrun's environment)\n");
+  CHECK_THAT(out_.str(),
+             Catch::StartsWith(
+                 "trainrun: dry run: 3 ranks on 2 hosts; nothing is started\n"
+                 "HOST       RANK  LOCAL_RANK  CROSS_RANK  COMMAND\n"
+                 "a          0     0           0           python train.py --name 'it'\\''s'\n"
+                 "a          1     1           0           python train.py --name 'it'\\''s'\n"
+                 "ubuntu@bb  2     0           1           python train.py --name 'it'\\''s'\n"
+                 "export A='1 2'\n"
+                 "export HOME (from trainrun's environment)\n"
+                 "hosts:\n"
+                 "  a: ssh "));
+  // How each host is reached (the keys and paths depend on the machine).
+  CHECK_THAT(out_.str(), Catch::Contains("\n  ubuntu@bb: ssh ubuntu@bb port 22 (libssh2"));
+  CHECK_THAT(out_.str(), Catch::Contains(" --agent\n"));
 }
 
 TEST_CASE_METHOD(TrainrunFixture, "an -np below the slot total uses the first slots", "[cli]") {

@@ -1,5 +1,5 @@
-// The agent alone, as `trainrun --agent` runs it, for the agent tests until the trainrun binary
-// routes --agent here.
+// The agent alone, as `trainrun --agent` runs it (cli/src/main.cc), so that the agent tests do not
+// depend on the whole trainrun binary.
 #include "remote/agent.h"
 
 int main() { return trainrun::launcher::remote::RunAgent(); }

@@ -17,17 +17,25 @@ std::string AgentCommand(const std::string& remote_trainrun) {
   return absl::StrCat(ssh::ShellQuote(remote_trainrun), " --agent");
 }
 
-absl::StatusOr<RemoteAgent> ConnectAgent(const ssh::SshTarget& target, const std::string& command,
-                                         const ssh::SshOptions& options, absl::Time deadline,
-                                         const std::function<bool()>& cancelled) {
+namespace {
+
+absl::StatusOr<std::unique_ptr<ssh::RemoteChannel>> OpenBounded(const ssh::SshTarget& target,
+                                                                const std::string& command,
+                                                                const ssh::SshOptions& options,
+                                                                absl::Time deadline) {
   ssh::SshOptions bounded = options;
   bounded.connect_timeout = std::max(absl::Milliseconds(1), deadline - absl::Now());
-  auto channel = ssh::OpenRemoteCommand(target, command, bounded);
-  if (!channel.ok()) return channel.status();
+  return ssh::OpenRemoteCommand(target, command, bounded);
+}
 
+// GreetAgent waits on an open channel for the agent's Hello.
+absl::StatusOr<RemoteAgent> GreetAgent(const ssh::SshTarget& target,
+                                       std::unique_ptr<ssh::RemoteChannel> channel,
+                                       const std::string& command, absl::Time deadline,
+                                       const std::function<bool()>& cancelled) {
   RemoteAgent agent;
   agent.target = target;
-  agent.channel = std::move(*channel);
+  agent.channel = std::move(channel);
   char buffer[4096];
   for (;;) {
     absl::Duration left = deadline - absl::Now();
@@ -78,6 +86,16 @@ absl::StatusOr<RemoteAgent> ConnectAgent(const ssh::SshTarget& target, const std
   }
 }
 
+}  // namespace
+
+absl::StatusOr<RemoteAgent> ConnectAgent(const ssh::SshTarget& target, const std::string& command,
+                                         const ssh::SshOptions& options, absl::Time deadline,
+                                         const std::function<bool()>& cancelled) {
+  auto channel = OpenBounded(target, command, options, deadline);
+  if (!channel.ok()) return channel.status();
+  return GreetAgent(target, *std::move(channel), command, deadline, cancelled);
+}
+
 absl::StatusOr<std::vector<RemoteAgent>> ConnectAgents(
     const std::vector<ssh::SshTarget>& targets, const std::string& command,
     const ssh::SshOptions& options, absl::Time deadline,
@@ -94,10 +112,24 @@ absl::StatusOr<std::vector<RemoteAgent>> ConnectAgents(
   };
   auto shared = std::make_shared<Shared>();
   shared->agents.resize(targets.size());
+  // The openssh client is a child `ssh` that dies with the thread that forked it
+  // (PR_SET_PDEATHSIG), so it is forked here, on the caller's thread, which outlives the job; it
+  // connects in the background, so this costs no parallelism. libssh2 connects in the threads.
+  std::vector<std::unique_ptr<ssh::RemoteChannel>> opened(targets.size());
+  if (options.client == ssh::SshClient::kOpenssh) {
+    for (size_t i = 0; i < targets.size(); ++i) {
+      auto channel = OpenBounded(targets[i], command, options, deadline);
+      if (!channel.ok()) return channel.status();
+      opened[i] = *std::move(channel);
+    }
+  }
   for (size_t i = 0; i < targets.size(); ++i) {
-    std::thread([shared, i, target = targets[i], command, options, deadline] {
-      absl::StatusOr<RemoteAgent> agent = ConnectAgent(target, command, options, deadline,
-                                                       [&] { return shared->abandoned.load(); });
+    std::thread([shared, i, target = targets[i], command, options, deadline,
+                 channel = std::move(opened[i])]() mutable {
+      auto cancelled = [&] { return shared->abandoned.load(); };
+      absl::StatusOr<RemoteAgent> agent =
+          channel ? GreetAgent(target, std::move(channel), command, deadline, cancelled)
+                  : ConnectAgent(target, command, options, deadline, cancelled);
       std::lock_guard<std::mutex> lock(shared->mu);
       if (!agent.ok()) {
         if (!shared->failure) shared->failure = agent.status();

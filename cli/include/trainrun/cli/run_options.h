@@ -38,6 +38,9 @@ struct RunOptions {
   std::vector<std::string> network_interfaces;   // --network-interface(s)
   std::optional<int> ssh_port;                   // -p/--ssh-port
   std::optional<std::string> ssh_identity_file;  // -i/--ssh-identity-file
+  std::string ssh_client = "libssh2";            // --ssh-client libssh2|openssh
+  std::string ssh_host_key_checking = "accept-new";  // --ssh-strict-host-key-checking
+  std::string remote_trainrun;                   // --remote-trainrun PATH
   std::vector<std::string> command;              // the worker command and its arguments
 };
 

@@ -49,6 +49,12 @@ struct LaunchSpec {
   std::optional<int> ssh_port;
   // -i/--ssh-identity-file: the private key to log in with; unset: ssh's defaults.
   std::optional<std::string> ssh_identity_file;
+  // --ssh-client: "libssh2" (in-process, the default) or "openssh" (the system `ssh` binary).
+  std::string ssh_client = "libssh2";
+  // --ssh-strict-host-key-checking: OpenSSH's yes / accept-new / no for ~/.ssh/known_hosts.
+  std::string ssh_host_key_checking = "accept-new";
+  // --remote-trainrun: trainrun's path on the other hosts; empty: this trainrun's own path.
+  std::string remote_trainrun;
 };
 
 }  // namespace trainrun::launcher
