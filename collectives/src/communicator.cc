@@ -47,7 +47,8 @@ class Communicator::Impl {
     shm.channel_bytes = static_cast<size_t>(std::max<int64_t>(4096, env::kShmChannelBytes.Get()));
     const std::string mode = options.transport.empty() ? env::kTransport.Get() : options.transport;
     try {
-      transport_ = internal::MakeTransport(*store_, info_, mode, tcp, shm);
+      transport_ = internal::MakeTransport(*store_, info_, mode, tcp, shm, segment_bytes_,
+                                           small_bytes_);
     } catch (const Error& e) {
       Report(-1, e.what());
       throw;

@@ -293,9 +293,9 @@ void ShmTransport::CheckPeers(int blame) {
       // A peer that timed out waiting on this rank blames it, but this rank is alive and waiting
       // too: pass the blame on to whoever this rank waits on.
       if (culprit == rank_) FailTimeout(blame >= 0 ? blame : p);
-      Fail(culprit, culprit == p
-                        ? MakeMessage("rank ", p, " failed")
-                        : MakeMessage("rank ", culprit, " failed, as rank ", p, " reports"));
+      Fail(culprit, culprit == p ? MakeMessage("rank ", Global(p), " failed")
+                                 : MakeMessage("rank ", Global(culprit), " failed, as rank ",
+                                               Global(p), " reports"));
     }
     // A peer that closed its communicator may have finished its part; it is an error only when
     // this rank still waits on it. One that ended without closing failed, whoever waits on whom.
@@ -305,22 +305,23 @@ void ShmTransport::CheckPeers(int blame) {
     if (closed && waiting_on && awaiting_step_ && Reached(c.step.load(), awaited_step_)) continue;
     if (closed && waiting_on && !awaiting_step_ && Progress()) continue;
     if (closed && waiting_on) {
-      Fail(p, MakeMessage("rank ", p, " closed its communicator while this rank still waited on it"));
+      Fail(p, MakeMessage("rank ", Global(p),
+                          " closed its communicator while this rank still waited on it"));
     }
     if (!closed && static_cast<size_t>(p) < watches_.size() && !watches_[p].Alive()) {
-      Fail(p, MakeMessage("rank ", p, " exited or was killed"));
+      Fail(p, MakeMessage("rank ", Global(p), " exited or was killed"));
     }
   }
 }
 
 void ShmTransport::Fail(int peer, const std::string& message) {
   failed_peer_ = peer;
-  throw IoError(MakeMessage("rank ", rank_, ": ", message));
+  throw IoError(MakeMessage("rank ", Global(rank_), ": ", message));
 }
 
 void ShmTransport::FailTimeout(int peer) {
   failed_peer_ = peer;
-  throw TimeoutError(MakeMessage("rank ", rank_, ": no progress from rank ", peer, " for ",
+  throw TimeoutError(MakeMessage("rank ", Global(rank_), ": no progress from rank ", Global(peer), " for ",
                                  options_.timeout.count() / 1000.0,
                                  " s over shared memory; is it stuck outside the collective?"));
 }
@@ -373,9 +374,17 @@ bool ShmTransport::TryAllreduce(const void* input, void* output, size_t count, D
   if (count * e <= std::min(options_.small_bytes, options_.chunk_bytes)) {
     SmallAllreduce(in, out, count, type, op);
   } else {
-    ChunkAllreduce(in, out, count, type, op);
+    ChunkAllreduce(in, out, count, type, op, size_, nullptr);
   }
   return true;
+}
+
+void ShmTransport::AllreduceAcrossGroups(const void* input, void* output, size_t count,
+                                         DataType type, ReduceOp op, int divisor,
+                                         const PartAllreduce& across) {
+  if (count == 0) return;
+  ChunkAllreduce(static_cast<const char*>(input), static_cast<char*>(output), count, type, op,
+                 divisor, &across);
 }
 
 // Every rank copies its input to its slot, then reduces all slots in rank order.
@@ -395,7 +404,7 @@ void ShmTransport::SmallAllreduce(const char* in, char* out, size_t count, DataT
 // Chunk by chunk: copy in what the peers need, reduce this rank's part from every slot, publish
 // it, copy out the peers' parts.
 void ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataType type,
-                                  ReduceOp op) {
+                                  ReduceOp op, int divisor, const PartAllreduce* across) {
   const size_t e = ElementSize(type);
   const size_t n = static_cast<size_t>(size_);
   // Parts of a chunk are whole cache lines where possible, so ranks do not share lines.
@@ -428,7 +437,9 @@ void ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataT
                slot(p, g) + own_begin * e, own_length);
         first = false;
       }
-      if (op == ReduceOp::kAverage) Divide(type, result, own_length, size_);
+      if (first) std::memcpy(result, src + own_begin * e, own_length * e);  // no peers
+      if (across != nullptr) (*across)(result, own_length);
+      if (op == ReduceOp::kAverage) Divide(type, result, own_length, divisor);
       std::memcpy(dst + own_begin * e, result, own_length * e);
     }
     Post(2 * g + 2);

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,7 @@ struct ShmOptions {
   size_t chunk_bytes = 1 << 20;        // allreduce pipelining unit (per slot)
   size_t small_bytes = 32 << 10;       // allreduce of at most this: one phase, whole buffer
   size_t channel_bytes = 512 << 10;    // ring buffer per ordered pair of ranks
+  int rank_offset = 0;  // global rank of this group's rank 0, for messages (hierarchical.h)
 };
 
 class ShmTransport : public Transport {
@@ -63,6 +65,14 @@ class ShmTransport : public Transport {
   bool TryAllreduce(const void* input, void* output, size_t count, DataType type,
                     ReduceOp op) override;
   const char* name() const override { return "shm"; }
+
+  // PartAllreduce allreduces `count` elements at `data` in place among other groups (hosts).
+  using PartAllreduce = std::function<void(char* data, size_t count)>;
+  // AllreduceAcrossGroups is the chunked allreduce with one more step: each rank passes its reduced
+  // part of every chunk through `across` before the others copy it, and kAverage divides by
+  // `divisor` (the size of the whole job). `across` must treat kAverage as kSum.
+  void AllreduceAcrossGroups(const void* input, void* output, size_t count, DataType type,
+                             ReduceOp op, int divisor, const PartAllreduce& across);
 
  private:
   struct Control;
@@ -94,7 +104,9 @@ class ShmTransport : public Transport {
   [[noreturn]] void FailTimeout(int peer);
 
   void SmallAllreduce(const char* in, char* out, size_t count, DataType type, ReduceOp op);
-  void ChunkAllreduce(const char* in, char* out, size_t count, DataType type, ReduceOp op);
+  void ChunkAllreduce(const char* in, char* out, size_t count, DataType type, ReduceOp op,
+                      int divisor, const PartAllreduce* across);
+  int Global(int r) const { return r + options_.rank_offset; }
 
   ShmSegment segment_;
   int rank_;
