@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -190,6 +192,121 @@ TEST_CASE("uneven hosts run flat over TCP", "[hierarchical]") {
     CHECK(transports[r] == "tcp");
     CHECK(sums[r] == 6.0f);
   }
+}
+
+// Two network namespaces joined by one veth pair: two "hosts" that share memory but not a
+// network (each sees only its own address and the other's over the veth).
+class TwoHosts {
+ public:
+  TwoHosts() {
+    const std::string tag = std::to_string(::getpid() % 100000);
+    names_ = {"trcoll-a-" + tag, "trcoll-b-" + tag};
+    subnet_ = "10.214." + std::to_string(::getpid() % 250) + ".";
+    ok_ = Sh("ip netns add " + names_[0]) && Sh("ip netns add " + names_[1]) &&
+          Sh("ip -n " + names_[0] + " link add eth0 type veth peer name eth0 netns " + names_[1]) &&
+          Sh("ip -n " + names_[0] + " addr add " + address(0) + "/24 dev eth0") &&
+          Sh("ip -n " + names_[1] + " addr add " + address(1) + "/24 dev eth0") &&
+          Sh("ip -n " + names_[0] + " link set eth0 up") && Sh("ip -n " + names_[1] + " link set eth0 up") &&
+          Sh("ip -n " + names_[0] + " link set lo up") && Sh("ip -n " + names_[1] + " link set lo up");
+  }
+  ~TwoHosts() {
+    for (const auto& name : names_) Sh("ip netns del " + name + " 2>/dev/null");
+  }
+  bool ok() const { return ok_; }
+  std::string address(int host) const { return subnet_ + std::to_string(host + 1); }
+  // Enters host `host`'s namespace (in a forked child).
+  bool Enter(int host) const {
+    int fd = ::open(("/var/run/netns/" + names_[host]).c_str(), O_RDONLY | O_CLOEXEC);
+    return fd >= 0 && ::setns(fd, CLONE_NEWNET) == 0;
+  }
+  // Bytes host 0 has sent over its veth.
+  long SentBytes() const {
+    FILE* p = ::popen(("ip netns exec " + names_[0] + " cat /sys/class/net/eth0/statistics/tx_bytes")
+                          .c_str(), "r");
+    long bytes = -1;
+    if (p != nullptr) {
+      if (std::fscanf(p, "%ld", &bytes) != 1) bytes = -1;
+      ::pclose(p);
+    }
+    return bytes;
+  }
+
+ private:
+  static bool Sh(const std::string& command) { return std::system(command.c_str()) == 0; }
+  std::vector<std::string> names_;
+  std::string subnet_;
+  bool ok_ = false;
+};
+
+TEST_CASE("hierarchical allreduce across two network-namespace hosts of processes",
+          "[hierarchical][netns][process]") {
+  if (::geteuid() != 0) {
+    WARN("needs root to make network namespaces; skipped");
+    return;
+  }
+  TwoHosts hosts;
+  REQUIRE(hosts.ok());
+  char dir[] = "/tmp/trainrun-hier-test-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  const int per_host = 2, n = 4;
+  const size_t big = 4 << 20;  // floats: 16 MiB
+  const long sent_before = hosts.SentBytes();
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < n; ++rank) {
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      int code = 0;
+      try {
+        const int host = rank / per_host;
+        if (!hosts.Enter(host)) ::_exit(30);
+        CommunicatorOptions options = Options();
+        options.listen_address = hosts.address(host);
+        Communicator comm(std::make_shared<testing::FileStore>(dir), Place(rank, 2, per_host),
+                          options);
+        if (std::string(comm.transport()) != "shm+tcp") ::_exit(31);
+        comm.Barrier();
+        std::vector<float> x(big, static_cast<float>(rank + 1));
+        comm.Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
+        for (float v : x) {
+          if (v != 10.0f) ::_exit(32);
+        }
+        comm.Barrier();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        code = 33;
+      }
+      ::_exit(code);
+    }
+    children.push_back(pid);
+  }
+  auto deadline = Clock::now() + std::chrono::seconds(60);
+  std::vector<int> status(n, -1);
+  for (int left = n; left > 0 && Clock::now() < deadline;) {
+    for (int r = 0; r < n; ++r) {
+      int s = 0;
+      if (status[r] == -1 && ::waitpid(children[r], &s, WNOHANG) == children[r]) {
+        status[r] = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
+        --left;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (int r = 0; r < n; ++r) {
+    if (status[r] == -1) {
+      ::kill(children[r], SIGKILL);
+      ::waitpid(children[r], nullptr, 0);
+    }
+    INFO("rank " << r);
+    CHECK(status[r] == 0);
+  }
+  // One copy of the data leaves each host (plus setup and headers), where a flat ring over the
+  // four ranks would send 1.5 copies over each host's link.
+  const long sent = hosts.SentBytes() - sent_before;
+  INFO("host 0 sent " << sent << " bytes for a " << big * 4 << "-byte allreduce");
+  CHECK(sent < static_cast<long>(big * 4 * 1.2));
+  CHECK(sent > static_cast<long>(big * 4 * 0.9));
+  (void)std::system((std::string("rm -rf ") + dir).c_str());
 }
 
 }  // namespace
