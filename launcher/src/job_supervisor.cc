@@ -141,6 +141,18 @@ int JobSupervisor::exit_code() const {
   return 0;
 }
 
+void JobSupervisor::AppendStderrTail(int rank, std::vector<std::string>& lines) const {
+  auto tail = stderr_tail_.find(rank);
+  if (tail == stderr_tail_.end() || tail->second.empty()) return;
+  std::vector<std::string> tail_lines = absl::StrSplit(tail->second, '\n');
+  if (!tail_lines.empty() && tail_lines.back().empty()) tail_lines.pop_back();
+  size_t first = tail_lines.size() > static_cast<size_t>(options_.stderr_tail_lines)
+                     ? tail_lines.size() - options_.stderr_tail_lines
+                     : 0;
+  lines.push_back(absl::StrCat("last lines of rank ", rank, "'s stderr:"));
+  for (size_t i = first; i < tail_lines.size(); ++i) lines.push_back(absl::StrCat("  | ", tail_lines[i]));
+}
+
 std::string JobSupervisor::Summary() const {
   std::optional<int> blamed = Blamed();
   if (!blamed.has_value() && !signal_.has_value() && !start_failure_.has_value()) {
@@ -149,7 +161,26 @@ std::string JobSupervisor::Summary() const {
   }
   std::vector<std::string> lines;
   std::set<int> accounted;
+  // A blamed rank that reported failing because of a peer was blamed only because that peer did
+  // not fail on its own before the teardown (it exited 0, hung, or was still running): the peer
+  // is still the root cause, and the summary says so.
+  std::optional<int> root_peer;
   if (blamed.has_value()) {
+    if (auto it = peer_failures_.find(*blamed); it != peer_failures_.end() && it->second != *blamed &&
+                                                it->second >= 0 && it->second < plan_.size()) {
+      root_peer = it->second;
+    }
+  }
+  if (root_peer.has_value()) {
+    const int peer = *root_peer;
+    auto exit = exits_.find(peer);
+    accounted.insert(peer);
+    lines.push_back(absl::StrCat(
+        "rank ", peer, " on ", plan_.HostOf(peer).host,
+        " failed first: its peers lost their connections to it, so the job was stopped; rank ",
+        peer, " then ", exit != exits_.end() ? exit->second.Describe() : "could not be reaped"));
+    AppendStderrTail(peer, lines);
+  } else if (blamed.has_value()) {
     const ExitInfo& exit = exits_.at(*blamed);
     const std::string& host = plan_.HostOf(*blamed).host;
     accounted.insert(*blamed);
@@ -160,16 +191,7 @@ std::string JobSupervisor::Summary() const {
     } else {
       lines.push_back(absl::StrCat("rank ", *blamed, " on ", host, " ", exit.Describe(),
                                    "; it failed first, so the job was stopped"));
-      auto tail = stderr_tail_.find(*blamed);
-      if (tail != stderr_tail_.end() && !tail->second.empty()) {
-        std::vector<std::string> tail_lines = absl::StrSplit(tail->second, '\n');
-        if (!tail_lines.empty() && tail_lines.back().empty()) tail_lines.pop_back();
-        size_t first = tail_lines.size() > static_cast<size_t>(options_.stderr_tail_lines)
-                           ? tail_lines.size() - options_.stderr_tail_lines
-                           : 0;
-        lines.push_back(absl::StrCat("last lines of rank ", *blamed, "'s stderr:"));
-        for (size_t i = first; i < tail_lines.size(); ++i) lines.push_back(absl::StrCat("  | ", tail_lines[i]));
-      }
+      AppendStderrTail(*blamed, lines);
     }
   } else if (signal_.has_value()) {
     lines.push_back(absl::StrCat("interrupted by ", SignalName(*signal_), "; the job was stopped"));

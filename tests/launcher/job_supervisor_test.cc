@@ -88,6 +88,26 @@ TEST_CASE("a rank that reported a peer's failure is not blamed", "[launcher][sup
   CHECK(summary.find("rank 0 reported failing because rank 1 had") != std::string::npos);
 }
 
+TEST_CASE("a peer that broke off without failing first is still named the cause",
+          "[launcher][supervisor]") {
+  // Ranks 0 and 2 lose their connections to rank 1 and exit 1 at once; rank 1 (say it closed its
+  // sockets and went on) is only stopped by the teardown. The summary names rank 1 anyway.
+  Fixture f(3);
+  auto t0 = std::chrono::steady_clock::now() - std::chrono::milliseconds(50);
+  f.supervisor.ReportPeerFailure(0, 1);
+  f.supervisor.ReportPeerFailure(2, 1);
+  f.supervisor.OnRankExit(0, Exit(1, t0));
+  f.supervisor.OnRankExit(2, Exit(1, t0 + std::chrono::milliseconds(1)));
+  f.supervisor.OnRankExit(1, Exit(0, std::chrono::steady_clock::now() + std::chrono::seconds(1), SIGTERM));
+  CHECK(f.done);
+  CHECK(f.supervisor.exit_code() == 1);
+  std::string summary = f.supervisor.Summary();
+  INFO(summary);
+  CHECK(summary.rfind("rank 1 on localhost failed first: its peers lost their connections to it", 0) == 0);
+  CHECK(summary.find("rank 1 then was killed by SIGTERM") != std::string::npos);
+  CHECK(summary.find("ranks 0,2 reported failing because rank 1 had") != std::string::npos);
+}
+
 TEST_CASE("a signal to trainrun: 128+N, a second one kills at once", "[launcher][supervisor]") {
   Fixture f(2);
   f.supervisor.OnSignal(SIGINT);

@@ -18,6 +18,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -73,6 +74,8 @@ class JobSupervisor {
   // Blamed returns the first failure: the earliest one that happened before the teardown began,
   // preferring ranks that did not report a peer's failure.
   std::optional<int> Blamed() const;
+  // AppendStderrTail adds the last lines of `rank`'s stderr, if any, to `lines`.
+  void AppendStderrTail(int rank, std::vector<std::string>& lines) const;
 
   const hostfile::SlotPlan& plan_;
   RankControl& ranks_;

@@ -1,0 +1,71 @@
+// Whole jobs under the real trainrun: correct results, and one clear summary when a rank dies.
+#include <sys/wait.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+namespace {
+
+struct JobResult {
+  int exit_code = -1;
+  std::string output;  // trainrun's stdout and stderr together
+  double seconds = 0;
+};
+
+// RunJob runs `trainrun ARGS` through the shell and collects everything it printed.
+JobResult RunJob(const std::string& args) {
+  const std::string command =
+      std::string("timeout -s KILL 60 ") + TRAINRUN_EXECUTABLE + " " + args + " 2>&1";
+  JobResult result;
+  auto start = std::chrono::steady_clock::now();
+  FILE* pipe = popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::array<char, 4096> buffer{};
+  size_t n;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
+  int status = pclose(pipe);
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+const std::string kWorker = TRAINRUN_JOB_WORKER;
+
+}  // namespace
+
+TEST_CASE("trainrun -np 3 runs a job whose allreduces are correct on every rank", "[integration]") {
+  JobResult job = RunJob("-np 3 " + kWorker + " 5");
+  INFO(job.output);
+  CHECK(job.exit_code == 0);
+  for (int rank = 0; rank < 3; ++rank) {
+    CHECK(job.output.find("[" + std::to_string(rank) + "]<stdout>:rank " + std::to_string(rank) +
+                          ": ok") != std::string::npos);
+  }
+}
+
+TEST_CASE("a rank killed mid-allreduce: the job ends at once and blames it", "[integration]") {
+  JobResult job = RunJob("-np 3 " + kWorker + " 1000 1 3 kill");
+  INFO(job.output);
+  CHECK(job.exit_code == 137);
+  CHECK(job.output.find("rank 1 on localhost was killed by SIGKILL; it failed first") !=
+        std::string::npos);
+  // The survivors raised naming rank 1, told the rendezvous, and are listed as consequences.
+  CHECK(job.output.find("rank 1") != std::string::npos);
+  CHECK(job.output.find("ranks 0,2 reported failing because rank 1 had") != std::string::npos);
+  CHECK(job.seconds < 10);
+}
+
+TEST_CASE("a rank that breaks off without failing is still named the cause", "[integration]") {
+  JobResult job = RunJob("-np 3 " + kWorker + " 1000 1 3 close");
+  INFO(job.output);
+  CHECK(job.exit_code == 1);
+  CHECK(job.output.find("rank 1 on localhost failed first: its peers lost their connections to it") !=
+        std::string::npos);
+  CHECK(job.output.find("rank 1 then was killed by SIGTERM") != std::string::npos);
+  CHECK(job.output.find("ranks 0,2 reported failing because rank 1 had") != std::string::npos);
+  CHECK(job.seconds < 15);
+}
