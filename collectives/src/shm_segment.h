@@ -71,6 +71,8 @@ class ProcessWatch {
   ~ProcessWatch();
 
   bool Alive() const;
+  // fd is the pidfd (readable once the process has ended), or -1 when the kernel has none.
+  int fd() const { return pidfd_; }
 
  private:
   pid_t pid_ = 0;

@@ -1,7 +1,11 @@
 #include "shm_transport.h"
 
+#include <poll.h>
 #include <sched.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cstring>
@@ -98,6 +102,12 @@ ShmTransport::ShmTransport(ShmSegment segment, int rank, int size, ShmOptions op
 }
 
 ShmTransport::~ShmTransport() {
+  if (watcher_.joinable()) {
+    const uint64_t one = 1;
+    (void)!::write(stop_fd_, &one, sizeof one);
+    watcher_.join();
+  }
+  if (stop_fd_ >= 0) ::close(stop_fd_);
   Control& me = control(rank_);
   me.closed.store(1);
   me.doorbell.fetch_add(1);
@@ -106,9 +116,39 @@ ShmTransport::~ShmTransport() {
 
 void ShmTransport::WatchPeers() {
   watches_.resize(size_);
+  std::vector<int> pidfds;
   for (int p = 0; p < size_; ++p) {
     const pid_t pid = control(p).pid.load();
-    if (p != rank_ && pid != pid_) watches_[p] = ProcessWatch(pid);
+    if (p != rank_ && pid != pid_) {
+      watches_[p] = ProcessWatch(pid);
+      if (watches_[p].fd() >= 0) pidfds.push_back(watches_[p].fd());
+    }
+  }
+  if (pidfds.empty()) return;
+  stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
+  if (stop_fd_ < 0) return;  // the periodic checks in Idle still notice, within a sleep slice
+  watcher_ = std::thread([this, pidfds] { Watch(pidfds); });
+}
+
+void ShmTransport::Watch(std::vector<int> pidfds) {
+  for (;;) {
+    std::vector<pollfd> fds{{stop_fd_, POLLIN, 0}};
+    for (int fd : pidfds) fds.push_back({fd, POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (fds[0].revents != 0) return;
+    std::vector<int> alive;
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) alive.push_back(fds[i].fd);
+    }
+    pidfds.swap(alive);
+    // Wake this rank wherever it sleeps: on its doorbell, or on a peer's step.
+    peer_ended_.store(true);
+    FutexWakeAll(&control(rank_).doorbell);
+    for (int p = 0; p < size_; ++p) FutexWakeAll(&control(p).step);
+    if (pidfds.empty()) return;
   }
 }
 
@@ -268,7 +308,9 @@ void ShmTransport::Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& wait
   if (options_.spin.count() > 0) {
     if ((clock.polls & 255) != 0 || Clock::now() < clock.spin_until) {
       CpuRelax();
-      if ((clock.polls & 4095) == 0) CheckPeers(blame);
+      if ((clock.polls & 4095) == 0 || peer_ended_.load(std::memory_order_relaxed)) {
+        CheckPeers(blame);
+      }
       return;
     }
   } else if (clock.polls < 16) {

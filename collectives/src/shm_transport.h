@@ -21,6 +21,7 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -51,7 +52,9 @@ class ShmTransport : public Transport {
   ShmTransport(ShmSegment segment, int rank, int size, ShmOptions options);
   ~ShmTransport() override;
 
-  // WatchPeers starts watching peers' processes; call once every rank has been constructed.
+  // WatchPeers starts watching peers' processes; call once every rank has been constructed. A
+  // thread sleeps in poll(2) on their pidfds and, when one ends, wakes this rank wherever it
+  // waits, so a killed peer is noticed at once (as a TCP peer's reset connection is).
   void WatchPeers();
 
   int rank() const override { return rank_; }
@@ -100,6 +103,7 @@ class ShmTransport : public Transport {
   void Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, uint32_t seen,
             WaitClock& clock, int blame);
   void CheckPeers(int blame);
+  void Watch(std::vector<int> pidfds);
   [[noreturn]] void Fail(int peer, const std::string& message);
   [[noreturn]] void FailTimeout(int peer);
 
@@ -118,6 +122,9 @@ class ShmTransport : public Transport {
   size_t slots_offset_ = 0;
   pid_t pid_ = 0;
   std::vector<ProcessWatch> watches_;  // per peer; empty entries for this process's own threads
+  std::thread watcher_;
+  int stop_fd_ = -1;                    // eventfd that ends watcher_
+  std::atomic<bool> peer_ended_{false};  // set by watcher_
   std::vector<std::deque<Op>> sends_;
   std::vector<std::deque<Op>> recvs_;
   std::vector<uint8_t> done_;  // per request since the last WaitAll
