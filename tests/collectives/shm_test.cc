@@ -203,8 +203,8 @@ int InOtherPidNamespace(const std::function<int()>& body) {
   return WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
 }
 
-TEST_CASE("a rank that cannot see the others' memory fails the same-host check; auto falls back "
-          "to TCP and shm refuses",
+TEST_CASE("a rank that cannot see the others' memory fails the same-host check: auto falls back "
+          "to TCP, shm refuses",
           "[shm][process]") {
   if (::geteuid() != 0) {
     WARN("needs root to make PID namespaces; skipped");
