@@ -259,7 +259,7 @@ void Measure(Communicator& comm, const Flags& flags, Collective collective, size
 
 int RunRank(Communicator& comm, const Flags& flags, Collective collective) {
   if (comm.rank() == 0) {
-    std::printf("# trainrun collectives over TCP: %d ranks\n", comm.size());
+    std::printf("# trainrun collectives over %s: %d ranks\n", comm.transport(), comm.size());
     std::printf("# %10s %12s %8s %6s %10s %8s %8s %8s\n", "size", "count", "type", "redop",
                 "time", "algbw", "busbw", "#wrong");
     std::printf("# %10s %12s %8s %6s %10s %8s %8s %8s\n", "(B)", "(elements)", "", "", "(us)",

@@ -5,6 +5,7 @@
 #include "algorithms.h"
 #include "socket.h"
 #include "tcp_transport.h"
+#include "transport_select.h"
 #include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::collectives {
@@ -38,8 +39,16 @@ class Communicator::Impl {
     }
     segment_bytes_ = static_cast<size_t>(std::max<int64_t>(4096, env::kRingSegmentBytes.Get()));
     small_bytes_ = static_cast<size_t>(std::max<int64_t>(0, env::kSmallAllreduceBytes.Get()));
+    internal::ShmOptions shm;
+    shm.timeout = tcp.timeout;
+    shm.spin = tcp.spin;
+    shm.chunk_bytes = static_cast<size_t>(std::max<int64_t>(4096, env::kShmChunkBytes.Get()));
+    shm.small_bytes = static_cast<size_t>(std::max<int64_t>(0, env::kShmSmallBytes.Get()));
+    shm.channel_bytes = static_cast<size_t>(std::max<int64_t>(4096, env::kShmChannelBytes.Get()));
+    const std::string mode = options.transport.empty() ? env::kTransport.Get() : options.transport;
     try {
-      transport_ = std::make_unique<internal::TcpTransport>(*store_, info_.rank, info_.size, tcp);
+      transport_ = internal::MakeTransport(*store_, info_, mode, tcp, shm, segment_bytes_,
+                                           small_bytes_);
     } catch (const Error& e) {
       Report(-1, e.what());
       throw;
@@ -47,6 +56,7 @@ class Communicator::Impl {
   }
 
   const RankInfo& info() const { return info_; }
+  const char* transport_name() const { return transport_->name(); }
 
   // Run runs one collective; a failure breaks the communicator, tells the peers and the rendezvous
   // who is to blame, and propagates.
@@ -82,7 +92,7 @@ class Communicator::Impl {
 
   std::shared_ptr<rendezvous::Store> store_;
   RankInfo info_;
-  std::unique_ptr<internal::TcpTransport> transport_;
+  std::unique_ptr<internal::Transport> transport_;
   std::vector<char> scratch_;
   size_t segment_bytes_ = 0;
   size_t small_bytes_ = 0;
@@ -133,6 +143,7 @@ Communicator::~Communicator() = default;
 int Communicator::rank() const { return impl_->info().rank; }
 int Communicator::size() const { return impl_->info().size; }
 const RankInfo& Communicator::info() const { return impl_->info(); }
+const char* Communicator::transport() const { return impl_->transport_name(); }
 
 void Communicator::Allreduce(const void* input, void* output, size_t count, DataType type,
                              ReduceOp op) {
@@ -141,7 +152,9 @@ void Communicator::Allreduce(const void* input, void* output, size_t count, Data
   CheckBuffer(input, count, "allreduce input");
   CheckBuffer(output, count, "allreduce output");
   impl_->Run([&](internal::AlgorithmContext& ctx) {
-    internal::Allreduce(ctx, input, output, count, type, op);
+    if (!ctx.transport.TryAllreduce(input, output, count, type, op)) {
+      internal::Allreduce(ctx, input, output, count, type, op);
+    }
   });
 }
 

@@ -50,7 +50,8 @@ class TcpTransport : public Transport {
 
   // Abort tells every peer still connected that this rank failed because of `peer` (best effort,
   // never blocks), and closes every connection.
-  void Abort(int peer, const std::string& message);
+  void Abort(int peer, const std::string& message) override;
+  const char* name() const override { return "tcp"; }
 
  private:
   struct Op {

@@ -1,5 +1,6 @@
 // Transport: the seam between algorithms and the wire. An algorithm posts sends and receives of byte
-// ranges to peer ranks and waits for them; TCP is one transport, shared memory comes later.
+// ranges to peer ranks and waits for them; TCP is one transport, shared memory (shm_transport.h)
+// another.
 //
 //   Request r = transport.Recv(left, tmp, bytes);
 //   transport.Send(right, data, bytes);
@@ -9,6 +10,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+
+#include "trainrun/collectives/types.h"
 
 namespace trainrun::collectives::internal {
 
@@ -41,6 +45,20 @@ class Transport {
 
   // failed_peer returns the rank whose connection failed or stalled in the last error, or -1.
   virtual int failed_peer() const = 0;
+
+  // Abort tells every peer that this rank failed because of `peer` (-1: unknown), best effort and
+  // without blocking, so that they raise too instead of waiting for it.
+  virtual void Abort(int peer, const std::string& message) = 0;
+
+  // TryAllreduce runs a whole allreduce the transport's own way and returns true, or returns false
+  // when the transport has no such path (the algorithms in algorithms.h then run over Send/Recv).
+  virtual bool TryAllreduce(const void* /*input*/, void* /*output*/, size_t /*count*/,
+                            DataType /*type*/, ReduceOp /*op*/) {
+    return false;
+  }
+
+  // name says which transport this is ("tcp", "shm"), for logs and benchmarks.
+  virtual const char* name() const = 0;
 };
 
 }  // namespace trainrun::collectives::internal

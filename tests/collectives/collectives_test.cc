@@ -230,6 +230,21 @@ TEST_CASE("allreduce by ring: every type and op, 1 to 8 ranks", "[allreduce]") {
   for (int n = 1; n <= 8; ++n) CheckAllreduce(n, SmallCases());
 }
 
+TEST_CASE("allreduce in several chunks: every type and op, 1 to 8 ranks", "[allreduce]") {
+  // Over shared memory: the two-phase path, chunk after chunk, with parts of uneven length.
+  ScopedEnv small("TRAINRUN_SHM_SMALL_BYTES", "0");
+  ScopedEnv chunk("TRAINRUN_SHM_CHUNK_BYTES", "4096");
+  std::vector<Case> cases;
+  bool in_place = false;
+  for (DataType type : kTypes) {
+    for (ReduceOp op : kOps) {
+      cases.push_back({type, op, 5001, in_place});
+      in_place = !in_place;
+    }
+  }
+  for (int n = 1; n <= 8; ++n) CheckAllreduce(n, cases);
+}
+
 TEST_CASE("allreduce of 1M+3 elements", "[allreduce]") {
   const size_t big = (1 << 20) + 3;
   CheckAllreduce(2, {{DataType::kFloat32, ReduceOp::kSum, big, true},

@@ -1,4 +1,5 @@
-// Communicator: a group of ranks that run collectives together over TCP (later also shared memory).
+// Communicator: a group of ranks that run collectives together, over shared memory between ranks
+// of one host and TCP otherwise.
 //
 // Inside a worker that `trainrun` started:
 //
@@ -48,6 +49,10 @@ struct CommunicatorOptions {
   std::string job_id;
   // How long any single wait (connecting, a peer's data) may take. Zero: TRAINRUN_TIMEOUT.
   std::chrono::milliseconds timeout{0};
+  // "auto", "tcp" or "shm" (see TRAINRUN_TRANSPORT in rendezvous/environment.h). Empty:
+  // TRAINRUN_TRANSPORT, whose default is auto: shared memory when every rank is on one host and
+  // proven to share its memory, else TCP.
+  std::string transport;
 };
 
 // RankInfo is a rank's place in the job (DESIGN.md, "Rank layout"). A communicator built from an
@@ -84,6 +89,8 @@ class Communicator {
   int rank() const;
   int size() const;
   const RankInfo& info() const;
+  // transport names the transport in use: "shm" or "tcp".
+  const char* transport() const;
 
   // Allreduce reduces `count` elements of `input` across ranks with `op` and writes the result to
   // `output` on every rank. `input == output` reduces in place; otherwise the buffers must not

@@ -131,6 +131,27 @@ inline constexpr EnvParam kSmallAllreduceBytes{
 inline constexpr EnvParam kSpinMicroseconds{
     "TRAINRUN_SPIN_MICROSECONDS", 50, "busy-poll time before a wait for a peer sleeps"};
 
+// --- Collectives over shared memory (collectives/src/shm_transport.h) ------------------------------
+
+// Which transport a communicator uses: "auto" (shared memory when every rank is on this host and
+// the same-host check passes, else TCP), "tcp", or "shm" (shared memory, or fail when the ranks
+// cannot share memory). For tests and comparisons.
+inline constexpr StringParam kTransport{
+    "TRAINRUN_TRANSPORT", "auto", "auto | tcp | shm: the collectives' transport between ranks"};
+
+// Allreduce over shared memory moves data through cache-sized chunks of this many bytes.
+inline constexpr EnvParam kShmChunkBytes{"TRAINRUN_SHM_CHUNK_BYTES", 256 << 10,
+                                         "allreduce pipelining chunk over shared memory, bytes"};
+
+// Allreduce over shared memory of at most this many bytes reduces in one phase on every rank.
+inline constexpr EnvParam kShmSmallBytes{
+    "TRAINRUN_SHM_SMALL_BYTES", 16 << 10,
+    "largest shared-memory allreduce that every rank reduces whole (one synchronisation)"};
+
+// Ring buffer between each ordered pair of ranks for point-to-point transfers, bytes.
+inline constexpr EnvParam kShmChannelBytes{"TRAINRUN_SHM_CHANNEL_BYTES", 512 << 10,
+                                           "shared-memory ring per ordered pair of ranks, bytes"};
+
 // --- Python package (python/) ----------------------------------------------------------------
 
 // A directory every rank on this host can see: without a launcher (tests, quick local runs),

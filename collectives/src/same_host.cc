@@ -1,0 +1,104 @@
+#include "same_host.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <sstream>
+
+#include "trainrun/collectives/errors.h"
+
+namespace trainrun::collectives::internal {
+
+using ::trainrun::internal::MakeMessage;
+
+namespace {
+
+std::vector<std::string> Wait(rendezvous::Store& store, const std::vector<std::string>& keys,
+                              std::chrono::milliseconds timeout, const std::string& what) {
+  auto values = store.Get(keys, timeout);
+  if (!values.ok()) {
+    const std::string message = MakeMessage(what, ": ", values.status().message());
+    if (absl::IsDeadlineExceeded(values.status())) throw TimeoutError(message);
+    throw IoError(message);
+  }
+  return *values;
+}
+
+void Put(rendezvous::Store& store, const std::string& key, const std::string& value) {
+  auto status = store.Set(key, value);
+  if (!status.ok()) throw IoError(MakeMessage("cannot publish ", key, ": ", status.ToString()));
+}
+
+}  // namespace
+
+std::optional<ShmSegment> ProveSharedMemory(rendezvous::Store& store, const std::string& prefix,
+                                            int rank, const std::vector<int>& members,
+                                            size_t bytes, const std::string& extra,
+                                            std::chrono::milliseconds timeout, std::string* why,
+                                            std::string* extra_out) {
+  TRAINRUN_ENFORCE(!members.empty() && bytes >= kNonceBytes, "bad shared-memory group");
+  const bool leader = rank == members[0];
+  const std::string segment_key = prefix + "/segment";
+  std::optional<ShmSegment> segment;
+  std::string verdict = "ok";
+  if (leader) {
+    std::string nonce;
+    try {
+      segment = ShmSegment::Create(bytes);
+      nonce = RandomNonce(kNonceBytes / 2);
+      std::memcpy(segment->data(), nonce.data(), kNonceBytes);
+    } catch (const Error& e) {
+      segment.reset();
+      verdict = e.what();
+    }
+    Put(store, segment_key,
+        segment ? MakeMessage(::getpid(), " ", segment->fd(), " ", bytes, " ", nonce, " ", extra)
+                : std::string("none"));
+    if (extra_out != nullptr) *extra_out = extra;
+  } else {
+    const std::string published =
+        Wait(store, {segment_key}, timeout, MakeMessage("rank ", rank, ": waiting for rank ",
+                                                        members[0], "'s shared-memory segment"))[0];
+    std::istringstream in(published);
+    long pid = 0;
+    int fd = -1;
+    size_t size = 0;
+    std::string nonce;
+    if (!(in >> pid >> fd >> size >> nonce) || size != bytes || nonce.size() != kNonceBytes) {
+      verdict = MakeMessage("rank ", members[0], " could not create a segment of ", bytes, " bytes");
+    } else {
+      std::string rest;
+      std::getline(in >> std::ws, rest);
+      if (extra_out != nullptr) *extra_out = rest;
+      try {
+        segment = ShmSegment::Open(static_cast<pid_t>(pid), fd, size);
+        if (std::memcmp(segment->data(), nonce.data(), kNonceBytes) != 0) {
+          segment.reset();
+          verdict = MakeMessage("/proc/", pid, "/fd/", fd, " is not rank ", members[0],
+                                "'s segment (its nonce differs): not the same host");
+        }
+      } catch (const Error& e) {
+        verdict = e.what();
+      }
+    }
+  }
+  Put(store, MakeMessage(prefix, "/verdict/", rank), verdict);
+  std::vector<std::string> keys;
+  for (int member : members) keys.push_back(MakeMessage(prefix, "/verdict/", member));
+  const auto verdicts =
+      Wait(store, keys, timeout, MakeMessage("rank ", rank, ": waiting for the same-host check"));
+  // Every member has mapped the segment (or given up): the descriptor is no longer needed.
+  if (segment) segment->CloseFd();
+  for (size_t i = 0; i < verdicts.size(); ++i) {
+    if (verdicts[i] != "ok") {
+      if (why != nullptr) {
+        *why = MakeMessage("rank ", members[i], " cannot share memory with rank ", members[0], ": ",
+                           verdicts[i]);
+      }
+      return std::nullopt;
+    }
+  }
+  return segment;
+}
+
+}  // namespace trainrun::collectives::internal

@@ -1,0 +1,497 @@
+#include "shm_transport.h"
+
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "reduce.h"
+#include "trainrun/collectives/errors.h"
+
+namespace trainrun::collectives::internal {
+
+using ::trainrun::internal::MakeMessage;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr size_t kPage = 4096;
+constexpr auto kSleepSlice = std::chrono::microseconds(20000);
+
+size_t RoundUp(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+// True when counter `value` has reached `target` (modulo 2^32).
+bool Reached(uint32_t value, uint32_t target) {
+  return static_cast<int32_t>(value - target) >= 0;
+}
+
+inline void CpuRelax() { __builtin_ia32_pause(); }
+
+}  // namespace
+
+// Control is one rank's block: counters others wait on, each on its own cache line.
+struct ShmTransport::Control {
+  alignas(64) std::atomic<uint32_t> step;  // allreduce progress (see TryAllreduce)
+  std::atomic<uint32_t> step_waiters;
+  alignas(64) std::atomic<uint32_t> doorbell;  // bumped when a ring to or from this rank moved
+  std::atomic<uint32_t> doorbell_waiters;
+  alignas(64) std::atomic<int32_t> pid;
+  std::atomic<int32_t> culprit;  // 0, or 1 + the rank this rank failed because of
+  std::atomic<uint32_t> closed;  // 1 once this rank closed its communicator
+};
+
+// Channel is the state of the ring from one rank to another: bytes ever written and ever read.
+struct ShmTransport::Channel {
+  alignas(64) std::atomic<uint64_t> head;
+  alignas(64) std::atomic<uint64_t> tail;
+};
+
+// WaitClock tracks one wait: when it started spinning, and when it must give up.
+struct ShmTransport::WaitClock {
+  Clock::time_point spin_until;
+  Clock::time_point deadline;
+  int polls = 0;
+
+  explicit WaitClock(const ShmOptions& options) {
+    auto now = Clock::now();
+    spin_until = now + options.spin;
+    deadline = now + options.timeout;
+  }
+  void Moved(const ShmOptions& options) {
+    polls = 0;
+    auto now = Clock::now();
+    spin_until = now + options.spin;
+    deadline = now + options.timeout;
+  }
+};
+
+size_t ShmTransport::SegmentBytes(int size, const ShmOptions& options) {
+  const size_t n = static_cast<size_t>(size);
+  size_t bytes = kHeaderBytes;
+  bytes += RoundUp(n * sizeof(Control), kPage);
+  bytes += RoundUp(n * n * sizeof(Channel), kPage);
+  bytes += n * n * RoundUp(options.channel_bytes, kPage);
+  bytes += n * 2 * RoundUp(options.chunk_bytes, kPage);
+  return bytes;
+}
+
+ShmTransport::ShmTransport(ShmSegment segment, int rank, int size, ShmOptions options)
+    : segment_(std::move(segment)),
+      rank_(rank),
+      size_(size),
+      options_(options),
+      sends_(size),
+      recvs_(size) {
+  options_.channel_bytes = RoundUp(options_.channel_bytes, kPage);
+  options_.chunk_bytes = RoundUp(options_.chunk_bytes, kPage);
+  const size_t n = static_cast<size_t>(size);
+  TRAINRUN_ENFORCE(segment_.bytes() == SegmentBytes(size, options_), "segment of ",
+                   segment_.bytes(), " bytes for a layout of ", SegmentBytes(size, options_));
+  controls_offset_ = kHeaderBytes;
+  channels_offset_ = controls_offset_ + RoundUp(n * sizeof(Control), kPage);
+  rings_offset_ = channels_offset_ + RoundUp(n * n * sizeof(Channel), kPage);
+  slots_offset_ = rings_offset_ + n * n * options_.channel_bytes;
+  pid_ = ::getpid();
+  control(rank_).pid.store(pid_);
+}
+
+ShmTransport::~ShmTransport() {
+  if (watcher_.joinable()) {
+    const uint64_t one = 1;
+    (void)!::write(stop_fd_, &one, sizeof one);
+    watcher_.join();
+  }
+  if (stop_fd_ >= 0) ::close(stop_fd_);
+  Control& me = control(rank_);
+  me.closed.store(1);
+  me.doorbell.fetch_add(1);
+  FutexWakeAll(&me.doorbell);
+}
+
+void ShmTransport::WatchPeers() {
+  watches_.resize(size_);
+  std::vector<int> pidfds;
+  for (int p = 0; p < size_; ++p) {
+    const pid_t pid = control(p).pid.load();
+    if (p != rank_ && pid != pid_) {
+      watches_[p] = ProcessWatch(pid);
+      if (watches_[p].fd() >= 0) pidfds.push_back(watches_[p].fd());
+    }
+  }
+  if (pidfds.empty()) return;
+  stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
+  if (stop_fd_ < 0) return;  // the periodic checks in Idle still notice, within a sleep slice
+  watcher_ = std::thread([this, pidfds] { Watch(pidfds); });
+}
+
+void ShmTransport::Watch(std::vector<int> pidfds) {
+  for (;;) {
+    std::vector<pollfd> fds{{stop_fd_, POLLIN, 0}};
+    for (int fd : pidfds) fds.push_back({fd, POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (fds[0].revents != 0) return;
+    std::vector<int> alive;
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) alive.push_back(fds[i].fd);
+    }
+    pidfds.swap(alive);
+    // Wake this rank wherever it sleeps: on its doorbell, or on a peer's step.
+    peer_ended_.store(true);
+    FutexWakeAll(&control(rank_).doorbell);
+    for (int p = 0; p < size_; ++p) FutexWakeAll(&control(p).step);
+    if (pidfds.empty()) return;
+  }
+}
+
+ShmTransport::Control& ShmTransport::control(int r) const {
+  return reinterpret_cast<Control*>(segment_.data() + controls_offset_)[r];
+}
+
+ShmTransport::Channel& ShmTransport::channel(int from, int to) const {
+  return reinterpret_cast<Channel*>(segment_.data() + channels_offset_)[from * size_ + to];
+}
+
+char* ShmTransport::ring(int from, int to) const {
+  return segment_.data() + rings_offset_ +
+         static_cast<size_t>(from * size_ + to) * options_.channel_bytes;
+}
+
+char* ShmTransport::slot(int r, uint32_t generation) const {
+  return segment_.data() + slots_offset_ +
+         (static_cast<size_t>(r) * 2 + (generation & 1)) * options_.chunk_bytes;
+}
+
+// --- Point to point ---------------------------------------------------------------------------
+
+Request ShmTransport::NewRequest(size_t bytes) {
+  done_.push_back(bytes == 0 ? 1 : 0);
+  if (bytes > 0) ++pending_;
+  return done_.size() - 1;
+}
+
+Request ShmTransport::Send(int peer, const void* data, size_t bytes) {
+  TRAINRUN_ENFORCE(peer >= 0 && peer < size_ && peer != rank_, "send to rank ", peer);
+  Request request = NewRequest(bytes);
+  if (bytes > 0) {
+    sends_[peer].push_back(Op{static_cast<char*>(const_cast<void*>(data)), bytes, request});
+    ProgressSend(peer);
+  }
+  return request;
+}
+
+Request ShmTransport::Recv(int peer, void* data, size_t bytes) {
+  TRAINRUN_ENFORCE(peer >= 0 && peer < size_ && peer != rank_, "receive from rank ", peer);
+  Request request = NewRequest(bytes);
+  if (bytes > 0) recvs_[peer].push_back(Op{static_cast<char*>(data), bytes, request});
+  return request;
+}
+
+void ShmTransport::Ring(int peer) {
+  Control& c = control(peer);
+  c.doorbell.fetch_add(1);
+  if (c.doorbell_waiters.load() != 0) FutexWakeAll(&c.doorbell);
+}
+
+bool ShmTransport::ProgressSend(int peer) {
+  bool moved = false;
+  Channel& ch = channel(rank_, peer);
+  char* base = ring(rank_, peer);
+  const size_t capacity = options_.channel_bytes;
+  while (!sends_[peer].empty()) {
+    Op& op = sends_[peer].front();
+    const uint64_t head = ch.head.load(std::memory_order_relaxed);
+    const uint64_t tail = ch.tail.load(std::memory_order_acquire);
+    size_t space = capacity - static_cast<size_t>(head - tail);
+    if (space == 0) break;
+    size_t k = std::min(space, op.left);
+    size_t at = static_cast<size_t>(head % capacity);
+    size_t first = std::min(k, capacity - at);
+    std::memcpy(base + at, op.data, first);
+    if (k > first) std::memcpy(base, op.data + first, k - first);
+    ch.head.store(head + k, std::memory_order_release);
+    op.data += k;
+    op.left -= k;
+    moved = true;
+    if (op.left == 0) {
+      done_[op.request] = 1;
+      --pending_;
+      sends_[peer].pop_front();
+    }
+  }
+  if (moved) Ring(peer);
+  return moved;
+}
+
+bool ShmTransport::ProgressRecv(int peer) {
+  bool moved = false;
+  Channel& ch = channel(peer, rank_);
+  const char* base = ring(peer, rank_);
+  const size_t capacity = options_.channel_bytes;
+  while (!recvs_[peer].empty()) {
+    Op& op = recvs_[peer].front();
+    const uint64_t tail = ch.tail.load(std::memory_order_relaxed);
+    const uint64_t head = ch.head.load(std::memory_order_acquire);
+    size_t avail = static_cast<size_t>(head - tail);
+    if (avail == 0) break;
+    size_t k = std::min(avail, op.left);
+    size_t at = static_cast<size_t>(tail % capacity);
+    size_t first = std::min(k, capacity - at);
+    std::memcpy(op.data, base + at, first);
+    if (k > first) std::memcpy(op.data + first, base, k - first);
+    ch.tail.store(tail + k, std::memory_order_release);
+    op.data += k;
+    op.left -= k;
+    moved = true;
+    if (op.left == 0) {
+      done_[op.request] = 1;
+      --pending_;
+      recvs_[peer].pop_front();
+    }
+  }
+  if (moved) Ring(peer);
+  return moved;
+}
+
+bool ShmTransport::Progress() {
+  bool moved = false;
+  for (int p = 0; p < size_; ++p) {
+    if (!recvs_[p].empty()) moved |= ProgressRecv(p);
+    if (!sends_[p].empty()) moved |= ProgressSend(p);
+  }
+  return moved;
+}
+
+void ShmTransport::Wait(Request request) {
+  TRAINRUN_ENFORCE(request < done_.size(), "unknown request ", request);
+  Control& me = control(rank_);
+  WaitClock clock(options_);
+  while (done_[request] == 0) {
+    const uint32_t seen = me.doorbell.load();
+    if (Progress()) {
+      clock.Moved(options_);
+      continue;
+    }
+    // Blame a peer this rank still waits on: the first pending receive, else the first send.
+    int blame = -1;
+    for (int p = 0; p < size_ && blame < 0; ++p) {
+      if (!recvs_[p].empty()) blame = p;
+    }
+    for (int p = 0; p < size_ && blame < 0; ++p) {
+      if (!sends_[p].empty()) blame = p;
+    }
+    Idle(me.doorbell, me.doorbell_waiters, seen, clock, blame);
+  }
+}
+
+void ShmTransport::WaitAll() {
+  for (Request r = 0; r < done_.size(); ++r) {
+    if (done_[r] == 0) Wait(r);
+  }
+  done_.clear();
+  pending_ = 0;
+}
+
+// --- Waiting and failure ----------------------------------------------------------------------
+
+void ShmTransport::Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters,
+                        uint32_t seen, WaitClock& clock, int blame) {
+  ++clock.polls;
+  if (options_.spin.count() > 0) {
+    if ((clock.polls & 255) != 0 || Clock::now() < clock.spin_until) {
+      CpuRelax();
+      if ((clock.polls & 4095) == 0 || peer_ended_.load(std::memory_order_relaxed)) {
+        CheckPeers(blame);
+      }
+      return;
+    }
+  } else if (clock.polls < 16) {
+    ::sched_yield();  // more ranks than cores: let the one we wait for run
+    return;
+  }
+  waiters.fetch_add(1);
+  FutexWait(&word, seen, kSleepSlice);
+  waiters.fetch_sub(1);
+  CheckPeers(blame);
+  if (Clock::now() > clock.deadline) FailTimeout(blame);
+}
+
+void ShmTransport::CheckPeers(int blame) {
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    Control& c = control(p);
+    const int32_t culprit_plus_one = c.culprit.load(std::memory_order_acquire);
+    if (culprit_plus_one != 0) {
+      int culprit = culprit_plus_one - 1;
+      if (culprit < 0 || culprit >= size_) culprit = p;
+      // A peer that timed out waiting on this rank blames it, but this rank is alive and waiting
+      // too: pass the blame on to whoever this rank waits on.
+      if (culprit == rank_) FailTimeout(blame >= 0 ? blame : p);
+      Fail(culprit, culprit == p ? MakeMessage("rank ", Global(p), " failed")
+                                 : MakeMessage("rank ", Global(culprit), " failed, as rank ",
+                                               Global(p), " reports"));
+    }
+    // A peer that closed its communicator may have finished its part; it is an error only when
+    // this rank still waits on it. One that ended without closing failed, whoever waits on whom.
+    const bool waiting_on = p == blame || !recvs_[p].empty() || !sends_[p].empty();
+    const bool closed = c.closed.load() != 0;
+    // What a peer sent before closing is visible once `closed` is: use it before blaming.
+    if (closed && waiting_on && awaiting_step_ && Reached(c.step.load(), awaited_step_)) continue;
+    if (closed && waiting_on && !awaiting_step_ && Progress()) continue;
+    if (closed && waiting_on) {
+      Fail(p, MakeMessage("rank ", Global(p),
+                          " closed its communicator while this rank still waited on it"));
+    }
+    if (!closed && static_cast<size_t>(p) < watches_.size() && !watches_[p].Alive()) {
+      Fail(p, MakeMessage("rank ", Global(p), " exited or was killed"));
+    }
+  }
+}
+
+void ShmTransport::Fail(int peer, const std::string& message) {
+  failed_peer_ = peer;
+  throw IoError(MakeMessage("rank ", Global(rank_), ": ", message));
+}
+
+void ShmTransport::FailTimeout(int peer) {
+  failed_peer_ = peer;
+  throw TimeoutError(MakeMessage("rank ", Global(rank_), ": no progress from rank ", Global(peer), " for ",
+                                 options_.timeout.count() / 1000.0,
+                                 " s over shared memory; is it stuck outside the collective?"));
+}
+
+void ShmTransport::Abort(int peer, const std::string& message) {
+  Control& me = control(rank_);
+  me.culprit.store(peer >= 0 ? peer + 1 : rank_ + 1, std::memory_order_release);
+  me.step.fetch_add(0x10000000);  // wakes whoever waits on this rank's steps
+  FutexWakeAll(&me.step);
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_) Ring(p);
+  }
+}
+
+// --- Allreduce --------------------------------------------------------------------------------
+
+void ShmTransport::Post(uint32_t step) {
+  Control& me = control(rank_);
+  me.step.store(step);
+  if (me.step_waiters.load() != 0) FutexWakeAll(&me.step);
+}
+
+void ShmTransport::AwaitSteps(uint32_t step) {
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    Control& c = control(p);
+    WaitClock clock(options_);
+    awaiting_step_ = true;
+    awaited_step_ = step;
+    for (;;) {
+      const uint32_t seen = c.step.load();
+      if (Reached(seen, step) && c.culprit.load(std::memory_order_relaxed) == 0) break;
+      if (c.culprit.load() != 0) CheckPeers(p);
+      Idle(c.step, c.step_waiters, seen, clock, p);
+    }
+  }
+  awaiting_step_ = false;
+}
+
+bool ShmTransport::TryAllreduce(const void* input, void* output, size_t count, DataType type,
+                                ReduceOp op) {
+  if (count == 0) return true;
+  const char* in = static_cast<const char*>(input);
+  char* out = static_cast<char*>(output);
+  const size_t e = ElementSize(type);
+  if (size_ == 1) {
+    if (in != out) std::memcpy(out, in, count * e);
+    return true;
+  }
+  if (count * e <= std::min(options_.small_bytes, options_.chunk_bytes)) {
+    SmallAllreduce(in, out, count, type, op);
+  } else {
+    ChunkAllreduce(in, out, count, type, op, size_, nullptr);
+  }
+  return true;
+}
+
+void ShmTransport::AllreduceAcrossGroups(const void* input, void* output, size_t count,
+                                         DataType type, ReduceOp op, int divisor,
+                                         const PartAllreduce& across) {
+  if (count == 0) return;
+  ChunkAllreduce(static_cast<const char*>(input), static_cast<char*>(output), count, type, op,
+                 divisor, &across);
+}
+
+// Every rank copies its input to its slot, then reduces all slots in rank order.
+void ShmTransport::SmallAllreduce(const char* in, char* out, size_t count, DataType type,
+                                  ReduceOp op) {
+  const size_t bytes = count * ElementSize(type);
+  const uint32_t g = generation_++;
+  std::memcpy(slot(rank_, g), in, bytes);
+  Post(2 * g + 1);
+  AwaitSteps(2 * g + 1);
+  Reduce(type, op, out, slot(0, g), slot(1, g), count);
+  for (int p = 2; p < size_; ++p) Reduce(type, op, out, out, slot(p, g), count);
+  if (op == ReduceOp::kAverage) Divide(type, out, count, size_);
+  Post(2 * g + 2);
+}
+
+// Chunk by chunk: copy in what the peers need, reduce this rank's part from every slot, publish
+// it, copy out the peers' parts.
+void ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataType type,
+                                  ReduceOp op, int divisor, const PartAllreduce* across) {
+  const size_t e = ElementSize(type);
+  const size_t n = static_cast<size_t>(size_);
+  // Parts of a chunk are whole cache lines where possible, so ranks do not share lines.
+  const size_t line = std::max<size_t>(1, 64 / e);
+  const size_t chunk = std::max(n * line, options_.chunk_bytes / e / (n * line) * (n * line));
+  for (size_t begin = 0; begin < count; begin += chunk) {
+    const size_t length = std::min(chunk, count - begin);
+    const size_t per = RoundUp((length + n - 1) / n, line);
+    auto part = [&](int p) {
+      size_t b = std::min(length, p * per);
+      return std::pair<size_t, size_t>{b, std::min(length, b + per) - b};
+    };
+    const uint32_t g = generation_++;
+    char* mine = slot(rank_, g);
+    const char* src = in + begin * e;
+    char* dst = out + begin * e;
+    auto [own_begin, own_length] = part(rank_);
+    // Copy in everything but this rank's own part, which only this rank reads (from `in`).
+    std::memcpy(mine, src, own_begin * e);
+    const size_t after = own_begin + own_length;
+    std::memcpy(mine + after * e, src + after * e, (length - after) * e);
+    Post(2 * g + 1);
+    AwaitSteps(2 * g + 1);
+    if (own_length > 0) {
+      char* result = mine + own_begin * e;
+      bool first = true;
+      for (int p = 0; p < size_; ++p) {
+        if (p == rank_) continue;
+        Reduce(type, op, result, first ? src + own_begin * e : result,
+               slot(p, g) + own_begin * e, own_length);
+        first = false;
+      }
+      if (first) std::memcpy(result, src + own_begin * e, own_length * e);  // no peers
+      if (across != nullptr) (*across)(result, own_length);
+      if (op == ReduceOp::kAverage) Divide(type, result, own_length, divisor);
+      std::memcpy(dst + own_begin * e, result, own_length * e);
+    }
+    Post(2 * g + 2);
+    AwaitSteps(2 * g + 2);
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      auto [b, l] = part(p);
+      if (l > 0) std::memcpy(dst + b * e, slot(p, g) + b * e, l * e);
+    }
+  }
+}
+
+}  // namespace trainrun::collectives::internal

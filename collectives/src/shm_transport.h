@@ -1,0 +1,138 @@
+// ShmTransport: the ranks of one host exchange through one shared segment (shm_segment.h) instead
+// of sockets.
+//
+// Point-to-point Send/Recv (what broadcast, allgather, reduce-scatter and barrier use) go through a
+// single-producer single-consumer ring per ordered pair of ranks. Allreduce has its own path
+// (TryAllreduce) that skips the rings: every rank copies its input, chunk by chunk, into its own
+// slot of the segment; rank r then reduces part r of the chunk straight from every peer's slot and
+// publishes the result in its slot, from which the others copy it out. A chunk is small enough to
+// stay in cache between the copy and the reduction, and two slots per rank let one chunk's copy-in
+// overlap a slower peer's work on the previous one. Small messages skip the second phase: every
+// rank reduces the whole buffer from all slots, in rank order, so the results stay bit-identical.
+//
+// Synchronisation is by per-rank counters in the segment: spin briefly, then sleep on a futex
+// with a short timeout, after which the waiter checks that its peers are alive (pidfd) and have not
+// aborted, so a dead peer is noticed within milliseconds and a stalled one after `timeout`.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <thread>
+#include <string>
+#include <vector>
+
+#include "shm_segment.h"
+#include "transport.h"
+
+namespace trainrun::collectives::internal {
+
+struct ShmOptions {
+  std::chrono::milliseconds timeout{300000};
+  std::chrono::microseconds spin{50};  // busy wait before sleeping on a futex
+  size_t chunk_bytes = 1 << 20;        // allreduce pipelining unit (per slot)
+  size_t small_bytes = 32 << 10;       // allreduce of at most this: one phase, whole buffer
+  size_t channel_bytes = 512 << 10;    // ring buffer per ordered pair of ranks
+  int rank_offset = 0;  // global rank of this group's rank 0, for messages (hierarchical.h)
+};
+
+class ShmTransport : public Transport {
+ public:
+  // SegmentBytes is the size of the segment `size` ranks with `options` need; the first
+  // kHeaderBytes of it are free for the caller (same_host.h keeps its nonce there).
+  static size_t SegmentBytes(int size, const ShmOptions& options);
+  static constexpr size_t kHeaderBytes = 4096;
+
+  // ShmTransport takes over `segment`, which every rank of the communicator has mapped with the
+  // same size and options. Registers this process in it; the caller must make every rank finish
+  // construction (e.g. a store barrier) before the first operation.
+  ShmTransport(ShmSegment segment, int rank, int size, ShmOptions options);
+  ~ShmTransport() override;
+
+  // WatchPeers starts watching peers' processes; call once every rank has been constructed. A
+  // thread sleeps in poll(2) on their pidfds and, when one ends, wakes this rank wherever it
+  // waits, so a killed peer is noticed at once (as a TCP peer's reset connection is).
+  void WatchPeers();
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Request Send(int peer, const void* data, size_t bytes) override;
+  Request Recv(int peer, void* data, size_t bytes) override;
+  void Wait(Request request) override;
+  void WaitAll() override;
+  int failed_peer() const override { return failed_peer_; }
+  void Abort(int peer, const std::string& message) override;
+  bool TryAllreduce(const void* input, void* output, size_t count, DataType type,
+                    ReduceOp op) override;
+  const char* name() const override { return "shm"; }
+
+  // PartAllreduce allreduces `count` elements at `data` in place among other groups (hosts).
+  using PartAllreduce = std::function<void(char* data, size_t count)>;
+  // AllreduceAcrossGroups is the chunked allreduce with one more step: each rank passes its reduced
+  // part of every chunk through `across` before the others copy it, and kAverage divides by
+  // `divisor` (the size of the whole job). `across` must treat kAverage as kSum.
+  void AllreduceAcrossGroups(const void* input, void* output, size_t count, DataType type,
+                             ReduceOp op, int divisor, const PartAllreduce& across);
+
+ private:
+  struct Control;
+  struct Channel;
+  struct Op {
+    char* data;
+    size_t left;
+    Request request;
+  };
+  struct WaitClock;
+
+  Control& control(int r) const;
+  Channel& channel(int from, int to) const;
+  char* ring(int from, int to) const;
+  char* slot(int r, uint32_t generation) const;
+
+  Request NewRequest(size_t bytes);
+  bool Progress();
+  bool ProgressSend(int peer);
+  bool ProgressRecv(int peer);
+  void Ring(int peer);
+  void Post(uint32_t step);
+  void AwaitSteps(uint32_t step);
+  // Sleeps (after spinning) until `word` may have moved from `seen`; checks peers and the deadline.
+  void Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, uint32_t seen,
+            WaitClock& clock, int blame);
+  void CheckPeers(int blame);
+  void Watch(std::vector<int> pidfds);
+  [[noreturn]] void Fail(int peer, const std::string& message);
+  [[noreturn]] void FailTimeout(int peer);
+
+  void SmallAllreduce(const char* in, char* out, size_t count, DataType type, ReduceOp op);
+  void ChunkAllreduce(const char* in, char* out, size_t count, DataType type, ReduceOp op,
+                      int divisor, const PartAllreduce* across);
+  int Global(int r) const { return r + options_.rank_offset; }
+
+  ShmSegment segment_;
+  int rank_;
+  int size_;
+  ShmOptions options_;
+  size_t controls_offset_ = 0;
+  size_t channels_offset_ = 0;
+  size_t rings_offset_ = 0;
+  size_t slots_offset_ = 0;
+  pid_t pid_ = 0;
+  std::vector<ProcessWatch> watches_;  // per peer; empty entries for this process's own threads
+  std::thread watcher_;
+  int stop_fd_ = -1;                    // eventfd that ends watcher_
+  std::atomic<bool> peer_ended_{false};  // set by watcher_
+  std::vector<std::deque<Op>> sends_;
+  std::vector<std::deque<Op>> recvs_;
+  std::vector<uint8_t> done_;  // per request since the last WaitAll
+  size_t pending_ = 0;
+  uint32_t generation_ = 0;  // allreduce chunks so far; steps 2g+1 and 2g+2 belong to chunk g
+  int failed_peer_ = -1;
+  bool awaiting_step_ = false;  // in AwaitSteps, for awaited_step_
+  uint32_t awaited_step_ = 0;
+};
+
+}  // namespace trainrun::collectives::internal

@@ -1,0 +1,266 @@
+// The shared-memory transport with real processes: it is chosen for an all-local job, a rank
+// killed mid-allreduce makes the others raise promptly, nothing is left in /dev/shm, and a rank
+// that only claims to share the host (another PID and mount namespace) is caught and the job runs
+// over TCP. Every operation, type and op over shared memory with ranks as threads: collectives_test
+// run again under TRAINRUN_TRANSPORT=shm (see CMakeLists.txt).
+#include <catch2/catch.hpp>
+
+#include <dirent.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "file_store.h"
+#include "spawn.h"
+#include "trainrun/collectives/communicator.h"
+
+namespace trainrun::collectives {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+CommunicatorOptions Options(const std::string& transport) {
+  CommunicatorOptions options;
+  options.job_token = "t";
+  options.job_id = "job-shm";
+  options.timeout = std::chrono::seconds(20);
+  options.transport = transport;
+  return options;
+}
+
+std::set<std::string> DevShm() {
+  std::set<std::string> names;
+  if (DIR* dir = ::opendir("/dev/shm")) {
+    while (dirent* entry = ::readdir(dir)) names.insert(entry->d_name);
+    ::closedir(dir);
+  }
+  return names;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char dir[] = "/tmp/trainrun-shm-test-XXXXXX";
+    REQUIRE(::mkdtemp(dir) != nullptr);
+    path = dir;
+  }
+  ~TempDir() { (void)std::system(("rm -rf " + path).c_str()); }
+};
+
+// Forks one child per rank running `body(rank)` (its exit code is the child's) and waits for all
+// of them, at most `limit`; a straggler is killed and reported as -1.
+std::vector<int> RunProcesses(int n, const std::function<int(int)>& body,
+                              std::chrono::seconds limit) {
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < n; ++rank) {
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      int code = 99;
+      try {
+        code = body(rank);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        code = 98;
+      }
+      ::_exit(code);
+    }
+    children.push_back(pid);
+  }
+  std::vector<int> status(n, -2);
+  auto deadline = Clock::now() + limit;
+  int left = n;
+  while (left > 0 && Clock::now() < deadline) {
+    for (int r = 0; r < n; ++r) {
+      int s = 0;
+      if (status[r] == -2 && ::waitpid(children[r], &s, WNOHANG) == children[r]) {
+        status[r] = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
+        --left;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (int r = 0; r < n; ++r) {
+    if (status[r] == -2) {
+      ::kill(children[r], SIGKILL);
+      ::waitpid(children[r], nullptr, 0);
+      status[r] = -1;
+    }
+  }
+  return status;
+}
+
+TEST_CASE("an all-local job of processes runs over shared memory and leaves nothing behind",
+          "[shm][process]") {
+  const auto before = DevShm();
+  for (int n : {2, 3, 5}) {
+    TempDir dir;
+    auto status = RunProcesses(
+        n,
+        [&](int rank) {
+          auto store = std::make_shared<testing::FileStore>(dir.path);
+          Communicator comm(store, rank, n, Options("auto"));
+          if (std::string(comm.transport()) != "shm") return 10;
+          // Sizes across the one-phase, chunked and point-to-point paths.
+          for (size_t count : {size_t{1}, size_t{1000}, size_t{300000}, size_t{(1 << 20) + 3}}) {
+            std::vector<double> x(count);
+            for (size_t i = 0; i < count; ++i) x[i] = rank + 1 + static_cast<double>(i % 7);
+            comm.Allreduce(x.data(), count, DataType::kFloat64, ReduceOp::kSum);
+            for (size_t i = 0; i < count; ++i) {
+              if (x[i] != n * (n + 1) / 2.0 + n * static_cast<double>(i % 7)) return 11;
+            }
+            std::vector<int32_t> mine(count, rank), all(count * n);
+            comm.Allgather(mine.data(), all.data(), count, DataType::kInt32);
+            for (int r = 0; r < n; ++r) {
+              if (all[r * count] != r || all[r * count + count - 1] != r) return 12;
+            }
+            comm.Broadcast(mine.data(), count, DataType::kInt32, n - 1);
+            if (mine[0] != n - 1 || mine[count - 1] != n - 1) return 13;
+          }
+          comm.Barrier();
+          return 0;
+        },
+        std::chrono::seconds(60));
+    for (int r = 0; r < n; ++r) {
+      INFO("n " << n << " rank " << r);
+      CHECK(status[r] == 0);
+    }
+  }
+  CHECK(DevShm() == before);
+}
+
+TEST_CASE("a rank killed with SIGKILL mid-allreduce over shared memory: the others raise promptly "
+          "naming it, and nothing is left in /dev/shm",
+          "[shm][failure][process]") {
+  const auto before = DevShm();
+  const int n = 4, victim = 2;
+  TempDir dir;
+  auto start = Clock::now();
+  auto status = RunProcesses(
+      n,
+      [&](int rank) {
+        auto store = std::make_shared<testing::FileStore>(dir.path);
+        Communicator comm(store, rank, n, Options("shm"));
+        std::vector<float> x(1 << 20, 1.0f);
+        try {
+          for (int i = 0; i < 100000; ++i) {
+            if (rank == victim && i == 5) ::raise(SIGKILL);
+            comm.Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
+          }
+        } catch (const IoError& e) {
+          std::ofstream(dir.path + "/error." + std::to_string(rank)) << e.what();
+          return 0;
+        }
+        return 5;
+      },
+      std::chrono::seconds(20));
+  CHECK(Clock::now() - start < std::chrono::seconds(10));
+  CHECK(status[victim] == 128 + SIGKILL);
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) continue;
+    const std::string message = ReadFile(dir.path + "/error." + std::to_string(r));
+    INFO("rank " << r << ": " << message);
+    CHECK(status[r] == 0);
+    CHECK(message.find("rank 2") != std::string::npos);
+  }
+  CHECK(DevShm() == before);
+}
+
+// Runs `body` in a new PID and mount namespace with its own /proc: it shares the kernel and the
+// network namespace with the test, but cannot see the test's processes. Returns body's exit code,
+// or -1 when namespaces cannot be made here.
+int InOtherPidNamespace(const std::function<int()>& body) {
+  if (::unshare(CLONE_NEWNS | CLONE_NEWPID) != 0) return -1;
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        ::mount("proc", "/proc", "proc", 0, nullptr) != 0) {
+      ::_exit(97);
+    }
+    ::_exit(body());
+  }
+  int s = 0;
+  ::waitpid(pid, &s, 0);
+  return WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
+}
+
+TEST_CASE("a rank that cannot see the others' memory fails the same-host check: auto falls back "
+          "to TCP, shm refuses",
+          "[shm][process]") {
+  if (::geteuid() != 0) {
+    WARN("needs root to make PID namespaces; skipped");
+    return;
+  }
+  for (const std::string mode : {"auto", "shm"}) {
+    TempDir dir;
+    auto rank_main = [&](int rank) {
+      auto store = std::make_shared<testing::FileStore>(dir.path);
+      try {
+        Communicator comm(store, rank, 2, Options(mode));
+        std::ofstream(dir.path + "/transport." + std::to_string(rank)) << comm.transport();
+        float x = static_cast<float>(rank + 1);
+        comm.Allreduce(&x, 1, DataType::kFloat32, ReduceOp::kSum);
+        return x == 3.0f ? 0 : 21;
+      } catch (const IoError& e) {
+        std::ofstream(dir.path + "/error." + std::to_string(rank)) << e.what();
+        return 22;
+      }
+    };
+    auto status = RunProcesses(
+        2,
+        [&](int rank) {
+          if (rank == 0) return rank_main(0);
+          int code = InOtherPidNamespace([&] { return rank_main(1); });
+          return code < 0 ? 96 : code;
+        },
+        std::chrono::seconds(60));
+    INFO("mode " << mode << ", rank 1 error: " << ReadFile(dir.path + "/error.1"));
+    if (mode == "auto") {
+      CHECK(status[0] == 0);
+      CHECK(status[1] == 0);
+      CHECK(ReadFile(dir.path + "/transport.0") == "tcp");
+      CHECK(ReadFile(dir.path + "/transport.1") == "tcp");
+    } else {
+      CHECK(status[0] == 22);
+      CHECK(status[1] == 22);
+      CHECK(ReadFile(dir.path + "/error.1").find("cannot share memory") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("threads of one process share memory: shm is chosen and TRAINRUN_TRANSPORT's value is "
+          "checked",
+          "[shm]") {
+  testing::Spawn(3, [](int rank, std::shared_ptr<rendezvous::Store> store) {
+    Communicator comm(store, rank, 3, Options("auto"));
+    CHECK(std::string(comm.transport()) == "shm");
+  });
+  testing::Spawn(2, [](int rank, std::shared_ptr<rendezvous::Store> store) {
+    Communicator comm(store, rank, 2, Options("tcp"));
+    CHECK(std::string(comm.transport()) == "tcp");
+  });
+  auto store = std::make_shared<rendezvous::MemoryStore>();
+  CHECK_THROWS_AS(Communicator(store, 0, 1, Options("carrier-pigeon")), InvalidArgumentError);
+}
+
+}  // namespace
+}  // namespace trainrun::collectives
