@@ -29,6 +29,8 @@ constexpr size_t kMinStripeBytes = 64 << 10;
 constexpr size_t kMaxSendBytes = 256 << 10;
 constexpr char kBye = 'B';
 constexpr char kAbort = 'A';
+// How long a lost data connection waits for the abort its peer may have sent just before.
+constexpr int kAbortGraceMs = 50;
 // A stranger gets at most this long to prove itself, so it cannot hold up setup for long.
 constexpr std::chrono::seconds kHandshakeTimeout{10};
 
@@ -303,7 +305,7 @@ bool TcpTransport::ProgressSends(Conn& conn) {
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       conn.maybe_writable = false;
     } else if (errno != EINTR) {
-      Fail(conn.peer, MakeMessage("sending to rank ", conn.peer, " failed (", std::strerror(errno),
+      FailLost(conn.peer, MakeMessage("sending to rank ", conn.peer, " failed (", std::strerror(errno),
                                   "): rank ", conn.peer, " exited or its connection broke"));
     }
   }
@@ -324,7 +326,7 @@ bool TcpTransport::ProgressRecvs(Conn& conn) {
         conn.recvs.pop_front();
       }
     } else if (n == 0) {
-      Fail(conn.peer,
+      FailLost(conn.peer,
            controls_[conn.peer].said_bye
                ? MakeMessage("rank ", conn.peer, " closed its communicator while this rank still "
                              "expected data from it (mismatched collectives?)")
@@ -333,7 +335,7 @@ bool TcpTransport::ProgressRecvs(Conn& conn) {
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       conn.maybe_readable = false;
     } else if (errno != EINTR) {
-      Fail(conn.peer, MakeMessage("receiving from rank ", conn.peer, " failed (",
+      FailLost(conn.peer, MakeMessage("receiving from rank ", conn.peer, " failed (",
                                   std::strerror(errno), "): rank ", conn.peer,
                                   " exited or its connection broke"));
     }
@@ -385,6 +387,18 @@ bool TcpTransport::PollOnce(int timeout_ms) {
     if (revents & (POLLOUT | POLLHUP | POLLERR)) conn.maybe_writable = true;
   }
   return true;
+}
+
+void TcpTransport::FailLost(int peer, const std::string& message) {
+  // A peer that failed because of another rank sends an abort naming it on its control
+  // connection just before it closes its data connections; read it first, so the blame goes to
+  // the rank that failed first rather than to the peer that passed the failure on.
+  Control& control = controls_[peer];
+  if (control.fd.valid()) {
+    pollfd readable{control.fd.get(), POLLIN, 0};
+    if (::poll(&readable, 1, kAbortGraceMs) > 0) ReadControl(peer);  // throws on an abort
+  }
+  Fail(peer, message);
 }
 
 void TcpTransport::ReadControl(int peer) {

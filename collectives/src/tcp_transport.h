@@ -86,6 +86,9 @@ class TcpTransport : public Transport {
   bool PollOnce(int timeout_ms);
   void ReadControl(int peer);
   [[noreturn]] void Fail(int peer, const std::string& message);
+  // FailLost fails for a data connection to `peer` that broke, unless `peer`'s control connection
+  // holds (or brings within a moment) an abort that names the rank that failed first.
+  [[noreturn]] void FailLost(int peer, const std::string& message);
   [[noreturn]] void FailTimeout();
 
   int rank_;
