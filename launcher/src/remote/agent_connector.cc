@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <optional>
+#include <chrono>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -109,6 +110,7 @@ absl::StatusOr<std::vector<RemoteAgent>> ConnectAgents(
     std::optional<absl::Status> failure;
     std::atomic<bool> abandoned{false};
     int connected = 0;
+    int running = 0;  // threads not finished yet
   };
   auto shared = std::make_shared<Shared>();
   shared->agents.resize(targets.size());
@@ -123,6 +125,7 @@ absl::StatusOr<std::vector<RemoteAgent>> ConnectAgents(
       opened[i] = *std::move(channel);
     }
   }
+  shared->running = static_cast<int>(targets.size());
   for (size_t i = 0; i < targets.size(); ++i) {
     std::thread([shared, i, target = targets[i], command, options, deadline,
                  channel = std::move(opened[i])]() mutable {
@@ -137,6 +140,7 @@ absl::StatusOr<std::vector<RemoteAgent>> ConnectAgents(
         shared->agents[i] = *std::move(agent);
         ++shared->connected;
       }
+      --shared->running;
       shared->changed.notify_all();
     }).detach();
   }
@@ -146,6 +150,10 @@ absl::StatusOr<std::vector<RemoteAgent>> ConnectAgents(
     if (shared->failure) {
       // Close what is open now; threads still connecting drop theirs when they finish.
       shared->abandoned = true;
+      for (auto& agent : shared->agents) agent.reset();
+      // Give the other attempts a moment to see `abandoned` and end (they check it in short
+      // slices), so that few threads are still inside libssh2 or OpenSSL when the process exits.
+      shared->changed.wait_for(lock, std::chrono::seconds(1), [&] { return shared->running == 0; });
       for (auto& agent : shared->agents) agent.reset();
       return *shared->failure;
     }
