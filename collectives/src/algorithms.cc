@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "reduce.h"
+#include "trainrun/rendezvous/environment.h"
 #include "trainrun/collectives/errors.h"
 
 namespace trainrun::collectives::internal {
@@ -28,39 +29,61 @@ char* Scratch(AlgorithmContext& ctx, size_t bytes) {
 // RunRing drives the ring pipeline that ring allreduce, reduce-scatter and allgather share.
 //
 // Each of `steps` steps sends one block to the right neighbour and receives one from the left;
-// every block is cut into `segments` segments. Segment k of step s+1 leaves as soon as segment k of
-// step s has arrived and been processed (`on_recv`, e.g. reduced into the work buffer), so at any
-// moment the socket carries one segment while the previous one is being reduced: sending,
-// receiving and reducing overlap, with one thread. Receives are posted `window` segments ahead into
-// slot (unit % window) of whatever temporary space `recv_span` hands out; a slot is reused only
-// after `on_recv` has consumed it.
+// every block is cut into `segments` segments, and a unit is one segment of one step. Segment k of
+// step s+1 can leave only once segment k of step s has arrived and been processed (`on_recv`, e.g.
+// reduced into the work buffer). Units travel in a wavefront order rather than step by step: unit
+// (s, k) has position key k + s * `lag`, so segment k of step s+1 goes out `lag` segments after
+// segment k of step s came in, while what was just reduced is still in cache, and no rank runs more
+// than about `lag` segments per step ahead of its neighbour, which keeps the kernel's socket queues
+// (and so the bytes they copy) short and cache-resident too. Every rank uses the same order, so the
+// receiver expects units in the order the sender sends them. With one thread, sending, receiving and
+// reducing still overlap: the kernel moves bytes while this rank reduces. Receives are posted
+// `window` units ahead into slot (position % window) of whatever temporary space `recv_span` hands
+// out; a slot is reused only after `on_recv` has consumed it.
 template <typename SendSpan, typename RecvSpan, typename OnRecv>
-void RunRing(Transport& t, int steps, int segments, int window, SendSpan send_span,
+void RunRing(Transport& t, int steps, int segments, int window, int lag, SendSpan send_span,
              RecvSpan recv_span, OnRecv on_recv) {
   const int n = t.size();
   const int right = Mod(t.rank() + 1, n);
   const int left = Mod(t.rank() - 1, n);
   const int units = steps * segments;
-  std::vector<Request> received(units);
-  auto post_recv = [&](int u) {
-    Span span = recv_span(u / segments, u % segments, u % window);
-    received[u] = t.Recv(left, span.data, span.bytes);
-  };
-  for (int k = 0; k < segments; ++k) {
-    Span span = send_span(0, k);
-    t.Send(right, span.data, span.bytes);
-  }
-  for (int u = 0; u < std::min(window, units); ++u) post_recv(u);
-  for (int u = 0; u < units; ++u) {
-    const int s = u / segments;
-    const int k = u % segments;
-    t.Wait(received[u]);
-    on_recv(s, k, u % window);
-    if (u + window < units) post_recv(u + window);
-    if (s + 1 < steps) {
-      Span span = send_span(s + 1, k);
-      t.Send(right, span.data, span.bytes);
+  lag = std::max(1, lag);
+  // order[p] = the unit at position p; position[s * segments + k] = where unit (s, k) is.
+  std::vector<std::pair<int, int>> order;
+  order.reserve(units);
+  std::vector<int> position(units);
+  const int keys = segments + (steps - 1) * lag;
+  for (int key = 0; key < keys; ++key) {
+    for (int s = std::min(steps - 1, key / lag); s >= 0; --s) {
+      const int k = key - s * lag;
+      if (k < 0 || k >= segments) continue;
+      position[s * segments + k] = static_cast<int>(order.size());
+      order.emplace_back(s, k);
     }
+  }
+  std::vector<Request> received(units);
+  auto post_recv = [&](int p) {
+    Span span = recv_span(order[p].first, order[p].second, p % window);
+    received[p] = t.Recv(left, span.data, span.bytes);
+  };
+  int next_send = 0;  // the next position to send; units go out in position order
+  auto post_sends = [&](int processed) {  // positions < processed have been received and processed
+    while (next_send < units) {
+      auto [s, k] = order[next_send];
+      if (s > 0 && position[(s - 1) * segments + k] >= processed) break;
+      Span span = send_span(s, k);
+      t.Send(right, span.data, span.bytes);
+      ++next_send;
+    }
+  };
+  for (int p = 0; p < std::min(window, units); ++p) post_recv(p);
+  post_sends(0);
+  for (int p = 0; p < units; ++p) {
+    auto [s, k] = order[p];
+    t.Wait(received[p]);
+    on_recv(s, k, p % window);
+    if (p + window < units) post_recv(p + window);
+    post_sends(p + 1);
   }
   t.WaitAll();
 }
@@ -93,6 +116,11 @@ size_t SegmentElements(const AlgorithmContext& ctx, size_t element) {
 }
 
 constexpr int kRingWindow = 4;
+// Segments by which step s+1 trails step s in RunRing's wire order.
+int RingLag() {
+  static const int lag = static_cast<int>(std::max<int64_t>(1, env::kRingLag.Get()));
+  return lag;
+}
 
 }  // namespace
 
@@ -129,7 +157,7 @@ void AllreduceRing(AlgorithmContext& ctx, const void* input, void* output, size_
     Reduce(type, op, dst, in + begin * e, tmp + slot * blocks.per_segment * e, end - begin);
     if (op == ReduceOp::kAverage && s == n - 2) Divide(type, dst, end - begin, n);
   };
-  RunRing(t, 2 * (n - 1), blocks.segments, kRingWindow, send_span, recv_span, on_recv);
+  RunRing(t, 2 * (n - 1), blocks.segments, kRingWindow, RingLag(), send_span, recv_span, on_recv);
 }
 
 // Recursive doubling: log2(n) exchanges of the whole buffer, for small messages where latency
@@ -268,7 +296,7 @@ void Allgatherv(AlgorithmContext& ctx, const void* input, void* output,
   auto send_span = [&](int s, int k) { return block_span(Mod(r - s, n), k); };
   auto recv_span = [&](int s, int k, int) { return block_span(Mod(r - s - 1, n), k); };
   const int units = (n - 1) * segments;
-  RunRing(t, n - 1, segments, units, send_span, recv_span, [](int, int, int) {});
+  RunRing(t, n - 1, segments, units, RingLag(), send_span, recv_span, [](int, int, int) {});
 }
 
 void ReduceScatter(AlgorithmContext& ctx, const void* input, void* output, size_t count,
@@ -306,7 +334,7 @@ void ReduceScatter(AlgorithmContext& ctx, const void* input, void* output, size_
     Reduce(type, op, dst, in + begin * e, tmp + slot * slot_bytes, end - begin);
     if (last && op == ReduceOp::kAverage) Divide(type, dst, end - begin, n);
   };
-  RunRing(t, n - 1, blocks.segments, kRingWindow, send_span, recv_span, on_recv);
+  RunRing(t, n - 1, blocks.segments, kRingWindow, RingLag(), send_span, recv_span, on_recv);
 }
 
 // Dissemination barrier: in round k every rank signals rank + 2^k and waits for rank - 2^k; after

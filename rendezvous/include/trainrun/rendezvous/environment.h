@@ -121,6 +121,12 @@ inline constexpr EnvParam kSocketBufferBytes{"TRAINRUN_SOCKET_BUFFER_BYTES", 4 <
 inline constexpr EnvParam kRingSegmentBytes{"TRAINRUN_RING_SEGMENT_BYTES", 256 << 10,
                                             "pipelining segment of ring algorithms, bytes"};
 
+// Ring algorithms send segment k of step s+1 this many segments after segment k of step s
+// arrived (a wavefront), so what was just reduced is still in cache when it leaves and the
+// socket queues stay short. Measured at n=2 over loopback: 16 MiB busbw 1.98 -> 2.91 GB/s.
+inline constexpr EnvParam kRingLag{"TRAINRUN_RING_LAG", 4,
+                                   "segments by which a ring step trails the previous one"};
+
 // Allreduce of at most this many bytes uses recursive doubling (latency) instead of the ring.
 inline constexpr EnvParam kSmallAllreduceBytes{
     "TRAINRUN_SMALL_ALLREDUCE_BYTES", 64 << 10,
