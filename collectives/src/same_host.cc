@@ -11,10 +11,8 @@ namespace trainrun::collectives::internal {
 
 using ::trainrun::internal::MakeMessage;
 
-namespace {
-
-std::vector<std::string> Wait(rendezvous::Store& store, const std::vector<std::string>& keys,
-                              std::chrono::milliseconds timeout, const std::string& what) {
+std::vector<std::string> StoreGet(rendezvous::Store& store, const std::vector<std::string>& keys,
+                                  std::chrono::milliseconds timeout, const std::string& what) {
   auto values = store.Get(keys, timeout);
   if (!values.ok()) {
     const std::string message = MakeMessage(what, ": ", values.status().message());
@@ -24,12 +22,10 @@ std::vector<std::string> Wait(rendezvous::Store& store, const std::vector<std::s
   return *values;
 }
 
-void Put(rendezvous::Store& store, const std::string& key, const std::string& value) {
+void StorePut(rendezvous::Store& store, const std::string& key, const std::string& value) {
   auto status = store.Set(key, value);
   if (!status.ok()) throw IoError(MakeMessage("cannot publish ", key, ": ", status.ToString()));
 }
-
-}  // namespace
 
 std::optional<ShmSegment> ProveSharedMemory(rendezvous::Store& store, const std::string& prefix,
                                             int rank, const std::vector<int>& members,
@@ -51,13 +47,13 @@ std::optional<ShmSegment> ProveSharedMemory(rendezvous::Store& store, const std:
       segment.reset();
       verdict = e.what();
     }
-    Put(store, segment_key,
+    StorePut(store, segment_key,
         segment ? MakeMessage(::getpid(), " ", segment->fd(), " ", bytes, " ", nonce, " ", extra)
                 : std::string("none"));
     if (extra_out != nullptr) *extra_out = extra;
   } else {
     const std::string published =
-        Wait(store, {segment_key}, timeout, MakeMessage("rank ", rank, ": waiting for rank ",
+        StoreGet(store, {segment_key}, timeout, MakeMessage("rank ", rank, ": waiting for rank ",
                                                         members[0], "'s shared-memory segment"))[0];
     std::istringstream in(published);
     long pid = 0;
@@ -82,11 +78,11 @@ std::optional<ShmSegment> ProveSharedMemory(rendezvous::Store& store, const std:
       }
     }
   }
-  Put(store, MakeMessage(prefix, "/verdict/", rank), verdict);
+  StorePut(store, MakeMessage(prefix, "/verdict/", rank), verdict);
   std::vector<std::string> keys;
   for (int member : members) keys.push_back(MakeMessage(prefix, "/verdict/", member));
   const auto verdicts =
-      Wait(store, keys, timeout, MakeMessage("rank ", rank, ": waiting for the same-host check"));
+      StoreGet(store, keys, timeout, MakeMessage("rank ", rank, ": waiting for the same-host check"));
   // Every member has mapped the segment (or given up): the descriptor is no longer needed.
   if (segment) segment->CloseFd();
   for (size_t i = 0; i < verdicts.size(); ++i) {

@@ -24,6 +24,13 @@
 
 namespace trainrun::collectives::internal {
 
+// StoreGet waits for `keys` in `store`; a failure throws TimeoutError (deadline) or IoError, with
+// `what` (e.g. "rank 3: waiting for the same-host check") in front of the store's message.
+std::vector<std::string> StoreGet(rendezvous::Store& store, const std::vector<std::string>& keys,
+                                  std::chrono::milliseconds timeout, const std::string& what);
+// StorePut sets `key` to `value` in `store`, or throws IoError naming the key.
+void StorePut(rendezvous::Store& store, const std::string& key, const std::string& value);
+
 // ProveSharedMemory runs the check among `members` (global ranks; members[0] leads) and returns the
 // mapped segment of `bytes` bytes on every member when all of them could map it, or nullopt on all
 // of them otherwise, with `why` set. The leader publishes `extra` (e.g. its layout), which every

@@ -14,22 +14,6 @@ using ::trainrun::internal::MakeMessage;
 
 namespace {
 
-std::vector<std::string> GetAll(rendezvous::Store& store, const std::vector<std::string>& keys,
-                                std::chrono::milliseconds timeout, const std::string& what) {
-  auto values = store.Get(keys, timeout);
-  if (!values.ok()) {
-    const std::string message = MakeMessage(what, ": ", values.status().message());
-    if (absl::IsDeadlineExceeded(values.status())) throw TimeoutError(message);
-    throw IoError(message);
-  }
-  return *values;
-}
-
-void Put(rendezvous::Store& store, const std::string& key, const std::string& value) {
-  auto status = store.Set(key, value);
-  if (!status.ok()) throw IoError(MakeMessage("cannot publish ", key, ": ", status.ToString()));
-}
-
 // Maps the segment shared by the ranks [first, first + count) (which this rank belongs to) after
 // proving they share memory; null with `why` when they do not.
 std::optional<ShmSegment> ProveGroup(rendezvous::Store& store, const std::string& prefix,
@@ -74,11 +58,11 @@ std::unique_ptr<ShmTransport> StartShm(rendezvous::Store& store, const std::stri
 bool EvenHosts(rendezvous::Store& store, const RankInfo& info, const std::string& name,
                std::chrono::milliseconds timeout) {
   const std::string prefix = MakeMessage("collectives/", name, "/layout/");
-  Put(store, prefix + std::to_string(info.rank),
+  StorePut(store, prefix + std::to_string(info.rank),
       MakeMessage(info.local_rank, " ", info.local_size, " ", info.cross_rank));
   std::vector<std::string> keys;
   for (int r = 0; r < info.size; ++r) keys.push_back(prefix + std::to_string(r));
-  const auto layouts = GetAll(store, keys, timeout,
+  const auto layouts = StoreGet(store, keys, timeout,
                               MakeMessage("rank ", info.rank, ": waiting for every rank's place"));
   for (int r = 0; r < info.size; ++r) {
     std::istringstream in(layouts[r]);
@@ -102,11 +86,11 @@ std::unique_ptr<Transport> MakeHierarchical(rendezvous::Store& store, const Rank
                             &why);
   // All hosts must agree, or some ranks would run hierarchically and others flat.
   const std::string verdicts = MakeMessage("collectives/", tcp.name, "/hosts_share_memory/");
-  Put(store, verdicts + std::to_string(info.rank), segment ? "ok" : why);
+  StorePut(store, verdicts + std::to_string(info.rank), segment ? "ok" : why);
   std::vector<std::string> keys;
   for (int r = 0; r < info.size; ++r) keys.push_back(verdicts + std::to_string(r));
   for (const std::string& verdict :
-       GetAll(store, keys, tcp.timeout, MakeMessage("rank ", info.rank, ": waiting for hosts"))) {
+       StoreGet(store, keys, tcp.timeout, MakeMessage("rank ", info.rank, ": waiting for hosts"))) {
     if (verdict != "ok") {
       if (info.rank == 0) LogWarning(MakeMessage(verdict, "; running flat over TCP"));
       return flat;
