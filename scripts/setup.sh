@@ -10,7 +10,7 @@ build_dir=${BUILD_DIR:-build}
 
 packages=(
   # toolchain
-  cmake ninja-build g++ make pkg-config git ca-certificates
+  cmake ninja-build g++ make pkg-config git ca-certificates clang-format
   # libraries (DESIGN.md's dependencies)
   libboost-dev libboost-filesystem-dev libssh2-1-dev libcli11-dev libspdlog-dev libfmt-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev libssl-dev catch2

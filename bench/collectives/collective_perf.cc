@@ -9,7 +9,8 @@
 // sizes, -n timed iterations, -w warm-up iterations, -c 1 to count wrong elements, -d type
 // (float, double, half, bfloat16, int32, int64, uint8, int8), -o op (sum, prod, min, max, avg).
 // Time is the mean per operation on the slowest rank, in µs; algbw = size / time; busbw as
-// nccl-tests: allreduce algbw·2(n-1)/n, allgather and reduce_scatter algbw·(n-1)/n, broadcast algbw.
+// nccl-tests: allreduce algbw·2(n-1)/n, allgather and reduce_scatter algbw·(n-1)/n, broadcast
+// algbw.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -50,10 +51,20 @@ size_t ParseSize(const char* text) {
   char* end = nullptr;
   double value = std::strtod(text, &end);
   switch (*end) {
-    case 'K': case 'k': value *= 1 << 10; break;
-    case 'M': case 'm': value *= 1 << 20; break;
-    case 'G': case 'g': value *= 1 << 30; break;
-    default: break;
+    case 'K':
+    case 'k':
+      value *= 1 << 10;
+      break;
+    case 'M':
+    case 'm':
+      value *= 1 << 20;
+      break;
+    case 'G':
+    case 'g':
+      value *= 1 << 30;
+      break;
+    default:
+      break;
   }
   return static_cast<size_t>(value);
 }
@@ -90,15 +101,24 @@ Flags ParseFlags(int argc, char** argv) {
       std::exit(2);
     }
     const char* value = argv[++i];
-    if (flag == "-b") flags.min_bytes = ParseSize(value);
-    else if (flag == "-e") flags.max_bytes = ParseSize(value);
-    else if (flag == "-f") flags.factor = std::max<size_t>(2, std::atoi(value));
-    else if (flag == "-n") flags.iters = std::atoi(value);
-    else if (flag == "-w") flags.warmup = std::atoi(value);
-    else if (flag == "-c") flags.check = std::atoi(value) != 0;
-    else if (flag == "-d") flags.type = ParseType(value);
-    else if (flag == "-o") flags.op = ParseOp(value);
-    else if (flag == "--np") flags.np = std::atoi(value);
+    if (flag == "-b")
+      flags.min_bytes = ParseSize(value);
+    else if (flag == "-e")
+      flags.max_bytes = ParseSize(value);
+    else if (flag == "-f")
+      flags.factor = std::max<size_t>(2, std::atoi(value));
+    else if (flag == "-n")
+      flags.iters = std::atoi(value);
+    else if (flag == "-w")
+      flags.warmup = std::atoi(value);
+    else if (flag == "-c")
+      flags.check = std::atoi(value) != 0;
+    else if (flag == "-d")
+      flags.type = ParseType(value);
+    else if (flag == "-o")
+      flags.op = ParseOp(value);
+    else if (flag == "--np")
+      flags.np = std::atoi(value);
     else {
       std::fprintf(stderr, "unknown flag %s (see the head of collective_perf.cc)\n", flag.c_str());
       std::exit(2);
@@ -114,9 +134,15 @@ void Fill(void* data, DataType type, size_t count, int rank) {
   for (size_t i = 0; i < count; ++i) {
     double v = InputValue(rank, i);
     switch (type) {
-      case DataType::kFloat32: static_cast<float*>(data)[i] = static_cast<float>(v); break;
-      case DataType::kFloat64: static_cast<double*>(data)[i] = v; break;
-      case DataType::kFloat16: static_cast<_Float16*>(data)[i] = static_cast<_Float16>(v); break;
+      case DataType::kFloat32:
+        static_cast<float*>(data)[i] = static_cast<float>(v);
+        break;
+      case DataType::kFloat64:
+        static_cast<double*>(data)[i] = v;
+        break;
+      case DataType::kFloat16:
+        static_cast<_Float16*>(data)[i] = static_cast<_Float16>(v);
+        break;
       case DataType::kBFloat16: {
         float f = static_cast<float>(v);
         uint32_t bits;
@@ -124,29 +150,44 @@ void Fill(void* data, DataType type, size_t count, int rank) {
         static_cast<uint16_t*>(data)[i] = static_cast<uint16_t>(bits >> 16);
         break;
       }
-      case DataType::kInt32: static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v); break;
-      case DataType::kInt64: static_cast<int64_t*>(data)[i] = static_cast<int64_t>(v); break;
-      case DataType::kUInt8: static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(v); break;
-      case DataType::kInt8: static_cast<int8_t*>(data)[i] = static_cast<int8_t>(v); break;
+      case DataType::kInt32:
+        static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v);
+        break;
+      case DataType::kInt64:
+        static_cast<int64_t*>(data)[i] = static_cast<int64_t>(v);
+        break;
+      case DataType::kUInt8:
+        static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(v);
+        break;
+      case DataType::kInt8:
+        static_cast<int8_t*>(data)[i] = static_cast<int8_t>(v);
+        break;
     }
   }
 }
 
 double Read(const void* data, DataType type, size_t i) {
   switch (type) {
-    case DataType::kFloat32: return static_cast<const float*>(data)[i];
-    case DataType::kFloat64: return static_cast<const double*>(data)[i];
-    case DataType::kFloat16: return static_cast<float>(static_cast<const _Float16*>(data)[i]);
+    case DataType::kFloat32:
+      return static_cast<const float*>(data)[i];
+    case DataType::kFloat64:
+      return static_cast<const double*>(data)[i];
+    case DataType::kFloat16:
+      return static_cast<float>(static_cast<const _Float16*>(data)[i]);
     case DataType::kBFloat16: {
       uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(data)[i]) << 16;
       float f;
       std::memcpy(&f, &bits, 4);
       return f;
     }
-    case DataType::kInt32: return static_cast<const int32_t*>(data)[i];
-    case DataType::kInt64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
-    case DataType::kUInt8: return static_cast<const uint8_t*>(data)[i];
-    case DataType::kInt8: return static_cast<const int8_t*>(data)[i];
+    case DataType::kInt32:
+      return static_cast<const int32_t*>(data)[i];
+    case DataType::kInt64:
+      return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case DataType::kUInt8:
+      return static_cast<const uint8_t*>(data)[i];
+    case DataType::kInt8:
+      return static_cast<const int8_t*>(data)[i];
   }
   return 0;
 }
@@ -156,10 +197,19 @@ double Expected(ReduceOp op, DataType type, int n, size_t i) {
   for (int r = 1; r < n; ++r) {
     double v = InputValue(r, i);
     switch (op) {
-      case ReduceOp::kSum: case ReduceOp::kAverage: acc += v; break;
-      case ReduceOp::kProduct: acc *= v; break;
-      case ReduceOp::kMin: acc = std::min(acc, v); break;
-      case ReduceOp::kMax: acc = std::max(acc, v); break;
+      case ReduceOp::kSum:
+      case ReduceOp::kAverage:
+        acc += v;
+        break;
+      case ReduceOp::kProduct:
+        acc *= v;
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
     }
   }
   if (op == ReduceOp::kAverage) {
@@ -214,9 +264,8 @@ void Measure(Communicator& comm, const Flags& flags, Collective collective, size
   comm.Barrier();
   auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < flags.iters; ++i) once();
-  double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
-      std::max(1, flags.iters);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+                   std::max(1, flags.iters);
 
   int64_t wrong = 0;
   if (flags.check) {
@@ -225,14 +274,21 @@ void Measure(Communicator& comm, const Flags& flags, Collective collective, size
     for (size_t i = 0; i < out_count; ++i) {
       double expect = 0;
       switch (collective) {
-        case Collective::kAllreduce: expect = Expected(flags.op, flags.type, n, i); break;
-        case Collective::kBroadcast: expect = InputValue(0, i); break;
-        case Collective::kAllgather: expect = InputValue(static_cast<int>(i / count), i % count); break;
+        case Collective::kAllreduce:
+          expect = Expected(flags.op, flags.type, n, i);
+          break;
+        case Collective::kBroadcast:
+          expect = InputValue(0, i);
+          break;
+        case Collective::kAllgather:
+          expect = InputValue(static_cast<int>(i / count), i % count);
+          break;
         case Collective::kReduceScatter:
           expect = Expected(flags.op, flags.type, n, rank * count + i);
           break;
       }
-      const void* result = collective == Collective::kBroadcast && rank == 0 ? in.data() : out.data();
+      const void* result =
+          collective == Collective::kBroadcast && rank == 0 ? in.data() : out.data();
       if (Read(result, flags.type, i) != expect) ++wrong;
     }
   }
@@ -260,8 +316,8 @@ void Measure(Communicator& comm, const Flags& flags, Collective collective, size
 int RunRank(Communicator& comm, const Flags& flags, Collective collective) {
   if (comm.rank() == 0) {
     std::printf("# trainrun collectives over %s: %d ranks\n", comm.transport(), comm.size());
-    std::printf("# %10s %12s %8s %6s %10s %8s %8s %8s\n", "size", "count", "type", "redop",
-                "time", "algbw", "busbw", "#wrong");
+    std::printf("# %10s %12s %8s %6s %10s %8s %8s %8s\n", "size", "count", "type", "redop", "time",
+                "algbw", "busbw", "#wrong");
     std::printf("# %10s %12s %8s %6s %10s %8s %8s %8s\n", "(B)", "(elements)", "", "", "(us)",
                 "(GB/s)", "(GB/s)", "");
   }
@@ -292,8 +348,8 @@ int Main(int argc, char** argv, Collective collective) {
       if (pid == 0) {
         int code = 1;
         try {
-          Communicator comm(std::make_shared<trainrun::collectives::testing::FileStore>(dir),
-                            rank, np);
+          Communicator comm(std::make_shared<trainrun::collectives::testing::FileStore>(dir), rank,
+                            np);
           code = RunRank(comm, flags, collective);
         } catch (const std::exception& e) {
           std::fprintf(stderr, "rank %d: %s\n", rank, e.what());

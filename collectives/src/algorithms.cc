@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "reduce.h"
-#include "trainrun/rendezvous/environment.h"
 #include "trainrun/collectives/errors.h"
+#include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::collectives::internal {
 namespace {
@@ -36,8 +36,8 @@ char* Scratch(AlgorithmContext& ctx, size_t bytes) {
 // segment k of step s came in, while what was just reduced is still in cache, and no rank runs more
 // than about `lag` segments per step ahead of its neighbour, which keeps the kernel's socket queues
 // (and so the bytes they copy) short and cache-resident too. Every rank uses the same order, so the
-// receiver expects units in the order the sender sends them. With one thread, sending, receiving and
-// reducing still overlap: the kernel moves bytes while this rank reduces. Receives are posted
+// receiver expects units in the order the sender sends them. With one thread, sending, receiving
+// and reducing still overlap: the kernel moves bytes while this rank reduces. Receives are posted
 // `window` units ahead into slot (position % window) of whatever temporary space `recv_span` hands
 // out; a slot is reused only after `on_recv` has consumed it.
 template <typename SendSpan, typename RecvSpan, typename OnRecv>
@@ -136,7 +136,8 @@ void AllreduceRing(AlgorithmContext& ctx, const void* input, void* output, size_
   char* out = Bytes(output);
   // Reduce-scatter steps s < n-1 send block r-s and receive block r-s-1, which they reduce into
   // `out` (in op received); after them rank r holds block r+1 complete. Allgather steps then pass
-  // complete blocks around: step n-1+t sends block r+1-t and receives block r-t straight into `out`.
+  // complete blocks around: step n-1+t sends block r+1-t and receives block r-t straight into
+  // `out`.
   auto send_span = [&](int s, int k) {
     const bool scatter = s < n - 1;
     const int b = scatter ? Mod(r - s, n) : Mod(r + 1 - (s - (n - 1)), n);
@@ -207,8 +208,8 @@ void AllreduceRecursiveDoubling(AlgorithmContext& ctx, const void* input, void* 
   }
 }
 
-void Allreduce(AlgorithmContext& ctx, const void* input, void* output, size_t count,
-               DataType type, ReduceOp op) {
+void Allreduce(AlgorithmContext& ctx, const void* input, void* output, size_t count, DataType type,
+               ReduceOp op) {
   if (count == 0) return;
   if (ctx.transport.size() == 1) {
     if (input != output) std::memcpy(output, input, count * ElementSize(type));
@@ -257,7 +258,8 @@ void Broadcast(AlgorithmContext& ctx, void* data, size_t bytes, int root) {
     for (int k = 0; k < segments; ++k) t.Send(real(1), span(k).data, span(k).bytes);
   } else {
     std::vector<Request> received(segments);
-    for (int k = 0; k < segments; ++k) received[k] = t.Recv(real(v - 1), span(k).data, span(k).bytes);
+    for (int k = 0; k < segments; ++k)
+      received[k] = t.Recv(real(v - 1), span(k).data, span(k).bytes);
     for (int k = 0; k < segments; ++k) {
       t.Wait(received[k]);
       if (has_next) t.Send(real(v + 1), span(k).data, span(k).bytes);

@@ -5,8 +5,8 @@
 #include <cstddef>
 #include <vector>
 
-#include "transport.h"
 #include "trainrun/collectives/types.h"
+#include "transport.h"
 
 namespace trainrun::collectives::internal {
 
@@ -19,8 +19,8 @@ struct AlgorithmContext {
   std::vector<char>& scratch;
 };
 
-void Allreduce(AlgorithmContext& ctx, const void* input, void* output, size_t count,
-               DataType type, ReduceOp op);
+void Allreduce(AlgorithmContext& ctx, const void* input, void* output, size_t count, DataType type,
+               ReduceOp op);
 void Broadcast(AlgorithmContext& ctx, void* data, size_t bytes, int root);
 // counts are in elements of `type`.
 void Allgatherv(AlgorithmContext& ctx, const void* input, void* output,

@@ -65,8 +65,8 @@ trainrun_status trainrun_comm_init(trainrun_comm** comm) {
 
 void trainrun_comm_destroy(trainrun_comm* comm) { delete comm; }
 
-#define TRAINRUN_INFO_GETTER(field)                                          \
-  int trainrun_comm_##field(const trainrun_comm* comm) {                     \
+#define TRAINRUN_INFO_GETTER(field)                                                  \
+  int trainrun_comm_##field(const trainrun_comm* comm) {                             \
     return comm == nullptr || comm->comm == nullptr ? -1 : comm->comm->info().field; \
   }
 TRAINRUN_INFO_GETTER(rank)
@@ -92,8 +92,7 @@ trainrun_status trainrun_broadcast(trainrun_comm* comm, void* data, size_t count
 
 trainrun_status trainrun_allgather(trainrun_comm* comm, const void* input, void* output,
                                    size_t count, trainrun_dtype dtype) {
-  return Guard(
-      [&] { Comm(comm).Allgather(input, output, count, static_cast<DataType>(dtype)); });
+  return Guard([&] { Comm(comm).Allgather(input, output, count, static_cast<DataType>(dtype)); });
 }
 
 trainrun_status trainrun_allgatherv(trainrun_comm* comm, const void* input, void* output,

@@ -5,8 +5,8 @@
 #include "algorithms.h"
 #include "socket.h"
 #include "tcp_transport.h"
-#include "transport_select.h"
 #include "trainrun/rendezvous/environment.h"
+#include "transport_select.h"
 
 namespace trainrun::collectives {
 
@@ -47,8 +47,8 @@ class Communicator::Impl {
     shm.channel_bytes = static_cast<size_t>(std::max<int64_t>(4096, env::kShmChannelBytes.Get()));
     const std::string mode = options.transport.empty() ? env::kTransport.Get() : options.transport;
     try {
-      transport_ = internal::MakeTransport(*store_, info_, mode, tcp, shm, segment_bytes_,
-                                           small_bytes_);
+      transport_ =
+          internal::MakeTransport(*store_, info_, mode, tcp, shm, segment_bytes_, small_bytes_);
     } catch (const Error& e) {
       Report(-1, e.what());
       throw;
@@ -178,8 +178,8 @@ void Communicator::Allgatherv(const void* input, void* output, const std::vector
                               DataType type) {
   CheckType(type);
   if (static_cast<int>(counts.size()) != size()) {
-    throw InvalidArgumentError(MakeMessage("allgatherv got ", counts.size(), " counts for ",
-                                           size(), " ranks; pass one count per rank"));
+    throw InvalidArgumentError(MakeMessage("allgatherv got ", counts.size(), " counts for ", size(),
+                                           " ranks; pass one count per rank"));
   }
   size_t total = 0;
   for (size_t c : counts) total += c;

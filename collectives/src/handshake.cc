@@ -70,7 +70,9 @@ Mac ComputeMac(const HandshakeParams& params, const char* role, const Hello& hel
   return mac;
 }
 
-bool SameMac(const Mac& a, const Mac& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }
+bool SameMac(const Mac& a, const Mac& b) {
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
 
 }  // namespace
 

@@ -22,9 +22,9 @@ namespace trainrun::collectives::internal {
 struct HandshakeParams {
   std::string token;
   std::string job_id;
-  std::string name;         // the communicator's name
-  int size = 0;             // ranks in the communicator
-  int sockets_per_peer = 0; // connections between each pair of ranks
+  std::string name;          // the communicator's name
+  int size = 0;              // ranks in the communicator
+  int sockets_per_peer = 0;  // connections between each pair of ranks
 };
 
 // PeerIdentity is who a proven connection comes from.

@@ -19,7 +19,8 @@ HierarchicalTransport::HierarchicalTransport(std::unique_ptr<TcpTransport> flat,
 int HierarchicalTransport::failed_peer() const {
   if (flat_->failed_peer() >= 0) return flat_->failed_peer();
   if (local_->failed_peer() >= 0) return info_.rank - info_.local_rank + local_->failed_peer();
-  if (cross_->failed_peer() >= 0) return cross_->failed_peer() * info_.local_size + info_.local_rank;
+  if (cross_->failed_peer() >= 0)
+    return cross_->failed_peer() * info_.local_size + info_.local_rank;
   return -1;
 }
 

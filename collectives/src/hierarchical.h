@@ -1,8 +1,9 @@
 // HierarchicalTransport: a job on several hosts with the same number of ranks on each. Allreduce
 // runs in three steps per chunk, so that each host sends one copy of the data across, not one per
 // rank: the ranks of a host reduce over shared memory, each owning one part of the chunk; each part
-// is then allreduced over TCP among the ranks with the same local_rank on the other hosts; the host's
-// ranks copy the finished parts from one another. Every other operation runs over a flat TCP mesh.
+// is then allreduced over TCP among the ranks with the same local_rank on the other hosts; the
+// host's ranks copy the finished parts from one another. Every other operation runs over a flat TCP
+// mesh.
 //
 //   auto t = HierarchicalTransport(std::move(flat), std::move(local), std::move(cross), info, ...);
 #pragma once

@@ -1,7 +1,8 @@
 // The kernels are plain loops that the compiler vectorizes; each instruction set gets its own copy
 // of every loop by inlining them into functions compiled with a target attribute, and Reduce picks
-// the widest copy this CPU supports once, at first use. float16 and bfloat16 are widened to float32,
-// combined, and rounded back to nearest even, so they lose no more than one rounding per step.
+// the widest copy this CPU supports once, at first use. float16 and bfloat16 are widened to
+// float32, combined, and rounded back to nearest even, so they lose no more than one rounding per
+// step.
 #include "reduce.h"
 
 #include <cstdint>
@@ -34,19 +35,27 @@ TRAINRUN_INLINE uint16_t FloatToBFloat16(float value) {
 
 struct SumOp {
   template <typename T>
-  TRAINRUN_INLINE static T Apply(T a, T b) { return a + b; }
+  TRAINRUN_INLINE static T Apply(T a, T b) {
+    return a + b;
+  }
 };
 struct ProductOp {
   template <typename T>
-  TRAINRUN_INLINE static T Apply(T a, T b) { return a * b; }
+  TRAINRUN_INLINE static T Apply(T a, T b) {
+    return a * b;
+  }
 };
 struct MinOp {
   template <typename T>
-  TRAINRUN_INLINE static T Apply(T a, T b) { return b < a ? b : a; }
+  TRAINRUN_INLINE static T Apply(T a, T b) {
+    return b < a ? b : a;
+  }
 };
 struct MaxOp {
   template <typename T>
-  TRAINRUN_INLINE static T Apply(T a, T b) { return a < b ? b : a; }
+  TRAINRUN_INLINE static T Apply(T a, T b) {
+    return a < b ? b : a;
+  }
 };
 
 // Integer sum and product wrap around (two's complement) instead of overflowing, via unsigned math.
@@ -119,22 +128,30 @@ TRAINRUN_INLINE void LoopBf2(uint16_t* __restrict dst, const uint16_t* __restric
 // Calls the loop for `type` with `Op`; b2 == nullptr selects the two-operand form (dst op= a).
 template <typename Op>
 TRAINRUN_INLINE void ForType(DataType type, void* dst, const void* a, const void* b, size_t n) {
-#define TRAINRUN_CASE(T, LOOP3, LOOP2)                                                     \
-  if (b == nullptr) {                                                                       \
-    LOOP2(static_cast<T*>(dst), static_cast<const T*>(a), n);                               \
-  } else {                                                                                  \
-    LOOP3(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), n);     \
-  }                                                                                         \
+#define TRAINRUN_CASE(T, LOOP3, LOOP2)                                                  \
+  if (b == nullptr) {                                                                   \
+    LOOP2(static_cast<T*>(dst), static_cast<const T*>(a), n);                           \
+  } else {                                                                              \
+    LOOP3(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b), n); \
+  }                                                                                     \
   return;
   switch (type) {
-    case DataType::kFloat32: TRAINRUN_CASE(float, (Loop3<Op, float>), (Loop2<Op, float>))
-    case DataType::kFloat64: TRAINRUN_CASE(double, (Loop3<Op, double>), (Loop2<Op, double>))
-    case DataType::kInt32: TRAINRUN_CASE(int32_t, (Loop3<Op, int32_t>), (Loop2<Op, int32_t>))
-    case DataType::kInt64: TRAINRUN_CASE(int64_t, (Loop3<Op, int64_t>), (Loop2<Op, int64_t>))
-    case DataType::kUInt8: TRAINRUN_CASE(uint8_t, (Loop3<Op, uint8_t>), (Loop2<Op, uint8_t>))
-    case DataType::kInt8: TRAINRUN_CASE(int8_t, (Loop3<Op, int8_t>), (Loop2<Op, int8_t>))
-    case DataType::kFloat16: TRAINRUN_CASE(_Float16, LoopHalf3<Op>, LoopHalf2<Op>)
-    case DataType::kBFloat16: TRAINRUN_CASE(uint16_t, LoopBf3<Op>, LoopBf2<Op>)
+    case DataType::kFloat32:
+      TRAINRUN_CASE(float, (Loop3<Op, float>), (Loop2<Op, float>))
+    case DataType::kFloat64:
+      TRAINRUN_CASE(double, (Loop3<Op, double>), (Loop2<Op, double>))
+    case DataType::kInt32:
+      TRAINRUN_CASE(int32_t, (Loop3<Op, int32_t>), (Loop2<Op, int32_t>))
+    case DataType::kInt64:
+      TRAINRUN_CASE(int64_t, (Loop3<Op, int64_t>), (Loop2<Op, int64_t>))
+    case DataType::kUInt8:
+      TRAINRUN_CASE(uint8_t, (Loop3<Op, uint8_t>), (Loop2<Op, uint8_t>))
+    case DataType::kInt8:
+      TRAINRUN_CASE(int8_t, (Loop3<Op, int8_t>), (Loop2<Op, int8_t>))
+    case DataType::kFloat16:
+      TRAINRUN_CASE(_Float16, LoopHalf3<Op>, LoopHalf2<Op>)
+    case DataType::kBFloat16:
+      TRAINRUN_CASE(uint16_t, LoopBf3<Op>, LoopBf2<Op>)
   }
 #undef TRAINRUN_CASE
 }
@@ -161,12 +178,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))) void
   ForOp(type, op, dst, a, b, n);
 }
 __attribute__((target("avx2,fma,f16c"))) void KernelAvx2(DataType type, ReduceOp op, void* dst,
-                                                         const void* a, const void* b,
-                                                         size_t n) {
+                                                         const void* a, const void* b, size_t n) {
   ForOp(type, op, dst, a, b, n);
 }
-void KernelBaseline(DataType type, ReduceOp op, void* dst, const void* a, const void* b,
-                    size_t n) {
+void KernelBaseline(DataType type, ReduceOp op, void* dst, const void* a, const void* b, size_t n) {
   ForOp(type, op, dst, a, b, n);
 }
 
@@ -238,10 +253,14 @@ void Divide(DataType type, void* data, size_t count, int divisor) {
       }
       return;
     }
-    case DataType::kInt32: return DivideInts(static_cast<int32_t*>(data), count, divisor);
-    case DataType::kInt64: return DivideInts(static_cast<int64_t*>(data), count, divisor);
-    case DataType::kUInt8: return DivideInts(static_cast<uint8_t*>(data), count, divisor);
-    case DataType::kInt8: return DivideInts(static_cast<int8_t*>(data), count, divisor);
+    case DataType::kInt32:
+      return DivideInts(static_cast<int32_t*>(data), count, divisor);
+    case DataType::kInt64:
+      return DivideInts(static_cast<int64_t*>(data), count, divisor);
+    case DataType::kUInt8:
+      return DivideInts(static_cast<uint8_t*>(data), count, divisor);
+    case DataType::kInt8:
+      return DivideInts(static_cast<int8_t*>(data), count, divisor);
   }
 }
 

@@ -28,8 +28,8 @@ void StorePut(rendezvous::Store& store, const std::string& key, const std::strin
 }
 
 std::optional<ShmSegment> ProveSharedMemory(rendezvous::Store& store, const std::string& prefix,
-                                            int rank, const std::vector<int>& members,
-                                            size_t bytes, const std::string& extra,
+                                            int rank, const std::vector<int>& members, size_t bytes,
+                                            const std::string& extra,
                                             std::chrono::milliseconds timeout, std::string* why,
                                             std::string* extra_out) {
   TRAINRUN_ENFORCE(!members.empty() && bytes >= kNonceBytes, "bad shared-memory group");
@@ -48,20 +48,22 @@ std::optional<ShmSegment> ProveSharedMemory(rendezvous::Store& store, const std:
       verdict = e.what();
     }
     StorePut(store, segment_key,
-        segment ? MakeMessage(::getpid(), " ", segment->fd(), " ", bytes, " ", nonce, " ", extra)
-                : std::string("none"));
+             segment
+                 ? MakeMessage(::getpid(), " ", segment->fd(), " ", bytes, " ", nonce, " ", extra)
+                 : std::string("none"));
     if (extra_out != nullptr) *extra_out = extra;
   } else {
-    const std::string published =
-        StoreGet(store, {segment_key}, timeout, MakeMessage("rank ", rank, ": waiting for rank ",
-                                                        members[0], "'s shared-memory segment"))[0];
+    const std::string published = StoreGet(store, {segment_key}, timeout,
+                                           MakeMessage("rank ", rank, ": waiting for rank ",
+                                                       members[0], "'s shared-memory segment"))[0];
     std::istringstream in(published);
     long pid = 0;
     int fd = -1;
     size_t size = 0;
     std::string nonce;
     if (!(in >> pid >> fd >> size >> nonce) || size != bytes || nonce.size() != kNonceBytes) {
-      verdict = MakeMessage("rank ", members[0], " could not create a segment of ", bytes, " bytes");
+      verdict =
+          MakeMessage("rank ", members[0], " could not create a segment of ", bytes, " bytes");
     } else {
       std::string rest;
       std::getline(in >> std::ws, rest);
@@ -81,8 +83,8 @@ std::optional<ShmSegment> ProveSharedMemory(rendezvous::Store& store, const std:
   StorePut(store, MakeMessage(prefix, "/verdict/", rank), verdict);
   std::vector<std::string> keys;
   for (int member : members) keys.push_back(MakeMessage(prefix, "/verdict/", member));
-  const auto verdicts =
-      StoreGet(store, keys, timeout, MakeMessage("rank ", rank, ": waiting for the same-host check"));
+  const auto verdicts = StoreGet(store, keys, timeout,
+                                 MakeMessage("rank ", rank, ": waiting for the same-host check"));
   // Every member has mapped the segment (or given up): the descriptor is no longer needed.
   if (segment) segment->CloseFd();
   for (size_t i = 0; i < verdicts.size(); ++i) {

@@ -37,8 +37,8 @@ void StorePut(rendezvous::Store& store, const std::string& key, const std::strin
 // member gets back in `*extra_out`. Keys go under `prefix`, which must be fresh for each call.
 // Throws TimeoutError when a member does not take part within `timeout`.
 std::optional<ShmSegment> ProveSharedMemory(rendezvous::Store& store, const std::string& prefix,
-                                            int rank, const std::vector<int>& members,
-                                            size_t bytes, const std::string& extra,
+                                            int rank, const std::vector<int>& members, size_t bytes,
+                                            const std::string& extra,
                                             std::chrono::milliseconds timeout, std::string* why,
                                             std::string* extra_out);
 

@@ -135,7 +135,9 @@ ProcessWatch::~ProcessWatch() {
 bool ProcessWatch::Alive() const {
   if (pid_ <= 0) return true;
   if (pidfd_ < 0) return ::kill(pid_, 0) == 0 || errno == EPERM;
-  struct pollfd p {pidfd_, POLLIN, 0};
+  struct pollfd p {
+    pidfd_, POLLIN, 0
+  };
   // A pidfd turns readable when the process ends, zombie or not.
   return ::poll(&p, 1, 0) == 0;
 }

@@ -5,9 +5,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include <cerrno>
-
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <thread>
 
@@ -27,9 +26,7 @@ constexpr auto kSleepSlice = std::chrono::microseconds(20000);
 size_t RoundUp(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
 // True when counter `value` has reached `target` (modulo 2^32).
-bool Reached(uint32_t value, uint32_t target) {
-  return static_cast<int32_t>(value - target) >= 0;
-}
+bool Reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
 
 inline void CpuRelax() { __builtin_ia32_pause(); }
 
@@ -302,8 +299,8 @@ void ShmTransport::WaitAll() {
 
 // --- Waiting and failure ----------------------------------------------------------------------
 
-void ShmTransport::Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters,
-                        uint32_t seen, WaitClock& clock, int blame) {
+void ShmTransport::Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, uint32_t seen,
+                        WaitClock& clock, int blame) {
   ++clock.polls;
   if (options_.spin.count() > 0) {
     if ((clock.polls & 255) != 0 || Clock::now() < clock.spin_until) {
@@ -363,8 +360,8 @@ void ShmTransport::Fail(int peer, const std::string& message) {
 
 void ShmTransport::FailTimeout(int peer) {
   failed_peer_ = peer;
-  throw TimeoutError(MakeMessage("rank ", Global(rank_), ": no progress from rank ", Global(peer), " for ",
-                                 options_.timeout.count() / 1000.0,
+  throw TimeoutError(MakeMessage("rank ", Global(rank_), ": no progress from rank ", Global(peer),
+                                 " for ", options_.timeout.count() / 1000.0,
                                  " s over shared memory; is it stuck outside the collective?"));
 }
 
@@ -475,8 +472,8 @@ void ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataT
       bool first = true;
       for (int p = 0; p < size_; ++p) {
         if (p == rank_) continue;
-        Reduce(type, op, result, first ? src + own_begin * e : result,
-               slot(p, g) + own_begin * e, own_length);
+        Reduce(type, op, result, first ? src + own_begin * e : result, slot(p, g) + own_begin * e,
+               own_length);
         first = false;
       }
       if (first) std::memcpy(result, src + own_begin * e, own_length * e);  // no peers

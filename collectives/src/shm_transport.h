@@ -21,8 +21,8 @@
 #include <chrono>
 #include <deque>
 #include <functional>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "shm_segment.h"
@@ -123,7 +123,7 @@ class ShmTransport : public Transport {
   pid_t pid_ = 0;
   std::vector<ProcessWatch> watches_;  // per peer; empty entries for this process's own threads
   std::thread watcher_;
-  int stop_fd_ = -1;                    // eventfd that ends watcher_
+  int stop_fd_ = -1;                     // eventfd that ends watcher_
   std::atomic<bool> peer_ended_{false};  // set by watcher_
   std::vector<std::deque<Op>> sends_;
   std::vector<std::deque<Op>> recvs_;

@@ -75,9 +75,9 @@ std::string InterfaceAddress(const std::string& name) {
   ::freeifaddrs(list);
   if (!v4.empty()) return v4;
   if (!v6.empty()) return v6;
-  throw InvalidArgumentError(MakeMessage(
-      "network interface '", name, "' (", env::kNetworkInterface.name,
-      ") has no IPv4 or IPv6 address on this host; pick one that `ip addr` lists"));
+  throw InvalidArgumentError(
+      MakeMessage("network interface '", name, "' (", env::kNetworkInterface.name,
+                  ") has no IPv4 or IPv6 address on this host; pick one that `ip addr` lists"));
 }
 
 // The local address the kernel would use to reach host:port (a UDP connect sends nothing).
@@ -144,8 +144,8 @@ SocketAddress SocketAddress::Parse(const std::string& text) {
 std::string SocketAddress::ToString() const {
   const auto* address = reinterpret_cast<const sockaddr*>(&storage);
   if (address->sa_family == AF_INET6) {
-    return MakeMessage("[", HostOf(address), "]:",
-                       ntohs(reinterpret_cast<const sockaddr_in6*>(address)->sin6_port));
+    return MakeMessage("[", HostOf(address),
+                       "]:", ntohs(reinterpret_cast<const sockaddr_in6*>(address)->sin6_port));
   }
   return MakeMessage(HostOf(address), ":",
                      ntohs(reinterpret_cast<const sockaddr_in*>(address)->sin_port));

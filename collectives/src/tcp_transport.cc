@@ -21,8 +21,8 @@ namespace {
 
 using ::trainrun::internal::MakeMessage;
 
-// Messages smaller than this per socket go whole over the first connection: striping them would cost
-// more in system calls than it gains.
+// Messages smaller than this per socket go whole over the first connection: striping them would
+// cost more in system calls than it gains.
 constexpr size_t kMinStripeBytes = 64 << 10;
 // One send(2) moves at most this much, so a rank alternates between sending and receiving often
 // enough that both directions of a connection stay busy.
@@ -79,7 +79,8 @@ class Acceptor {
       if (!fd.valid()) continue;
       std::lock_guard<std::mutex> lock(mutex_);
       in_handshake_.insert(fd.get());
-      handshakes_.emplace_back([this, conn = std::move(fd)]() mutable { Handshake(std::move(conn)); });
+      handshakes_.emplace_back(
+          [this, conn = std::move(fd)]() mutable { Handshake(std::move(conn)); });
     }
   }
 
@@ -100,8 +101,8 @@ class Acceptor {
       return;
     } catch (const Error& e) {
       if (!stop_) {
-        LogWarning(MakeMessage("rank ", rank_, ": dropped a data connection from ", from, ": ",
-                               e.what()));
+        LogWarning(
+            MakeMessage("rank ", rank_, ": dropped a data connection from ", from, ": ", e.what()));
       }
     }
     std::lock_guard<std::mutex> lock(mutex_);
@@ -200,10 +201,9 @@ void TcpTransport::Establish(rendezvous::Store& store) {
         missing += MakeMessage(missing.empty() ? "" : ", ", peer);
       }
     }
-    throw TimeoutError(MakeMessage("rank ", rank_, " timed out after ", options_.timeout.count(),
-                                   " ms waiting for ranks ", missing,
-                                   " to connect; did they start, and can they reach ",
-                                   bound.ToString(), "?"));
+    throw TimeoutError(MakeMessage(
+        "rank ", rank_, " timed out after ", options_.timeout.count(), " ms waiting for ranks ",
+        missing, " to connect; did they start, and can they reach ", bound.ToString(), "?"));
   }
   lock.unlock();
   for (Conn& conn : conns_) {
@@ -215,7 +215,8 @@ TcpTransport::~TcpTransport() {
   for (Control& control : controls_) {
     if (!control.fd.valid()) continue;
     ::send(control.fd.get(), &kBye, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-    // Drain what the peer sent, so closing does not answer with a reset that could overtake our bye.
+    // Drain what the peer sent, so closing does not answer with a reset that could overtake our
+    // bye.
     char sink[256];
     while (::recv(control.fd.get(), sink, sizeof sink, MSG_DONTWAIT) > 0) {
     }
@@ -305,8 +306,9 @@ bool TcpTransport::ProgressSends(Conn& conn) {
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       conn.maybe_writable = false;
     } else if (errno != EINTR) {
-      FailLost(conn.peer, MakeMessage("sending to rank ", conn.peer, " failed (", std::strerror(errno),
-                                  "): rank ", conn.peer, " exited or its connection broke"));
+      FailLost(conn.peer,
+               MakeMessage("sending to rank ", conn.peer, " failed (", std::strerror(errno),
+                           "): rank ", conn.peer, " exited or its connection broke"));
     }
   }
   return moved;
@@ -326,18 +328,18 @@ bool TcpTransport::ProgressRecvs(Conn& conn) {
         conn.recvs.pop_front();
       }
     } else if (n == 0) {
-      FailLost(conn.peer,
-           controls_[conn.peer].said_bye
-               ? MakeMessage("rank ", conn.peer, " closed its communicator while this rank still "
-                             "expected data from it (mismatched collectives?)")
-               : MakeMessage("the connection to rank ", conn.peer,
-                             " closed: rank ", conn.peer, " exited or was killed"));
+      FailLost(conn.peer, controls_[conn.peer].said_bye
+                              ? MakeMessage("rank ", conn.peer,
+                                            " closed its communicator while this rank still "
+                                            "expected data from it (mismatched collectives?)")
+                              : MakeMessage("the connection to rank ", conn.peer, " closed: rank ",
+                                            conn.peer, " exited or was killed"));
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       conn.maybe_readable = false;
     } else if (errno != EINTR) {
-      FailLost(conn.peer, MakeMessage("receiving from rank ", conn.peer, " failed (",
-                                  std::strerror(errno), "): rank ", conn.peer,
-                                  " exited or its connection broke"));
+      FailLost(conn.peer,
+               MakeMessage("receiving from rank ", conn.peer, " failed (", std::strerror(errno),
+                           "): rank ", conn.peer, " exited or its connection broke"));
     }
   }
   return moved;
@@ -443,7 +445,8 @@ void TcpTransport::Fail(int peer, const std::string& message) {
 }
 
 void TcpTransport::FailTimeout() {
-  // Blame the peers this rank waits to hear from; only when it waits on none, those it cannot send to.
+  // Blame the peers this rank waits to hear from; only when it waits on none, those it cannot send
+  // to.
   std::set<int> receiving, sending;
   for (const Conn& conn : conns_) {
     if (!conn.recvs.empty()) receiving.insert(conn.peer);
@@ -472,8 +475,8 @@ void TcpTransport::Wait(Request request) {
     if (now - last_progress >= options_.timeout) FailTimeout();
     int wait_ms = 0;
     if (now - last_progress >= options_.spin) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          options_.timeout - (now - last_progress));
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout -
+                                                                        (now - last_progress));
       wait_ms = static_cast<int>(std::clamp<int64_t>(left.count() + 1, 1, 1000));
     }
     PollOnce(wait_ms);

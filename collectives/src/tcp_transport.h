@@ -4,8 +4,9 @@
 //
 // Between each pair of ranks there are `sockets_per_peer` data connections (a large message is
 // striped across them) and one control connection. The control connection carries only "bye"
-// (a clean close) and "abort" (this rank failed because of rank P), so that when one rank dies every
-// other rank learns it at once and names the rank that died, even one that was not talking to it.
+// (a clean close) and "abort" (this rank failed because of rank P), so that when one rank dies
+// every other rank learns it at once and names the rank that died, even one that was not talking to
+// it.
 #pragma once
 
 #include <chrono>
@@ -16,14 +17,14 @@
 
 #include "handshake.h"
 #include "socket.h"
-#include "transport.h"
 #include "trainrun/rendezvous/store.h"
+#include "transport.h"
 
 namespace trainrun::collectives::internal {
 
 struct TcpOptions {
-  std::string name;            // the communicator's name (store keys, handshake)
-  std::string listen_host;     // numeric address to listen on
+  std::string name;         // the communicator's name (store keys, handshake)
+  std::string listen_host;  // numeric address to listen on
   std::string token;
   std::string job_id;
   std::chrono::milliseconds timeout{300000};
@@ -95,8 +96,8 @@ class TcpTransport : public Transport {
   int size_;
   TcpOptions options_;
   HandshakeParams params_;
-  std::vector<Conn> conns_;        // size * sockets_per_peer; own entries unused
-  std::vector<Control> controls_;  // one per peer
+  std::vector<Conn> conns_;          // size * sockets_per_peer; own entries unused
+  std::vector<Control> controls_;    // one per peer
   std::vector<uint32_t> remaining_;  // parts still pending, per request since the last WaitAll
   size_t pending_requests_ = 0;
   int failed_peer_ = -1;

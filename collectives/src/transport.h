@@ -1,6 +1,6 @@
-// Transport: the seam between algorithms and the wire. An algorithm posts sends and receives of byte
-// ranges to peer ranks and waits for them; TCP is one transport, shared memory (shm_transport.h)
-// another.
+// Transport: the seam between algorithms and the wire. An algorithm posts sends and receives of
+// byte ranges to peer ranks and waits for them; TCP is one transport, shared memory
+// (shm_transport.h) another.
 //
 //   Request r = transport.Recv(left, tmp, bytes);
 //   transport.Send(right, data, bytes);
@@ -35,9 +35,9 @@ class Transport {
   // position of its sequence to this rank.
   virtual Request Recv(int peer, void* data, size_t bytes) = 0;
 
-  // Wait makes progress on every queued request until `request` has completed. Throws IoError when a
-  // peer's connection breaks and TimeoutError when nothing moved for the timeout; failed_peer() then
-  // names the peer.
+  // Wait makes progress on every queued request until `request` has completed. Throws IoError when
+  // a peer's connection breaks and TimeoutError when nothing moved for the timeout; failed_peer()
+  // then names the peer.
   virtual void Wait(Request request) = 0;
 
   // WaitAll waits until every queued request has completed.

@@ -16,8 +16,8 @@ namespace {
 
 // Maps the segment shared by the ranks [first, first + count) (which this rank belongs to) after
 // proving they share memory; null with `why` when they do not.
-std::optional<ShmSegment> ProveGroup(rendezvous::Store& store, const std::string& prefix,
-                                     int rank, int first, int count, ShmOptions* options,
+std::optional<ShmSegment> ProveGroup(rendezvous::Store& store, const std::string& prefix, int rank,
+                                     int first, int count, ShmOptions* options,
                                      std::chrono::milliseconds timeout, std::string* why) {
   std::vector<int> members(count);
   std::iota(members.begin(), members.end(), first);
@@ -45,9 +45,9 @@ std::unique_ptr<ShmTransport> StartShm(rendezvous::Store& store, const std::stri
   // Every rank has registered its pid before any starts watching the others.
   auto status = store.Barrier(prefix + "/ready", group_size, timeout);
   if (!status.ok()) {
-    throw TimeoutError(MakeMessage("rank ", group_rank + options.rank_offset,
-                                   ": waiting for every rank to map shared memory: ",
-                                   status.message()));
+    throw TimeoutError(
+        MakeMessage("rank ", group_rank + options.rank_offset,
+                    ": waiting for every rank to map shared memory: ", status.message()));
   }
   transport->WatchPeers();
   return transport;
@@ -59,11 +59,11 @@ bool EvenHosts(rendezvous::Store& store, const RankInfo& info, const std::string
                std::chrono::milliseconds timeout) {
   const std::string prefix = MakeMessage("collectives/", name, "/layout/");
   StorePut(store, prefix + std::to_string(info.rank),
-      MakeMessage(info.local_rank, " ", info.local_size, " ", info.cross_rank));
+           MakeMessage(info.local_rank, " ", info.local_size, " ", info.cross_rank));
   std::vector<std::string> keys;
   for (int r = 0; r < info.size; ++r) keys.push_back(prefix + std::to_string(r));
-  const auto layouts = StoreGet(store, keys, timeout,
-                              MakeMessage("rank ", info.rank, ": waiting for every rank's place"));
+  const auto layouts = StoreGet(
+      store, keys, timeout, MakeMessage("rank ", info.rank, ": waiting for every rank's place"));
   for (int r = 0; r < info.size; ++r) {
     std::istringstream in(layouts[r]);
     int local_rank = -1, local_size = -1, cross_rank = -1;
@@ -80,10 +80,11 @@ std::unique_ptr<Transport> MakeHierarchical(rendezvous::Store& store, const Rank
   // Every rank takes part in the layout check, so all decide alike.
   if (!EvenHosts(store, info, tcp.name, tcp.timeout) || info.local_size == 1) return flat;
   const int first = info.rank - info.local_rank;
-  const std::string prefix = MakeMessage("collectives/", tcp.name, "/host", info.cross_rank, "/shm");
+  const std::string prefix =
+      MakeMessage("collectives/", tcp.name, "/host", info.cross_rank, "/shm");
   std::string why;
-  auto segment = ProveGroup(store, prefix, info.rank, first, info.local_size, &shm, tcp.timeout,
-                            &why);
+  auto segment =
+      ProveGroup(store, prefix, info.rank, first, info.local_size, &shm, tcp.timeout, &why);
   // All hosts must agree, or some ranks would run hierarchically and others flat.
   const std::string verdicts = MakeMessage("collectives/", tcp.name, "/hosts_share_memory/");
   StorePut(store, verdicts + std::to_string(info.rank), segment ? "ok" : why);
@@ -103,9 +104,8 @@ std::unique_ptr<Transport> MakeHierarchical(rendezvous::Store& store, const Rank
   cross_options.name = MakeMessage(tcp.name, "/cross", info.local_rank);
   auto cross = std::make_unique<TcpTransport>(store, info.cross_rank, info.size / info.local_size,
                                               cross_options);
-  return std::make_unique<HierarchicalTransport>(std::move(flat), std::move(local),
-                                                 std::move(cross), info, segment_bytes,
-                                                 small_bytes);
+  return std::make_unique<HierarchicalTransport>(
+      std::move(flat), std::move(local), std::move(cross), info, segment_bytes, small_bytes);
 }
 
 }  // namespace
@@ -115,8 +115,8 @@ std::unique_ptr<Transport> MakeTransport(rendezvous::Store& store, const RankInf
                                          const ShmOptions& shm, size_t segment_bytes,
                                          size_t small_allreduce_bytes) {
   if (mode != "auto" && mode != "tcp" && mode != "shm") {
-    throw InvalidArgumentError(MakeMessage("TRAINRUN_TRANSPORT is '", mode,
-                                           "'; set it to auto, tcp or shm"));
+    throw InvalidArgumentError(
+        MakeMessage("TRAINRUN_TRANSPORT is '", mode, "'; set it to auto, tcp or shm"));
   }
   const bool all_local = info.local_size == info.size;
   if (mode == "shm" && !all_local) {

@@ -22,25 +22,38 @@ size_t ElementSize(DataType type) {
 
 const char* DataTypeName(DataType type) {
   switch (type) {
-    case DataType::kFloat32: return "float32";
-    case DataType::kFloat64: return "float64";
-    case DataType::kFloat16: return "float16";
-    case DataType::kBFloat16: return "bfloat16";
-    case DataType::kInt32: return "int32";
-    case DataType::kInt64: return "int64";
-    case DataType::kUInt8: return "uint8";
-    case DataType::kInt8: return "int8";
+    case DataType::kFloat32:
+      return "float32";
+    case DataType::kFloat64:
+      return "float64";
+    case DataType::kFloat16:
+      return "float16";
+    case DataType::kBFloat16:
+      return "bfloat16";
+    case DataType::kInt32:
+      return "int32";
+    case DataType::kInt64:
+      return "int64";
+    case DataType::kUInt8:
+      return "uint8";
+    case DataType::kInt8:
+      return "int8";
   }
   return "unknown";
 }
 
 const char* ReduceOpName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAverage: return "avg";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kProduct: return "prod";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAverage:
+      return "avg";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kProduct:
+      return "prod";
   }
   return "unknown";
 }

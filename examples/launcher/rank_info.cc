@@ -14,13 +14,34 @@ namespace {
 namespace env = trainrun::env;
 
 constexpr const char* kVariables[] = {
-    env::kRank,           env::kSize,           env::kLocalRank,         env::kLocalSize,
-    env::kCrossRank,      env::kCrossSize,      env::kHostname,          env::kRendezvousAddr,
-    env::kJobId,          env::kJobToken,       env::kHorovodRank,       env::kHorovodSize,
-    env::kHorovodLocalRank, env::kHorovodLocalSize, env::kHorovodCrossRank, env::kHorovodCrossSize,
-    env::kHorovodHostname, env::kTorchRank,     env::kTorchWorldSize,    env::kTorchLocalRank,
-    env::kTorchLocalWorldSize, env::kTorchGroupRank, env::kTorchMasterAddr, env::kTorchMasterPort,
-    env::kOmpiRank,       env::kOmpiSize,       env::kOmpiLocalRank,     env::kOmpiLocalSize,
+    env::kRank,
+    env::kSize,
+    env::kLocalRank,
+    env::kLocalSize,
+    env::kCrossRank,
+    env::kCrossSize,
+    env::kHostname,
+    env::kRendezvousAddr,
+    env::kJobId,
+    env::kJobToken,
+    env::kHorovodRank,
+    env::kHorovodSize,
+    env::kHorovodLocalRank,
+    env::kHorovodLocalSize,
+    env::kHorovodCrossRank,
+    env::kHorovodCrossSize,
+    env::kHorovodHostname,
+    env::kTorchRank,
+    env::kTorchWorldSize,
+    env::kTorchLocalRank,
+    env::kTorchLocalWorldSize,
+    env::kTorchGroupRank,
+    env::kTorchMasterAddr,
+    env::kTorchMasterPort,
+    env::kOmpiRank,
+    env::kOmpiSize,
+    env::kOmpiLocalRank,
+    env::kOmpiLocalSize,
     env::kOmpNumThreads,
 };
 
@@ -35,9 +56,10 @@ int main() {
   // One write, so that the ranks' blocks do not interleave line by line.
   std::string out;
   char line[512];
-  std::snprintf(line, sizeof(line), "rank %s of %s on %s (local_rank %s of %s, cross_rank %s of %s)\n",
-                Get(env::kRank), Get(env::kSize), Get(env::kHostname), Get(env::kLocalRank),
-                Get(env::kLocalSize), Get(env::kCrossRank), Get(env::kCrossSize));
+  std::snprintf(line, sizeof(line),
+                "rank %s of %s on %s (local_rank %s of %s, cross_rank %s of %s)\n", Get(env::kRank),
+                Get(env::kSize), Get(env::kHostname), Get(env::kLocalRank), Get(env::kLocalSize),
+                Get(env::kCrossRank), Get(env::kCrossSize));
   out += line;
   for (const char* name : kVariables) {
     if (std::strcmp(name, env::kJobToken) == 0 && std::getenv(name) != nullptr) {

@@ -31,7 +31,8 @@ std::map<std::string, std::string> ToMap(const std::vector<std::string>& entries
 // RandomHex returns 2*bytes hex digits from /dev/urandom.
 absl::StatusOr<std::string> RandomHex(size_t bytes) {
   int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot open /dev/urandom: ", std::strerror(errno)));
+  if (fd < 0)
+    return absl::InternalError(absl::StrCat("cannot open /dev/urandom: ", std::strerror(errno)));
   std::string raw(bytes, '\0');
   size_t got = 0;
   while (got < bytes) {
@@ -49,7 +50,8 @@ absl::StatusOr<std::string> RandomHex(size_t bytes) {
 // process may take it before rank 0 binds it, a window we cannot close from here).
 absl::StatusOr<int> FreePort() {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create a socket: ", std::strerror(errno)));
+  if (fd < 0)
+    return absl::InternalError(absl::StrCat("cannot create a socket: ", std::strerror(errno)));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_ANY);
@@ -61,7 +63,8 @@ absl::StatusOr<int> FreePort() {
   }
   int error = errno;
   close(fd);
-  if (port < 0) return absl::InternalError(absl::StrCat("cannot find a free port: ", std::strerror(error)));
+  if (port < 0)
+    return absl::InternalError(absl::StrCat("cannot find a free port: ", std::strerror(error)));
   return port;
 }
 
@@ -69,7 +72,8 @@ absl::StatusOr<int> FreePort() {
 
 std::vector<std::string> CurrentEnvironment() {
   std::vector<std::string> out;
-  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) out.emplace_back(*entry);
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry)
+    out.emplace_back(*entry);
   return out;
 }
 
@@ -85,10 +89,10 @@ absl::StatusOr<JobEnvironment> JobEnvironment::Create(const LaunchSpec& spec,
     }
     auto it = job.base_.find(variable.name);
     if (it == job.base_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "-x ", variable.name, ": ", variable.name,
-          " is not set in trainrun's environment; set it, or give it a value with -x ",
-          variable.name, "=VALUE"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("-x ", variable.name, ": ", variable.name,
+                       " is not set in trainrun's environment; set it, or give it a value with -x ",
+                       variable.name, "=VALUE"));
     }
     job.forced_[variable.name] = it->second;
   }

@@ -38,7 +38,11 @@ std::string Brief(const ExitInfo& exit) {
 JobSupervisor::JobSupervisor(boost::asio::io_context& io, const hostfile::SlotPlan& plan,
                              RankControl& ranks, SupervisorOptions options,
                              std::function<void()> on_done)
-    : plan_(plan), ranks_(ranks), options_(std::move(options)), on_done_(std::move(on_done)), timer_(io) {}
+    : plan_(plan),
+      ranks_(ranks),
+      options_(std::move(options)),
+      on_done_(std::move(on_done)),
+      timer_(io) {}
 
 void JobSupervisor::OnRankStarted(int rank) { ++started_; }
 
@@ -132,7 +136,8 @@ std::optional<int> JobSupervisor::Blamed() const {
 }
 
 int JobSupervisor::exit_code() const {
-  if (std::optional<int> blamed = Blamed(); blamed.has_value()) return exits_.at(*blamed).ExitCode();
+  if (std::optional<int> blamed = Blamed(); blamed.has_value())
+    return exits_.at(*blamed).ExitCode();
   if (signal_.has_value()) return 128 + *signal_;
   if (start_failure_.has_value()) return 1;
   for (const auto& [rank, exit] : exits_) {
@@ -150,13 +155,15 @@ void JobSupervisor::AppendStderrTail(int rank, std::vector<std::string>& lines) 
                      ? tail_lines.size() - options_.stderr_tail_lines
                      : 0;
   lines.push_back(absl::StrCat("last lines of rank ", rank, "'s stderr:"));
-  for (size_t i = first; i < tail_lines.size(); ++i) lines.push_back(absl::StrCat("  | ", tail_lines[i]));
+  for (size_t i = first; i < tail_lines.size(); ++i)
+    lines.push_back(absl::StrCat("  | ", tail_lines[i]));
 }
 
 std::string JobSupervisor::Summary() const {
   std::optional<int> blamed = Blamed();
   if (!blamed.has_value() && !signal_.has_value() && !start_failure_.has_value()) {
-    bool all_ok = std::all_of(exits_.begin(), exits_.end(), [](const auto& e) { return e.second.ok(); });
+    bool all_ok =
+        std::all_of(exits_.begin(), exits_.end(), [](const auto& e) { return e.second.ok(); });
     if (all_ok) return "";
   }
   std::vector<std::string> lines;
@@ -166,8 +173,9 @@ std::string JobSupervisor::Summary() const {
   // is still the root cause, and the summary says so.
   std::optional<int> root_peer;
   if (blamed.has_value()) {
-    if (auto it = peer_failures_.find(*blamed); it != peer_failures_.end() && it->second != *blamed &&
-                                                it->second >= 0 && it->second < plan_.size()) {
+    if (auto it = peer_failures_.find(*blamed); it != peer_failures_.end() &&
+                                                it->second != *blamed && it->second >= 0 &&
+                                                it->second < plan_.size()) {
       root_peer = it->second;
     }
   }
@@ -185,9 +193,9 @@ std::string JobSupervisor::Summary() const {
     const std::string& host = plan_.HostOf(*blamed).host;
     accounted.insert(*blamed);
     if (exit.exec_errno != 0) {
-      lines.push_back(absl::StrCat("cannot execute '", options_.command, "': ",
-                                   std::strerror(exit.exec_errno), " (rank ", *blamed, " on ", host,
-                                   "); check the command and PATH"));
+      lines.push_back(absl::StrCat("cannot execute '", options_.command,
+                                   "': ", std::strerror(exit.exec_errno), " (rank ", *blamed,
+                                   " on ", host, "); check the command and PATH"));
     } else {
       lines.push_back(absl::StrCat("rank ", *blamed, " on ", host, " ", exit.Describe(),
                                    "; it failed first, so the job was stopped"));
@@ -205,7 +213,8 @@ std::string JobSupervisor::Summary() const {
     if (accounted.insert(rank).second) by_peer[peer].push_back(rank);
   }
   for (const auto& [peer, ranks] : by_peer) {
-    lines.push_back(absl::StrCat(RankRanges(ranks), " reported failing because rank ", peer, " had"));
+    lines.push_back(
+        absl::StrCat(RankRanges(ranks), " reported failing because rank ", peer, " had"));
   }
   // The rest, grouped by how they ended: failures before the teardown (after the blamed one),
   // and ranks the teardown stopped.
@@ -223,13 +232,15 @@ std::string JobSupervisor::Summary() const {
     lines.push_back(absl::StrCat(RankRanges(ranks), " also ", how, ", after the first failure"));
   }
   for (const auto& [how, ranks] : stopped) {
-    lines.push_back(absl::StrCat("stopped as a consequence: ", RankRanges(ranks), " (ended: ", how, ")"));
+    lines.push_back(
+        absl::StrCat("stopped as a consequence: ", RankRanges(ranks), " (ended: ", how, ")"));
   }
   std::vector<int> unreaped;
   for (int rank = 0; rank < plan_.size(); ++rank) {
     if (!exits_.count(rank) && rank < started_) unreaped.push_back(rank);
   }
-  if (!unreaped.empty()) lines.push_back(absl::StrCat(RankRanges(unreaped), " could not be reaped"));
+  if (!unreaped.empty())
+    lines.push_back(absl::StrCat(RankRanges(unreaped), " could not be reaped"));
   return absl::StrJoin(lines, "\n");
 }
 

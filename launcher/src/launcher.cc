@@ -5,15 +5,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
 #include <cerrno>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
-
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/post.hpp>
-#include <boost/asio/signal_set.hpp>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -114,7 +113,8 @@ bool IsLocalHost(const std::string& host) {
 
 absl::StatusOr<int> Launch(const LaunchSpec& spec) {
   if (spec.command.empty()) {
-    return absl::InvalidArgumentError("no command given; put it after trainrun's flags, e.g. `trainrun -np 2 python3 train.py`");
+    return absl::InvalidArgumentError(
+        "no command given; put it after trainrun's flags, e.g. `trainrun -np 2 python3 train.py`");
   }
   if (spec.plan.size() == 0) return absl::InvalidArgumentError("the slot plan has no ranks");
   std::vector<int> remote_hosts;  // indices into spec.plan.hosts
@@ -127,7 +127,8 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
       if (a.host_index == index) rank_is_local[a.rank] = false;
     }
   }
-  const bool any_local = std::find(rank_is_local.begin(), rank_is_local.end(), true) != rank_is_local.end();
+  const bool any_local =
+      std::find(rank_is_local.begin(), rank_is_local.end(), true) != rank_is_local.end();
   // --network-interface: the rendezvous binds that interface's address here, and every worker
   // gets TRAINRUN_NETWORK_INTERFACE (its data plane listens on that interface of its own host);
   // passed as an -x the user's own -x can still override.
@@ -135,7 +136,8 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
   LaunchSpec job_spec = spec;
   if (!spec.network_interfaces.empty()) {
     if (spec.rendezvous_addr.empty()) {
-      absl::StatusOr<std::string> address = remote::NetworkInterfaceAddress(spec.network_interfaces[0]);
+      absl::StatusOr<std::string> address =
+          remote::NetworkInterfaceAddress(spec.network_interfaces[0]);
       if (!address.ok()) return address.status();
       interface_address = *address;
     }
@@ -145,7 +147,8 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
   absl::StatusOr<JobEnvironment> job = JobEnvironment::Create(job_spec, CurrentEnvironment());
   if (!job.ok()) return job.status();
 
-  Executable executable = ResolveExecutable(spec.command[0], job->Lookup("PATH").value_or("/bin:/usr/bin"));
+  Executable executable =
+      ResolveExecutable(spec.command[0], job->Lookup("PATH").value_or("/bin:/usr/bin"));
   if (executable.error != 0 && any_local) {
     Logger().error("cannot execute '{}': {}", spec.command[0], std::strerror(executable.error));
     return 127;
@@ -163,8 +166,8 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
   // Remote hosts: their agents, connected in parallel, before anything starts anywhere.
   std::vector<remote::RemoteAgent> agents;
   std::string bind_address = !spec.rendezvous_addr.empty() ? spec.rendezvous_addr
-                             : !interface_address.empty() ? interface_address
-                                                          : "127.0.0.1";
+                             : !interface_address.empty()  ? interface_address
+                                                           : "127.0.0.1";
   std::string advertise_host = "127.0.0.1";  // for a wildcard bind: every rank is on this host
   if (!remote_hosts.empty()) {
     absl::StatusOr<std::vector<remote::RemoteAgent>> connected =
@@ -183,17 +186,17 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
   // The rendezvous server lives until the ranks are gone (it is destroyed before `supervisor` and
   // `io`). A rank's "I failed because of peer P" arrives on a gRPC thread and is posted to the
   // supervisor, which then blames P rather than the rank that reported it.
-  absl::StatusOr<std::unique_ptr<rendezvous::Server>> server =
-      rendezvous::Server::Start(RendezvousOptions(spec, *job, bind_address, advertise_host, [&io, &supervisor](
-                                                                  const rendezvous::PeerFailure& f) {
-        boost::asio::post(io, [&supervisor, rank = f.rank, peer = f.peer_rank] {
-          if (supervisor) supervisor->ReportPeerFailure(rank, peer);
-        });
-      }));
+  absl::StatusOr<std::unique_ptr<rendezvous::Server>> server = rendezvous::Server::Start(
+      RendezvousOptions(spec, *job, bind_address, advertise_host,
+                        [&io, &supervisor](const rendezvous::PeerFailure& f) {
+                          boost::asio::post(io, [&supervisor, rank = f.rank, peer = f.peer_rank] {
+                            if (supervisor) supervisor->ReportPeerFailure(rank, peer);
+                          });
+                        }));
   if (!server.ok()) {
-    return absl::Status(server.status().code(),
-                        absl::StrCat("cannot start the job's rendezvous server: ",
-                                     server.status().message()));
+    return absl::Status(
+        server.status().code(),
+        absl::StrCat("cannot start the job's rendezvous server: ", server.status().message()));
   }
   job->SetRendezvousAddress((*server)->address());
   Logger().debug("rendezvous server at {}", (*server)->address());
@@ -234,8 +237,8 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
   std::unique_ptr<internal::StdinForwarder> stdin_forwarder =
       rank_is_local[0] ? internal::StdinForwarder::Create(io) : nullptr;
   if (!remote_hosts.empty()) {
-    std::vector<remote::Job> jobs = remote::MakeJobs(spec, *job, remote_ranks.agents(), remote_hosts,
-                                                     bind_address, (*server)->port());
+    std::vector<remote::Job> jobs = remote::MakeJobs(spec, *job, remote_ranks.agents(),
+                                                     remote_hosts, bind_address, (*server)->port());
     for (const remote::Job& host_job : jobs) {
       for (const remote::RankJob& rank : host_job.ranks) supervisor->OnRankStarted(rank.rank);
     }
@@ -256,8 +259,8 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
     if (rank == 0) stdin_forwarder->RankStarted();
   }
   supervisor->OnStartsComplete();
-  Logger().debug("job {}: started {} local ranks of {} ({} hosts remote)", job->job_id(), ranks.running(),
-                 spec.plan.size(), remote_hosts.size());
+  Logger().debug("job {}: started {} local ranks of {} ({} hosts remote)", job->job_id(),
+                 ranks.running(), spec.plan.size(), remote_hosts.size());
   if (!supervisor->done()) io.run();
 
   (*server)->Shutdown();

@@ -1,9 +1,9 @@
 #include "trainrun/launcher/logging.h"
 
+#include <spdlog/sinks/stdout_color_sinks.h>
+
 #include <memory>
 #include <mutex>
-
-#include <spdlog/sinks/stdout_color_sinks.h>
 
 namespace trainrun::launcher {
 
@@ -13,7 +13,8 @@ spdlog::logger& Logger() {
   static std::once_flag once;
   std::call_once(once, [] {
     if (spdlog::default_logger_raw()->name() == "trainrun") return;
-    auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>(spdlog::color_mode::automatic);
+    auto sink =
+        std::make_shared<spdlog::sinks::stderr_color_sink_mt>(spdlog::color_mode::automatic);
     auto logger = std::make_shared<spdlog::logger>("trainrun", std::move(sink));
     logger->set_pattern("trainrun: %^%l%$: %v");
     logger->set_level(spdlog::default_logger_raw()->level());

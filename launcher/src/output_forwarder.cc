@@ -17,14 +17,17 @@ namespace trainrun::launcher {
 namespace {
 
 bool SameFile(int a, int b) {
-  struct stat sa {}, sb {};
-  return fstat(a, &sa) == 0 && fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  struct stat sa {
+  }, sb{};
+  return fstat(a, &sa) == 0 && fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
 }
 
 std::string Timestamp() {
   auto now = std::chrono::system_clock::now();
   std::time_t seconds = std::chrono::system_clock::to_time_t(now);
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
   std::tm local{};
   localtime_r(&seconds, &local);
   char text[32];
@@ -42,7 +45,8 @@ absl::StatusOr<int> MakeDirectory(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<OutputForwarder>> OutputForwarder::Create(const OutputOptions& options) {
+absl::StatusOr<std::unique_ptr<OutputForwarder>> OutputForwarder::Create(
+    const OutputOptions& options) {
   std::unique_ptr<OutputForwarder> forwarder(new OutputForwarder(options));
   if (!options.output_dir.has_value()) return forwarder;
   if (auto made = MakeDirectory(*options.output_dir); !made.ok()) return made.status();
@@ -54,8 +58,8 @@ absl::StatusOr<std::unique_ptr<OutputForwarder>> OutputForwarder::Create(const O
       std::string path = dir + (stream == OutputStream::kStdout ? "/stdout" : "/stderr");
       int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (fd < 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "--output-filename: cannot create '", path, "': ", std::strerror(errno)));
+        return absl::FailedPreconditionError(
+            absl::StrCat("--output-filename: cannot create '", path, "': ", std::strerror(errno)));
       }
       forwarder->files_[{rank, stream}] = fd;
     }
@@ -93,7 +97,8 @@ void OutputForwarder::Write(int rank, OutputStream stream, std::string_view byte
   if (!console.open_line.has_value()) {
     if (options_.prefix_timestamp) out += Timestamp();
     if (options_.tag) {
-      absl::StrAppend(&out, "[", rank, "]", stream == OutputStream::kStdout ? "<stdout>:" : "<stderr>:");
+      absl::StrAppend(&out, "[", rank, "]",
+                      stream == OutputStream::kStdout ? "<stdout>:" : "<stderr>:");
     }
   }
   if (out.empty()) {

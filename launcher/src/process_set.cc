@@ -7,12 +7,11 @@
 #include <unistd.h>
 
 #include <array>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <cerrno>
 #include <cstring>
 #include <thread>
-
-#include <boost/asio/posix/stream_descriptor.hpp>
-#include <boost/asio/steady_timer.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "rank_shim.h"
@@ -48,8 +47,8 @@ struct RankProcessSet::Rank {
   int index;
   pid_t shim = -1;
   int status_fd = -1;
-  bool reaped = false;   // the shim has exited: the rank and all it started are gone
-  bool exited = false;   // on_exit delivered
+  bool reaped = false;  // the shim has exited: the rank and all it started are gone
+  bool exited = false;  // on_exit delivered
   ExitInfo exit;
   Reader out;
   Reader err;
@@ -80,7 +79,8 @@ class Fd {
 absl::Status MakePipe(Fd& read_end, Fd& write_end) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot create a pipe: ", std::strerror(errno)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot create a pipe: ", std::strerror(errno)));
   }
   read_end.Reset(fds[0]);
   write_end.Reset(fds[1]);
@@ -139,8 +139,8 @@ absl::Status RankProcessSet::Start(int rank_index, const ProcessSpec& spec) {
   }
   std::vector<char*> argv = CStrings(spec.argv);
   std::vector<char*> envp = CStrings(spec.env);
-  internal::ShimArgs args{spec.executable.c_str(), argv.data(), envp.data(), stdin_fd,
-                          out_write.get(), err_write.get(), status_write.get(), getpid()};
+  internal::ShimArgs args{spec.executable.c_str(), argv.data(),     envp.data(),        stdin_fd,
+                          out_write.get(),         err_write.get(), status_write.get(), getpid()};
 
   // Block every signal across fork(): the shim must not run this process's handlers (Asio's
   // would write to its signal pipe, which the shim shares until it closes its fds).
@@ -152,8 +152,8 @@ absl::Status RankProcessSet::Start(int rank_index, const ProcessSpec& spec) {
   int fork_errno = errno;
   pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   if (pid < 0) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot start rank ", rank_index, ": fork failed: ", std::strerror(fork_errno)));
+    return absl::ResourceExhaustedError(absl::StrCat("cannot start rank ", rank_index,
+                                                     ": fork failed: ", std::strerror(fork_errno)));
   }
 
   auto rank = std::make_unique<Rank>(io_, rank_index);

@@ -51,8 +51,10 @@ void CloseFrom(int first) {
         int fd = 0;
         bool numeric = *name != '\0';
         for (const char* c = name; *c != '\0'; ++c) {
-          if (*c < '0' || *c > '9') numeric = false;
-          else fd = fd * 10 + (*c - '0');
+          if (*c < '0' || *c > '9')
+            numeric = false;
+          else
+            fd = fd * 10 + (*c - '0');
         }
         if (numeric && fd >= first && fd != dir) to_close[count++] = fd;
       }

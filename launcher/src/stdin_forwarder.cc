@@ -4,9 +4,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-
 #include <boost/asio/write.hpp>
+#include <cerrno>
 
 namespace trainrun::launcher::internal {
 namespace asio = boost::asio;
@@ -61,25 +60,26 @@ void StdinForwarder::Stop() {
 void StdinForwarder::WaitForInput() {
   // Wait for readiness, then read(2) on the descriptor as it is: an Asio read would set O_NONBLOCK
   // on the open file description, which is shared with the shell (and the terminal) after we exit.
-  in_.async_wait(asio::posix::stream_descriptor::wait_read, [this](const boost::system::error_code& error) {
-    if (error) return;
-    ssize_t n;
-    do {
-      n = read(in_.native_handle(), buffer_.data(), buffer_.size());
-    } while (n < 0 && errno == EINTR);
-    if (n <= 0) {
-      Stop();  // EOF (or an error): rank 0 sees EOF too
-      return;
-    }
-    asio::async_write(out_, asio::buffer(buffer_.data(), static_cast<size_t>(n)),
-                      [this](const boost::system::error_code& write_error, size_t) {
-                        if (write_error) {
-                          Stop();  // rank 0 is gone or closed its stdin
-                          return;
-                        }
-                        WaitForInput();
-                      });
-  });
+  in_.async_wait(asio::posix::stream_descriptor::wait_read,
+                 [this](const boost::system::error_code& error) {
+                   if (error) return;
+                   ssize_t n;
+                   do {
+                     n = read(in_.native_handle(), buffer_.data(), buffer_.size());
+                   } while (n < 0 && errno == EINTR);
+                   if (n <= 0) {
+                     Stop();  // EOF (or an error): rank 0 sees EOF too
+                     return;
+                   }
+                   asio::async_write(out_, asio::buffer(buffer_.data(), static_cast<size_t>(n)),
+                                     [this](const boost::system::error_code& write_error, size_t) {
+                                       if (write_error) {
+                                         Stop();  // rank 0 is gone or closed its stdin
+                                         return;
+                                       }
+                                       WaitForInput();
+                                     });
+                 });
 }
 
 }  // namespace trainrun::launcher::internal

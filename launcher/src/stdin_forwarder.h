@@ -2,10 +2,9 @@
 #pragma once
 
 #include <array>
-#include <memory>
-
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <memory>
 
 namespace trainrun::launcher::internal {
 

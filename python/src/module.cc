@@ -5,9 +5,9 @@
 // tensor, so contiguous buffers are never copied and this file needs neither NumPy nor torch.
 // Every wait releases the GIL and wakes up regularly to let Ctrl-C through. Library exceptions
 // become trainrun.Error and its subclasses, with the library's message.
+#include <pthread.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-#include <pthread.h>
 #include <sys/stat.h>
 
 #include <chrono>

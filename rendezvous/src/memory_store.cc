@@ -53,8 +53,8 @@ absl::Status MemoryStore::Barrier(const std::string& name, int count,
   changed_.notify_all();
   if (!changed_.wait_for(lock, timeout, [&] { return counters_[key] >= count; })) {
     return absl::DeadlineExceededError(absl::StrCat("timed out after ", timeout.count(),
-                                                    " ms in barrier '", name, "': ",
-                                                    counters_[key], " of ", count, " arrived"));
+                                                    " ms in barrier '", name, "': ", counters_[key],
+                                                    " of ", count, " arrived"));
   }
   return absl::OkStatus();
 }

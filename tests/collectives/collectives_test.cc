@@ -2,7 +2,6 @@
 // threads over the in-memory store. Inputs are fresh random numbers each run (the seed is printed
 // on failure).
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -19,9 +18,9 @@ namespace {
 
 using testing::Spawn;
 
-const std::vector<DataType> kTypes = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+const std::vector<DataType> kTypes = {DataType::kFloat32,  DataType::kFloat64, DataType::kFloat16,
                                       DataType::kBFloat16, DataType::kInt32,   DataType::kInt64,
-                                      DataType::kUInt8,   DataType::kInt8};
+                                      DataType::kUInt8,    DataType::kInt8};
 const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin,
                                     ReduceOp::kMax, ReduceOp::kProduct};
 
@@ -33,17 +32,43 @@ bool IsFloat(DataType t) {
 double Get(DataType type, const std::vector<char>& buffer, size_t i) {
   const char* p = buffer.data() + i * ElementSize(type);
   switch (type) {
-    case DataType::kFloat32: { float v; std::memcpy(&v, p, 4); return v; }
-    case DataType::kFloat64: { double v; std::memcpy(&v, p, 8); return v; }
-    case DataType::kFloat16: { _Float16 v; std::memcpy(&v, p, 2); return static_cast<float>(v); }
-    case DataType::kBFloat16: {
-      uint16_t h; std::memcpy(&h, p, 2);
-      uint32_t bits = static_cast<uint32_t>(h) << 16; float v; std::memcpy(&v, &bits, 4); return v;
+    case DataType::kFloat32: {
+      float v;
+      std::memcpy(&v, p, 4);
+      return v;
     }
-    case DataType::kInt32: { int32_t v; std::memcpy(&v, p, 4); return v; }
-    case DataType::kInt64: { int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
-    case DataType::kUInt8: return static_cast<uint8_t>(*p);
-    case DataType::kInt8: return static_cast<int8_t>(*p);
+    case DataType::kFloat64: {
+      double v;
+      std::memcpy(&v, p, 8);
+      return v;
+    }
+    case DataType::kFloat16: {
+      _Float16 v;
+      std::memcpy(&v, p, 2);
+      return static_cast<float>(v);
+    }
+    case DataType::kBFloat16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      uint32_t bits = static_cast<uint32_t>(h) << 16;
+      float v;
+      std::memcpy(&v, &bits, 4);
+      return v;
+    }
+    case DataType::kInt32: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case DataType::kInt64: {
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      return static_cast<double>(v);
+    }
+    case DataType::kUInt8:
+      return static_cast<uint8_t>(*p);
+    case DataType::kInt8:
+      return static_cast<int8_t>(*p);
   }
   return 0;
 }
@@ -52,17 +77,43 @@ double Get(DataType type, const std::vector<char>& buffer, size_t i) {
 void Put(DataType type, std::vector<char>& buffer, size_t i, double value) {
   char* p = buffer.data() + i * ElementSize(type);
   switch (type) {
-    case DataType::kFloat32: { float v = static_cast<float>(value); std::memcpy(p, &v, 4); break; }
-    case DataType::kFloat64: std::memcpy(p, &value, 8); break;
-    case DataType::kFloat16: { _Float16 v = static_cast<_Float16>(value); std::memcpy(p, &v, 2); break; }
-    case DataType::kBFloat16: {
-      float f = static_cast<float>(value); uint32_t bits; std::memcpy(&bits, &f, 4);
-      uint16_t h = static_cast<uint16_t>(bits >> 16); std::memcpy(p, &h, 2); break;  // truncation
+    case DataType::kFloat32: {
+      float v = static_cast<float>(value);
+      std::memcpy(p, &v, 4);
+      break;
     }
-    case DataType::kInt32: { int32_t v = static_cast<int32_t>(value); std::memcpy(p, &v, 4); break; }
-    case DataType::kInt64: { int64_t v = static_cast<int64_t>(value); std::memcpy(p, &v, 8); break; }
-    case DataType::kUInt8: *p = static_cast<char>(static_cast<uint8_t>(static_cast<int64_t>(value))); break;
-    case DataType::kInt8: *p = static_cast<char>(static_cast<int8_t>(static_cast<int64_t>(value))); break;
+    case DataType::kFloat64:
+      std::memcpy(p, &value, 8);
+      break;
+    case DataType::kFloat16: {
+      _Float16 v = static_cast<_Float16>(value);
+      std::memcpy(p, &v, 2);
+      break;
+    }
+    case DataType::kBFloat16: {
+      float f = static_cast<float>(value);
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      uint16_t h = static_cast<uint16_t>(bits >> 16);
+      std::memcpy(p, &h, 2);
+      break;  // truncation
+    }
+    case DataType::kInt32: {
+      int32_t v = static_cast<int32_t>(value);
+      std::memcpy(p, &v, 4);
+      break;
+    }
+    case DataType::kInt64: {
+      int64_t v = static_cast<int64_t>(value);
+      std::memcpy(p, &v, 8);
+      break;
+    }
+    case DataType::kUInt8:
+      *p = static_cast<char>(static_cast<uint8_t>(static_cast<int64_t>(value)));
+      break;
+    case DataType::kInt8:
+      *p = static_cast<char>(static_cast<int8_t>(static_cast<int64_t>(value)));
+      break;
   }
 }
 
@@ -91,8 +142,8 @@ std::vector<char> MakeInput(DataType type, ReduceOp op, size_t count, uint64_t s
 }
 
 // Reference of element i over every rank's input; `tolerance` is set to what rounding may cost.
-double Reference(DataType type, ReduceOp op, const std::vector<std::vector<char>>& inputs,
-                 size_t i, double* tolerance) {
+double Reference(DataType type, ReduceOp op, const std::vector<std::vector<char>>& inputs, size_t i,
+                 double* tolerance) {
   const int n = static_cast<int>(inputs.size());
   double acc = Get(type, inputs[0], i);
   double magnitude = std::abs(acc);
@@ -100,10 +151,19 @@ double Reference(DataType type, ReduceOp op, const std::vector<std::vector<char>
     double v = Get(type, inputs[r], i);
     magnitude += std::abs(v);
     switch (op) {
-      case ReduceOp::kSum: case ReduceOp::kAverage: acc += v; break;
-      case ReduceOp::kProduct: acc *= v; break;
-      case ReduceOp::kMin: acc = std::min(acc, v); break;
-      case ReduceOp::kMax: acc = std::max(acc, v); break;
+      case ReduceOp::kSum:
+      case ReduceOp::kAverage:
+        acc += v;
+        break;
+      case ReduceOp::kProduct:
+        acc *= v;
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
     }
   }
   if (op == ReduceOp::kAverage) {
@@ -113,11 +173,20 @@ double Reference(DataType type, ReduceOp op, const std::vector<std::vector<char>
   if (op == ReduceOp::kProduct) magnitude = std::abs(acc);
   double epsilon = 0;
   switch (type) {
-    case DataType::kFloat64: epsilon = 1e-14; break;
-    case DataType::kFloat32: epsilon = 1.2e-7; break;
-    case DataType::kFloat16: epsilon = 9.8e-4; break;
-    case DataType::kBFloat16: epsilon = 7.9e-3; break;
-    default: break;
+    case DataType::kFloat64:
+      epsilon = 1e-14;
+      break;
+    case DataType::kFloat32:
+      epsilon = 1.2e-7;
+      break;
+    case DataType::kFloat16:
+      epsilon = 9.8e-4;
+      break;
+    case DataType::kBFloat16:
+      epsilon = 7.9e-3;
+      break;
+    default:
+      break;
   }
   *tolerance = (op == ReduceOp::kMin || op == ReduceOp::kMax) ? 0 : epsilon * (n + 1) * magnitude;
   if (!IsFloat(type)) {  // exact, modulo the type's width
@@ -162,11 +231,13 @@ struct Case {
 void CheckAllreduce(int n, const std::vector<Case>& cases) {
   const uint64_t seed = FreshSeed();
   INFO("ranks " << n << ", seed " << seed);
-  std::vector<std::vector<std::vector<char>>> inputs(cases.size(), std::vector<std::vector<char>>(n));
+  std::vector<std::vector<std::vector<char>>> inputs(cases.size(),
+                                                     std::vector<std::vector<char>>(n));
   std::vector<std::vector<std::vector<char>>> outputs = inputs;
   for (size_t c = 0; c < cases.size(); ++c) {
     for (int r = 0; r < n; ++r) {
-      inputs[c][r] = MakeInput(cases[c].type, cases[c].op, cases[c].count, seed * 1000003 + c * 64 + r);
+      inputs[c][r] =
+          MakeInput(cases[c].type, cases[c].op, cases[c].count, seed * 1000003 + c * 64 + r);
     }
   }
   Spawn(n, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
@@ -286,7 +357,8 @@ TEST_CASE("allgather and allgatherv", "[allgather]") {
       std::vector<size_t> counts(n);
       for (int r = 0; r < n; ++r) counts[r] = r % 2 == 0 ? count : count / 3;  // some zero
       std::vector<std::vector<char>> inputs(n), equal(n), varied(n);
-      for (int r = 0; r < n; ++r) inputs[r] = MakeInput(DataType::kInt32, ReduceOp::kSum, count, seed + r);
+      for (int r = 0; r < n; ++r)
+        inputs[r] = MakeInput(DataType::kInt32, ReduceOp::kSum, count, seed + r);
       Spawn(n, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
         Communicator comm(store, rank, n);
         equal[rank].assign(n * count * 4, 0);
@@ -305,7 +377,8 @@ TEST_CASE("allgather and allgatherv", "[allgather]") {
       std::vector<char> expect_equal, expect_varied;
       for (int r = 0; r < n; ++r) {
         expect_equal.insert(expect_equal.end(), inputs[r].begin(), inputs[r].end());
-        expect_varied.insert(expect_varied.end(), inputs[r].begin(), inputs[r].begin() + counts[r] * 4);
+        expect_varied.insert(expect_varied.end(), inputs[r].begin(),
+                             inputs[r].begin() + counts[r] * 4);
       }
       for (int r = 0; r < n; ++r) {
         CHECK(equal[r] == expect_equal);
@@ -324,7 +397,8 @@ TEST_CASE("reduce-scatter: every type and op", "[reduce_scatter]") {
       for (DataType type : kTypes) {
         for (ReduceOp op : kOps) cases.push_back({type, op, count, false});
       }
-      std::vector<std::vector<std::vector<char>>> inputs(cases.size(), std::vector<std::vector<char>>(n));
+      std::vector<std::vector<std::vector<char>>> inputs(cases.size(),
+                                                         std::vector<std::vector<char>>(n));
       auto outputs = inputs;
       for (size_t c = 0; c < cases.size(); ++c) {
         for (int r = 0; r < n; ++r) {
@@ -335,8 +409,8 @@ TEST_CASE("reduce-scatter: every type and op", "[reduce_scatter]") {
         Communicator comm(store, rank, n);
         for (size_t c = 0; c < cases.size(); ++c) {
           outputs[c][rank].assign(count * ElementSize(cases[c].type), 0);
-          comm.ReduceScatter(inputs[c][rank].data(), outputs[c][rank].data(), count,
-                             cases[c].type, cases[c].op);
+          comm.ReduceScatter(inputs[c][rank].data(), outputs[c][rank].data(), count, cases[c].type,
+                             cases[c].op);
         }
       });
       for (size_t c = 0; c < cases.size(); ++c) {
@@ -345,7 +419,8 @@ TEST_CASE("reduce-scatter: every type and op", "[reduce_scatter]") {
         for (int r = 0; r < n; ++r) {
           for (size_t i = 0; i < count; ++i) {
             double tolerance = 0;
-            double expect = Reference(cases[c].type, cases[c].op, inputs[c], r * count + i, &tolerance);
+            double expect =
+                Reference(cases[c].type, cases[c].op, inputs[c], r * count + i, &tolerance);
             if (std::abs(Get(cases[c].type, outputs[c][r], i) - expect) > tolerance) ++bad;
           }
         }

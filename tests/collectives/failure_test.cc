@@ -1,12 +1,11 @@
 // Failure behaviour: strangers on the data port, a peer that goes away, a peer that stalls, and a
 // real process killed with SIGKILL mid-allreduce.
-#include <catch2/catch.hpp>
-
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <fstream>
 #include <string>

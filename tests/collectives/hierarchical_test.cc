@@ -1,17 +1,16 @@
 // Hierarchical allreduce (shared memory within a host, TCP across hosts): ranks as threads whose
 // RankInfo places them on several "hosts" (the same-host check passes, as they share memory), and
 // ranks as processes in two network namespaces, each namespace a host reachable only over its veth.
-#include <catch2/catch.hpp>
-
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -27,9 +26,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-const std::vector<DataType> kTypes = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+const std::vector<DataType> kTypes = {DataType::kFloat32,  DataType::kFloat64, DataType::kFloat16,
                                       DataType::kBFloat16, DataType::kInt32,   DataType::kInt64,
-                                      DataType::kUInt8,   DataType::kInt8};
+                                      DataType::kUInt8,    DataType::kInt8};
 const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin,
                                     ReduceOp::kMax, ReduceOp::kProduct};
 
@@ -53,33 +52,85 @@ double Value(ReduceOp op, int rank, size_t i) {
 
 void Put(DataType type, char* p, double v) {
   switch (type) {
-    case DataType::kFloat32: { float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
-    case DataType::kFloat64: std::memcpy(p, &v, 8); break;
-    case DataType::kFloat16: { _Float16 x = static_cast<_Float16>(v); std::memcpy(p, &x, 2); break; }
-    case DataType::kBFloat16: {
-      float f = static_cast<float>(v); uint32_t bits; std::memcpy(&bits, &f, 4);
-      uint16_t h = static_cast<uint16_t>(bits >> 16); std::memcpy(p, &h, 2); break;
+    case DataType::kFloat32: {
+      float x = static_cast<float>(v);
+      std::memcpy(p, &x, 4);
+      break;
     }
-    case DataType::kInt32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
-    case DataType::kInt64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
-    case DataType::kUInt8: *p = static_cast<char>(static_cast<uint8_t>(v)); break;
-    case DataType::kInt8: *p = static_cast<char>(static_cast<int8_t>(v)); break;
+    case DataType::kFloat64:
+      std::memcpy(p, &v, 8);
+      break;
+    case DataType::kFloat16: {
+      _Float16 x = static_cast<_Float16>(v);
+      std::memcpy(p, &x, 2);
+      break;
+    }
+    case DataType::kBFloat16: {
+      float f = static_cast<float>(v);
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      uint16_t h = static_cast<uint16_t>(bits >> 16);
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case DataType::kInt32: {
+      int32_t x = static_cast<int32_t>(v);
+      std::memcpy(p, &x, 4);
+      break;
+    }
+    case DataType::kInt64: {
+      int64_t x = static_cast<int64_t>(v);
+      std::memcpy(p, &x, 8);
+      break;
+    }
+    case DataType::kUInt8:
+      *p = static_cast<char>(static_cast<uint8_t>(v));
+      break;
+    case DataType::kInt8:
+      *p = static_cast<char>(static_cast<int8_t>(v));
+      break;
   }
 }
 
 double Get(DataType type, const char* p) {
   switch (type) {
-    case DataType::kFloat32: { float v; std::memcpy(&v, p, 4); return v; }
-    case DataType::kFloat64: { double v; std::memcpy(&v, p, 8); return v; }
-    case DataType::kFloat16: { _Float16 v; std::memcpy(&v, p, 2); return static_cast<float>(v); }
-    case DataType::kBFloat16: {
-      uint16_t h; std::memcpy(&h, p, 2);
-      uint32_t bits = static_cast<uint32_t>(h) << 16; float v; std::memcpy(&v, &bits, 4); return v;
+    case DataType::kFloat32: {
+      float v;
+      std::memcpy(&v, p, 4);
+      return v;
     }
-    case DataType::kInt32: { int32_t v; std::memcpy(&v, p, 4); return v; }
-    case DataType::kInt64: { int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
-    case DataType::kUInt8: return static_cast<uint8_t>(*p);
-    case DataType::kInt8: return static_cast<int8_t>(*p);
+    case DataType::kFloat64: {
+      double v;
+      std::memcpy(&v, p, 8);
+      return v;
+    }
+    case DataType::kFloat16: {
+      _Float16 v;
+      std::memcpy(&v, p, 2);
+      return static_cast<float>(v);
+    }
+    case DataType::kBFloat16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      uint32_t bits = static_cast<uint32_t>(h) << 16;
+      float v;
+      std::memcpy(&v, &bits, 4);
+      return v;
+    }
+    case DataType::kInt32: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case DataType::kInt64: {
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      return static_cast<double>(v);
+    }
+    case DataType::kUInt8:
+      return static_cast<uint8_t>(*p);
+    case DataType::kInt8:
+      return static_cast<int8_t>(*p);
   }
   return 0;
 }
@@ -206,8 +257,10 @@ class TwoHosts {
           Sh("ip -n " + names_[0] + " link add eth0 type veth peer name eth0 netns " + names_[1]) &&
           Sh("ip -n " + names_[0] + " addr add " + address(0) + "/24 dev eth0") &&
           Sh("ip -n " + names_[1] + " addr add " + address(1) + "/24 dev eth0") &&
-          Sh("ip -n " + names_[0] + " link set eth0 up") && Sh("ip -n " + names_[1] + " link set eth0 up") &&
-          Sh("ip -n " + names_[0] + " link set lo up") && Sh("ip -n " + names_[1] + " link set lo up");
+          Sh("ip -n " + names_[0] + " link set eth0 up") &&
+          Sh("ip -n " + names_[1] + " link set eth0 up") &&
+          Sh("ip -n " + names_[0] + " link set lo up") &&
+          Sh("ip -n " + names_[1] + " link set lo up");
   }
   ~TwoHosts() {
     for (const auto& name : names_) Sh("ip netns del " + name + " 2>/dev/null");
@@ -221,8 +274,9 @@ class TwoHosts {
   }
   // Bytes host 0 has sent over its veth.
   long SentBytes() const {
-    FILE* p = ::popen(("ip netns exec " + names_[0] + " cat /sys/class/net/eth0/statistics/tx_bytes")
-                          .c_str(), "r");
+    FILE* p = ::popen(
+        ("ip netns exec " + names_[0] + " cat /sys/class/net/eth0/statistics/tx_bytes").c_str(),
+        "r");
     long bytes = -1;
     if (p != nullptr) {
       if (std::fscanf(p, "%ld", &bytes) != 1) bytes = -1;

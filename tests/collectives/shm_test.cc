@@ -3,8 +3,6 @@
 // that only claims to share the host (another PID and mount namespace) is caught and the job runs
 // over TCP. Every operation, type and op over shared memory with ranks as threads: collectives_test
 // run again under TRAINRUN_TRANSPORT=shm (see CMakeLists.txt).
-#include <catch2/catch.hpp>
-
 #include <dirent.h>
 #include <sched.h>
 #include <signal.h>
@@ -12,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -148,9 +147,10 @@ TEST_CASE("an all-local job of processes runs over shared memory and leaves noth
   CHECK(DevShm() == before);
 }
 
-TEST_CASE("a rank killed with SIGKILL mid-allreduce over shared memory: the others raise promptly "
-          "naming it, and nothing is left in /dev/shm",
-          "[shm][failure][process]") {
+TEST_CASE(
+    "a rank killed with SIGKILL mid-allreduce over shared memory: the others raise promptly "
+    "naming it, and nothing is left in /dev/shm",
+    "[shm][failure][process]") {
   const auto before = DevShm();
   const int n = 4, victim = 2;
   TempDir dir;
@@ -203,9 +203,10 @@ int InOtherPidNamespace(const std::function<int()>& body) {
   return WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
 }
 
-TEST_CASE("a rank that cannot see the others' memory fails the same-host check: auto falls back "
-          "to TCP, shm refuses",
-          "[shm][process]") {
+TEST_CASE(
+    "a rank that cannot see the others' memory fails the same-host check: auto falls back "
+    "to TCP, shm refuses",
+    "[shm][process]") {
   if (::geteuid() != 0) {
     WARN("needs root to make PID namespaces; skipped");
     return;
@@ -247,9 +248,10 @@ TEST_CASE("a rank that cannot see the others' memory fails the same-host check: 
   }
 }
 
-TEST_CASE("threads of one process share memory: shm is chosen and TRAINRUN_TRANSPORT's value is "
-          "checked",
-          "[shm]") {
+TEST_CASE(
+    "threads of one process share memory: shm is chosen and TRAINRUN_TRANSPORT's value is "
+    "checked",
+    "[shm]") {
   testing::Spawn(3, [](int rank, std::shared_ptr<rendezvous::Store> store) {
     Communicator comm(store, rank, 3, Options("auto"));
     CHECK(std::string(comm.transport()) == "shm");

@@ -12,7 +12,8 @@
 
 namespace trainrun::collectives::testing {
 
-inline void Spawn(int size, const std::function<void(int rank, std::shared_ptr<rendezvous::Store>)>& fn) {
+inline void Spawn(int size,
+                  const std::function<void(int rank, std::shared_ptr<rendezvous::Store>)>& fn) {
   auto store = std::make_shared<rendezvous::MemoryStore>();
   std::vector<std::exception_ptr> errors(size);
   std::vector<std::thread> threads;

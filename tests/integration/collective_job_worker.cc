@@ -45,7 +45,8 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(rank + 1 + i % 7);
       comm->Allreduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum);
       for (size_t i = 0; i < data.size(); ++i) {
-        const float expect = static_cast<float>(size * (size + 1) / 2 + size * static_cast<int>(i % 7));
+        const float expect =
+            static_cast<float>(size * (size + 1) / 2 + size * static_cast<int>(i % 7));
         if (data[i] != expect) {
           std::fprintf(stderr, "rank %d step %d: element %zu is %g, expected %g\n", rank, step, i,
                        data[i], expect);

@@ -2,12 +2,11 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
 #include <regex>
 #include <string>
-
-#include <catch2/catch.hpp>
 
 namespace {
 
@@ -27,7 +26,8 @@ JobResult RunJob(const std::string& args) {
   REQUIRE(pipe != nullptr);
   std::array<char, 4096> buffer{};
   size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), n);
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    result.output.append(buffer.data(), n);
   int status = pclose(pipe);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -73,8 +73,9 @@ TEST_CASE("a rank that breaks off without failing is still named the cause", "[i
   JobResult job = RunJob("-np 3 " + kWorker + " 1000 1 3 close");
   INFO(job.output);
   CHECK(job.exit_code == 1);
-  CHECK(job.output.find("rank 1 on localhost failed first: its peers lost their connections to it") !=
-        std::string::npos);
+  CHECK(
+      job.output.find("rank 1 on localhost failed first: its peers lost their connections to it") !=
+      std::string::npos);
   CHECK(job.output.find("rank 1 then was killed by SIGTERM") != std::string::npos);
   CHECK(job.output.find("ranks 0,2 reported failing because rank 1 had") != std::string::npos);
   CHECK(job.seconds < 15);

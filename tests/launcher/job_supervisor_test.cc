@@ -1,9 +1,9 @@
 // JobSupervisor's policy with a fake RankControl: who is blamed, what trainrun exits with.
+#include "trainrun/launcher/job_supervisor.h"
+
 #include <signal.h>
 
 #include <catch2/catch.hpp>
-
-#include "trainrun/launcher/job_supervisor.h"
 
 namespace {
 
@@ -35,7 +35,8 @@ ExitInfo Exit(int code, std::chrono::steady_clock::time_point time, int signal =
 }
 
 struct Fixture {
-  explicit Fixture(int n) : plan(Plan(n)), supervisor(io, plan, ranks, SupervisorOptions{}, [this] { done = true; }) {
+  explicit Fixture(int n)
+      : plan(Plan(n)), supervisor(io, plan, ranks, SupervisorOptions{}, [this] { done = true; }) {
     for (int r = 0; r < n; ++r) supervisor.OnRankStarted(r);
     supervisor.OnStartsComplete();
   }
@@ -67,12 +68,14 @@ TEST_CASE("an earlier failure reported later is still the one blamed", "[launche
   f.supervisor.OnRankExit(2, Exit(1, t0 + std::chrono::milliseconds(5)));
   CHECK(f.ranks.terminated == 1);
   f.supervisor.OnRankExit(1, Exit(0, t0, SIGSEGV));
-  f.supervisor.OnRankExit(0, Exit(0, std::chrono::steady_clock::now() + std::chrono::seconds(1), SIGTERM));
+  f.supervisor.OnRankExit(
+      0, Exit(0, std::chrono::steady_clock::now() + std::chrono::seconds(1), SIGTERM));
   CHECK(f.done);
   CHECK(f.supervisor.exit_code() == 128 + SIGSEGV);
   std::string summary = f.supervisor.Summary();
   CHECK(summary.rfind("rank 1 on localhost was killed by SIGSEGV", 0) == 0);
-  CHECK(summary.find("rank 2 also exited with code 1, after the first failure") != std::string::npos);
+  CHECK(summary.find("rank 2 also exited with code 1, after the first failure") !=
+        std::string::npos);
   CHECK(summary.find("stopped as a consequence: rank 0 (ended: SIGTERM)") != std::string::npos);
 }
 
@@ -98,12 +101,14 @@ TEST_CASE("a peer that broke off without failing first is still named the cause"
   f.supervisor.ReportPeerFailure(2, 1);
   f.supervisor.OnRankExit(0, Exit(1, t0));
   f.supervisor.OnRankExit(2, Exit(1, t0 + std::chrono::milliseconds(1)));
-  f.supervisor.OnRankExit(1, Exit(0, std::chrono::steady_clock::now() + std::chrono::seconds(1), SIGTERM));
+  f.supervisor.OnRankExit(
+      1, Exit(0, std::chrono::steady_clock::now() + std::chrono::seconds(1), SIGTERM));
   CHECK(f.done);
   CHECK(f.supervisor.exit_code() == 1);
   std::string summary = f.supervisor.Summary();
   INFO(summary);
-  CHECK(summary.rfind("rank 1 on localhost failed first: its peers lost their connections to it", 0) == 0);
+  CHECK(summary.rfind("rank 1 on localhost failed first: its peers lost their connections to it",
+                      0) == 0);
   CHECK(summary.find("rank 1 then was killed by SIGTERM") != std::string::npos);
   CHECK(summary.find("ranks 0,2 reported failing because rank 1 had") != std::string::npos);
 }

@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
       std::string list = argv[++i];
       for (size_t start = 0; start <= list.size();) {
         size_t comma = list.find(',', start);
-        std::string entry = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        std::string entry =
+            list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
         size_t colon = entry.rfind(':');
         HostSpec host;
         host.host = entry.substr(0, colon);

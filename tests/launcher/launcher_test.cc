@@ -112,7 +112,9 @@ class Driver {
   const std::string& dir() const { return dir_; }
   std::string Out() const { return ReadFile(dir_ + "/out"); }
   std::string Err() const { return ReadFile(dir_ + "/err"); }
-  void WriteStdin(const std::string& data) { REQUIRE(write(stdin_write_, data.data(), data.size()) == static_cast<ssize_t>(data.size())); }
+  void WriteStdin(const std::string& data) {
+    REQUIRE(write(stdin_write_, data.data(), data.size()) == static_cast<ssize_t>(data.size()));
+  }
   void CloseStdin() {
     close(stdin_write_);
     stdin_write_ = -1;
@@ -206,7 +208,8 @@ TEST_CASE("every rank gets the worker environment of DESIGN.md", "[launcher]") {
   unsetenv("TRAINRUN_TEST_PASSED_ON");
 }
 
-TEST_CASE("each job gets a fresh token, and OMP_NUM_THREADS set by the user is kept", "[launcher]") {
+TEST_CASE("each job gets a fresh token, and OMP_NUM_THREADS set by the user is kept",
+          "[launcher]") {
   setenv("OMP_NUM_THREADS", "7", 1);
   Driver a({"-np", "2", "/usr/bin/env"});
   Driver b({"-np", "2", "/usr/bin/env"});
@@ -218,8 +221,10 @@ TEST_CASE("each job gets a fresh token, and OMP_NUM_THREADS set by the user is k
   CHECK(ea[1]["OMP_NUM_THREADS"] == "7");
 }
 
-TEST_CASE("output is tagged per line; partial last lines, \\r and non-UTF-8 bytes pass", "[launcher]") {
-  Driver driver({"-np", "1", "sh", "-c", R"(printf 'one\ntwo'; printf 'bar \r50%%\r100%%\377\n' >&2)"});
+TEST_CASE("output is tagged per line; partial last lines, \\r and non-UTF-8 bytes pass",
+          "[launcher]") {
+  Driver driver(
+      {"-np", "1", "sh", "-c", R"(printf 'one\ntwo'; printf 'bar \r50%%\r100%%\377\n' >&2)"});
   REQUIRE(driver.Wait() == 0);
   CHECK(driver.Out() == "[0]<stdout>:one\n[0]<stdout>:two\n");
   CHECK(driver.Err() == "[0]<stderr>:bar \r50%\r100%\377\n");
@@ -234,8 +239,9 @@ TEST_CASE("a 10 MB line without a newline blocks no other rank", "[launcher]") {
   // --output-filename files, byte for byte.
   char dir_template[] = "/tmp/trainrun_output_test.XXXXXX";
   const std::string dir = mkdtemp(dir_template);
-  Driver driver({"--output-filename", dir + "/out", "-np", "2", "sh", "-c",
-                 R"(if [ $RANK = 0 ]; then head -c 10000000 /dev/zero | tr '\0' a; sleep 0.3; echo; else echo hello; fi)"});
+  Driver driver(
+      {"--output-filename", dir + "/out", "-np", "2", "sh", "-c",
+       R"(if [ $RANK = 0 ]; then head -c 10000000 /dev/zero | tr '\0' a; sleep 0.3; echo; else echo hello; fi)"});
   REQUIRE(driver.Wait() == 0);
   std::string out = driver.Out();
   CHECK(Count(out, "[1]<stdout>:hello\n") == 1);
@@ -255,7 +261,8 @@ TEST_CASE("exit codes pass through: code, 128+signal, 0 when all succeed", "[lau
   CHECK(code.Wait() == 7);
   CHECK(Count(code.Err(), "rank 2 on localhost exited with code 7") == 1);
 
-  Driver segv({"-np", "2", "sh", "-c", "if [ $RANK = 1 ]; then echo dying >&2; kill -SEGV $$; fi; sleep 30"});
+  Driver segv({"-np", "2", "sh", "-c",
+               "if [ $RANK = 1 ]; then echo dying >&2; kill -SEGV $$; fi; sleep 30"});
   CHECK(segv.Wait() == 139);
   std::string err = segv.Err();
   CHECK(Count(err, "rank 1 on localhost was killed by SIGSEGV") == 1);
@@ -263,10 +270,12 @@ TEST_CASE("exit codes pass through: code, 128+signal, 0 when all succeed", "[lau
   CHECK(Count(err, "stopped as a consequence: rank 0 (ended: SIGTERM)") == 1);
 }
 
-TEST_CASE("the summary blames the first failure, not a rank that failed because of it", "[launcher]") {
+TEST_CASE("the summary blames the first failure, not a rank that failed because of it",
+          "[launcher]") {
   // Rank 0 fails; ranks 1-3 exit 1 when stopped (as a collective on a dead peer would).
-  Driver driver({"-np", "4", "sh", "-c",
-                 "trap 'exit 1' TERM; if [ $RANK = 0 ]; then sleep 0.5; exit 5; fi; sleep 30 & wait"});
+  Driver driver(
+      {"-np", "4", "sh", "-c",
+       "trap 'exit 1' TERM; if [ $RANK = 0 ]; then sleep 0.5; exit 5; fi; sleep 30 & wait"});
   CHECK(driver.Wait() == 5);
   std::string err = driver.Err();
   INFO(err);
@@ -303,7 +312,8 @@ TEST_CASE("SIGINT to the launcher: exit 130 and no rank left", "[launcher]") {
 
 TEST_CASE("a rank that ignores SIGTERM is killed after the grace period", "[launcher]") {
   Driver driver({"--grace-ms", "300", "-np", "2", "sh", "-c",
-                 "trap '' TERM; echo pid $$; if [ $RANK = 1 ]; then sleep 0.2; exit 3; fi; while :; do sleep 0.05; done"});
+                 "trap '' TERM; echo pid $$; if [ $RANK = 1 ]; then sleep 0.2; exit 3; fi; while "
+                 ":; do sleep 0.05; done"});
   auto start = Clock::now();
   CHECK(driver.Wait(milliseconds(5000)) == 3);
   CHECK(Clock::now() - start < milliseconds(3000));
@@ -319,11 +329,13 @@ TEST_CASE("SIGKILL to the launcher leaves no worker and no grandchild alive", "[
                  "sh -c 'trap \"\" TERM; echo grandchild $$; exec sleep 60' & "
                  "setsid sh -c 'echo escaped $$; exec sleep 60' & "
                  "wait"});
-  REQUIRE(WaitUntil([&] {
-    std::string out = driver.Out();
-    return Pids(out, "worker").size() == 2 && Pids(out, "grandchild").size() == 2 &&
-           Pids(out, "escaped").size() == 2;
-  }, milliseconds(5000)));
+  REQUIRE(WaitUntil(
+      [&] {
+        std::string out = driver.Out();
+        return Pids(out, "worker").size() == 2 && Pids(out, "grandchild").size() == 2 &&
+               Pids(out, "escaped").size() == 2;
+      },
+      milliseconds(5000)));
   std::string out = driver.Out();
   std::vector<pid_t> pids;
   for (const char* word : {"worker", "grandchild", "escaped"}) {
@@ -332,12 +344,14 @@ TEST_CASE("SIGKILL to the launcher leaves no worker and no grandchild alive", "[
   for (pid_t pid : pids) REQUIRE(Alive(pid));
   REQUIRE(kill(driver.pid(), SIGKILL) == 0);
   CHECK(driver.Wait(milliseconds(2000)) == 137);
-  bool all_gone = WaitUntil([&] {
-    for (pid_t pid : pids) {
-      if (Alive(pid)) return false;
-    }
-    return true;
-  }, milliseconds(2000));
+  bool all_gone = WaitUntil(
+      [&] {
+        for (pid_t pid : pids) {
+          if (Alive(pid)) return false;
+        }
+        return true;
+      },
+      milliseconds(2000));
   for (pid_t pid : pids) {
     INFO("pid " << pid);
     CHECK_FALSE(Alive(pid));
@@ -347,7 +361,8 @@ TEST_CASE("SIGKILL to the launcher leaves no worker and no grandchild alive", "[
 }
 
 TEST_CASE("a rank's leftover background process does not outlive the job", "[launcher]") {
-  Driver driver({"-np", "1", "sh", "-c", "sh -c 'trap \"\" TERM; echo bg $$; exec sleep 60' & sleep 0.1"});
+  Driver driver(
+      {"-np", "1", "sh", "-c", "sh -c 'trap \"\" TERM; echo bg $$; exec sleep 60' & sleep 0.1"});
   CHECK(driver.Wait() == 0);
   std::vector<pid_t> pids = Pids(driver.Out(), "bg");
   REQUIRE(pids.size() == 1);
@@ -357,7 +372,8 @@ TEST_CASE("a rank's leftover background process does not outlive the job", "[lau
 TEST_CASE("a command that cannot be executed is reported once, exit 127", "[launcher]") {
   Driver missing({"-np", "3", "trainrun_no_such_command"});
   CHECK(missing.Wait() == 127);
-  CHECK(Count(missing.Err(), "cannot execute 'trainrun_no_such_command': No such file or directory") == 1);
+  CHECK(Count(missing.Err(),
+              "cannot execute 'trainrun_no_such_command': No such file or directory") == 1);
   CHECK(missing.Out().empty());
 
   // Found, but not a program (no #! line): every rank's exec fails; one "cannot execute".
@@ -373,7 +389,8 @@ TEST_CASE("a command that cannot be executed is reported once, exit 127", "[laun
 }
 
 TEST_CASE("stdin goes to rank 0 only", "[launcher]") {
-  const std::vector<std::string> command = {"-np", "3", "sh", "-c", "while read line; do echo got:$line; done; echo eof"};
+  const std::vector<std::string> command = {"-np", "3", "sh", "-c",
+                                            "while read line; do echo got:$line; done; echo eof"};
   Driver from_file(command, "file:alpha\nbeta\n");
   REQUIRE(from_file.Wait() == 0);
   std::string out = from_file.Out();
@@ -395,7 +412,8 @@ TEST_CASE("rank_info prints every variable", "[launcher]") {
   Driver driver({"-np", "2", TRAINRUN_RANK_INFO});
   REQUIRE(driver.Wait() == 0);
   std::string out = driver.Out();
-  CHECK(Count(out, "[1]<stdout>:rank 1 of 2 on localhost (local_rank 1 of 2, cross_rank 0 of 1)") == 1);
+  CHECK(Count(out, "[1]<stdout>:rank 1 of 2 on localhost (local_rank 1 of 2, cross_rank 0 of 1)") ==
+        1);
   CHECK(Count(out, "MASTER_PORT=") == 2);
   CHECK(Count(out, "(64 hex digits, not shown)") == 2);
 }

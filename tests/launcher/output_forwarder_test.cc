@@ -1,11 +1,11 @@
 // OutputForwarder: tags, continued lines, interleaving ranks, into a pipe we read back.
+#include "trainrun/launcher/output_forwarder.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <string>
-
-#include "trainrun/launcher/output_forwarder.h"
 
 namespace {
 
@@ -23,7 +23,8 @@ std::string Drain(int fd) {
 
 }  // namespace
 
-TEST_CASE("a continued line keeps one tag; another rank's line starts on its own", "[launcher][output]") {
+TEST_CASE("a continued line keeps one tag; another rank's line starts on its own",
+          "[launcher][output]") {
   int out[2], err[2];
   REQUIRE(pipe2(out, O_NONBLOCK) == 0);
   REQUIRE(pipe2(err, O_NONBLOCK) == 0);

@@ -1,9 +1,10 @@
 // Connecting to agents over a real sshd: the greeting, a missing trainrun, and the first failure
 // ending the attempt at once.
+#include "remote/agent_connector.h"
+
 #include <catch2/catch.hpp>
 #include <chrono>
 
-#include "remote/agent_connector.h"
 #include "sshd_fixture.h"
 
 namespace trainrun::launcher::remote {
@@ -68,8 +69,7 @@ TEST_CASE("agents: the first failure returns at once, naming its host", "[ssh]")
   auto start = std::chrono::steady_clock::now();
   // The first host's agent never greets; the second host refuses.
   auto agents = ConnectAgents(targets, "sleep 30", options, absl::Now() + absl::Seconds(10), {});
-  double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   REQUIRE_FALSE(agents.ok());
   CHECK(agents.status().message().find("host localhost") != std::string::npos);
   CHECK(agents.status().message().find("connection refused") != std::string::npos);

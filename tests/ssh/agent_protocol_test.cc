@@ -1,7 +1,7 @@
 // The agent protocol's frames: round trips, frames split anywhere, and corrupt streams refused.
-#include <catch2/catch.hpp>
-
 #include "remote/agent_protocol.h"
+
+#include <catch2/catch.hpp>
 
 namespace trainrun::launcher::remote {
 namespace {
@@ -31,8 +31,8 @@ TEST_CASE("agent protocol: a job description round-trips, token in the env only"
 
 TEST_CASE("agent protocol: frames split at every byte and joined", "[ssh]") {
   std::string stream = EncodeHello({kProtocolVersion, "h1", 42, "10.0.0.1"}) +
-                       EncodeOutput({1, 1, std::string("a\0b\r\n", 5)}) +
-                       EncodeExit({1, 0, 9, 0}) + EncodeFrame(MessageType::kDone);
+                       EncodeOutput({1, 1, std::string("a\0b\r\n", 5)}) + EncodeExit({1, 0, 9, 0}) +
+                       EncodeFrame(MessageType::kDone);
   FrameReader reader;
   std::vector<Frame> frames;
   for (char c : stream) {

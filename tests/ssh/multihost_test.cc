@@ -23,9 +23,17 @@ namespace {
 // the world's ed25519 key; returns its exit status and puts its output (stdout and stderr) in *out.
 int RunTrainrun(const SshWorld& world, const NetnsCluster& cluster,
                 const std::vector<std::string>& args, std::string* out, double* seconds = nullptr) {
-  std::vector<std::string> argv = {"ip", "netns", "exec", cluster.client_ns(), "env",
-                                   "HOME=" + world.dir() + "/home", TRAINRUN_BIN,
-                                   "-i", world.user_ed25519(), "--start-timeout", "20"};
+  std::vector<std::string> argv = {"ip",
+                                   "netns",
+                                   "exec",
+                                   cluster.client_ns(),
+                                   "env",
+                                   "HOME=" + world.dir() + "/home",
+                                   TRAINRUN_BIN,
+                                   "-i",
+                                   world.user_ed25519(),
+                                   "--start-timeout",
+                                   "20"};
   argv.insert(argv.end(), args.begin(), args.end());
   auto start = std::chrono::steady_clock::now();
   int status = RunCommand(argv, out, 60);
@@ -36,11 +44,13 @@ int RunTrainrun(const SshWorld& world, const NetnsCluster& cluster,
 }
 
 std::string Hosts(const NetnsCluster& cluster, int slots) {
-  return absl::StrCat(cluster.host_address(0), ":", slots, ",", cluster.host_address(1), ":", slots);
+  return absl::StrCat(cluster.host_address(0), ":", slots, ",", cluster.host_address(1), ":",
+                      slots);
 }
 
 // Waits up to `timeout` for both hosts to have no process but their sshd listener.
-bool HostsEmpty(const NetnsCluster& cluster, std::chrono::seconds timeout = std::chrono::seconds(5)) {
+bool HostsEmpty(const NetnsCluster& cluster,
+                std::chrono::seconds timeout = std::chrono::seconds(5)) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     if (cluster.HostProcesses(0).empty() && cluster.HostProcesses(1).empty()) return true;
@@ -77,7 +87,8 @@ std::string Processes(const NetnsCluster& cluster) {
   return list;
 }
 
-TEST_CASE("multihost: -np 8 over two SSH hosts passes the rendezvous barrier", "[ssh][netns][barrier]") {
+TEST_CASE("multihost: -np 8 over two SSH hosts passes the rendezvous barrier",
+          "[ssh][netns][barrier]") {
   if (!CanUseNetns()) {
     WARN("skipped: needs root and iproute2");
     return;
@@ -85,8 +96,8 @@ TEST_CASE("multihost: -np 8 over two SSH hosts passes the rendezvous barrier", "
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
   std::string out;
-  int status = RunTrainrun(world, cluster, {"-np", "8", "-H", Hosts(cluster, 4), TRAINRUN_BARRIER, "-v"},
-                           &out);
+  int status = RunTrainrun(world, cluster,
+                           {"-np", "8", "-H", Hosts(cluster, 4), TRAINRUN_BARRIER, "-v"}, &out);
   INFO(out);
   CHECK(status == 0);
   for (int rank = 0; rank < 8; ++rank) {
@@ -97,20 +108,20 @@ TEST_CASE("multihost: -np 8 over two SSH hosts passes the rendezvous barrier", "
   CHECK(HostsEmpty(cluster));
 
   // The same launch through the system `ssh` binary.
-  status = RunTrainrun(world, cluster,
-                       {"--ssh-client", "openssh", "-np", "4", "-H", Hosts(cluster, 2),
-                        TRAINRUN_BARRIER, "-v"},
-                       &out);
+  status = RunTrainrun(
+      world, cluster,
+      {"--ssh-client", "openssh", "-np", "4", "-H", Hosts(cluster, 2), TRAINRUN_BARRIER, "-v"},
+      &out);
   INFO(out);
   CHECK(status == 0);
   CHECK(out.find("[3]<stdout>:rank 3 of 4") != std::string::npos);
   CHECK(HostsEmpty(cluster));
 
   // The dry run says how each host is reached.
-  status = RunTrainrun(world, cluster,
-                       {"--dry-run", "-np", "4", "-H", "localhost:2," + cluster.host_address(1) + ":2",
-                        "true"},
-                       &out);
+  status = RunTrainrun(
+      world, cluster,
+      {"--dry-run", "-np", "4", "-H", "localhost:2," + cluster.host_address(1) + ":2", "true"},
+      &out);
   CHECK(status == 0);
   CHECK(out.find("localhost: local") != std::string::npos);
   CHECK(out.find(cluster.host_address(1) + ": ssh root@" + cluster.host_address(1) + " port 22") !=
@@ -145,11 +156,11 @@ TEST_CASE("multihost: a remote rank's failure ends the job everywhere, naming ra
   }
   SECTION("kill -9 of a remote rank") {
     std::string out;
-    int status = RunTrainrun(
-        world, cluster,
-        {"-np", "4", "-H", Hosts(cluster, 2), "sh", "-c",
-         "if [ \"$TRAINRUN_RANK\" = 2 ]; then sleep 0.5; kill -9 $$; fi; sleep 30"},
-        &out);
+    int status =
+        RunTrainrun(world, cluster,
+                    {"-np", "4", "-H", Hosts(cluster, 2), "sh", "-c",
+                     "if [ \"$TRAINRUN_RANK\" = 2 ]; then sleep 0.5; kill -9 $$; fi; sleep 30"},
+                    &out);
     INFO(out);
     CHECK(status == 128 + SIGKILL);
     CHECK(out.find("rank 2 on " + host1 + " was killed by SIGKILL") != std::string::npos);
@@ -159,12 +170,11 @@ TEST_CASE("multihost: a remote rank's failure ends the job everywhere, naming ra
   SECTION("kill -9 of a host's agent") {
     std::string out;
     // The rank's parent is its supervisor (rank_shim); the supervisor's parent is the agent.
-    int status = RunTrainrun(
-        world, cluster,
-        {"-np", "4", "-H", Hosts(cluster, 2), "sh", "-c",
-         "if [ \"$TRAINRUN_RANK\" = 2 ]; then sleep 0.5; "
-         "kill -9 $(ps -o ppid= -p $PPID); fi; sleep 30"},
-        &out);
+    int status = RunTrainrun(world, cluster,
+                             {"-np", "4", "-H", Hosts(cluster, 2), "sh", "-c",
+                              "if [ \"$TRAINRUN_RANK\" = 2 ]; then sleep 0.5; "
+                              "kill -9 $(ps -o ppid= -p $PPID); fi; sleep 30"},
+                             &out);
     INFO(out);
     CHECK(status != 0);
     CHECK(out.find("host " + host1 + ": lost its agent") != std::string::npos);
@@ -209,18 +219,18 @@ TEST_CASE("multihost: local and remote ranks in one job and an unreachable host 
   CHECK(status == 0);
   CHECK(out.find("[0]<stdout>:nic=br0 at=10.213.1.1") != std::string::npos);
   CHECK(out.find("[1]<stdout>:nic=br0 at=10.213.1.1") != std::string::npos);
-  status = RunTrainrun(world, cluster,
-                       {"--network-interface", "nosuch0", "-np", "2", "-H",
-                        cluster.host_address(1) + ":2", "true"},
-                       &out);
+  status = RunTrainrun(
+      world, cluster,
+      {"--network-interface", "nosuch0", "-np", "2", "-H", cluster.host_address(1) + ":2", "true"},
+      &out);
   CHECK(status != 0);
   CHECK(out.find("--network-interface nosuch0: this host has no interface 'nosuch0'") !=
         std::string::npos);
 
   // Nothing listens on port 2222 there: refused, in words, at once.
-  status = RunTrainrun(world, cluster,
-                       {"-p", "2222", "-np", "2", "-H", cluster.host_address(0) + ":2", "true"},
-                       &out);
+  status =
+      RunTrainrun(world, cluster,
+                  {"-p", "2222", "-np", "2", "-H", cluster.host_address(0) + ":2", "true"}, &out);
   CHECK(status != 0);
   CHECK(out.find("host " + cluster.host_address(0)) != std::string::npos);
   CHECK(out.find("refused") != std::string::npos);
@@ -228,11 +238,22 @@ TEST_CASE("multihost: local and remote ranks in one job and an unreachable host 
   // 10.213.1.99 is on the test subnet but nobody holds it: the start fails within the timeout,
   // naming it, and the host that did connect is left with nothing running.
   double seconds = 0;
-  std::vector<std::string> args = {"--start-timeout", "3", "-np", "4", "-H",
-                                   cluster.host_address(0) + ":2,10.213.1.99:2", "true"};
-  std::vector<std::string> argv = {"ip", "netns", "exec", cluster.client_ns(), "env",
-                                   "HOME=" + world.dir() + "/home", TRAINRUN_BIN,
-                                   "-i", world.user_ed25519()};
+  std::vector<std::string> args = {"--start-timeout",
+                                   "3",
+                                   "-np",
+                                   "4",
+                                   "-H",
+                                   cluster.host_address(0) + ":2,10.213.1.99:2",
+                                   "true"};
+  std::vector<std::string> argv = {"ip",
+                                   "netns",
+                                   "exec",
+                                   cluster.client_ns(),
+                                   "env",
+                                   "HOME=" + world.dir() + "/home",
+                                   TRAINRUN_BIN,
+                                   "-i",
+                                   world.user_ed25519()};
   argv.insert(argv.end(), args.begin(), args.end());
   auto start = std::chrono::steady_clock::now();
   status = RunCommand(argv, &out, 30);
@@ -256,11 +277,25 @@ TEST_CASE("multihost: each start failure in its own words, with nothing left on 
   const std::string good = cluster.host_address(1) + ":2,";
   auto run = [&](const std::string& key, const std::string& hosts, std::string* out,
                  const std::string& remote_trainrun = TRAINRUN_BIN) {
-    std::vector<std::string> argv = {"ip", "netns", "exec", cluster.client_ns(), "env",
-                                     "HOME=" + world.dir() + "/home", TRAINRUN_BIN, "-i", key,
-                                     "--remote-trainrun", remote_trainrun,
-                                     "--start-timeout", "5", "-np", "4", "-H", hosts,
-                                     "sleep", "30"};
+    std::vector<std::string> argv = {"ip",
+                                     "netns",
+                                     "exec",
+                                     cluster.client_ns(),
+                                     "env",
+                                     "HOME=" + world.dir() + "/home",
+                                     TRAINRUN_BIN,
+                                     "-i",
+                                     key,
+                                     "--remote-trainrun",
+                                     remote_trainrun,
+                                     "--start-timeout",
+                                     "5",
+                                     "-np",
+                                     "4",
+                                     "-H",
+                                     hosts,
+                                     "sleep",
+                                     "30"};
     auto start = std::chrono::steady_clock::now();
     int status = RunCommand(argv, out, 30);
     CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(7));
@@ -341,12 +376,16 @@ TEST_CASE("multihost: a host that falls off the network fails the job, naming it
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
   // Once every rank runs, host 1's link goes down: no end-of-file, only silence.
-  std::string script = absl::StrCat(
-      "(for i in $(seq 100); do [ \"$(grep -c up ", world.dir(), "/net.out)\" = 4 ] && break; "
-      "sleep 0.1; done; ip netns exec ", cluster.host_ns(1), " ip link set eth0 down) & "
-      "env HOME=", world.dir(), "/home ", TRAINRUN_BIN, " -i ", world.user_ed25519(),
-      " -np 4 -H ", Hosts(cluster, 2), " sh -c 'echo up; sleep 120' > ", world.dir(),
-      "/net.out 2>&1; echo status $?");
+  std::string script =
+      absl::StrCat("(for i in $(seq 100); do [ \"$(grep -c up ", world.dir(),
+                   "/net.out)\" = 4 ] && break; "
+                   "sleep 0.1; done; ip netns exec ",
+                   cluster.host_ns(1),
+                   " ip link set eth0 down) & "
+                   "env HOME=",
+                   world.dir(), "/home ", TRAINRUN_BIN, " -i ", world.user_ed25519(), " -np 4 -H ",
+                   Hosts(cluster, 2), " sh -c 'echo up; sleep 120' > ", world.dir(),
+                   "/net.out 2>&1; echo status $?");
   std::string out;
   auto start = std::chrono::steady_clock::now();
   RunCommand({"ip", "netns", "exec", cluster.client_ns(), "sh", "-c", script}, &out, 90);
@@ -362,7 +401,8 @@ TEST_CASE("multihost: a host that falls off the network fails the job, naming it
   CHECK(OnlySshdLeft(cluster, std::chrono::seconds(10)));
 }
 
-TEST_CASE("multihost: kill -9 of trainrun leaves nothing running on the hosts", "[ssh][netns][kill9]") {
+TEST_CASE("multihost: kill -9 of trainrun leaves nothing running on the hosts",
+          "[ssh][netns][kill9]") {
   if (!CanUseNetns()) {
     WARN("skipped: needs root and iproute2");
     return;
@@ -376,10 +416,11 @@ TEST_CASE("multihost: kill -9 of trainrun leaves nothing running on the hosts", 
   // trainrun in the background; once its ranks run everywhere, SIGKILL it.
   std::string script = absl::StrCat(
       "env HOME=", world.dir(), "/home ", TRAINRUN_BIN, " -i ", world.user_ed25519(),
-      " --ssh-client ", client, " -np 4 -H ", Hosts(cluster, 2), " sh -c 'echo up; sleep 60' > ", world.dir(),
-      "/bg.out 2>&1 & pid=$!; for i in $(seq 100); do [ \"$(grep -c up ", world.dir(),
+      " --ssh-client ", client, " -np 4 -H ", Hosts(cluster, 2), " sh -c 'echo up; sleep 60' > ",
+      world.dir(), "/bg.out 2>&1 & pid=$!; for i in $(seq 100); do [ \"$(grep -c up ", world.dir(),
       "/bg.out)\" = 4 ] && break; sleep 0.1; done; kill -9 $pid; wait $pid; echo killed");
-  int status = RunCommand({"ip", "netns", "exec", cluster.client_ns(), "sh", "-c", script}, &out, 30);
+  int status =
+      RunCommand({"ip", "netns", "exec", cluster.client_ns(), "sh", "-c", script}, &out, 30);
   INFO(out << ReadFileText(world.dir() + "/bg.out"));
   CHECK(status == 0);
   CHECK(ReadFileText(world.dir() + "/bg.out").find("[3]<stdout>:up") != std::string::npos);
@@ -388,8 +429,8 @@ TEST_CASE("multihost: kill -9 of trainrun leaves nothing running on the hosts", 
 
   // Ctrl-C (SIGINT) reaches the remote ranks as a teardown, and trainrun exits 130.
   script = absl::StrCat(
-      "env HOME=", world.dir(), "/home ", TRAINRUN_BIN, " -i ", world.user_ed25519(),
-      " -np 4 -H ", Hosts(cluster, 2), " sh -c 'echo up; sleep 60' > ", world.dir(),
+      "env HOME=", world.dir(), "/home ", TRAINRUN_BIN, " -i ", world.user_ed25519(), " -np 4 -H ",
+      Hosts(cluster, 2), " sh -c 'echo up; sleep 60' > ", world.dir(),
       "/int.out 2>&1 & pid=$!; for i in $(seq 100); do [ \"$(grep -c up ", world.dir(),
       "/int.out)\" = 4 ] && break; sleep 0.1; done; kill -INT $pid; wait $pid; echo status $?");
   status = RunCommand({"ip", "netns", "exec", cluster.client_ns(), "sh", "-c", script}, &out, 30);
@@ -427,7 +468,8 @@ TEST_CASE("multihost bench: -np 8 on two SSH hosts vs one host", "[.][bench]") {
     remote.push_back(seconds);
     auto start = std::chrono::steady_clock::now();
     REQUIRE(RunCommand({TRAINRUN_BIN, "-np", "8", TRAINRUN_BARRIER}, &out) == 0);
-    local.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    local.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   std::sort(remote.begin(), remote.end());
   std::sort(local.begin(), local.end());

@@ -21,10 +21,10 @@ using testing::ReadFileText;
 using testing::SshWorld;
 
 struct Result {
-  absl::Status open;    // OpenRemoteCommand
-  std::string output;   // the command's stdout
-  absl::Status end;     // EndStatus
-  double seconds = 0;   // open to end
+  absl::Status open;   // OpenRemoteCommand
+  std::string output;  // the command's stdout
+  absl::Status end;    // EndStatus
+  double seconds = 0;  // open to end
 };
 
 // Runs `command` on `host`, feeds it `input`, and reads its stdout to the end.
@@ -47,8 +47,7 @@ Result RunRemote(const std::string& host, const std::string& command, const SshO
     }
     result.end = (*channel)->EndStatus();
   }
-  result.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }
 
@@ -111,7 +110,8 @@ TEST_CASE("libssh2: default keys and ~/.ssh/config (Host pattern, HostName, User
             "Host node*\n"
             "  HostName 127.0.0.1\n"
             "  User root\n"
-            "  Port " + std::to_string(world.sshd().port()) + "\n");
+            "  Port " +
+                std::to_string(world.sshd().port()) + "\n");
   Result r = RunRemote("node7", "echo $USER", options);
   INFO(r.open.message());
   REQUIRE(r.open.ok());
@@ -161,7 +161,8 @@ TEST_CASE("libssh2: a key the host does not accept fails authentication", "[ssh]
   CHECK(r.open.message().find("stranger_ed25519") != std::string::npos);
 }
 
-TEST_CASE("libssh2: an RSA-only user gets the SHA-1 explanation, and the openssh client works", "[ssh]") {
+TEST_CASE("libssh2: an RSA-only user gets the SHA-1 explanation, and the openssh client works",
+          "[ssh]") {
   SshWorld world;
   SshOptions options = world.ClientOptions();
   options.identity_file = world.user_rsa();

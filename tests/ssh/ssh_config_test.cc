@@ -1,7 +1,7 @@
 // ~/.ssh/config resolution: OpenSSH's precedence and pattern rules, through the text entry point.
-#include <catch2/catch.hpp>
-
 #include "ssh/ssh_config.h"
+
+#include <catch2/catch.hpp>
 
 namespace trainrun::launcher::ssh {
 namespace {
@@ -65,7 +65,8 @@ TEST_CASE("ssh config: defaults when nothing is configured", "[ssh]") {
 }
 
 TEST_CASE("ssh config: Match blocks are skipped, unknown keywords ignored", "[ssh]") {
-  auto t = Resolve("ForwardAgent yes\nMatch host x\n User matched\nHost x\n User hosted\n", "", "x");
+  auto t =
+      Resolve("ForwardAgent yes\nMatch host x\n User matched\nHost x\n User hosted\n", "", "x");
   REQUIRE(t.ok());
   CHECK(t->user == "hosted");
 }

@@ -40,7 +40,8 @@ absl::StatusOr<std::string> RunIn(const std::string& ns, const std::string& host
   return output;
 }
 
-TEST_CASE("netns: two hosts reached on port 22, and the local address toward them", "[ssh][netns]") {
+TEST_CASE("netns: two hosts reached on port 22, and the local address toward them",
+          "[ssh][netns]") {
   if (!testing::CanUseNetns()) {
     WARN("skipped: needs root and iproute2");
     return;

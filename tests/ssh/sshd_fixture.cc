@@ -152,8 +152,8 @@ int FreeLoopbackPort() {
 }
 
 void MakeKey(const std::string& type, const std::string& path) {
-  std::vector<std::string> argv = {"ssh-keygen", "-q", "-t", type, "-N", "", "-C",
-                                   "trainrun-test-" + type, "-f", path};
+  std::vector<std::string> argv = {
+      "ssh-keygen", "-q", "-t", type, "-N", "", "-C", "trainrun-test-" + type, "-f", path};
   if (type == "rsa") argv.insert(argv.begin() + 4, {"-b", "2048"});
   RunOrThrow(argv);
 }
@@ -166,21 +166,19 @@ Sshd::Sshd(Options options) : options_(std::move(options)) {
   std::string tag = options_.netns.empty() ? "lo" : options_.netns;
   std::string config = options_.dir + "/sshd_config." + tag;
   log_file_ = options_.dir + "/sshd." + tag + ".log";
-  WriteFile(config,
-            "Port " + std::to_string(options_.port) + "\n" +
-            "ListenAddress " + options_.listen_address + "\n" +
-            "HostKey " + options_.host_key + "\n" +
-            "PidFile " + options_.dir + "/sshd." + tag + ".pid\n" +
-            "AuthorizedKeysFile " + options_.authorized_keys + "\n" +
-            "UsePAM no\n"
-            "StrictModes no\n"
-            "PermitRootLogin prohibit-password\n"
-            "PasswordAuthentication no\n"
-            "KbdInteractiveAuthentication no\n"
-            "PubkeyAuthentication yes\n"
-            "MaxStartups 100\n"
-            "MaxSessions 100\n"
-            "LogLevel VERBOSE\n");
+  WriteFile(config, "Port " + std::to_string(options_.port) + "\n" + "ListenAddress " +
+                        options_.listen_address + "\n" + "HostKey " + options_.host_key + "\n" +
+                        "PidFile " + options_.dir + "/sshd." + tag + ".pid\n" +
+                        "AuthorizedKeysFile " + options_.authorized_keys + "\n" +
+                        "UsePAM no\n"
+                        "StrictModes no\n"
+                        "PermitRootLogin prohibit-password\n"
+                        "PasswordAuthentication no\n"
+                        "KbdInteractiveAuthentication no\n"
+                        "PubkeyAuthentication yes\n"
+                        "MaxStartups 100\n"
+                        "MaxSessions 100\n"
+                        "LogLevel VERBOSE\n");
   std::vector<std::string> argv = {"/usr/sbin/sshd", "-D", "-f", config, "-E", log_file_};
   if (!options_.netns.empty()) argv.insert(argv.begin(), {"ip", "netns", "exec", options_.netns});
   std::vector<char*> cargv;
@@ -269,8 +267,8 @@ NetnsCluster::NetnsCluster(int hosts, const std::string& dir, const std::string&
     std::string port = "vh" + std::to_string(i + 1);
     // The veth pair is made inside the client namespace with its peer placed straight into the
     // host's: no interface ever appears in the machine's own namespace.
-    RunOrThrow({"ip", "-n", client_ns_, "link", "add", port, "type", "veth", "peer", "name",
-                "eth0", "netns", ns});
+    RunOrThrow({"ip", "-n", client_ns_, "link", "add", port, "type", "veth", "peer", "name", "eth0",
+                "netns", ns});
     RunOrThrow({"ip", "-n", client_ns_, "link", "set", port, "master", "br0", "up"});
     RunOrThrow({"ip", "-n", ns, "link", "set", "lo", "up"});
     RunOrThrow({"ip", "-n", ns, "addr", "add", host_address(i) + "/24", "dev", "eth0"});
@@ -288,9 +286,7 @@ NetnsCluster::NetnsCluster(int hosts, const std::string& dir, const std::string&
   }
 }
 
-std::string NetnsCluster::host_address(int i) const {
-  return "10.213.1." + std::to_string(11 + i);
-}
+std::string NetnsCluster::host_address(int i) const { return "10.213.1." + std::to_string(11 + i); }
 
 std::vector<pid_t> NetnsCluster::HostProcesses(int i) const {
   std::string output;

@@ -5,13 +5,13 @@
 // authorized_keys, the client's SSH directory (config, known_hosts). The machine's own sshd
 // configuration and ~/.ssh are never read or written.
 //
-//   SshWorld world;                              // keys + client SSH dir + sshd on 127.0.0.1:<port>
-//   auto options = world.ClientOptions();        // SshOptions pointing at the world's SSH dir
-//   auto target = ResolveSshTarget("root", "127.0.0.1", options);
+//   SshWorld world;                              // keys + client SSH dir + sshd on
+//   127.0.0.1:<port> auto options = world.ClientOptions();        // SshOptions pointing at the
+//   world's SSH dir auto target = ResolveSshTarget("root", "127.0.0.1", options);
 //
-//   NetnsCluster cluster(2);                     // namespaces: one client, two hosts on 10.213.1.0/24
-//   { ScopedNetns in(cluster.client_ns()); ... } // this thread's sockets now live in the client ns
-//   cluster.RunInClient({"trainrun", ...});      // or run a program there
+//   NetnsCluster cluster(2);                     // namespaces: one client, two hosts
+//   on 10.213.1.0/24 { ScopedNetns in(cluster.client_ns()); ... } // this thread's sockets now live
+//   in the client ns cluster.RunInClient({"trainrun", ...});      // or run a program there
 #pragma once
 
 #include <sys/types.h>
@@ -57,8 +57,8 @@ class Sshd {
     std::string host_key;         // private host key file
     std::string authorized_keys;  // AuthorizedKeysFile
     std::string listen_address = "127.0.0.1";
-    int port = 0;                 // 0: a free loopback port
-    std::string netns;            // "" : the current namespace
+    int port = 0;       // 0: a free loopback port
+    std::string netns;  // "" : the current namespace
   };
   explicit Sshd(Options options);  // throws std::runtime_error when sshd does not come up in 10 s
   ~Sshd();

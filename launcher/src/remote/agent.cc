@@ -5,15 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
-
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/posix/stream_descriptor.hpp>
-#include <boost/asio/steady_timer.hpp>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -60,18 +59,15 @@ std::string Hostname() {
 
 class Agent {
  public:
-  Agent()
-      : input_(io_, ::dup(0)),
-        silence_(io_),
-        grace_(io_),
-        ranks_(io_, Callbacks()) {}
+  Agent() : input_(io_, ::dup(0)), silence_(io_), grace_(io_), ranks_(io_, Callbacks()) {}
 
   int Run() {
     Hello hello;
     hello.hostname = Hostname();
     hello.pid = static_cast<uint32_t>(::getpid());
     if (const char* connection = std::getenv("SSH_CONNECTION")) {
-      hello.ssh_client_address = std::string(connection).substr(0, std::string(connection).find(' '));
+      hello.ssh_client_address =
+          std::string(connection).substr(0, std::string(connection).find(' '));
     }
     if (!Send(EncodeHello(hello))) return 1;
     ReadMore();
@@ -128,11 +124,20 @@ class Agent {
       }
       if (!frame->has_value()) return true;
       switch ((*frame)->type) {
-        case MessageType::kJob: StartJob((*frame)->payload); break;
-        case MessageType::kTerminate: Terminate(); break;
-        case MessageType::kKill: ranks_.KillAll(); break;
-        case MessageType::kHeartbeat: Send(EncodeFrame(MessageType::kHeartbeat)); break;
-        default: break;
+        case MessageType::kJob:
+          StartJob((*frame)->payload);
+          break;
+        case MessageType::kTerminate:
+          Terminate();
+          break;
+        case MessageType::kKill:
+          ranks_.KillAll();
+          break;
+        case MessageType::kHeartbeat:
+          Send(EncodeFrame(MessageType::kHeartbeat));
+          break;
+        default:
+          break;
       }
     }
   }

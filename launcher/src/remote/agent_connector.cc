@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
-#include <chrono>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -41,9 +41,9 @@ absl::StatusOr<RemoteAgent> GreetAgent(const ssh::SshTarget& target,
   for (;;) {
     absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "host ", target.alias, ": timed out waiting for the agent (`", command,
-          "`) to start; raise --start-timeout"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("host ", target.alias, ": timed out waiting for the agent (`", command,
+                       "`) to start; raise --start-timeout"));
     }
     if (cancelled && cancelled()) return absl::CancelledError("another host failed");
     // Short slices, so that an attempt abandoned because another host failed ends promptly.
@@ -57,7 +57,8 @@ absl::StatusOr<RemoteAgent> GreetAgent(const ssh::SshTarget& target,
         return absl::FailedPreconditionError(absl::StrCat(
             "host ", target.alias, ": could not start the agent (`", command,
             "`): trainrun is not installed at that path there; install it at the same path on "
-            "every host, or pass --remote-trainrun PATH (", end.message(), ")"));
+            "every host, or pass --remote-trainrun PATH (",
+            end.message(), ")"));
       }
       if (!end.ok()) return end;
       return n.ok() ? absl::UnavailableError(absl::StrCat(
@@ -68,7 +69,8 @@ absl::StatusOr<RemoteAgent> GreetAgent(const ssh::SshTarget& target,
     agent.reader.Append(absl::string_view(buffer, *n));
     auto frame = agent.reader.Next();
     if (!frame.ok()) {
-      return absl::DataLossError(absl::StrCat("host ", target.alias, ": ", frame.status().message()));
+      return absl::DataLossError(
+          absl::StrCat("host ", target.alias, ": ", frame.status().message()));
     }
     if (!frame->has_value()) continue;
     if ((*frame)->type != MessageType::kHello) {
@@ -163,9 +165,11 @@ absl::StatusOr<std::vector<RemoteAgent>> ConnectAgents(
     }
     if (shared->connected == static_cast<int>(targets.size())) break;
     // Every ConnectAgent returns by the deadline; the margin covers its last read.
-    if (!shared->changed.wait_until(lock, absl::ToChronoTime(deadline + absl::Seconds(2)),
-                                    [&] { return shared->failure || shared->connected != reported; })) {
-      return absl::DeadlineExceededError("timed out connecting to the hosts; raise --start-timeout");
+    if (!shared->changed.wait_until(lock, absl::ToChronoTime(deadline + absl::Seconds(2)), [&] {
+          return shared->failure || shared->connected != reported;
+        })) {
+      return absl::DeadlineExceededError(
+          "timed out connecting to the hosts; raise --start-timeout");
     }
   }
   std::vector<RemoteAgent> agents;

@@ -85,12 +85,9 @@ std::string EncodeFrame(MessageType type, absl::string_view payload) {
 }
 
 std::string EncodeHello(const Hello& h) {
-  return EncodeFrame(MessageType::kHello, Writer()
-                                              .U32(h.version)
-                                              .Bytes(h.hostname)
-                                              .U32(h.pid)
-                                              .Bytes(h.ssh_client_address)
-                                              .Take());
+  return EncodeFrame(
+      MessageType::kHello,
+      Writer().U32(h.version).Bytes(h.hostname).U32(h.pid).Bytes(h.ssh_client_address).Take());
 }
 
 std::string EncodeJob(const Job& job) {
@@ -105,7 +102,8 @@ std::string EncodeStarted(uint32_t rank) {
 }
 
 std::string EncodeOutput(const RankOutput& o) {
-  return EncodeFrame(MessageType::kOutput, Writer().U32(o.rank).U32(o.stream).Bytes(o.bytes).Take());
+  return EncodeFrame(MessageType::kOutput,
+                     Writer().U32(o.rank).U32(o.stream).Bytes(o.bytes).Take());
 }
 
 std::string EncodeExit(const RankExit& e) {

@@ -7,14 +7,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <condition_variable>
+#include <boost/asio/post.hpp>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <set>
-
-#include <boost/asio/post.hpp>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -75,27 +74,30 @@ std::string DescribeHostAccess(const LaunchSpec& spec, const hostfile::HostSpec&
                                         absl::StrJoin(target->identity_files, ", "));
   return absl::StrCat("ssh ", target->user, "@", target->hostname, " port ", target->port, " (",
                       options->client == ssh::SshClient::kOpenssh ? "openssh" : "libssh2",
-                      ", host keys ", ssh::HostKeyPolicyName(options->host_key_policy), "), keys: ",
-                      keys, "; agent: ", AgentCommand(RemoteTrainrunPath(spec)));
+                      ", host keys ", ssh::HostKeyPolicyName(options->host_key_policy),
+                      "), keys: ", keys, "; agent: ", AgentCommand(RemoteTrainrunPath(spec)));
 }
 
 absl::StatusOr<std::string> NetworkInterfaceAddress(const std::string& name) {
   ifaddrs* all = nullptr;
   if (::getifaddrs(&all) != 0) {
-    return absl::InternalError(absl::StrCat("cannot list network interfaces: ", std::strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("cannot list network interfaces: ", std::strerror(errno)));
   }
   std::string address;
   for (ifaddrs* it = all; it != nullptr && address.empty(); it = it->ifa_next) {
-    if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET || name != it->ifa_name) continue;
+    if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET || name != it->ifa_name)
+      continue;
     char text[INET_ADDRSTRLEN] = {};
-    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr, text, sizeof text);
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr, text,
+                sizeof text);
     address = text;
   }
   ::freeifaddrs(all);
   if (address.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--network-interface ", name, ": this host has no interface '", name,
-        "' with an IPv4 address; see `ip -4 addr` for the names"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--network-interface ", name, ": this host has no interface '", name,
+                     "' with an IPv4 address; see `ip -4 addr` for the names"));
   }
   return address;
 }
@@ -289,7 +291,8 @@ void RemoteRanks::Send(Host& host, const std::string& frame) {
   absl::Status written = host.agent->channel->Write(frame, kWriteTimeout);
   if (!written.ok()) {
     // The reader sees the same connection end and reports it.
-    Logger().debug("host {}: cannot write to its agent: {}", host.name(), std::string(written.message()));
+    Logger().debug("host {}: cannot write to its agent: {}", host.name(),
+                   std::string(written.message()));
   }
 }
 
@@ -312,7 +315,8 @@ void RemoteRanks::ReaderLoop(Host& host) {
   for (;;) {
     for (;;) {
       auto frame = reader.Next();
-      if (!frame.ok()) return end(absl::StrCat("its agent sent garbage: ", frame.status().message()));
+      if (!frame.ok())
+        return end(absl::StrCat("its agent sent garbage: ", frame.status().message()));
       if (!frame->has_value()) break;
       boost::asio::post(io_, [this, &host, f = std::move(**frame)] { OnFrame(host, f); });
     }
@@ -343,7 +347,8 @@ void RemoteRanks::OnFrame(Host& host, const Frame& frame) {
   switch (frame.type) {
     case MessageType::kStarted: {
       auto rank = DecodeStarted(frame.payload);
-      if (rank.ok() && host.Owns(static_cast<int>(*rank))) host.started.insert(static_cast<int>(*rank));
+      if (rank.ok() && host.Owns(static_cast<int>(*rank)))
+        host.started.insert(static_cast<int>(*rank));
       break;
     }
     case MessageType::kOutput: {

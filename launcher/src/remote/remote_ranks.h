@@ -7,10 +7,13 @@
 //   auto agents = ConnectRemoteHosts(spec, remote_host_indices);        // in parallel, bounded
 //   RemoteRanks remote(io, *std::move(agents), events);
 //   remote.Start(jobs);                                                 // one Job per agent
-//   AllRanks all({&local_ranks, &remote});                              // the supervisor's RankControl
+//   AllRanks all({&local_ranks, &remote});                              // the supervisor's
+//   RankControl
 #pragma once
 
 #include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -18,9 +21,6 @@
 #include <string_view>
 #include <thread>
 #include <vector>
-
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/steady_timer.hpp>
 
 #include "absl/status/statusor.h"
 #include "remote/agent_connector.h"
@@ -45,9 +45,9 @@ std::string RemoteTrainrunPath(const LaunchSpec& spec);
 // "ssh root@h1 port 22, key /root/.ssh/id_ed25519 (libssh2), agent: /usr/bin/trainrun --agent".
 std::string DescribeHostAccess(const LaunchSpec& spec, const hostfile::HostSpec& host);
 
-// NetworkInterfaceAddress is the IPv4 address of this host's interface `name` (--network-interface),
-// for the rendezvous server to bind; an unknown interface, or one without an IPv4 address, is an
-// InvalidArgument naming it.
+// NetworkInterfaceAddress is the IPv4 address of this host's interface `name`
+// (--network-interface), for the rendezvous server to bind; an unknown interface, or one without an
+// IPv4 address, is an InvalidArgument naming it.
 absl::StatusOr<std::string> NetworkInterfaceAddress(const std::string& name);
 
 // ConnectRemoteHosts connects to the agents of the plan's hosts `host_indices` (indices into

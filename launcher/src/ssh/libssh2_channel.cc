@@ -159,25 +159,37 @@ int OpensshVersion(LIBSSH2_SESSION* session) {
 
 int KnownHostKeyType(int hostkey_type) {
   switch (hostkey_type) {
-    case LIBSSH2_HOSTKEY_TYPE_RSA: return LIBSSH2_KNOWNHOST_KEY_SSHRSA;
-    case LIBSSH2_HOSTKEY_TYPE_DSS: return LIBSSH2_KNOWNHOST_KEY_SSHDSS;
-    case LIBSSH2_HOSTKEY_TYPE_ECDSA_256: return LIBSSH2_KNOWNHOST_KEY_ECDSA_256;
-    case LIBSSH2_HOSTKEY_TYPE_ECDSA_384: return LIBSSH2_KNOWNHOST_KEY_ECDSA_384;
-    case LIBSSH2_HOSTKEY_TYPE_ECDSA_521: return LIBSSH2_KNOWNHOST_KEY_ECDSA_521;
-    case LIBSSH2_HOSTKEY_TYPE_ED25519: return LIBSSH2_KNOWNHOST_KEY_ED25519;
-    default: return LIBSSH2_KNOWNHOST_KEY_UNKNOWN;
+    case LIBSSH2_HOSTKEY_TYPE_RSA:
+      return LIBSSH2_KNOWNHOST_KEY_SSHRSA;
+    case LIBSSH2_HOSTKEY_TYPE_DSS:
+      return LIBSSH2_KNOWNHOST_KEY_SSHDSS;
+    case LIBSSH2_HOSTKEY_TYPE_ECDSA_256:
+      return LIBSSH2_KNOWNHOST_KEY_ECDSA_256;
+    case LIBSSH2_HOSTKEY_TYPE_ECDSA_384:
+      return LIBSSH2_KNOWNHOST_KEY_ECDSA_384;
+    case LIBSSH2_HOSTKEY_TYPE_ECDSA_521:
+      return LIBSSH2_KNOWNHOST_KEY_ECDSA_521;
+    case LIBSSH2_HOSTKEY_TYPE_ED25519:
+      return LIBSSH2_KNOWNHOST_KEY_ED25519;
+    default:
+      return LIBSSH2_KNOWNHOST_KEY_UNKNOWN;
   }
 }
 
 const char* HostKeyTypeName(int hostkey_type) {
   switch (hostkey_type) {
-    case LIBSSH2_HOSTKEY_TYPE_RSA: return "RSA";
-    case LIBSSH2_HOSTKEY_TYPE_DSS: return "DSA";
+    case LIBSSH2_HOSTKEY_TYPE_RSA:
+      return "RSA";
+    case LIBSSH2_HOSTKEY_TYPE_DSS:
+      return "DSA";
     case LIBSSH2_HOSTKEY_TYPE_ECDSA_256:
     case LIBSSH2_HOSTKEY_TYPE_ECDSA_384:
-    case LIBSSH2_HOSTKEY_TYPE_ECDSA_521: return "ECDSA";
-    case LIBSSH2_HOSTKEY_TYPE_ED25519: return "ED25519";
-    default: return "unknown";
+    case LIBSSH2_HOSTKEY_TYPE_ECDSA_521:
+      return "ECDSA";
+    case LIBSSH2_HOSTKEY_TYPE_ED25519:
+      return "ED25519";
+    default:
+      return "unknown";
   }
 }
 
@@ -216,8 +228,8 @@ absl::Status CheckHostKey(LIBSSH2_SESSION* session, const SshTarget& target,
     libssh2_knownhost_readline(hosts.get(), line.data(), line.size(),
                                LIBSSH2_KNOWNHOST_FILE_OPENSSH);
   }
-  int typemask = LIBSSH2_KNOWNHOST_TYPE_PLAIN | LIBSSH2_KNOWNHOST_KEYENC_RAW |
-                 KnownHostKeyType(key_type);
+  int typemask =
+      LIBSSH2_KNOWNHOST_TYPE_PLAIN | LIBSSH2_KNOWNHOST_KEYENC_RAW | KnownHostKeyType(key_type);
   libssh2_knownhost* found = nullptr;
   int check = libssh2_knownhost_checkp(hosts.get(), target.hostname.c_str(), target.port, key,
                                        key_length, typemask, &found);
@@ -225,11 +237,12 @@ absl::Status CheckHostKey(LIBSSH2_SESSION* session, const SshTarget& target,
   if (check == LIBSSH2_KNOWNHOST_CHECK_MATCH) return absl::OkStatus();
   if (check == LIBSSH2_KNOWNHOST_CHECK_MISMATCH) {
     std::string message = absl::StrCat(
-        "host ", target.alias, ": host key mismatch: the ", HostKeyTypeName(key_type), " key it presented (",
-        fingerprint, ") is not the one recorded in ", target.known_hosts_file,
+        "host ", target.alias, ": host key mismatch: the ", HostKeyTypeName(key_type),
+        " key it presented (", fingerprint, ") is not the one recorded in ",
+        target.known_hosts_file,
         "; someone may be intercepting the connection, or the host was reinstalled: if you trust "
-        "it, remove the old key with `ssh-keygen -R '", KnownHostsName(target), "' -f ",
-        target.known_hosts_file, "`");
+        "it, remove the old key with `ssh-keygen -R '",
+        KnownHostsName(target), "' -f ", target.known_hosts_file, "`");
     if (options.host_key_policy != HostKeyPolicy::kNo) {
       return absl::PermissionDeniedError(message);
     }
@@ -326,22 +339,21 @@ absl::Status Authenticate(LIBSSH2_SESSION* session, const SshTarget& target,
                                               static_cast<unsigned>(target.user.size()));
   if (methods == nullptr) {
     if (libssh2_userauth_authenticated(session)) return absl::OkStatus();  // "none" was accepted
-    return absl::UnavailableError(absl::StrCat("host ", target.alias,
-                                               ": SSH authentication could not start: ",
-                                               LastError(session)));
+    return absl::UnavailableError(absl::StrCat(
+        "host ", target.alias, ": SSH authentication could not start: ", LastError(session)));
   }
   if (!absl::StrContains(methods, "publickey")) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "host ", target.alias, ": authentication failed for user ", target.user,
-        ": the server does not accept public keys (it offers: ", methods,
-        "); enable PubkeyAuthentication there, or use --ssh-client openssh"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("host ", target.alias, ": authentication failed for user ", target.user,
+                     ": the server does not accept public keys (it offers: ", methods,
+                     "); enable PubkeyAuthentication there, or use --ssh-client openssh"));
   }
   AuthAttempts attempts;
   if (TryAgent(session, target, &attempts)) return absl::OkStatus();
   if (TryKeyFiles(session, target, &attempts)) return absl::OkStatus();
 
-  std::string where = absl::StrCat("host ", target.alias, ": authentication failed for user ",
-                                   target.user);
+  std::string where =
+      absl::StrCat("host ", target.alias, ": authentication failed for user ", target.user);
   if (attempts.tried.empty()) {
     return absl::PermissionDeniedError(absl::StrCat(
         where, ": no key to offer (no ssh-agent, and none of ",
@@ -447,8 +459,8 @@ class Libssh2Channel final : public RemoteChannel {
       absl::Time until = std::min(deadline, absl::Now() + absl::Seconds(next_keepalive));
       WaitSocket(directions | LIBSSH2_SESSION_BLOCK_INBOUND, until, /*with_wake=*/true);
       if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("host ", alias_, ": nothing received for ", absl::FormatDuration(timeout)));
+        return absl::DeadlineExceededError(absl::StrCat("host ", alias_, ": nothing received for ",
+                                                        absl::FormatDuration(timeout)));
       }
     }
   }
@@ -497,9 +509,9 @@ class Libssh2Channel final : public RemoteChannel {
     std::string tail = std::string(absl::StripTrailingAsciiWhitespace(stderr_tail_));
     absl::Status status;
     if (signal != nullptr) {
-      status = absl::AbortedError(absl::StrCat("host ", alias_, ": the remote command was killed by SIG",
-                                               absl::string_view(signal, signal_length),
-                                               tail.empty() ? "" : ": ", tail));
+      status = absl::AbortedError(
+          absl::StrCat("host ", alias_, ": the remote command was killed by SIG",
+                       absl::string_view(signal, signal_length), tail.empty() ? "" : ": ", tail));
     } else if (code != 0) {
       status = absl::AbortedError(absl::StrCat("host ", alias_,
                                                ": the remote command exited with status ", code,
@@ -596,10 +608,10 @@ absl::StatusOr<std::unique_ptr<RemoteChannel>> OpenLibssh2Command(const SshTarge
   int rc = libssh2_session_handshake(session.get(), socket->get());
   if (rc == LIBSSH2_ERROR_TIMEOUT) return TimedOut(target, "during the SSH handshake");
   if (rc != 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "host ", target.alias, " (", FormatHostPort(target.hostname, target.port),
-        "): SSH handshake failed: ", LastError(session.get()),
-        "; check that an SSH server listens on that port"));
+    return absl::UnavailableError(
+        absl::StrCat("host ", target.alias, " (", FormatHostPort(target.hostname, target.port),
+                     "): SSH handshake failed: ", LastError(session.get()),
+                     "; check that an SSH server listens on that port"));
   }
   if (absl::Status s = CheckHostKey(session.get(), target, options); !s.ok()) return s;
 
@@ -613,15 +625,15 @@ absl::StatusOr<std::unique_ptr<RemoteChannel>> OpenLibssh2Command(const SshTarge
   ChannelPtr channel(libssh2_channel_open_session(session.get()));
   if (!channel) {
     if (absl::Now() >= deadline) return TimedOut(target, "opening a session channel");
-    return absl::UnavailableError(absl::StrCat("host ", target.alias,
-                                               ": could not open an SSH session channel: ",
-                                               LastError(session.get())));
+    return absl::UnavailableError(
+        absl::StrCat("host ", target.alias,
+                     ": could not open an SSH session channel: ", LastError(session.get())));
   }
   if (libssh2_channel_exec(channel.get(), command.c_str()) != 0) {
     if (absl::Now() >= deadline) return TimedOut(target, "starting the remote command");
-    return absl::UnavailableError(absl::StrCat("host ", target.alias,
-                                               ": the server refused to run a command: ",
-                                               LastError(session.get())));
+    return absl::UnavailableError(
+        absl::StrCat("host ", target.alias,
+                     ": the server refused to run a command: ", LastError(session.get())));
   }
   libssh2_keepalive_config(session.get(), 1, kKeepaliveIntervalSeconds);
   libssh2_session_set_blocking(session.get(), 0);

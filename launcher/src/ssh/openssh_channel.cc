@@ -5,8 +5,8 @@
 // turns into the same one-line reasons as the libssh2 client gives.
 #include <fcntl.h>
 #include <poll.h>
-#include <pwd.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
@@ -72,14 +72,22 @@ std::vector<std::string> SshArguments(const SshTarget& target, const std::string
       "-T",  // no terminal: the channel carries binary frames
       "-x",
       "-a",
-      "-o", "BatchMode=yes",
-      "-o", absl::StrCat("StrictHostKeyChecking=", HostKeyPolicyName(options.host_key_policy)),
-      "-o", absl::StrCat("ConnectTimeout=", connect_seconds),
-      "-o", absl::StrCat("ServerAliveInterval=", kServerAliveIntervalSeconds),
-      "-o", "ServerAliveCountMax=3",
-      "-o", "LogLevel=ERROR",
-      "-p", std::to_string(target.port),
-      "-l", target.user,
+      "-o",
+      "BatchMode=yes",
+      "-o",
+      absl::StrCat("StrictHostKeyChecking=", HostKeyPolicyName(options.host_key_policy)),
+      "-o",
+      absl::StrCat("ConnectTimeout=", connect_seconds),
+      "-o",
+      absl::StrCat("ServerAliveInterval=", kServerAliveIntervalSeconds),
+      "-o",
+      "ServerAliveCountMax=3",
+      "-o",
+      "LogLevel=ERROR",
+      "-p",
+      std::to_string(target.port),
+      "-l",
+      target.user,
   };
   // `ssh` reads the passwd entry's ~/.ssh; when trainrun was pointed elsewhere (HOME, tests), hand
   // it the same config, known_hosts and default keys that the libssh2 client would use.
@@ -122,9 +130,9 @@ absl::Status DescribeSshFailure(const SshTarget& target, const std::string& outp
         "); check that sshd runs there and the port (-p/--ssh-port, Port in ~/.ssh/config)"));
   }
   if (absl::StrContains(said, "timed out")) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        where, ": timed out connecting (ssh: ", last_line,
-        "); check that the host is up and reachable, or raise --start-timeout"));
+    return absl::DeadlineExceededError(
+        absl::StrCat(where, ": timed out connecting (ssh: ", last_line,
+                     "); check that the host is up and reachable, or raise --start-timeout"));
   }
   if (absl::StrContains(said, "REMOTE HOST IDENTIFICATION HAS CHANGED") ||
       absl::StrContains(said, "Host key verification failed")) {
@@ -135,12 +143,12 @@ absl::Status DescribeSshFailure(const SshTarget& target, const std::string& outp
         changed ? " and remove the old key with ssh-keygen -R if the host was reinstalled" : ""));
   }
   if (absl::StrContains(said, "Permission denied")) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        where, ": authentication failed for user ", target.user, " (ssh: ", last_line,
-        "); check the host's ~/.ssh/authorized_keys, or pass -i/--ssh-identity-file"));
+    return absl::PermissionDeniedError(
+        absl::StrCat(where, ": authentication failed for user ", target.user, " (ssh: ", last_line,
+                     "); check the host's ~/.ssh/authorized_keys, or pass -i/--ssh-identity-file"));
   }
-  return absl::UnavailableError(absl::StrCat(where, ": ssh failed: ",
-                                             said.empty() ? "no message" : last_line));
+  return absl::UnavailableError(
+      absl::StrCat(where, ": ssh failed: ", said.empty() ? "no message" : last_line));
 }
 
 class OpensshChannel final : public RemoteChannel {
@@ -183,8 +191,8 @@ class OpensshChannel final : public RemoteChannel {
       }
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && errno != EAGAIN) {
-        return absl::UnavailableError(absl::StrCat("host ", target_.alias,
-                                                   ": ssh stopped reading: ", std::strerror(errno)));
+        return absl::UnavailableError(
+            absl::StrCat("host ", target_.alias, ": ssh stopped reading: ", std::strerror(errno)));
       }
       pollfd p{stdin_.get(), POLLOUT, 0};
       int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
@@ -243,8 +251,8 @@ class OpensshChannel final : public RemoteChannel {
     Reap(deadline);
     std::string tail(absl::StripTrailingAsciiWhitespace(stderr_tail_));
     if (!exit_status_) {
-      return absl::UnavailableError(absl::StrCat("host ", target_.alias,
-                                                 ": the connection ended but ssh did not exit"));
+      return absl::UnavailableError(
+          absl::StrCat("host ", target_.alias, ": the connection ended but ssh did not exit"));
     }
     int status = *exit_status_;
     if (WIFEXITED(status) && WEXITSTATUS(status) == 255) {
@@ -256,8 +264,8 @@ class OpensshChannel final : public RemoteChannel {
                                              WEXITSTATUS(status), tail.empty() ? "" : ": ", tail));
     }
     if (WIFSIGNALED(status)) {
-      return absl::AbortedError(absl::StrCat("host ", target_.alias, ": ssh was killed by signal ",
-                                             WTERMSIG(status)));
+      return absl::AbortedError(
+          absl::StrCat("host ", target_.alias, ": ssh was killed by signal ", WTERMSIG(status)));
     }
     return absl::OkStatus();
   }

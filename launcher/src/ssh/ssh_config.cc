@@ -51,8 +51,8 @@ std::vector<std::string> Tokenize(absl::string_view line) {
     if (c == '"') {
       in_quotes = !in_quotes;
       have_token = true;
-    } else if (!in_quotes && (std::isspace(static_cast<unsigned char>(c)) ||
-                              (c == '=' && tokens.empty()))) {
+    } else if (!in_quotes &&
+               (std::isspace(static_cast<unsigned char>(c)) || (c == '=' && tokens.empty()))) {
       if (have_token) tokens.push_back(std::move(current));
       current.clear();
       have_token = false;
@@ -79,13 +79,28 @@ std::string ExpandPath(absl::string_view path, const std::string& home, const Ss
       continue;
     }
     switch (path[++i]) {
-      case 'd': out += home; break;
-      case 'u': out += LocalUserName(); break;
-      case 'h': out += target.hostname.empty() ? target.alias : target.hostname; break;
-      case 'r': out += target.user; break;
-      case 'n': out += target.alias; break;
-      case '%': out += '%'; break;
-      default: out.push_back('%'); out.push_back(path[i]); break;
+      case 'd':
+        out += home;
+        break;
+      case 'u':
+        out += LocalUserName();
+        break;
+      case 'h':
+        out += target.hostname.empty() ? target.alias : target.hostname;
+        break;
+      case 'r':
+        out += target.user;
+        break;
+      case 'n':
+        out += target.alias;
+        break;
+      case '%':
+        out += '%';
+        break;
+      default:
+        out.push_back('%');
+        out.push_back(path[i]);
+        break;
     }
   }
   return out;
@@ -129,7 +144,8 @@ class ConfigReader {
         }
       } else if (keyword == "hostname" || keyword == "user" || keyword == "port" ||
                  keyword == "identityfile") {
-        if (args.size() != 1) return Malformed(where(), absl::StrCat(tokens[0], " needs one value"));
+        if (args.size() != 1)
+          return Malformed(where(), absl::StrCat(tokens[0], " needs one value"));
         if (absl::Status s = Set(keyword, args[0], where()); !s.ok()) return s;
       }
       // Every other keyword belongs to OpenSSH alone (or to --ssh-client openssh): ignored.
@@ -228,15 +244,18 @@ absl::StatusOr<HostKeyPolicy> ParseHostKeyPolicy(absl::string_view text) {
   if (lower == "yes" || lower == "true") return HostKeyPolicy::kYes;
   if (lower == "accept-new") return HostKeyPolicy::kAcceptNew;
   if (lower == "no" || lower == "false" || lower == "off") return HostKeyPolicy::kNo;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--ssh-strict-host-key-checking '", text, "' is not one of yes, accept-new, no"));
+  return absl::InvalidArgumentError(absl::StrCat("--ssh-strict-host-key-checking '", text,
+                                                 "' is not one of yes, accept-new, no"));
 }
 
 absl::string_view HostKeyPolicyName(HostKeyPolicy policy) {
   switch (policy) {
-    case HostKeyPolicy::kYes: return "yes";
-    case HostKeyPolicy::kAcceptNew: return "accept-new";
-    case HostKeyPolicy::kNo: return "no";
+    case HostKeyPolicy::kYes:
+      return "yes";
+    case HostKeyPolicy::kAcceptNew:
+      return "accept-new";
+    case HostKeyPolicy::kNo:
+      return "no";
   }
   return "?";
 }

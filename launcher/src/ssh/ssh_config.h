@@ -5,16 +5,16 @@
 //   auto target = ResolveSshTarget("root", "h1", options);
 //   // target->hostname, target->user, target->port, target->identity_files
 //
-// Precedence is OpenSSH's: `user@host` and the command-line flags win over ~/.ssh/config, and within
-// the config the first value found for a keyword wins (IdentityFile accumulates).
+// Precedence is OpenSSH's: `user@host` and the command-line flags win over ~/.ssh/config, and
+// within the config the first value found for a keyword wins (IdentityFile accumulates).
 #pragma once
 
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace trainrun::launcher::ssh {
@@ -76,13 +76,14 @@ std::string SshDirectory(const SshOptions& options);
 // LocalUserName is the name of the user running trainrun (the default remote user).
 std::string LocalUserName();
 
-// ResolveSshTarget reads `<ssh dir>/config` (when present) and resolves `alias` for `user_from_spec`
-// (the `user@` part, "" when absent). A malformed config is an InvalidArgument naming FILE:LINE.
+// ResolveSshTarget reads `<ssh dir>/config` (when present) and resolves `alias` for
+// `user_from_spec` (the `user@` part, "" when absent). A malformed config is an InvalidArgument
+// naming FILE:LINE.
 absl::StatusOr<SshTarget> ResolveSshTarget(const std::string& user_from_spec,
                                            const std::string& alias, const SshOptions& options);
 
-// ResolveSshTargetFromText is ResolveSshTarget over config text, for tests; `config_name` names it in
-// messages, and `home` expands `~` and `%d`.
+// ResolveSshTargetFromText is ResolveSshTarget over config text, for tests; `config_name` names it
+// in messages, and `home` expands `~` and `%d`.
 absl::StatusOr<SshTarget> ResolveSshTargetFromText(absl::string_view config_text,
                                                    const std::string& config_name,
                                                    const std::string& user_from_spec,

@@ -67,7 +67,8 @@ absl::StatusOr<std::vector<Address>> Resolve(const std::string& alias, const std
   }).detach();
 
   std::unique_lock<std::mutex> lock(shared->mu);
-  if (!shared->done_cv.wait_until(lock, absl::ToChronoTime(deadline), [&] { return shared->done; })) {
+  if (!shared->done_cv.wait_until(lock, absl::ToChronoTime(deadline),
+                                  [&] { return shared->done; })) {
     return absl::DeadlineExceededError(absl::StrCat(
         "host ", alias, ": timed out resolving the name '", hostname,
         "'; check the name in -H/--hostfile (or HostName in ~/.ssh/config) and DNS, or raise "
@@ -110,9 +111,8 @@ absl::StatusOr<UniqueFd> ConnectTcp(const std::string& alias, const std::string&
     } else {
       continue;
     }
-    where = FormatHostPort(NumericHost(reinterpret_cast<sockaddr*>(&address.storage),
-                                       address.length),
-                           port);
+    where = FormatHostPort(
+        NumericHost(reinterpret_cast<sockaddr*>(&address.storage), address.length), port);
     UniqueFd fd(::socket(address.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (!fd) return absl::InternalError(absl::StrCat("socket(): ", std::strerror(errno)));
     int rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&address.storage), address.length);
@@ -139,12 +139,13 @@ absl::StatusOr<UniqueFd> ConnectTcp(const std::string& alias, const std::string&
     }
     if (error == ECONNREFUSED) {
       last_code = absl::StatusCode::kUnavailable;
-      last_reason = "connection refused; check that sshd runs there and listens on that port "
-                    "(-p/--ssh-port, Port in ~/.ssh/config)";
+      last_reason =
+          "connection refused; check that sshd runs there and listens on that port "
+          "(-p/--ssh-port, Port in ~/.ssh/config)";
       break;
     }
-    last_reason = absl::StrCat(std::strerror(error),
-                               "; check that the host is up and reachable from here");
+    last_reason =
+        absl::StrCat(std::strerror(error), "; check that the host is up and reachable from here");
   }
   return absl::Status(last_code, absl::StrCat("host ", alias, " (", where, "): ", last_reason));
 }

@@ -8,13 +8,13 @@
 //   }
 #pragma once
 
+#include <spdlog/common.h>
+
 #include <functional>
 #include <iostream>
 #include <ostream>
 #include <string>
 #include <vector>
-
-#include <spdlog/common.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

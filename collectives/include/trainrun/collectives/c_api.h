@@ -87,5 +87,5 @@ trainrun_status trainrun_barrier(trainrun_comm* comm);
 const char* trainrun_last_error(void);
 
 #ifdef __cplusplus
-}  /* extern "C" */
+} /* extern "C" */
 #endif

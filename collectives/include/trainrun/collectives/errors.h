@@ -56,10 +56,10 @@ std::string MakeMessage(Args&&... args) {
 
 // TRAINRUN_ENFORCE throws EnforceError with the condition, the place and the message (one or more
 // streamable values) when `cond` is false.
-#define TRAINRUN_ENFORCE(cond, ...)                                                     \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      throw ::trainrun::EnforceError(::trainrun::internal::MakeMessage(                 \
-          __FILE__, ":", __LINE__, ": ", #cond, " failed: ", __VA_ARGS__));             \
-    }                                                                                   \
+#define TRAINRUN_ENFORCE(cond, ...)                                         \
+  do {                                                                      \
+    if (!(cond)) {                                                          \
+      throw ::trainrun::EnforceError(::trainrun::internal::MakeMessage(     \
+          __FILE__, ":", __LINE__, ": ", #cond, " failed: ", __VA_ARGS__)); \
+    }                                                                       \
   } while (0)

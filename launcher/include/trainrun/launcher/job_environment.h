@@ -56,8 +56,8 @@ class JobEnvironment {
   std::string master_addr_;
   int master_port_ = 0;
   std::optional<std::string> rendezvous_addr_;
-  int host_gpu_count_ = 0;    // GPUs on this host (CountHostGpus), for CUDA_VISIBLE_DEVICES
-  bool assign_gpus_ = true;   // TRAINRUN_ASSIGN_GPUS
+  int host_gpu_count_ = 0;   // GPUs on this host (CountHostGpus), for CUDA_VISIBLE_DEVICES
+  bool assign_gpus_ = true;  // TRAINRUN_ASSIGN_GPUS
 };
 
 }  // namespace trainrun::launcher

@@ -11,6 +11,8 @@
 //   Logger().error(supervisor.Summary()); return supervisor.exit_code();
 #pragma once
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -20,9 +22,6 @@
 #include <string_view>
 #include <vector>
 
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/steady_timer.hpp>
-
 #include "trainrun/hostfile/slot_plan.h"
 #include "trainrun/launcher/exit_info.h"
 #include "trainrun/launcher/process_set.h"
@@ -30,7 +29,7 @@
 namespace trainrun::launcher {
 
 struct SupervisorOptions {
-  std::string command;  // argv[0] as typed, for "cannot execute 'foo'"
+  std::string command;                           // argv[0] as typed, for "cannot execute 'foo'"
   std::chrono::milliseconds grace_period{3000};  // SIGTERM → SIGKILL
   // After SIGKILL, how long to wait for ranks to be reaped before giving up on them.
   std::chrono::milliseconds kill_timeout{5000};

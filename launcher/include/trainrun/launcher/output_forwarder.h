@@ -1,11 +1,12 @@
-// OutputForwarder: worker output to trainrun's console, tagged with the rank, and to per-rank files.
+// OutputForwarder: worker output to trainrun's console, tagged with the rank, and to per-rank
+// files.
 //
 //   auto out = OutputForwarder::Create(options);  // tag = true, world_size = 4
 //   (*out)->Write(2, OutputStream::kStderr, "loss 0.3\n");   // "[2]<stderr>:loss 0.3\n" on fd 2
 //
 // Bytes pass unaltered (no decoding: '\r' and invalid UTF-8 go through as they came). A piece that
-// does not end in '\n' leaves its console line open: the same rank's next piece continues it without
-// a second tag; any other rank's piece first ends the line, so tags always start a line.
+// does not end in '\n' leaves its console line open: the same rank's next piece continues it
+// without a second tag; any other rank's piece first ends the line, so tags always start a line.
 #pragma once
 
 #include <map>
@@ -21,8 +22,8 @@
 namespace trainrun::launcher {
 
 struct OutputOptions {
-  bool tag = true;               // "[rank]<stdout>:" before each line
-  bool prefix_timestamp = false; // "YYYY-MM-DD HH:MM:SS.mmm " before each line
+  bool tag = true;                // "[rank]<stdout>:" before each line
+  bool prefix_timestamp = false;  // "YYYY-MM-DD HH:MM:SS.mmm " before each line
   // DIR/rank.<N>/stdout and stderr get each rank's raw bytes, N zero-padded to the width of
   // world_size-1 as horovodrun does (rank.07 of 16), so the directories sort.
   std::optional<std::string> output_dir;
@@ -43,7 +44,8 @@ class OutputForwarder {
   // Write forwards one piece of rank `rank`'s output (RankProcessSet's on_output).
   void Write(int rank, OutputStream stream, std::string_view bytes);
 
-  // EndLines ends any open console line, so that trainrun's own messages start on a line of their own.
+  // EndLines ends any open console line, so that trainrun's own messages start on a line of their
+  // own.
   void EndLines();
 
  private:

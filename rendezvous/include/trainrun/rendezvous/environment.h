@@ -102,9 +102,9 @@ inline constexpr EnvParam kAssignGpus{
     "1: one GPU per local rank via CUDA_VISIBLE_DEVICES when the host has GPUs; 0: leave it alone"};
 
 // Network interface (e.g. eth0) whose address workers listen on and the rendezvous binds.
-inline constexpr StringParam kNetworkInterface{
-    "TRAINRUN_NETWORK_INTERFACE", "",
-    "interface for data-plane and rendezvous addresses; default: the one routing to the rendezvous"};
+inline constexpr StringParam kNetworkInterface{"TRAINRUN_NETWORK_INTERFACE", "",
+                                               "interface for data-plane and rendezvous addresses; "
+                                               "default: the one routing to the rendezvous"};
 
 // --- Collectives over TCP (collectives/) ---------------------------------------------------------
 
@@ -134,10 +134,11 @@ inline constexpr EnvParam kSmallAllreduceBytes{
 
 // Microseconds a wait for a peer polls without sleeping before it blocks in poll(2) (lower latency,
 // at the cost of a busy core while waiting). Only used when ranks have a core each.
-inline constexpr EnvParam kSpinMicroseconds{
-    "TRAINRUN_SPIN_MICROSECONDS", 50, "busy-poll time before a wait for a peer sleeps"};
+inline constexpr EnvParam kSpinMicroseconds{"TRAINRUN_SPIN_MICROSECONDS", 50,
+                                            "busy-poll time before a wait for a peer sleeps"};
 
-// --- Collectives over shared memory (collectives/src/shm_transport.h) ------------------------------
+// --- Collectives over shared memory (collectives/src/shm_transport.h)
+// ------------------------------
 
 // Which transport a communicator uses: "auto" (shared memory when every rank is on this host and
 // the same-host check passes, else TCP), "tcp", or "shm" (shared memory, or fail when the ranks
@@ -168,8 +169,8 @@ inline constexpr char kFileStore[] = "TRAINRUN_FILE_STORE";
 // Read by python/trainrun (Python code reads the environment itself; declared here so every
 // variable stays listed in one place).
 // 0 skips the shape/dtype agreement check before each checked Python collective.
-inline constexpr EnvParam kCheckShapes{"TRAINRUN_CHECK_SHAPES", 1,
-                                       "1: Python collectives check ranks agree on shape and dtype"};
+inline constexpr EnvParam kCheckShapes{
+    "TRAINRUN_CHECK_SHAPES", 1, "1: Python collectives check ranks agree on shape and dtype"};
 // Size of the gradient buckets trainrun.torch.DistributedOptimizer reduces as one message.
 inline constexpr EnvParam kFusionBytes{"TRAINRUN_FUSION_BYTES", 1 << 20,
                                        "DistributedOptimizer gradient bucket size, bytes"};

@@ -75,7 +75,6 @@ struct ServerOptions {
   std::function<void(const PeerFailure&)> on_peer_failure;
 };
 
-
 // RankState is what the server knows about one rank.
 struct RankState {
   bool joined = false;
