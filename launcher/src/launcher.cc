@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "posix/resolve_on_path.h"
 #include "remote/remote_ranks.h"
 #include "stdin_forwarder.h"
 #include "trainrun/launcher/job_environment.h"
@@ -31,32 +32,6 @@
 
 namespace trainrun::launcher {
 namespace {
-
-// Executable is what execvp would run for a command name, or why it cannot.
-struct Executable {
-  std::string path;
-  int error = 0;  // errno execvp would fail with
-};
-
-// ResolveExecutable searches `path_var` as execvp does, so that a missing command is reported
-// once, before anything starts, instead of once per rank.
-Executable ResolveExecutable(const std::string& name, const std::string& path_var) {
-  auto check = [](const std::string& candidate) {
-    struct stat st {};
-    if (stat(candidate.c_str(), &st) != 0) return errno;
-    if (S_ISDIR(st.st_mode)) return EACCES;
-    return access(candidate.c_str(), X_OK) == 0 ? 0 : errno;
-  };
-  if (name.find('/') != std::string::npos) return {name, check(name)};
-  int error = ENOENT;
-  for (absl::string_view dir : absl::StrSplit(path_var, ':')) {
-    std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", name);
-    int e = check(candidate);
-    if (e == 0) return {candidate, 0};
-    if (e == EACCES) error = EACCES;
-  }
-  return {name, error};
-}
 
 // Ignores SIGPIPE while alive (a rank that closed its stdin, a console that went away) and
 // restores the previous disposition.
@@ -99,18 +74,6 @@ rendezvous::ServerOptions RendezvousOptions(
 
 }  // namespace
 
-bool IsLocalHost(const std::string& host) {
-  if (host == "localhost" || host == "::1" || absl::StartsWith(host, "127.") ||
-      absl::StartsWith(host, "localhost.")) {
-    return true;
-  }
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return false;
-  std::string self = name;
-  std::string short_self = self.substr(0, self.find('.'));
-  return host == self || host == short_self;
-}
-
 absl::StatusOr<int> Launch(const LaunchSpec& spec) {
   if (spec.command.empty()) {
     return absl::InvalidArgumentError(
@@ -147,11 +110,12 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
   absl::StatusOr<JobEnvironment> job = JobEnvironment::Create(job_spec, CurrentEnvironment());
   if (!job.ok()) return job.status();
 
-  Executable executable =
-      ResolveExecutable(spec.command[0], job->Lookup("PATH").value_or("/bin:/usr/bin"));
+  posix::Executable executable =
+      posix::ResolveOnPath(spec.command[0], job->Lookup(env::kPath).value_or(posix::kDefaultPath));
   if (executable.error != 0 && any_local) {
-    Logger().error("cannot execute '{}': {}", spec.command[0], std::strerror(executable.error));
-    return 127;
+    // Reported once, before anything starts; trainrun exits 127 through ExitCodeFor, as a shell.
+    return absl::NotFoundError(
+        absl::StrCat("cannot execute '", spec.command[0], "': ", std::strerror(executable.error)));
   }
 
   OutputOptions output_options;

@@ -11,11 +11,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "trainrun/launcher/shell_quote.h"
 
 namespace trainrun::launcher::remote {
 
 std::string AgentCommand(const std::string& remote_trainrun) {
-  return absl::StrCat(ssh::ShellQuote(remote_trainrun), " --agent");
+  return absl::StrCat(ShellQuote(remote_trainrun), " --agent");
 }
 
 namespace {

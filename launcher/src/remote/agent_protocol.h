@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "trainrun/launcher/launch_spec.h"
 
 namespace trainrun::launcher::remote {
 
@@ -61,7 +62,7 @@ struct Job {
   std::string cwd;
   std::vector<std::string> argv;  // the command as typed; the agent resolves argv[0] on its PATH
   std::vector<RankJob> ranks;
-  uint32_t grace_period_ms = 3000;
+  uint32_t grace_period_ms = static_cast<uint32_t>(kDefaultGracePeriod.count());
 };
 
 struct RankExit {

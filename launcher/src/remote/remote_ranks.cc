@@ -21,7 +21,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "remote/agent.h"
-#include "trainrun/launcher/launcher.h"
+#include "trainrun/launcher/local_host.h"
 #include "trainrun/launcher/logging.h"
 #include "trainrun/rendezvous/environment.h"
 
@@ -31,52 +31,7 @@ namespace {
 constexpr absl::Duration kWriteTimeout = absl::Seconds(10);
 constexpr absl::Duration kReadSlice = absl::Seconds(1);
 
-std::string SelfExecutable() {
-  char path[4096] = {};
-  ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
-  return n > 0 ? std::string(path, n) : std::string("trainrun");
-}
-
 }  // namespace
-
-absl::StatusOr<ssh::SshOptions> SshOptionsFor(const LaunchSpec& spec) {
-  ssh::SshOptions options;
-  if (!spec.ssh_client.empty()) {
-    auto client = ssh::ParseSshClient(spec.ssh_client);
-    if (!client.ok()) return client.status();
-    options.client = *client;
-  }
-  if (!spec.ssh_host_key_checking.empty()) {
-    auto policy = ssh::ParseHostKeyPolicy(spec.ssh_host_key_checking);
-    if (!policy.ok()) return policy.status();
-    options.host_key_policy = *policy;
-  }
-  options.port = spec.ssh_port;
-  options.identity_file = spec.ssh_identity_file;
-  options.connect_timeout = absl::FromChrono(spec.start_timeout);
-  return options;
-}
-
-std::string RemoteTrainrunPath(const LaunchSpec& spec) {
-  return spec.remote_trainrun.empty() ? SelfExecutable() : spec.remote_trainrun;
-}
-
-std::string DescribeHostAccess(const LaunchSpec& spec, const hostfile::HostSpec& host) {
-  if (IsLocalHost(host.host)) return "local (no SSH)";
-  auto options = SshOptionsFor(spec);
-  if (!options.ok()) return std::string(options.status().message());
-  auto target = ssh::ResolveSshTarget(host.user, host.host, *options);
-  if (!target.ok()) return std::string(target.status().message());
-  std::string keys = target->identity_files.empty()
-                         ? "ssh-agent only"
-                         : absl::StrCat(target->default_identities ? "ssh-agent, then default keys "
-                                                                   : "ssh-agent, then ",
-                                        absl::StrJoin(target->identity_files, ", "));
-  return absl::StrCat("ssh ", target->user, "@", target->hostname, " port ", target->port, " (",
-                      options->client == ssh::SshClient::kOpenssh ? "openssh" : "libssh2",
-                      ", host keys ", ssh::HostKeyPolicyName(options->host_key_policy),
-                      "), keys: ", keys, "; agent: ", AgentCommand(RemoteTrainrunPath(spec)));
-}
 
 absl::StatusOr<std::string> NetworkInterfaceAddress(const std::string& name) {
   ifaddrs* all = nullptr;

@@ -41,10 +41,6 @@ absl::StatusOr<ssh::SshOptions> SshOptionsFor(const LaunchSpec& spec);
 // own absolute path.
 std::string RemoteTrainrunPath(const LaunchSpec& spec);
 
-// DescribeHostAccess says in one phrase how `host` is reached: "local", or
-// "ssh root@h1 port 22, key /root/.ssh/id_ed25519 (libssh2), agent: /usr/bin/trainrun --agent".
-std::string DescribeHostAccess(const LaunchSpec& spec, const hostfile::HostSpec& host);
-
 // NetworkInterfaceAddress is the IPv4 address of this host's interface `name`
 // (--network-interface), for the rendezvous server to bind; an unknown interface, or one without an
 // IPv4 address, is an InvalidArgument naming it.

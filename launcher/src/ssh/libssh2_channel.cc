@@ -32,6 +32,7 @@
 #include "absl/strings/strip.h"
 #include "ssh/remote_channel.h"
 #include "ssh/tcp_connect.h"
+#include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::launcher::ssh {
 namespace {
@@ -299,8 +300,8 @@ std::string AgentKeyType(const libssh2_agent_publickey* identity) {
 }
 
 bool TryAgent(LIBSSH2_SESSION* session, const SshTarget& target, AuthAttempts* attempts) {
-  const char* socket = std::getenv("SSH_AUTH_SOCK");
-  if (socket == nullptr || *socket == '\0') return false;
+  std::optional<std::string> socket = env::Lookup(env::kSshAuthSock);
+  if (!socket || socket->empty()) return false;
   AgentPtr agent(libssh2_agent_init(session));
   if (!agent || libssh2_agent_connect(agent.get()) != 0) return false;
   if (libssh2_agent_list_identities(agent.get()) != 0) return false;
@@ -646,23 +647,6 @@ absl::StatusOr<std::unique_ptr<RemoteChannel>> OpenRemoteCommand(const SshTarget
                                                                  const SshOptions& options) {
   if (options.client == SshClient::kOpenssh) return OpenOpensshCommand(target, command, options);
   return OpenLibssh2Command(target, command, options);
-}
-
-std::string ShellQuote(absl::string_view word) {
-  if (!word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                              "0123456789_-./=:@,+%") == absl::string_view::npos) {
-    return std::string(word);
-  }
-  std::string out = "'";
-  for (char c : word) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out.push_back(c);
-    }
-  }
-  out += "'";
-  return out;
 }
 
 }  // namespace trainrun::launcher::ssh

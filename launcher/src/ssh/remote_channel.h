@@ -79,7 +79,4 @@ absl::StatusOr<std::unique_ptr<RemoteChannel>> OpenOpensshCommand(const SshTarge
                                                                   const std::string& command,
                                                                   const SshOptions& options);
 
-// ShellQuote quotes `word` for a POSIX shell (the remote login shell runs the exec command).
-std::string ShellQuote(absl::string_view word);
-
 }  // namespace trainrun::launcher::ssh

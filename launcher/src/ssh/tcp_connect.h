@@ -7,31 +7,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "posix/unique_fd.h"
 
 namespace trainrun::launcher::ssh {
 
-// UniqueFd owns a file descriptor and closes it once.
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept {
-    if (this != &other) Reset(std::exchange(other.fd_, -1));
-    return *this;
-  }
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() { Reset(); }
-
-  int get() const { return fd_; }
-  explicit operator bool() const { return fd_ >= 0; }
-  int Release() { return std::exchange(fd_, -1); }
-  void Reset(int fd = -1);
-
- private:
-  int fd_ = -1;
-};
+using posix::UniqueFd;
 
 // ConnectTcp resolves `hostname` and connects to `port` on the first address that answers, all
 // before `deadline`. Errors name `alias` (the host as the user wrote it) and say why: the name was
