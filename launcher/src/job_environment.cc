@@ -114,9 +114,7 @@ absl::StatusOr<JobEnvironment> JobEnvironment::Create(const LaunchSpec& spec,
   job.job_id_ = id->substr(0, kJobIdDigits);
   job.token_ = *std::move(token);
   job.master_port_ = *port;
-  job.host_gpu_count_ = CountHostGpus();
   job.assign_gpus_ = env::kAssignGpus.Get() != 0;
-  job.master_addr_ = spec.plan.hosts.empty() ? "127.0.0.1" : spec.plan.HostOf(0).host;
   return job;
 }
 
@@ -126,9 +124,9 @@ std::optional<std::string> JobEnvironment::Lookup(const std::string& name) const
   return std::nullopt;
 }
 
-std::vector<std::string> JobEnvironment::ForRank(int rank) const {
+std::vector<std::string> JobEnvironment::ForRank(int rank, const HostView& host_view) const {
   const hostfile::RankAssignment& a = plan_.ranks[rank];
-  const std::string& host = plan_.HostOf(rank).host;
+  const std::string& host = host_view.name;
   std::map<std::string, std::string> vars = base_;
   auto set = [&vars](const char* name, const auto& value) {
     if constexpr (std::is_arithmetic_v<std::decay_t<decltype(value)>>) {
@@ -143,12 +141,12 @@ std::vector<std::string> JobEnvironment::ForRank(int rank) const {
   }
   set(env::kJobId, job_id_);
   set(env::kJobToken, token_);
-  if (rendezvous_addr_.has_value()) {
-    set(env::kRendezvousAddr, *rendezvous_addr_);
+  if (!host_view.rendezvous_addr.empty()) {
+    set(env::kRendezvousAddr, host_view.rendezvous_addr);
   } else {
     vars.erase(env::kRendezvousAddr);  // a stale one from an enclosing job would mislead
   }
-  set(env::kTorchMasterAddr, master_addr_);
+  set(env::kTorchMasterAddr, host_view.master_addr);
   set(env::kTorchMasterPort, master_port_);
 
   if (a.local_size > 1 && !vars.count(env::kOmpNumThreads) && !forced_.count(env::kOmpNumThreads)) {
@@ -162,7 +160,7 @@ std::vector<std::string> JobEnvironment::ForRank(int rank) const {
   gpu.local_rank = a.local_rank;
   gpu.local_size = a.local_size;
   gpu.user_visible_devices = Lookup(env::kCudaVisibleDevices);
-  gpu.host_gpu_count = host_gpu_count_;
+  gpu.host_gpu_count = host_view.gpu_count;
   gpu.enabled = assign_gpus_;
   if (absl::StatusOr<std::optional<std::string>> device = AssignGpu(gpu); device.ok() && *device) {
     vars[env::kCudaVisibleDevices] = **device;

@@ -22,9 +22,8 @@ std::string ShellQuote(absl::string_view word) {
 }
 
 std::string ShellJoin(const std::vector<std::string>& words) {
-  return absl::StrJoin(words, " ", [](std::string* out, const std::string& word) {
-    out->append(ShellQuote(word));
-  });
+  return absl::StrJoin(
+      words, " ", [](std::string* out, const std::string& word) { out->append(ShellQuote(word)); });
 }
 
 }  // namespace trainrun::launcher

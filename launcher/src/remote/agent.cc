@@ -20,6 +20,7 @@
 #include "posix/resolve_on_path.h"
 #include "remote/agent_protocol.h"
 #include "trainrun/launcher/agent.h"
+#include "trainrun/launcher/gpu_assignment.h"
 #include "trainrun/launcher/launch_spec.h"
 #include "trainrun/launcher/process_set.h"
 #include "trainrun/rendezvous/environment.h"
@@ -64,6 +65,7 @@ class Agent {
     Hello hello;
     hello.hostname = Hostname();
     hello.pid = static_cast<uint32_t>(::getpid());
+    hello.gpu_count = static_cast<uint32_t>(CountHostGpus());
     if (std::optional<std::string> connection =
             ::trainrun::env::Lookup(::trainrun::env::kSshConnection)) {
       hello.ssh_client_address = connection->substr(0, connection->find(' '));

@@ -23,9 +23,18 @@ absl::StatusOr<UniqueFd> ConnectTcp(const std::string& alias, const std::string&
 // SocketLocalAddress is the numeric local address of a connected socket ("" on failure).
 std::string SocketLocalAddress(int fd);
 
-// RouteLocalAddress is the address this machine would use toward `hostname` (resolved without
-// waiting longer than `deadline`), found by connecting a UDP socket, which sends nothing.
-std::string RouteLocalAddress(const std::string& hostname, absl::Time deadline);
+// SocketRemoteAddress is the numeric address of a connected socket's peer ("" on failure).
+std::string SocketRemoteAddress(int fd);
+
+// RouteAddresses are both ends of the route toward a host, numeric ("" when unknown).
+struct RouteAddresses {
+  std::string local;   // the address this machine would use toward the host
+  std::string remote;  // the host's address that `hostname` resolved to
+};
+
+// RouteToHost resolves `hostname` (waiting no longer than `deadline`) and finds the route toward
+// its first address by connecting a UDP socket, which sends nothing.
+RouteAddresses RouteToHost(const std::string& hostname, absl::Time deadline);
 
 // FormatHostPort writes "host:port", bracketing IPv6 addresses.
 std::string FormatHostPort(const std::string& host, int port);

@@ -1,4 +1,5 @@
-// RankPlace: where a worker stands in its job, as the rendezvous tells it and the collectives use it.
+// RankPlace: where a worker stands in its job, as the rendezvous tells it and the collectives use
+// it.
 #pragma once
 
 namespace trainrun::rendezvous {
