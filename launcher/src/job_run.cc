@@ -35,22 +35,14 @@ JobRun::JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& out
       plan_(plan),
       output_(output),
       local_ranks_(io_, {[this](int rank, OutputStream stream, std::string_view bytes) {
-                           output_.Write(rank, stream, bytes);
-                           supervisor_->OnOutput(rank, stream, bytes);
+                           OnOutput(rank, stream, bytes);
                          },
-                         [this](int rank, const ExitInfo& exit) {
-                           if (server_) server_->NoteRankExit(rank, exit.Describe());
-                           supervisor_->OnRankExit(rank, exit);
-                         }}),
+                         [this](int rank, const ExitInfo& exit) { OnExit(rank, exit); }}),
       remote_ranks_(io_, std::move(agents),
                     {[this](int rank, OutputStream stream, std::string_view bytes) {
-                       output_.Write(rank, stream, bytes);
-                       supervisor_->OnOutput(rank, stream, bytes);
+                       OnOutput(rank, stream, bytes);
                      },
-                     [this](int rank, const ExitInfo& exit) {
-                       if (server_) server_->NoteRankExit(rank, exit.Describe());
-                       supervisor_->OnRankExit(rank, exit);
-                     },
+                     [this](int rank, const ExitInfo& exit) { OnExit(rank, exit); },
                      [this](int rank, std::string message) {
                        supervisor_->OnStartFailure(rank, std::move(message));
                      }}),
@@ -67,6 +59,18 @@ JobRun::JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& out
 
 JobRun::~JobRun() = default;
 
+// Local and remote ranks report the same events; output goes to the console (and files) and to the
+// supervisor, which keeps each rank's last stderr lines for the summary.
+void JobRun::OnOutput(int rank, OutputStream stream, std::string_view bytes) {
+  output_.Write(rank, stream, bytes);
+  supervisor_->OnOutput(rank, stream, bytes);
+}
+
+void JobRun::OnExit(int rank, const ExitInfo& exit) {
+  if (server_) server_->NoteRankExit(rank, exit.Describe());
+  supervisor_->OnRankExit(rank, exit);
+}
+
 void JobRun::WaitForSignal() {
   signals_.async_wait([this](const boost::system::error_code& error, int signal) {
     if (error) return;
@@ -78,7 +82,7 @@ void JobRun::WaitForSignal() {
 absl::Status JobRun::ServeRendezvous() {
   // Where the server listens: --rendezvous-addr, else --network-interface's address, else the
   // local address of the connections toward the remote hosts, else loopback (every rank is here).
-  std::string bind_address = !spec_.rendezvous_addr.empty()    ? spec_.rendezvous_addr
+  std::string bind_address = !spec_.rendezvous_addr.empty()     ? spec_.rendezvous_addr
                              : !plan_.interface_address.empty() ? plan_.interface_address
                              : !remote_ranks_.agents().empty()
                                  ? remote::RendezvousBindAddress(remote_ranks_.agents())
@@ -86,7 +90,8 @@ absl::Status JobRun::ServeRendezvous() {
   rendezvous::ServerOptions options;
   options.bind_address = bind_address;
   // A wildcard bind advertises this machine's side of the first connection (or loopback).
-  if (IsWildcard(bind_address)) options.advertise_host = remote::AdvertiseHost(remote_ranks_.agents());
+  if (IsWildcard(bind_address))
+    options.advertise_host = remote::AdvertiseHost(remote_ranks_.agents());
   options.port = spec_.rendezvous_port;
   options.job_id = plan_.environment.job_id();
   options.token = plan_.environment.token();
@@ -164,8 +169,8 @@ void JobRun::StartRanks(const StartDeadline& deadline) {
       job.grace_period_ms = static_cast<uint32_t>(spec_.grace_period.count());
       for (const hostfile::RankAssignment& a : spec_.plan.ranks) {
         if (a.host_index != host_index) continue;
-        job.ranks.push_back({static_cast<uint32_t>(a.rank),
-                             plan_.environment.ForRank(a.rank, views_[host_index])});
+        job.ranks.push_back(
+            {static_cast<uint32_t>(a.rank), plan_.environment.ForRank(a.rank, views_[host_index])});
         supervisor_->OnRankStarted(a.rank);
       }
       jobs.push_back(std::move(job));

@@ -57,6 +57,8 @@ class JobRun {
   std::vector<HostView> HostViews(const std::string& bind_address) const;
   void StartLocalRanks();
   void WaitForSignal();
+  void OnOutput(int rank, OutputStream stream, std::string_view bytes);
+  void OnExit(int rank, const ExitInfo& exit);
 
   const LaunchSpec& spec_;
   const JobPlan& plan_;

@@ -22,9 +22,9 @@ class SshHostChannel final : public channel::HostChannel {
     std::string keys =
         target->identity_files.empty()
             ? "ssh-agent only"
-            : absl::StrCat(target->default_identities ? "ssh-agent, then default keys "
-                                                      : "ssh-agent, then ",
-                           absl::StrJoin(target->identity_files, ", "));
+            : absl::StrCat(
+                  target->default_identities ? "ssh-agent, then default keys " : "ssh-agent, then ",
+                  absl::StrJoin(target->identity_files, ", "));
     return absl::StrCat("ssh ", target->user, "@", target->hostname, " port ", target->port, " (",
                         SshClientName(options_.client), ", host keys ",
                         HostKeyPolicyName(options_.host_key_policy), "), keys: ", keys,
