@@ -43,7 +43,8 @@ function(trainrun_install_bundle name)
   # by file so the archives' own link dependencies (each other, static) do not come along; the
   # dependencies it needs are named here instead (PUBLIC, PRIVATE).
   set(source ${PROJECT_BINARY_DIR}/lib/${name}_bundle.cc)
-  file(WRITE ${source} "// ${name}: the objects of ${arg_ARCHIVES} (cmake/TrainrunInstall.cmake)\n")
+  file(CONFIGURE OUTPUT ${source}
+       CONTENT "// ${name}: the objects of ${arg_ARCHIVES} (cmake/TrainrunInstall.cmake)\n")
   add_library(${name}_shared SHARED ${source})
   set_target_properties(${name}_shared PROPERTIES
     OUTPUT_NAME ${arg_OUTPUT_NAME}
@@ -218,7 +219,7 @@ print(";".join([usr, local, rel("posix_prefix", "/p"), str(sys.version_info[1])]
     else()
       set(_site \"\${CMAKE_INSTALL_PREFIX}/${TRAINRUN_PYTHON_INSTALL_DIR}\")
     endif()
-    file(INSTALL \"${TRAINRUN_PYTHONPATH}/trainrun\" DESTINATION \"\$ENV{DESTDIR}\${_site}\"
+    file(INSTALL \"${TRAINRUN_PYTHONPATH}/trainrun\" DESTINATION \"\${_site}\"
          USE_SOURCE_PERMISSIONS
          PATTERN __pycache__ EXCLUDE PATTERN *.pyc EXCLUDE)
     " COMPONENT python)

@@ -9,14 +9,14 @@
 # Depends are computed by dpkg-shlibdeps from the libraries the binaries actually link.
 set(CPACK_PACKAGE_NAME trainrun)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
-set(CPACK_PACKAGE_DESCRIPTION_SUMMARY
-    "launcher and process supervisor for distributed training, with its own collectives")
 set(TRAINRUN_PACKAGE_MAINTAINER "trainrun developers <trainrun@localhost>" CACHE STRING
     "The Maintainer field of the Debian packages")
 set(CPACK_PACKAGE_CONTACT ${TRAINRUN_PACKAGE_MAINTAINER})
 set(CPACK_GENERATOR DEB)
-set(CPACK_SET_DESTDIR ON)  # install with prefix /usr into a staging DESTDIR (the Python folder
-                           # is chosen from the prefix, cmake/TrainrunInstall.cmake)
+# Install with prefix /usr into a staging DESTDIR, whatever the build's CMAKE_INSTALL_PREFIX: the
+# Python folder is chosen from the prefix when installing (cmake/TrainrunInstall.cmake).
+set(CPACK_SET_DESTDIR ON)
+set(CPACK_INSTALL_PREFIX /usr)
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_STRIP_FILES ON)
 set(CPACK_DEB_COMPONENT_INSTALL ON)
@@ -40,12 +40,12 @@ set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
 
 set(CPACK_DEBIAN_TRAINRUN_PACKAGE_NAME trainrun)
-set(CPACK_DEBIAN_TRAINRUN_DESCRIPTION
-    "launcher and process supervisor for distributed training\n"
-    "trainrun -np 8 -H host1:4,host2:4 python3 train.py starts one worker per slot, streams their\n"
-    "output, runs the rendezvous and ends the job at the first failure with one summary. Includes\n"
-    "the collectives library (allreduce, broadcast, allgather over TCP and shared memory) and\n"
-    "its Python package with Horovod's PyTorch API (import trainrun.torch).")
+string(CONCAT CPACK_DEBIAN_TRAINRUN_DESCRIPTION
+  "launcher and process supervisor for distributed training\n"
+  "trainrun -np 8 -H host1:4,host2:4 python3 train.py starts one worker per slot, streams their\n"
+  "output, runs the rendezvous and ends the job at the first failure with one summary. Includes\n"
+  "the collectives library (allreduce, broadcast, allgather over TCP and shared memory) and\n"
+  "its Python package with Horovod's PyTorch API (import trainrun.torch).")
 if(DEFINED TRAINRUN_PYTHON_VERSION_MINOR)
   # The extension is built for one interpreter version.
   math(EXPR _trainrun_py_next "${TRAINRUN_PYTHON_VERSION_MINOR} + 1")
@@ -63,16 +63,16 @@ endif()
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME trainrun-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "trainrun (= ${PROJECT_VERSION}), libabsl-dev")
-set(CPACK_DEBIAN_DEV_DESCRIPTION
-    "trainrun's collectives library: headers, CMake package, pkg-config\n"
-    "find_package(trainrun) then target_link_libraries(app trainrun::collectives), or\n"
-    "pkg-config --cflags --libs trainrun. Also the static archive.")
+string(CONCAT CPACK_DEBIAN_DEV_DESCRIPTION
+  "trainrun's collectives library: headers, CMake package, pkg-config\n"
+  "find_package(trainrun) then target_link_libraries(app trainrun::collectives), or\n"
+  "pkg-config --cflags --libs trainrun. Also the static archive.")
 
 set(CPACK_DEBIAN_NCCL_PACKAGE_NAME trainrun-nccl)
 set(CPACK_DEBIAN_NCCL_PACKAGE_SHLIBDEPS OFF)
 set(CPACK_DEBIAN_NCCL_PACKAGE_DEPENDS "trainrun-dev (= ${PROJECT_VERSION})")
-set(CPACK_DEBIAN_NCCL_DESCRIPTION
-    "trainrun's NCCL backend (trainrun::collectives_nccl)\n"
-    "Needs the CUDA runtime and NCCL it was built against, from NVIDIA's packages.")
+string(CONCAT CPACK_DEBIAN_NCCL_DESCRIPTION
+  "trainrun's NCCL backend (trainrun::collectives_nccl)\n"
+  "Needs the CUDA runtime and NCCL it was built against, from NVIDIA's packages.")
 
 include(CPack)

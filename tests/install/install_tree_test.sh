@@ -89,7 +89,14 @@ for program in pc_allreduce pc_allreduce_c; do
 done
 
 step "DESTDIR"
-DESTDIR=$work/stage cmake --install "$build" --prefix /opt/trainrun-test --component runtime >/dev/null
-[[ -x $work/stage/opt/trainrun-test/bin/trainrun ]] || fail "DESTDIR: no $work/stage/opt/trainrun-test/bin/trainrun"
+DESTDIR=$work/stage cmake --install "$build" --prefix /opt/trainrun-test >/dev/null
+staged_site=$("$python" -c 'import sys, sysconfig
+print(sysconfig.get_path("platlib", "posix_prefix", vars={"base": sys.argv[1], "platbase": sys.argv[1]}))' /opt/trainrun-test)
+for f in /opt/trainrun-test/bin/trainrun "$staged_site/trainrun/__init__.py" \
+         /opt/trainrun-test/share/man/man1/trainrun.1.gz; do
+  [[ -e $work/stage$f ]] || fail "DESTDIR: no $work/stage$f"
+done
+[[ $(cd "$work/stage" && find . ! -type d | grep -v '^./opt/trainrun-test/') == "" ]] ||
+  fail "DESTDIR: files outside DESTDIR/opt/trainrun-test"
 [[ ! -e /opt/trainrun-test ]] || fail "DESTDIR: /opt/trainrun-test was written"
 echo "install tree: all checks passed"
