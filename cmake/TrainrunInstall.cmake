@@ -120,6 +120,7 @@ if(TARGET trainrun_collectives AND TARGET trainrun_rendezvous)
     collectives/include/trainrun/collectives/types.h
     DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/trainrun/collectives COMPONENT dev)
   install(FILES
+    rendezvous/include/trainrun/rendezvous/client.h
     rendezvous/include/trainrun/rendezvous/environment.h
     rendezvous/include/trainrun/rendezvous/memory_store.h
     rendezvous/include/trainrun/rendezvous/store.h
@@ -135,7 +136,10 @@ if(TARGET trainrun_collectives AND TARGET trainrun_rendezvous)
       ARCHIVES trainrun_collectives_nccl trainrun_collectives_nccl_bootstrap
       PUBLIC trainrun_collectives_shared CUDA::cudart NCCL::NCCL)
     add_dependencies(trainrun_collectives_nccl_static trainrun_collectives_static)
-    set_target_properties(trainrun_collectives_nccl_shared PROPERTIES EXPORT_NAME collectives_nccl)
+    # It needs libtrainrun_collectives.so.0, installed beside it: found there wherever the prefix.
+    set_target_properties(trainrun_collectives_nccl_shared PROPERTIES
+      EXPORT_NAME collectives_nccl
+      INSTALL_RPATH "$ORIGIN")
     target_include_directories(trainrun_collectives_nccl_shared INTERFACE
       $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/collectives/nccl/include>
       $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)

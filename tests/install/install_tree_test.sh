@@ -76,6 +76,13 @@ for program in allreduce_cxx allreduce_c allreduce_static; do
   echo "$out"
 done
 
+if [[ -e $prefix/$libdir/cmake/trainrun/trainrunNcclTargets.cmake ]]; then
+  # The NCCL backend was built: the consumer links it, and it loads (running it needs a GPU).
+  [[ -x consumer/nccl_link ]] || fail "trainrun::collectives_nccl was not defined"
+  expect_in "$(consumer/nccl_link)" "trainrun::collectives_nccl loaded" "nccl_link"
+  echo "trainrun::collectives_nccl links and loads"
+fi
+
 step "pkg-config --cflags --libs trainrun"
 export PKG_CONFIG_PATH=$prefix/$libdir/pkgconfig
 expect_in "$(pkg-config --modversion trainrun)" '^0\.1\.0$' "pkg-config --modversion"

@@ -5,7 +5,8 @@
 # under the trainrun the package installed (the venv's bin/trainrun), and `python -m trainrun`.
 #
 # The CMake build pip runs (python/setup.py) is kept in BUILD_DIR/install-tests/pip-build, and
-# the copy keeps the files' times, so a second run rebuilds only what changed.
+# the copy (made afresh each run, at the same place, BUILD_DIR/install-tests/pip-src) keeps the
+# files' times, so a second run rebuilds only what changed. The venv is made afresh too.
 # Usage: pip_test.sh BUILD_DIR SOURCE_DIR PYTHON
 source "$(dirname "$0")/common.sh"
 build=$(realpath "$1")
@@ -16,8 +17,10 @@ cd "$work"
 unset PYTHONPATH
 
 step "a clean copy of $src"
-copy=$work/src
-mkdir "$copy"
+tests=$build/install-tests
+copy=$tests/pip-src
+rm -rf "$copy" "$tests/pip-venv"
+mkdir -p "$copy"
 git -C "$src" ls-files -z --cached --others --exclude-standard |
   (cd "$src" && xargs -0 sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' _) |
   tar -C "$src" --null -T - -cf - | tar -C "$copy" -xf -
@@ -26,10 +29,10 @@ snapshot >"$work/before.txt"
 echo "$(wc -l <"$work/before.txt") paths"
 
 step "venv --system-site-packages, pip install --no-build-isolation --no-index $copy/python"
-"$python" -m venv --system-site-packages "$work/venv"
-venv=$work/venv
+venv=$tests/pip-venv
+"$python" -m venv --system-site-packages "$venv"
 start=$(date +%s)
-TRAINRUN_CMAKE_BUILD_DIR=$build/install-tests/pip-build CMAKE_BUILD_PARALLEL_LEVEL=2 \
+TRAINRUN_CMAKE_BUILD_DIR=$tests/pip-build CMAKE_BUILD_PARALLEL_LEVEL=2 \
   "$venv/bin/python" -m pip install --no-build-isolation --no-index --disable-pip-version-check \
   "$copy/python" >"$work/pip.log" 2>&1 || { tail -50 "$work/pip.log"; fail "pip install"; }
 echo "pip install took $(($(date +%s) - start)) s"
