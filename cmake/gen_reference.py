@@ -66,7 +66,9 @@ def parse_spec(spec):
     first, _, rest = spec.partition(" ")
     names = [re.sub(r"\{.*\}$", "", n) for n in first.split(",") if n]
     option = Option(names=names)
-    rest = rest.strip()
+    # CLI11's notes on the spec line: "Excludes: --x", "Needs: --y", "REQUIRED", "(Env:VAR)".
+    rest = re.sub(r"(^|\s+)(Excludes|Needs):.*$", "", rest)
+    rest = re.sub(r"(^|\s+)(\(Env:\S+\)|REQUIRED\b)", "", rest).strip()
     if rest:
         default = re.search(r"=([^\s\]]+)$", rest)
         if default:
