@@ -24,7 +24,8 @@ inside() {
   echo "installed $(wc -l <"$WORK/installed.txt") paths"
 
   cd /
-  out=$(env -u PYTHONPATH trainrun -np 2 /usr/bin/python3 -c "$PY_ALLREDUCE" 2>&1) ||
+  # As root, with bytecode written as Python does by default (the prerm must clean it up).
+  out=$(env -u PYTHONPATH -u PYTHONDONTWRITEBYTECODE trainrun -np 2 /usr/bin/python3 -c "$PY_ALLREDUCE" 2>&1) ||
     fail "trainrun -np 2 /usr/bin/python3 from /: $out"
   expect_in "$out" "\[1\]<stdout>:allreduce ok from /usr/lib/python3/dist-packages/trainrun/__init__.py" "the installed package"
   echo "$out"
