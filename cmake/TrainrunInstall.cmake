@@ -18,6 +18,12 @@
 # from those archives, whole, so the installed library needs no other trainrun file. The shared
 # library keeps gRPC, Protobuf, Abseil and OpenSSL as shared dependencies (dpkg-shlibdeps names
 # them); its headers expose only Abseil's Status, which the package config finds.
+#
+# Only for trainrun built on its own: a project that adds trainrun with add_subdirectory keeps its
+# own install rules and CPack configuration.
+if(NOT CMAKE_PROJECT_NAME STREQUAL PROJECT_NAME)
+  return()
+endif()
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
