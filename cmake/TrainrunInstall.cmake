@@ -129,6 +129,7 @@ if(TARGET trainrun_collectives AND TARGET trainrun_rendezvous)
     rendezvous/include/trainrun/rendezvous/client.h
     rendezvous/include/trainrun/rendezvous/environment.h
     rendezvous/include/trainrun/rendezvous/memory_store.h
+    rendezvous/include/trainrun/rendezvous/rank_place.h
     rendezvous/include/trainrun/rendezvous/store.h
     DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/trainrun/rendezvous COMPONENT dev)
 
