@@ -1,9 +1,12 @@
 #include "trainrun/collectives/communicator.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "algorithms.h"
+#include "call_check.h"
 #include "socket.h"
+#include "subset_transport.h"
 #include "tcp_transport.h"
 #include "trainrun/rendezvous/environment.h"
 #include "transport_select.h"
@@ -16,7 +19,7 @@ class Communicator::Impl {
  public:
   Impl(std::shared_ptr<rendezvous::Store> store, const RankInfo& info,
        const CommunicatorOptions& options)
-      : store_(std::move(store)), info_(info) {
+      : store_(std::move(store)), info_(info), job_rank_(info.rank) {
     if (store_ == nullptr) throw InvalidArgumentError("a communicator needs a store (got null)");
     if (info_.size < 1 || info_.rank < 0 || info_.rank >= info_.size) {
       throw InvalidArgumentError(MakeMessage("rank ", info_.rank, " is not in [0, ", info_.size,
@@ -46,6 +49,7 @@ class Communicator::Impl {
     shm.small_bytes = static_cast<size_t>(std::max<int64_t>(0, env::kShmSmallBytes.Get()));
     shm.channel_bytes = static_cast<size_t>(std::max<int64_t>(4096, env::kShmChannelBytes.Get()));
     const std::string mode = options.transport.empty() ? env::kTransport.Get() : options.transport;
+    check_calls_ = env::kCheckShapes.Get() != 0;
     try {
       transport_ =
           internal::MakeTransport(*store_, info_, mode, tcp, shm, segment_bytes_, small_bytes_);
@@ -55,22 +59,44 @@ class Communicator::Impl {
     }
   }
 
+  // Impl for a subset `ranks` of `parent`'s ranks, over its connections.
+  Impl(const Impl& parent, const std::vector<int>& ranks, std::string set_name)
+      : store_(parent.store_),
+        job_rank_(parent.job_rank_),
+        set_name_(std::move(set_name)),
+        segment_bytes_(parent.segment_bytes_),
+        small_bytes_(parent.small_bytes_),
+        check_calls_(parent.check_calls_) {
+    const int me =
+        static_cast<int>(std::find(ranks.begin(), ranks.end(), parent.info_.rank) - ranks.begin());
+    info_.rank = me;
+    info_.size = static_cast<int>(ranks.size());
+    info_.local_rank = me;
+    info_.local_size = info_.size;
+    transport_ = std::make_shared<internal::SubsetTransport>(parent.transport_, ranks, me);
+  }
+
   const RankInfo& info() const { return info_; }
   const char* transport_name() const { return transport_->name(); }
 
   // Run runs one collective; a failure breaks the communicator, tells the peers and the rendezvous
   // who is to blame, and propagates.
+  // `call` describes it to the peers first (call_check.h); a mismatch throws MismatchError on every
+  // rank and leaves the communicator as it was.
   template <typename F>
-  void Run(F&& body) {
+  void Run(const internal::CallRecord& call, F&& body) {
     if (!broken_.empty()) {
-      throw IoError(MakeMessage("rank ", info_.rank, ": this communicator failed earlier (",
-                                broken_, "); it cannot be used again"));
+      throw IoError(MakeMessage("rank ", job_rank_, ": this communicator failed earlier (", broken_,
+                                "); it cannot be used again"));
     }
     internal::AlgorithmContext ctx{*transport_, segment_bytes_, small_bytes_, scratch_};
     try {
+      if (check_calls_ && info_.size > 1) {
+        internal::CheckAgreement(internal::ExchangeRecords(ctx, call), set_name_);
+      }
       body(ctx);
     } catch (const Error& e) {
-      if (dynamic_cast<const InvalidArgumentError*>(&e) != nullptr) throw;
+      if (dynamic_cast<const InvalidArgumentError*>(&e) != nullptr) throw;  // mismatch included
       broken_ = e.what();
       const int peer = transport_->failed_peer();
       transport_->Abort(peer, e.what());
@@ -87,15 +113,18 @@ class Communicator::Impl {
 
   void Report(int peer, const std::string& message) {
     if (peer < 0 && transport_ != nullptr) peer = transport_->failed_peer();
-    if (peer >= 0) (void)store_->ReportPeerFailure(info_.rank, peer, message);
+    if (peer >= 0) (void)store_->ReportPeerFailure(job_rank_, peer, message);
   }
 
   std::shared_ptr<rendezvous::Store> store_;
   RankInfo info_;
-  std::unique_ptr<internal::Transport> transport_;
+  int job_rank_ = 0;      // this rank in the communicator the transport was made for
+  std::string set_name_;  // "" for a communicator of its own; a subset's name otherwise
+  std::shared_ptr<internal::Transport> transport_;
   std::vector<char> scratch_;
   size_t segment_bytes_ = 0;
   size_t small_bytes_ = 0;
+  bool check_calls_ = true;
   std::string broken_;
 };
 
@@ -110,8 +139,11 @@ RankInfo SingleHost(int rank, int size) {
   return info;
 }
 
+using internal::CollectiveKind;
+using internal::DescribeCall;
+
 void CheckType(DataType type) {
-  if (static_cast<int>(type) < 0 || static_cast<int>(type) > static_cast<int>(DataType::kInt8)) {
+  if (static_cast<int>(type) < 0 || static_cast<int>(type) >= kDataTypeCount) {
     throw InvalidArgumentError(MakeMessage("unknown data type ", static_cast<int>(type)));
   }
 }
@@ -138,7 +170,26 @@ Communicator::Communicator(std::shared_ptr<rendezvous::Store> store, const RankI
                            CommunicatorOptions options)
     : impl_(std::make_unique<Impl>(std::move(store), info, options)) {}
 
+Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
 Communicator::~Communicator() = default;
+
+std::unique_ptr<Communicator> Communicator::Subset(const std::vector<int>& ranks,
+                                                   const std::string& name) {
+  if (ranks.empty() || !std::is_sorted(ranks.begin(), ranks.end()) ||
+      std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() || ranks.front() < 0 ||
+      ranks.back() >= size()) {
+    throw InvalidArgumentError(
+        MakeMessage("a subset of a communicator of ", size(),
+                    " ranks needs distinct ranks in ascending order, each in [0, ", size(), ")"));
+  }
+  if (!std::binary_search(ranks.begin(), ranks.end(), rank())) {
+    throw InvalidArgumentError(
+        MakeMessage("rank ", rank(), " is not in the subset ", name, "; only its members make it"));
+  }
+  return std::unique_ptr<Communicator>(
+      new Communicator(std::make_unique<Impl>(*impl_, ranks, name)));
+}
 
 int Communicator::rank() const { return impl_->info().rank; }
 int Communicator::size() const { return impl_->info().size; }
@@ -146,36 +197,40 @@ const RankInfo& Communicator::info() const { return impl_->info(); }
 const char* Communicator::transport() const { return impl_->transport_name(); }
 
 void Communicator::Allreduce(const void* input, void* output, size_t count, DataType type,
-                             ReduceOp op) {
+                             ReduceOp op, const CallCheck& check) {
   CheckType(type);
   CheckOp(op);
   CheckBuffer(input, count, "allreduce input");
   CheckBuffer(output, count, "allreduce output");
-  impl_->Run([&](internal::AlgorithmContext& ctx) {
+  auto call = DescribeCall(CollectiveKind::kAllreduce, type, count, static_cast<int>(op), check);
+  impl_->Run(call, [&](internal::AlgorithmContext& ctx) {
     if (!ctx.transport.TryAllreduce(input, output, count, type, op)) {
       internal::Allreduce(ctx, input, output, count, type, op);
     }
   });
 }
 
-void Communicator::Broadcast(void* data, size_t count, DataType type, int root) {
+void Communicator::Broadcast(void* data, size_t count, DataType type, int root,
+                             const CallCheck& check) {
   CheckType(type);
   CheckBuffer(data, count, "broadcast buffer");
   if (root < 0 || root >= size()) {
     throw InvalidArgumentError(
         MakeMessage("broadcast root ", root, " is not a rank of this communicator of ", size()));
   }
-  impl_->Run([&](internal::AlgorithmContext& ctx) {
+  auto call = DescribeCall(CollectiveKind::kBroadcast, type, count, root, check);
+  impl_->Run(call, [&](internal::AlgorithmContext& ctx) {
     internal::Broadcast(ctx, data, count * ElementSize(type), root);
   });
 }
 
-void Communicator::Allgather(const void* input, void* output, size_t count, DataType type) {
-  Allgatherv(input, output, std::vector<size_t>(size(), count), type);
+void Communicator::Allgather(const void* input, void* output, size_t count, DataType type,
+                             const CallCheck& check) {
+  Allgatherv(input, output, std::vector<size_t>(size(), count), type, check);
 }
 
 void Communicator::Allgatherv(const void* input, void* output, const std::vector<size_t>& counts,
-                              DataType type) {
+                              DataType type, const CallCheck& check) {
   CheckType(type);
   if (static_cast<int>(counts.size()) != size()) {
     throw InvalidArgumentError(MakeMessage("allgatherv got ", counts.size(), " counts for ", size(),
@@ -185,24 +240,55 @@ void Communicator::Allgatherv(const void* input, void* output, const std::vector
   for (size_t c : counts) total += c;
   CheckBuffer(input, counts[rank()], "allgather input");
   CheckBuffer(output, total, "allgather output");
-  impl_->Run([&](internal::AlgorithmContext& ctx) {
+  uint64_t counts_hash = 1469598103934665603ull;  // FNV-1a over the counts: they must agree
+  for (size_t c : counts) counts_hash = (counts_hash ^ c) * 1099511628211ull;
+  auto call = DescribeCall(CollectiveKind::kAllgather, type, counts[rank()], 0, check,
+                           /*count_varies=*/true, counts_hash);
+  impl_->Run(call, [&](internal::AlgorithmContext& ctx) {
     internal::Allgatherv(ctx, input, output, counts, type);
   });
 }
 
 void Communicator::ReduceScatter(const void* input, void* output, size_t count, DataType type,
-                                 ReduceOp op) {
+                                 ReduceOp op, const CallCheck& check) {
   CheckType(type);
   CheckOp(op);
   CheckBuffer(input, count, "reduce-scatter input");
   CheckBuffer(output, count, "reduce-scatter output");
-  impl_->Run([&](internal::AlgorithmContext& ctx) {
+  auto call =
+      DescribeCall(CollectiveKind::kReduceScatter, type, count, static_cast<int>(op), check);
+  impl_->Run(call, [&](internal::AlgorithmContext& ctx) {
     internal::ReduceScatter(ctx, input, output, count, type, op);
   });
 }
 
+void Communicator::Alltoallv(const void* input, const std::vector<size_t>& send_counts,
+                             void* output, const std::vector<size_t>& recv_counts, DataType type,
+                             const CallCheck& check) {
+  CheckType(type);
+  if (static_cast<int>(send_counts.size()) != size() ||
+      static_cast<int>(recv_counts.size()) != size()) {
+    throw InvalidArgumentError(MakeMessage("alltoallv got ", send_counts.size(), " send and ",
+                                           recv_counts.size(), " receive counts for ", size(),
+                                           " ranks; pass one of each per rank"));
+  }
+  size_t sent = 0;
+  size_t received = 0;
+  for (int r = 0; r < size(); ++r) {
+    sent += send_counts[r];
+    received += recv_counts[r];
+  }
+  CheckBuffer(input, sent, "alltoall input");
+  CheckBuffer(output, received, "alltoall output");
+  auto call = DescribeCall(CollectiveKind::kAlltoall, type, sent, 0, check, /*count_varies=*/true);
+  impl_->Run(call, [&](internal::AlgorithmContext& ctx) {
+    internal::Alltoallv(ctx, input, send_counts, output, recv_counts, type);
+  });
+}
+
 void Communicator::Barrier() {
-  impl_->Run([&](internal::AlgorithmContext& ctx) { internal::Barrier(ctx); });
+  auto call = DescribeCall(CollectiveKind::kBarrier, DataType::kUInt8, 0, 0, CallCheck{});
+  impl_->Run(call, [&](internal::AlgorithmContext& ctx) { internal::Barrier(ctx); });
 }
 
 }  // namespace trainrun::collectives

@@ -53,6 +53,7 @@ class _Bucket:
         self.dtype_code = _buffers.view(self.flat, "DistributedOptimizer", True).dtype
         self.waiting = len(params)  # parameters not yet ready in this step
         self.handle = None
+        self.wire = None  # what the allreduce in flight reduces: flat, or its compressed copy
 
     def gather_grads(self):
         """Makes every parameter's .grad a view into the flat buffer, copying where it is not."""
@@ -88,9 +89,13 @@ def _make_buckets(params, bucket_bytes):
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Mixed into the wrapped optimizer's class by DistributedOptimizer(); see there."""
 
-    def __init__(self, params, named_parameters, op, backward_passes_per_step, bucket_bytes):
+    def __init__(self, params, named_parameters, op, backward_passes_per_step, bucket_bytes,
+                 wire_dtype=None, prescale=1.0, postscale=1.0):
         super(self.__class__, self).__init__(params)
         self._op = op
+        self._wire_dtype = wire_dtype  # e.g. torch.float16: buckets travel compressed
+        self._prescale = prescale
+        self._postscale = postscale
         self._backward_passes_per_step = backward_passes_per_step
 
         all_params = [p for group in self.param_groups for p in group["params"]]
@@ -184,8 +189,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _launch(self, bucket):
         bucket.gather_grads()
-        bucket.handle = _core.allreduce_async(bucket.flat.data_ptr(), bucket.flat.numel(),
-                                              bucket.dtype_code, self._op)
+        wire = bucket.flat
+        if self._prescale != 1.0:
+            wire.mul_(self._prescale)
+        if self._wire_dtype is not None and bucket.flat.dtype.is_floating_point:
+            wire = bucket.flat.to(self._wire_dtype)  # compressed: what goes on the wire
+        bucket.wire = wire
+        code = _buffers.view(wire, "DistributedOptimizer", True).dtype
+        ptr = wire.data_ptr()
+        bucket.handle = _core.allreduce_async(ptr, ptr, wire.numel(), code, self._op, 0,
+                                              f"DistributedOptimizer bucket {bucket.index}",
+                                              [wire.numel()])
+
+    def _finish(self, bucket):
+        if bucket.wire is not bucket.flat:
+            bucket.flat.copy_(bucket.wire)  # decompress
+        bucket.wire = None
+        if self._postscale != 1.0:
+            bucket.flat.mul_(self._postscale)
 
     def _launch_ready(self):
         while (self._next_launch < len(self._buckets)
@@ -207,6 +228,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if b.handle is not None:
                 try:
                     _core.wait(b.handle)
+                    self._finish(b)
                 except trainrun.Error as e:  # Wait for all, then report the first failure.
                     error = error or e
                 b.handle = None
@@ -257,6 +279,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          backward_passes_per_step=1, op=None, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False, process_set=None,
                          bucket_bytes=None):
     """Wraps `optimizer` so that step() applies gradients averaged (op) across all ranks.
 
@@ -265,18 +288,38 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     synchronize(). Gradient allreduces start during backward (see the module comment).
 
     named_parameters: model.named_parameters(), used to name parameters in error messages and to
-      check every rank built the same model. op: trainrun.Average (default) or trainrun.Sum.
+      check every rank built the same model. op: trainrun.Average (default) or trainrun.Sum;
+      Adasum is refused (not built).
+    compression: Compression.none, .fp16 or .bf16; the last two send each bucket as 2-byte floats
+      (half float32's bytes) and restore the gradient's dtype after.
     backward_passes_per_step: backward passes that accumulate locally before one allreduce.
-    compression: accepted for Horovod compatibility; only None (no compression) is supported.
-    gradient_predivide_factor: accepted for Horovod compatibility; Horovod splits the averaging
-      around the sum with it, which gives the same average, so trainrun ignores it.
-    bucket_bytes: fusion bucket size; default TRAINRUN_FUSION_BYTES or 1 MiB.
+    gradient_predivide_factor: with op=Average, gradients are divided by it before the sum and
+      the sum by size/factor after (Horovod's split of the averaging, e.g. against fp16 overflow).
+    num_groups, groups: Horovod's fusion hints; trainrun fuses gradients into buckets of
+      bucket_bytes (default TRAINRUN_FUSION_BYTES or 1 MiB) in backward order, which the hints do
+      not change; they are accepted so scripts port.
+    sparse_as_dense: sparse gradients are always reduced as dense in trainrun (True or False).
+    process_set: only the global process set is supported here.
     """
-    if compression not in (None, "none") and type(compression).__name__ != "NoneCompressor":
-        raise trainrun.InvalidArgumentError("DistributedOptimizer: gradient compression is not "
-                                            "supported; leave compression unset")
+    from trainrun.torch.compression import Compression  # pylint: disable=import-outside-toplevel
+
+    if compression is None or compression == "none":
+        compression = Compression.none
+    wire_dtype = None
+    if compression is Compression.fp16:
+        wire_dtype = torch.float16
+    elif compression is Compression.bf16:
+        wire_dtype = torch.bfloat16
+    elif compression is not Compression.none:
+        raise trainrun.InvalidArgumentError(
+            f"DistributedOptimizer: compression must be Compression.none, .fp16 or .bf16, got "
+            f"{compression!r}")
     if op is None:
         op = trainrun.Average
+    if getattr(op, "__name__", "") == "Adasum":
+        raise trainrun.InvalidArgumentError(
+            "DistributedOptimizer: op=Adasum is not supported: trainrun is not built with Adasum; "
+            "use op=Average or op=Sum")
     if op not in (trainrun.Average, trainrun.Sum):
         raise trainrun.InvalidArgumentError(
             f"DistributedOptimizer: op must be trainrun.Average or trainrun.Sum, got {op!r}")
@@ -284,9 +327,20 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
         raise trainrun.InvalidArgumentError(
             f"DistributedOptimizer: backward_passes_per_step must be a positive integer, "
             f"got {backward_passes_per_step!r}")
+    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
+        raise trainrun.InvalidArgumentError(
+            "DistributedOptimizer: process_set other than the global one is not supported")
+    prescale, postscale = 1.0, 1.0
+    if gradient_predivide_factor != 1.0:
+        if op != trainrun.Average:
+            raise trainrun.InvalidArgumentError(
+                "DistributedOptimizer: gradient_predivide_factor needs op=Average")
+        op = trainrun.Sum
+        prescale = 1.0 / gradient_predivide_factor
+        postscale = gradient_predivide_factor / trainrun.size()
     if bucket_bytes is None:
         bucket_bytes = _fusion_bytes()
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, op, backward_passes_per_step,
-               bucket_bytes)
+               bucket_bytes, wire_dtype, prescale, postscale)

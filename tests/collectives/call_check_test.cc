@@ -1,0 +1,146 @@
+// Every collective carries what it is: a rank that disagrees (another collective, count, type, op,
+// root, name or shape) makes every rank throw MismatchError for that call, and the communicator
+// goes on working. Also: Alltoallv with uneven counts, Subset (process sets), int16 and bool.
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "spawn.h"
+#include "trainrun/collectives/communicator.h"
+
+namespace trainrun::collectives {
+namespace {
+
+using testing::Spawn;
+
+// ExpectMismatch runs `call` and requires a MismatchError whose message contains `words`.
+template <typename F>
+void ExpectMismatch(F&& call, const std::string& words) {
+  try {
+    call();
+    FAIL("no MismatchError");
+  } catch (const MismatchError& e) {
+    INFO(e.what());
+    CHECK(std::string(e.what()).find(words) != std::string::npos);
+  }
+}
+
+void ExpectHealthy(Communicator& comm) {
+  std::vector<float> x(5, 1.0f);
+  comm.Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
+  CHECK(x == std::vector<float>(5, static_cast<float>(comm.size())));
+}
+
+TEST_CASE("a mismatched collective raises on every rank and the next one works", "[api]") {
+  for (int size : {2, 3, 4}) {
+    Spawn(size, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
+      Communicator comm(store, rank, size);
+      std::vector<float> x(4, 1.0f);
+      // Rank 0 allreduces while the others wait in a barrier.
+      ExpectMismatch(
+          [&] {
+            if (rank == 0) {
+              comm.Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
+            } else {
+              comm.Barrier();
+            }
+          },
+          "rank 0 called allreduce of float32 x 4 (op sum) but rank 1 called barrier");
+      ExpectHealthy(comm);
+      // Counts, types, ops, roots, names and shapes.
+      ExpectMismatch(
+          [&] { comm.Allreduce(x.data(), rank == 1 ? 3 : 4, DataType::kFloat32, ReduceOp::kSum); },
+          "float32 x 3");
+      ExpectMismatch(
+          [&] {
+            comm.Allreduce(x.data(), 1, rank == 1 ? DataType::kInt32 : DataType::kFloat32,
+                           ReduceOp::kSum);
+          },
+          "int32");
+      ExpectMismatch(
+          [&] {
+            comm.Allreduce(x.data(), 4, DataType::kFloat32,
+                           rank == size - 1 ? ReduceOp::kMax : ReduceOp::kSum);
+          },
+          "(op max)");
+      ExpectMismatch([&] { comm.Broadcast(x.data(), 4, DataType::kFloat32, rank == 0 ? 0 : 1); },
+                     "from root 1");
+      CallCheck named;
+      named.name = rank == 0 ? "weights" : "bias";
+      ExpectMismatch(
+          [&] { comm.Allreduce(x.data(), 4, DataType::kFloat32, ReduceOp::kSum, named); },
+          "'bias'");
+      CallCheck shaped;
+      shaped.has_shape = true;
+      shaped.shape = rank == 0 ? std::vector<int64_t>{2, 2} : std::vector<int64_t>{4, 1};
+      ExpectMismatch(
+          [&] { comm.Allreduce(x.data(), 4, DataType::kFloat32, ReduceOp::kSum, shaped); },
+          "[4, 1]");
+      ExpectHealthy(comm);
+      comm.Barrier();
+    });
+  }
+}
+
+TEST_CASE("alltoallv with uneven counts", "[api]") {
+  for (int size : {1, 2, 3, 4}) {
+    Spawn(size, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
+      Communicator comm(store, rank, size);
+      // Rank r sends p + r + 1 elements, each equal to 100 * r + p, to rank p.
+      std::vector<size_t> sends(size), recvs(size);
+      std::vector<int16_t> in;
+      for (int p = 0; p < size; ++p) {
+        sends[p] = p + rank + 1;
+        recvs[p] = rank + p + 1;
+        in.insert(in.end(), sends[p], static_cast<int16_t>(100 * rank + p));
+      }
+      std::vector<int16_t> out(in.size() + 0), expected;
+      size_t total = 0;
+      for (int p = 0; p < size; ++p) total += recvs[p];
+      out.resize(total);
+      for (int p = 0; p < size; ++p) {
+        expected.insert(expected.end(), recvs[p], static_cast<int16_t>(100 * p + rank));
+      }
+      comm.Alltoallv(in.data(), sends, out.data(), recvs, DataType::kInt16);
+      CHECK(out == expected);
+    });
+  }
+}
+
+TEST_CASE("subsets run among their ranks only, concurrently, over the same connections",
+          "[api]") {
+  for (int size : {2, 3, 4}) {
+    Spawn(size, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
+      Communicator comm(store, rank, size);
+      std::vector<int> evens, odds;
+      for (int r = 0; r < size; ++r) (r % 2 == 0 ? evens : odds).push_back(r);
+      auto mine = comm.Subset(rank % 2 == 0 ? evens : odds, rank % 2 == 0 ? "evens" : "odds");
+      for (int i = 0; i < 3; ++i) {
+        int64_t x = rank;
+        mine->Allreduce(&x, 1, DataType::kInt64, ReduceOp::kSum);
+        int64_t expected = 0;
+        for (int r : rank % 2 == 0 ? evens : odds) expected += r;
+        CHECK(x == expected);
+        mine->Barrier();
+      }
+      ExpectHealthy(comm);
+      if (rank != 0) CHECK_THROWS_AS(comm.Subset({0}, "not mine"), InvalidArgumentError);
+    });
+  }
+}
+
+TEST_CASE("bool reduces as or (sum, max) and and (product, min)", "[api]") {
+  Spawn(3, [](int rank, std::shared_ptr<rendezvous::Store> store) {
+    Communicator comm(store, rank, 3);
+    std::vector<uint8_t> any = {rank == 0, 0, 1};
+    std::vector<uint8_t> all = any;
+    comm.Allreduce(any.data(), 3, DataType::kBool, ReduceOp::kSum);
+    comm.Allreduce(all.data(), 3, DataType::kBool, ReduceOp::kMin);
+    CHECK(any == std::vector<uint8_t>{1, 0, 1});
+    CHECK(all == std::vector<uint8_t>{0, 0, 1});
+  });
+}
+
+}  // namespace
+}  // namespace trainrun::collectives
