@@ -108,8 +108,7 @@ TEST_CASE("alltoallv with uneven counts", "[api]") {
   }
 }
 
-TEST_CASE("subsets run among their ranks only, concurrently, over the same connections",
-          "[api]") {
+TEST_CASE("subsets run among their ranks only, concurrently, over the same connections", "[api]") {
   for (int size : {2, 3, 4}) {
     Spawn(size, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
       Communicator comm(store, rank, size);

@@ -128,7 +128,7 @@ def _check_op(op):
 
 
 def _needs_grad(*tensors):
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 # --- allreduce ---------------------------------------------------------------------------------
@@ -488,15 +488,35 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
     """Makes every rank's optimizer state (hyperparameters and per-parameter state such as
     momentum buffers) a copy of root_rank's.
 
-    Unlike Horovod, ranks whose optimizer has not stepped yet need no dummy step: root_rank's whole
-    state_dict is sent (pickled) and loaded, so the other ranks' state need not match its layout.
+    As Horovod does, an optimizer that has not stepped yet first takes a dummy step with zero
+    gradients (its parameters are restored afterwards), so its state exists on every rank; the
+    parameters that require gradients are left with zero gradients. root_rank's whole state_dict is
+    then sent (pickled) and loaded.
     """
+    if len(optimizer.state) == 0:
+        _dummy_step(optimizer)
     if size() == 1:
         return
     state = broadcast_object(optimizer.state_dict() if rank() == root_rank else None, root_rank,
                              name="optimizer state")
     if rank() != root_rank:
         optimizer.load_state_dict(state)
+
+
+def _dummy_step(optimizer):
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    saved = [p.data.clone() for p in params]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    # The wrapped class's step: a DistributedOptimizer must not allreduce for a dummy step.
+    base = type(optimizer)
+    if hasattr(optimizer, "skip_synchronize"):
+        base = type(optimizer).__mro__[1]
+    with torch.no_grad():
+        base.step(optimizer)
+        for p, data in zip(params, saved):
+            p.data.copy_(data)
 
 
 def shard_indices(n, rank_=None, size_=None, shuffle=False, seed=0, epoch=0, drop_last=False):

@@ -111,6 +111,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             dups = sorted({n for n in names if names.count(n) > 1})
             raise ValueError(f"named_parameters has duplicate names: {', '.join(dups)}")
         self._names = {p: n for n, p in named_parameters}
+        self._parameter_names = self._names  # Horovod's attribute name, which scripts read
         unnamed = [p for p in all_params if p not in self._names]
         if unnamed:
             raise ValueError(f"{len(unnamed)} parameter(s) of the optimizer are missing from "
@@ -253,9 +254,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn("optimizer.step() called without a backward pass since the last "
-                              "synchronize(); wrap step() in optimizer.skip_synchronize() when "
-                              "you call synchronize() yourself")
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "after optimizer.synchronize(): the gradients are reduced again. "
+                              "Wrap step() in optimizer.skip_synchronize() when you call "
+                              "synchronize() yourself")
             self.synchronize()
         self._synchronized = False
         return super(self.__class__, self).step(closure)

@@ -1,0 +1,22 @@
+"""Tests of Horovod's test_torch.py that trainrun skips, each with its reason.
+
+Only reasons a Horovod maintainer would accept belong here: hardware or builds this machine does
+not have, or a documented difference in design. Tests not named here must pass.
+"""
+
+GPU = "needs CUDA: trainrun.torch reduces CPU tensors, and this machine has no GPU"
+
+SKIPS = {
+    # Horovod matches operations across ranks by name, so a barrier may overtake a pending
+    # allreduce. trainrun runs each rank's collectives in call order (DESIGN: every rank calls the
+    # same collectives in the same order); these tests issue different sequences on different
+    # ranks on purpose, which trainrun reports as a mismatch instead.
+    "test_horovod_allreduce_duplicate_name_error": "needs name-based out-of-order matching",
+    "test_horovod_allgather_duplicate_name_error": "needs name-based out-of-order matching",
+    "test_horovod_broadcast_duplicate_name_error": "needs name-based out-of-order matching",
+    "test_horovod_reducescatter_duplicate_name_error": "needs name-based out-of-order matching",
+    # Not built yet in trainrun (issue 18 left them open; each raises a clear error instead).
+    "test_horovod_join_allreduce": "join() is not implemented in trainrun yet (raises)",
+    "test_horovod_join_allgather": "join() is not implemented in trainrun yet (raises)",
+    "test_horovod_join_broadcast": "join() is not implemented in trainrun yet (raises)",
+}
