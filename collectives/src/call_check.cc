@@ -90,18 +90,17 @@ std::string Describe(const CallRecord& r) {
   if (r.magic != CallRecord::kMagic) return "something that is not a trainrun collective";
   std::string out = KindName(r.kind);
   if (r.name[0] != '\0') {
-    out += MakeMessage(" '", std::string(r.name, strnlen(r.name, sizeof(r.name))),
-                                 strnlen(r.name, sizeof(r.name)) == CallRecord::kNameBytes - 1
-                                     ? "...'"
-                                     : "'");
+    out +=
+        MakeMessage(" '", std::string(r.name, strnlen(r.name, sizeof(r.name))),
+                    strnlen(r.name, sizeof(r.name)) == CallRecord::kNameBytes - 1 ? "...'" : "'");
   }
   if (r.kind == static_cast<uint32_t>(CollectiveKind::kBarrier)) return out;
   out += " of ";
   out += DataTypeName(static_cast<DataType>(r.dtype));
   if (r.ndim >= 0) {
     out += "[";
-    const int shown = std::min<int>(r.ndim - (r.count_varies && r.ndim > 0 ? 1 : 0),
-                                    CallRecord::kMaxDims);
+    const int shown =
+        std::min<int>(r.ndim - (r.count_varies && r.ndim > 0 ? 1 : 0), CallRecord::kMaxDims);
     if (r.count_varies && r.ndim > 0) out += shown > 0 ? "*, " : "*";
     for (int d = 0; d < shown; ++d) out += MakeMessage(d ? ", " : "", r.dims[d]);
     out += "]";

@@ -40,12 +40,12 @@ struct CallRecord {
   uint32_t magic = kMagic;
   uint32_t kind = 0;
   int32_t dtype = -1;
-  int32_t op_or_root = 0;   // the reduce op, or the broadcast root; 0 where neither applies
-  uint32_t count_varies = 0;  // 1: count may differ between ranks (allgather, alltoall)
-  int32_t ndim = -1;        // -1: no shape given
-  uint64_t count = 0;       // elements this rank passes
-  uint64_t detail = 0;      // a hash of what else must agree (allgatherv's counts)
-  uint64_t name_hash = 0;   // of the whole name, which may be longer than `name`
+  int32_t op_or_root = 0;       // the reduce op, or the broadcast root; 0 where neither applies
+  uint32_t count_varies = 0;    // 1: count may differ between ranks (allgather, alltoall)
+  int32_t ndim = -1;            // -1: no shape given
+  uint64_t count = 0;           // elements this rank passes
+  uint64_t detail = 0;          // a hash of what else must agree (allgatherv's counts)
+  uint64_t name_hash = 0;       // of the whole name, which may be longer than `name`
   int64_t dims[kMaxDims] = {};  // the shape; with count_varies, without its first dimension
   char name[kNameBytes] = {};   // the start of the name, NUL-padded
 };
