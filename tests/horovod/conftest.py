@@ -17,14 +17,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "shim"))
 sys.path.insert(0, HERE)
 
-from skips import SKIPS  # noqa: E402  pylint: disable=wrong-import-position
+from skips import SKIPS, SKIPS_AT_SIZE  # noqa: E402  pylint: disable=wrong-import-position
 
 _MAX_ABSORBED = 100000
 
 
 def pytest_collection_modifyitems(config, items):
+    size = int(os.environ.get("HOROVOD_SIZE", "1"))
     for item in items:
-        reason = SKIPS.get(item.name)
+        reason = SKIPS.get(item.name) or SKIPS_AT_SIZE.get(size, {}).get(item.name)
         if reason is not None:
             item.add_marker(pytest.mark.skip(reason=f"trainrun: {reason}"))
 

@@ -54,18 +54,28 @@ class _Bucket:
         self.waiting = len(params)  # parameters not yet ready in this step
         self.handle = None
         self.wire = None  # what the allreduce in flight reduces: flat, or its compressed copy
+        self.sparse = []  # (parameter, view) whose gradient came sparse
 
     def gather_grads(self):
-        """Makes every parameter's .grad a view into the flat buffer, copying where it is not."""
+        """Makes every parameter's .grad a view into the flat buffer, copying where it is not.
+
+        A sparse gradient is reduced as dense and handed back sparse (restore_sparse)."""
+        self.sparse = []
         for p, v in zip(self.params, self.views):
             g = p.grad
             if g is None:
                 v.zero_()
+            elif g.is_sparse:
+                v.copy_(g.to_dense())
+                self.sparse.append((p, v))
             elif g.data_ptr() != v.data_ptr():
-                if g.is_sparse:
-                    g = g.to_dense()
                 v.copy_(g)
             p.grad = v
+
+    def restore_sparse(self):
+        for p, v in self.sparse:
+            p.grad = v.to_sparse()
+        self.sparse = []
 
 
 def _make_buckets(params, bucket_bytes):
@@ -90,12 +100,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     """Mixed into the wrapped optimizer's class by DistributedOptimizer(); see there."""
 
     def __init__(self, params, named_parameters, op, backward_passes_per_step, bucket_bytes,
-                 wire_dtype=None, prescale=1.0, postscale=1.0):
+                 wire_dtype, predivide, process_set):
         super(self.__class__, self).__init__(params)
-        self._op = op
         self._wire_dtype = wire_dtype  # e.g. torch.float16: buckets travel compressed
-        self._prescale = prescale
-        self._postscale = postscale
+        self._process_set = process_set or trainrun.global_process_set
+        self._set_id = self._process_set.process_set_id or 0
+        # Reduces only when this rank and others are in the set; else steps on its own gradients.
+        self._solo = not self._process_set.included() or self._process_set.size() == 1
+        self._op, self._prescale, self._postscale = op, 1.0, 1.0
+        if predivide != 1.0:  # Horovod's split of the averaging around the sum
+            self._op = trainrun.Sum
+            self._prescale = 1.0 / predivide
+            self._postscale = predivide / self._process_set.size()
         self._backward_passes_per_step = backward_passes_per_step
 
         all_params = [p for group in self.param_groups for p in group["params"]]
@@ -140,16 +156,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True
         self._grad_accumulators = []
         self._check_layout()
-        if trainrun.size() > 1:
+        if not self._solo:
             self._register_hooks()
 
     def _check_layout(self):
         """Raises on every rank when the ranks' parameter lists differ (names, shapes, dtypes)."""
-        if trainrun.size() == 1:
+        if self._solo:
             return
         layout = [(self._names[p], tuple(p.shape), str(p.dtype))
                   for b in self._buckets for p in b.params]
-        layouts = trainrun.allgather_object(layout)
+        layouts = trainrun.allgather_object(layout, process_set=self._process_set)
         for r, other in enumerate(layouts):
             if other != layouts[0]:
                 diff = next((f"{a} vs {b}" for a, b in zip(layouts[0], other) if a != b),
@@ -198,7 +214,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         bucket.wire = wire
         code = _buffers.view(wire, "DistributedOptimizer", True).dtype
         ptr = wire.data_ptr()
-        bucket.handle = _core.allreduce_async(ptr, ptr, wire.numel(), code, self._op, 0,
+        bucket.handle = _core.allreduce_async(ptr, ptr, wire.numel(), code, self._op, self._set_id,
                                               f"DistributedOptimizer bucket {bucket.index}",
                                               [wire.numel()])
 
@@ -208,6 +224,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         bucket.wire = None
         if self._postscale != 1.0:
             bucket.flat.mul_(self._postscale)
+        bucket.restore_sparse()
 
     def _launch_ready(self):
         while (self._next_launch < len(self._buckets)
@@ -218,7 +235,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self):
         """Waits until every gradient is averaged across ranks (launching any bucket not yet
         launched, with zeros for parameters that got no gradient)."""
-        if trainrun.size() == 1:
+        if self._solo:
             self._synchronized = True
             return
         while self._next_launch < len(self._buckets):
@@ -263,7 +280,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none=False):
-        if trainrun.size() == 1:
+        if self._solo:
             return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
         if any(b.handle is not None for b in self._buckets):
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
@@ -274,7 +291,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for b in self._buckets:
             b.flat.zero_()
             for p, v in zip(b.params, b.views):
-                if p.grad is not None and p.grad.data_ptr() != v.data_ptr():
+                if p.grad is not None and (p.grad.is_sparse or p.grad.data_ptr() != v.data_ptr()):
                     p.grad = None  # not yet a bucket view (no backward since the wrap)
         return None
 
@@ -300,8 +317,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     num_groups, groups: Horovod's fusion hints; trainrun fuses gradients into buckets of
       bucket_bytes (default TRAINRUN_FUSION_BYTES or 1 MiB) in backward order, which the hints do
       not change; they are accepted so scripts port.
-    sparse_as_dense: sparse gradients are always reduced as dense in trainrun (True or False).
-    process_set: only the global process set is supported here.
+    sparse_as_dense: sparse gradients are always reduced as dense in trainrun and handed back
+      sparse (so torch.optim.SparseAdam works), whether True or False.
+    process_set: the ranks whose gradients are averaged together; a rank outside it steps on its
+      own gradients.
     """
     from trainrun.torch.compression import Compression  # pylint: disable=import-outside-toplevel
 
@@ -329,20 +348,16 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
         raise trainrun.InvalidArgumentError(
             f"DistributedOptimizer: backward_passes_per_step must be a positive integer, "
             f"got {backward_passes_per_step!r}")
-    if process_set is not None and getattr(process_set, "process_set_id", 0) != 0:
+    if process_set is not None and process_set.process_set_id is None:
         raise trainrun.InvalidArgumentError(
-            "DistributedOptimizer: process_set other than the global one is not supported")
-    prescale, postscale = 1.0, 1.0
-    if gradient_predivide_factor != 1.0:
-        if op != trainrun.Average:
-            raise trainrun.InvalidArgumentError(
-                "DistributedOptimizer: gradient_predivide_factor needs op=Average")
-        op = trainrun.Sum
-        prescale = 1.0 / gradient_predivide_factor
-        postscale = gradient_predivide_factor / trainrun.size()
+            f"DistributedOptimizer: {process_set!r} is not registered; make it with "
+            "add_process_set()")
+    if gradient_predivide_factor != 1.0 and op != trainrun.Average:
+        raise trainrun.InvalidArgumentError(
+            "DistributedOptimizer: gradient_predivide_factor needs op=Average")
     if bucket_bytes is None:
         bucket_bytes = _fusion_bytes()
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, op, backward_passes_per_step,
-               bucket_bytes, wire_dtype, prescale, postscale)
+               bucket_bytes, wire_dtype, gradient_predivide_factor, process_set)
