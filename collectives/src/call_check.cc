@@ -11,6 +11,8 @@ using ::trainrun::internal::MakeMessage;
 
 namespace {
 
+constexpr uint32_t kJoinedKind = static_cast<uint32_t>(CollectiveKind::kJoin);
+
 const char* KindName(uint32_t kind) {
   switch (static_cast<CollectiveKind>(kind)) {
     case CollectiveKind::kAllreduce:
@@ -25,6 +27,8 @@ const char* KindName(uint32_t kind) {
       return "barrier";
     case CollectiveKind::kAlltoall:
       return "alltoall";
+    case CollectiveKind::kJoin:
+      return "join";
   }
   return "an unknown collective";
 }
@@ -115,23 +119,49 @@ std::string Describe(const CallRecord& r) {
   return out;
 }
 
-void CheckAgreement(const std::vector<CallRecord>& records, const std::string& set) {
+std::string Disagreement(const std::vector<CallRecord>& records, const std::string& set) {
+  // Ranks that have joined take part in whatever the others agree on; they are not compared.
+  auto joined = [&](size_t r) { return records[r].kind == kJoinedKind; };
+  size_t first = 0;
+  while (first < records.size() && joined(first)) ++first;
+  if (first == records.size()) return "";
   std::vector<size_t> differing;
-  for (size_t r = 1; r < records.size(); ++r) {
-    if (!Same(records[0], records[r])) differing.push_back(r);
+  for (size_t r = first + 1; r < records.size(); ++r) {
+    if (!joined(r) && !Same(records[first], records[r])) differing.push_back(r);
   }
-  if (differing.empty()) return;
+  std::vector<size_t> joiners;
+  for (size_t r = 0; r < records.size(); ++r) {
+    if (joined(r)) joiners.push_back(r);
+  }
+  const CallRecord& call = records[first];
+  const bool join_compatible = call.kind == static_cast<uint32_t>(CollectiveKind::kBarrier) ||
+                               (call.kind == static_cast<uint32_t>(CollectiveKind::kAllreduce) &&
+                                (call.op_or_root == static_cast<int>(ReduceOp::kSum) ||
+                                 call.op_or_root == static_cast<int>(ReduceOp::kAverage)));
+  if (differing.empty() && (joiners.empty() || join_compatible)) return "";
   std::string message = MakeMessage("mismatched collectives", set.empty() ? "" : " in ", set,
-                                    ": rank 0 called ", Describe(records[0]));
+                                    ": rank ", first, " called ", Describe(call));
   for (size_t i = 0; i < differing.size() && i < 3; ++i) {
     message += MakeMessage(i + 1 == differing.size() && i > 0 ? " and" : (i ? "," : " but"),
                            " rank ", differing[i], " called ", Describe(records[differing[i]]));
   }
   if (differing.size() > 3) message += MakeMessage(" (and ", differing.size() - 3, " more)");
+  if (differing.empty()) {
+    message += MakeMessage(" but rank ", joiners[0], joiners.size() > 1 ? " (and others)" : "",
+                           " has joined (join()); while a rank has joined, only allreduce with "
+                           "sum or average and barrier can run, as in Horovod (this call did "
+                           "nothing; the next one can go on)");
+    return message;
+  }
   message +=
       "; every rank must call the same collectives in the same order, with the same name, "
       "element type, shape, op and root (this call did nothing; the next one can go on)";
-  throw MismatchError(message);
+  return message;
+}
+
+void CheckAgreement(const std::vector<CallRecord>& records, const std::string& set) {
+  std::string message = Disagreement(records, set);
+  if (!message.empty()) throw MismatchError(message);
 }
 
 }  // namespace trainrun::collectives::internal

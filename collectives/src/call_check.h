@@ -29,6 +29,9 @@ enum class CollectiveKind : uint32_t {
   kReduceScatter = 4,
   kBarrier = 5,
   kAlltoall = 6,
+  // A rank in Join(): it takes part in the others' allreduces (zeros) and barriers until every
+  // rank has joined. Its record's op_or_root counts the rounds it has spent joined.
+  kJoin = 7,
 };
 
 // CallRecord is what one rank says about its call. Plain bytes: it travels as is between ranks of
@@ -56,9 +59,14 @@ CallRecord DescribeCall(CollectiveKind kind, DataType type, uint64_t count, int 
 // ExchangeRecords allgathers one record per rank over the context's transport.
 std::vector<CallRecord> ExchangeRecords(AlgorithmContext& ctx, const CallRecord& mine);
 
-// CheckAgreement throws MismatchError, the same on every rank, when the records differ; the
-// message names the first ranks that differ from rank 0 and what each called. `set` names the
-// communicator in the message ("" for the whole job).
+// Disagreement returns why the records cannot run together ("" when they can): ranks that called
+// different things, or a collective other than allreduce (sum, average) or barrier while some
+// ranks have joined. Joined ranks' records are not compared. The message names the first ranks
+// that differ and what each called; `set` names the communicator ("" for the whole job). Every
+// rank computes the same answer from the same records.
+std::string Disagreement(const std::vector<CallRecord>& records, const std::string& set);
+
+// CheckAgreement throws MismatchError with Disagreement's message when it is not empty.
 void CheckAgreement(const std::vector<CallRecord>& records, const std::string& set);
 
 // Describe says what a record asks for, e.g. "allreduce 'loss' of float32[4, 3] (op sum)".

@@ -85,15 +85,85 @@ class Communicator::Impl {
   // rank and leaves the communicator as it was.
   template <typename F>
   void Run(const internal::CallRecord& call, F&& body) {
+    Guard([&](internal::AlgorithmContext& ctx) {
+      if (check_calls_ && info_.size > 1) {
+        internal::CheckAgreement(internal::ExchangeRecords(ctx, call), set_name_);
+      }
+      body(ctx);
+    });
+  }
+
+  // Join takes part, with zeros, in the allreduces (sum, average) and barriers the other ranks
+  // run, until every rank has joined; returns the last rank to join (the highest of those that
+  // joined in the same round), the same on every rank.
+  int Join() {
+    if (info_.size == 1) return 0;
+    if (!check_calls_) {
+      throw InvalidArgumentError(
+          "join() needs the ranks to describe their collectives to each other; unset "
+          "TRAINRUN_CHECK_SHAPES=0");
+    }
+    int last = -1;
+    Guard([&](internal::AlgorithmContext& ctx) {
+      for (int round = 0; last < 0; ++round) {
+        auto records = internal::ExchangeRecords(
+            ctx, internal::DescribeCall(internal::CollectiveKind::kJoin, DataType::kUInt8, 0, round,
+                                        CallCheck{}));
+        last = LastToJoin(records);
+        if (last >= 0 || !internal::Disagreement(records, set_name_).empty()) continue;
+        const internal::CallRecord& call =
+            *std::find_if(records.begin(), records.end(),
+                          [](const internal::CallRecord& r) { return r.kind != kJoinKind; });
+        if (call.kind == static_cast<uint32_t>(internal::CollectiveKind::kBarrier)) {
+          internal::Barrier(ctx);
+          continue;
+        }
+        const auto type = static_cast<DataType>(call.dtype);
+        join_zeros_.assign(call.count * ElementSize(type), 0);
+        RunAllreduce(ctx, join_zeros_.data(), join_zeros_.data(), call.count, type,
+                     static_cast<ReduceOp>(call.op_or_root));
+      }
+    });
+    return last;
+  }
+
+  // RunAllreduce is the allreduce every rank runs, joined ones included: the transport's own way
+  // when it has one, else the algorithms.
+  static void RunAllreduce(internal::AlgorithmContext& ctx, const void* input, void* output,
+                           size_t count, DataType type, ReduceOp op) {
+    if (!ctx.transport.TryAllreduce(input, output, count, type, op)) {
+      internal::Allreduce(ctx, input, output, count, type, op);
+    }
+  }
+
+ private:
+  static constexpr uint32_t kJoinKind = static_cast<uint32_t>(internal::CollectiveKind::kJoin);
+
+  // LastToJoin returns the last rank to join once every record is a join, else -1.
+  static int LastToJoin(const std::vector<internal::CallRecord>& records) {
+    int last = -1;
+    int fewest = 0;
+    for (int r = 0; r < static_cast<int>(records.size()); ++r) {
+      if (records[r].kind != kJoinKind) return -1;
+      if (last < 0 || records[r].op_or_root <= fewest) {
+        last = r;
+        fewest = records[r].op_or_root;
+      }
+    }
+    return last;
+  }
+
+  // Guard runs `body` on this communicator; a failure other than bad arguments (a mismatch
+  // included) breaks the communicator, tells the peers and the rendezvous who is to blame, and
+  // propagates.
+  template <typename F>
+  void Guard(F&& body) {
     if (!broken_.empty()) {
       throw IoError(MakeMessage("rank ", job_rank_, ": this communicator failed earlier (", broken_,
                                 "); it cannot be used again"));
     }
     internal::AlgorithmContext ctx{*transport_, segment_bytes_, small_bytes_, scratch_};
     try {
-      if (check_calls_ && info_.size > 1) {
-        internal::CheckAgreement(internal::ExchangeRecords(ctx, call), set_name_);
-      }
       body(ctx);
     } catch (const Error& e) {
       if (dynamic_cast<const InvalidArgumentError*>(&e) != nullptr) throw;  // mismatch included
@@ -122,6 +192,7 @@ class Communicator::Impl {
   std::string set_name_;  // "" for a communicator of its own; a subset's name otherwise
   std::shared_ptr<internal::Transport> transport_;
   std::vector<char> scratch_;
+  std::vector<char> join_zeros_;  // what a joined rank contributes
   size_t segment_bytes_ = 0;
   size_t small_bytes_ = 0;
   bool check_calls_ = true;
@@ -204,9 +275,7 @@ void Communicator::Allreduce(const void* input, void* output, size_t count, Data
   CheckBuffer(output, count, "allreduce output");
   auto call = DescribeCall(CollectiveKind::kAllreduce, type, count, static_cast<int>(op), check);
   impl_->Run(call, [&](internal::AlgorithmContext& ctx) {
-    if (!ctx.transport.TryAllreduce(input, output, count, type, op)) {
-      internal::Allreduce(ctx, input, output, count, type, op);
-    }
+    Impl::RunAllreduce(ctx, input, output, count, type, op);
   });
 }
 
@@ -285,6 +354,8 @@ void Communicator::Alltoallv(const void* input, const std::vector<size_t>& send_
     internal::Alltoallv(ctx, input, send_counts, output, recv_counts, type);
   });
 }
+
+int Communicator::Join() { return impl_->Join(); }
 
 void Communicator::Barrier() {
   auto call = DescribeCall(CollectiveKind::kBarrier, DataType::kUInt8, 0, 0, CallCheck{});

@@ -419,6 +419,15 @@ PYBIND11_MODULE(_core, m) {
       "barrier_async", [](int set) { return Submit(set, [](Communicator& c) { c.Barrier(); }); },
       py::arg("set") = 0);
   m.def(
+      "join",
+      [] {
+        auto last = std::make_shared<int>(-1);
+        Wait(Submit(0, [last](Communicator& c) { *last = c.Join(); }));
+        return *last;
+      },
+      "Takes part in the other ranks' allreduces with zeros until every rank has joined; returns "
+      "the last rank to join.");
+  m.def(
       "add_process_set", [](std::vector<int> ranks) { return Runtime::Get().AddProcessSet(ranks); },
       py::arg("ranks"), "Registers a process set (every rank calls it alike); returns its id.");
   m.def(

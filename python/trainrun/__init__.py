@@ -37,7 +37,7 @@ __all__ = [
     "reducescatter", "reducescatter_async", "alltoall", "alltoall_async", "grouped_allreduce",
     "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "grouped_allgather", "grouped_allgather_async", "grouped_reducescatter",
-    "grouped_reducescatter_async", "barrier", "synchronize", "poll", "broadcast_object",
+    "grouped_reducescatter_async", "join", "barrier", "synchronize", "poll", "broadcast_object",
     "allgather_object", "supported_dtypes", "ProcessSet", "global_process_set", "add_process_set",
     "remove_process_set", "ReduceOp", "Sum", "Average", "Min", "Max", "Product", "Error",
     "InternalError", "IoError", "TimeoutError", "InvalidArgumentError", "MismatchError",
@@ -686,6 +686,14 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 
 
 # --- barrier -----------------------------------------------------------------------------------
+
+
+def join():
+    """Says this rank has no more data (Horovod's join()): until every rank has joined, it takes
+    part in the other ranks' allreduces with zeros (an average still divides by size()) and in
+    their barriers; other collectives called meanwhile raise MismatchError on the ranks that called
+    them. Returns the last rank to join, the same on every rank."""
+    return _core.join()
 
 
 def barrier(process_set=None):

@@ -141,5 +141,40 @@ TEST_CASE("bool reduces as or (sum, max) and and (product, min)", "[api]") {
   });
 }
 
+TEST_CASE("join: a joined rank adds zeros to the others' allreduces until all have joined",
+          "[api]") {
+  for (int size : {1, 2, 3, 4}) {
+    for (int first = 0; first < size; ++first) {
+      Spawn(size, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
+        Communicator comm(store, rank, size);
+        int last = -1;
+        if (rank == first) {
+          last = comm.Join();
+        } else {
+          std::vector<double> x(7, 3.0);
+          comm.Allreduce(x.data(), x.size(), DataType::kFloat64, ReduceOp::kSum);
+          CHECK(x == std::vector<double>(7, 3.0 * (size - 1)));
+          std::vector<int64_t> y(1, 6);
+          comm.Allreduce(y.data(), 1, DataType::kInt64, ReduceOp::kAverage);
+          CHECK(y[0] == 6 * (size - 1) / size);  // the average still divides by size
+          comm.Barrier();
+          std::vector<float> z(2, 1.0f);
+          const int root = (first + 1) % size;
+          ExpectMismatch([&] { comm.Broadcast(z.data(), 2, DataType::kFloat32, root); },
+                         "has joined");
+          last = comm.Join();
+        }
+        // Every rank agrees on the last to join, which is not the one that joined first.
+        int64_t mine = last;
+        std::vector<int64_t> all(size);
+        comm.Allgather(&mine, all.data(), 1, DataType::kInt64);
+        CHECK(all == std::vector<int64_t>(size, last));
+        if (size > 1) CHECK(last != first);
+        ExpectHealthy(comm);
+      });
+    }
+  }
+}
+
 }  // namespace
 }  // namespace trainrun::collectives

@@ -15,10 +15,6 @@ SKIPS = {
     "test_horovod_allgather_duplicate_name_error": "needs name-based out-of-order matching",
     "test_horovod_broadcast_duplicate_name_error": "needs name-based out-of-order matching",
     "test_horovod_reducescatter_duplicate_name_error": "needs name-based out-of-order matching",
-    # Not built yet in trainrun (issue 18 left them open; each raises a clear error instead).
-    "test_horovod_join_allreduce": "join() is not implemented in trainrun yet (raises)",
-    "test_horovod_join_allgather": "join() is not implemented in trainrun yet (raises)",
-    "test_horovod_join_broadcast": "join() is not implemented in trainrun yet (raises)",
 }
 
 # Skipped only at some job sizes.

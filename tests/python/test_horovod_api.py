@@ -147,3 +147,16 @@ def test_refusals_are_clear():
     with pytest.raises(ValueError, match="comm="):
         hvd.init(comm=[0])
     assert not (hvd.mpi_built() or hvd.nccl_built() or hvd.gloo_built())
+
+
+@multi
+def test_join_adds_zeros_and_returns_the_last_rank():
+    if RANK == 0:
+        last = hvd.join()
+    else:
+        assert hvd.allreduce(torch.ones(3), op=hvd.Sum).tolist() == [SIZE - 1] * 3
+        with pytest.raises(RuntimeError, match="has joined"):
+            hvd.allgather(torch.ones(1))
+        last = hvd.join()
+    assert last != 0
+    assert hvd.allgather_object(last) == [last] * SIZE

@@ -437,10 +437,11 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
 
 
 def join(device=-1):
-    """Horovod's join() (ranks that ran out of data stop contributing) is not implemented yet:
-    raises rather than deadlock."""
-    raise InvalidArgumentError("join() is not supported by trainrun yet: give every rank the same "
-                               "number of steps (DistributedSampler pads the data set for this)")
+    """Says this rank has no more data; see trainrun.join. Returns the last rank to join.
+
+    device: accepted as Horovod's (a GPU to use for the zeros); trainrun joins on the CPU.
+    """
+    return _trainrun.join()
 
 
 def broadcast_parameters(params, root_rank=0):

@@ -145,6 +145,13 @@ class Communicator {
   // Barrier returns once every rank has entered it.
   void Barrier();
 
+  // Join says this rank has no more work (Horovod's join(): e.g. it ran out of data). Until every
+  // rank has joined, it takes part in the other ranks' allreduces with zeros (an average still
+  // divides by size()) and in their barriers; any other collective called meanwhile throws
+  // MismatchError on the ranks that called it. Returns the last rank to join, the same on every
+  // rank (of ranks that joined in the same round, the highest).
+  int Join();
+
   // Subset returns a communicator of the ranks `ranks` (ranks of this one, ascending, this rank
   // among them), numbered 0.. in that order, that runs its collectives over this communicator's
   // connections: no communication happens here. `name` names it in error messages. It must not
