@@ -8,6 +8,7 @@
 #include "socket.h"
 #include "subset_transport.h"
 #include "tcp_transport.h"
+#include "timeline.h"
 #include "trainrun/rendezvous/environment.h"
 #include "transport_select.h"
 
@@ -50,6 +51,10 @@ class Communicator::Impl {
     shm.channel_bytes = static_cast<size_t>(std::max<int64_t>(4096, env::kShmChannelBytes.Get()));
     const std::string mode = options.transport.empty() ? env::kTransport.Get() : options.transport;
     check_calls_ = env::kCheckShapes.Get() != 0;
+    timeline_ = std::make_shared<internal::Timeline>();
+    std::string trace = env::kTimeline.Get();
+    if (trace.empty()) trace = EnvOr(env::kHorovodTimeline);
+    if (!trace.empty()) timeline_->Start(trace, info_.rank);
     try {
       transport_ =
           internal::MakeTransport(*store_, info_, mode, tcp, shm, segment_bytes_, small_bytes_);
@@ -66,7 +71,8 @@ class Communicator::Impl {
         set_name_(std::move(set_name)),
         segment_bytes_(parent.segment_bytes_),
         small_bytes_(parent.small_bytes_),
-        check_calls_(parent.check_calls_) {
+        check_calls_(parent.check_calls_),
+        timeline_(parent.timeline_) {
     const int me =
         static_cast<int>(std::find(ranks.begin(), ranks.end(), parent.info_.rank) - ranks.begin());
     info_.rank = me;
@@ -77,6 +83,7 @@ class Communicator::Impl {
   }
 
   const RankInfo& info() const { return info_; }
+  int job_rank() const { return job_rank_; }
   const char* transport_name() const { return transport_->name(); }
 
   // Run runs one collective; a failure breaks the communicator, tells the peers and the rendezvous
@@ -85,13 +92,20 @@ class Communicator::Impl {
   // rank and leaves the communicator as it was.
   template <typename F>
   void Run(const internal::CallRecord& call, F&& body) {
+    const bool traced = timeline_->enabled();
+    const int64_t start = traced ? internal::Timeline::Now() : 0;
+    int64_t agreed = start;
     Guard([&](internal::AlgorithmContext& ctx) {
       if (check_calls_ && info_.size > 1) {
         internal::CheckAgreement(internal::ExchangeRecords(ctx, call), set_name_);
       }
+      if (traced) agreed = internal::Timeline::Now();
       body(ctx);
     });
+    if (traced) timeline_->Record(call, set_name_, start, agreed, internal::Timeline::Now());
   }
+
+  internal::Timeline& timeline() { return *timeline_; }
 
   // Join takes part, with zeros, in the allreduces (sum, average) and barriers the other ranks
   // run, until every rank has joined; returns the last rank to join (the highest of those that
@@ -196,6 +210,7 @@ class Communicator::Impl {
   size_t segment_bytes_ = 0;
   size_t small_bytes_ = 0;
   bool check_calls_ = true;
+  std::shared_ptr<internal::Timeline> timeline_;  // shared with subsets
   std::string broken_;
 };
 
@@ -356,6 +371,12 @@ void Communicator::Alltoallv(const void* input, const std::vector<size_t>& send_
 }
 
 int Communicator::Join() { return impl_->Join(); }
+
+void Communicator::StartTimeline(const std::string& path) {
+  impl_->timeline().Start(path, impl_->job_rank());
+}
+
+void Communicator::StopTimeline() { impl_->timeline().Stop(); }
 
 void Communicator::Barrier() {
   auto call = DescribeCall(CollectiveKind::kBarrier, DataType::kUInt8, 0, 0, CallCheck{});

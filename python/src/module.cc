@@ -428,6 +428,14 @@ PYBIND11_MODULE(_core, m) {
       "Takes part in the other ranks' allreduces with zeros until every rank has joined; returns "
       "the last rank to join.");
   m.def(
+      "start_timeline",
+      [](std::string path) { Wait(Submit(0, [path](Communicator& c) { c.StartTimeline(path); })); },
+      py::arg("path"),
+      "Records a Chrome trace of later collectives to path (in order with them on every rank).");
+  m.def(
+      "stop_timeline", [] { Wait(Submit(0, [](Communicator& c) { c.StopTimeline(); })); },
+      "Stops recording the timeline.");
+  m.def(
       "add_process_set", [](std::vector<int> ranks) { return Runtime::Get().AddProcessSet(ranks); },
       py::arg("ranks"), "Registers a process set (every rank calls it alike); returns its id.");
   m.def(

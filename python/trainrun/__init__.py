@@ -37,7 +37,7 @@ __all__ = [
     "reducescatter", "reducescatter_async", "alltoall", "alltoall_async", "grouped_allreduce",
     "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "grouped_allgather", "grouped_allgather_async", "grouped_reducescatter",
-    "grouped_reducescatter_async", "join", "barrier", "synchronize", "poll", "broadcast_object",
+    "grouped_reducescatter_async", "join", "barrier", "start_timeline", "stop_timeline", "synchronize", "poll", "broadcast_object",
     "allgather_object", "supported_dtypes", "ProcessSet", "global_process_set", "add_process_set",
     "remove_process_set", "ReduceOp", "Sum", "Average", "Min", "Max", "Product", "Error",
     "InternalError", "IoError", "TimeoutError", "InvalidArgumentError", "MismatchError",
@@ -686,6 +686,17 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 
 
 # --- barrier -----------------------------------------------------------------------------------
+
+
+def start_timeline(file_path):
+    """Writes a Chrome trace of every later collective to file_path (every rank calls it; all
+    write into the one file, one track per rank). TRAINRUN_TIMELINE starts one at init()."""
+    _core.start_timeline(str(file_path))
+
+
+def stop_timeline():
+    """Stops the timeline."""
+    _core.stop_timeline()
 
 
 def join():

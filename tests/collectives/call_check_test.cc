@@ -3,6 +3,10 @@
 // goes on working. Also: Alltoallv with uneven counts, Subset (process sets), int16 and bool.
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -13,6 +17,12 @@ namespace trainrun::collectives {
 namespace {
 
 using testing::Spawn;
+
+// TmpPath returns a path under TMPDIR (or /tmp) for a test's file.
+std::string TmpPath(const std::string& name) {
+  const char* dir = std::getenv("TMPDIR");
+  return std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") + "/" + name;
+}
 
 // ExpectMismatch runs `call` and requires a MismatchError whose message contains `words`.
 template <typename F>
@@ -174,6 +184,41 @@ TEST_CASE("join: a joined rank adds zeros to the others' allreduces until all ha
       });
     }
   }
+}
+
+TEST_CASE("timeline: every rank's collectives land in one Chrome trace", "[api]") {
+  const std::string path = TmpPath("trainrun_timeline_test.json");
+  Spawn(3, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
+    Communicator comm(store, rank, 3);
+    comm.Barrier();  // Rank 0 truncates in StartTimeline; others write only after a collective.
+    comm.StartTimeline(path);
+    std::vector<float> x(256, 1.0f);
+    CallCheck named;
+    named.name = "grads";
+    comm.Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum, named);
+    comm.Barrier();
+    comm.StopTimeline();
+  });
+  std::ifstream in(path);
+  std::string line;
+  int allreduces = 0;
+  int phases = 0;
+  std::set<std::string> tracks;
+  std::getline(in, line);
+  CHECK(line == "[");
+  while (std::getline(in, line)) {
+    if (line.find(R"("name":"allreduce grads")") != std::string::npos) {
+      ++allreduces;
+      CHECK(line.find(R"("bytes":1024)") != std::string::npos);
+      CHECK(line.find(R"("dtype":"float32")") != std::string::npos);
+    }
+    if (line.find(R"("cat":"phase")") != std::string::npos) ++phases;
+    if (line.find(R"("name":"process_name")") != std::string::npos) tracks.insert(line);
+  }
+  CHECK(allreduces == 3);
+  CHECK(phases >= 6);
+  CHECK(tracks.size() == 3);
+  std::remove(path.c_str());
 }
 
 }  // namespace

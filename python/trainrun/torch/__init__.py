@@ -104,12 +104,15 @@ def rocm_built():
 
 
 def start_timeline(file_path, mark_cycles=False):
-    """Horovod's timeline is not implemented by trainrun: raises, rather than record nothing."""
-    raise InvalidArgumentError("start_timeline: trainrun does not record a timeline yet")
+    """Writes a Chrome trace of every later collective to file_path (all ranks into one file, one
+    track per rank); call it on every rank. mark_cycles is accepted as Horovod's: trainrun has no
+    background cycles to mark (a collective runs when it is called)."""
+    _trainrun._core.start_timeline(str(file_path))  # pylint: disable=protected-access
 
 
 def stop_timeline():
-    raise InvalidArgumentError("stop_timeline: trainrun does not record a timeline yet")
+    """Stops the timeline started by start_timeline (or TRAINRUN_TIMELINE)."""
+    _trainrun._core.stop_timeline()  # pylint: disable=protected-access
 
 
 def _resolve_op(average, op, default=Average):

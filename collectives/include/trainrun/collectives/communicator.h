@@ -152,6 +152,14 @@ class Communicator {
   // rank (of ranks that joined in the same round, the highest).
   int Join();
 
+  // StartTimeline writes a Chrome trace of every later collective of this communicator and its
+  // subsets to `path` (one track per rank, all ranks into the one file; rank 0 truncates it).
+  // Call it on every rank, between collectives. TRAINRUN_TIMELINE (or HOROVOD_TIMELINE) starts one
+  // at construction. Throws InvalidArgumentError when the file cannot be opened.
+  void StartTimeline(const std::string& path);
+  // StopTimeline stops recording and closes the file.
+  void StopTimeline();
+
   // Subset returns a communicator of the ranks `ranks` (ranks of this one, ascending, this rank
   // among them), numbered 0.. in that order, that runs its collectives over this communicator's
   // connections: no communication happens here. `name` names it in error messages. It must not
