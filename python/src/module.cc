@@ -167,11 +167,20 @@ class Runtime {
   }
 
   void RemoveProcessSet(int id) {
-    thread();
+    CommThread& comm_thread = thread();
     if (id == 0) throw InvalidArgumentError("the global process set (id 0) cannot be removed");
-    if (sets_.erase(id) == 0) {
+    auto it = sets_.find(id);
+    if (it == sets_.end()) {
       throw InvalidArgumentError(internal::MakeMessage("process set ", id, " does not exist"));
     }
+    // Operations on the set may still be queued: let them finish before its communicator goes.
+    const CommThread::Handle drained = comm_thread.Submit([](Communicator&) {});
+    {
+      py::gil_scoped_release release;
+      while (!comm_thread.WaitFor(drained, std::chrono::milliseconds(100))) {
+      }
+    }
+    sets_.erase(it);
   }
 
   // Set returns process set `id`'s communicator (0: the world). Throws when this rank is not in it.
@@ -406,8 +415,12 @@ PYBIND11_MODULE(_core, m) {
          std::optional<std::vector<int64_t>> shape) {
         std::vector<size_t> sends = ToCounts(send_counts, "alltoall splits");
         std::vector<size_t> recvs = ToCounts(recv_counts, "alltoall received splits");
-        const void* in = ToPointer(input, 1);
-        void* out = ToPointer(output, 1);
+        size_t sent = 0;
+        size_t received = 0;
+        for (size_t c : sends) sent += c;
+        for (size_t c : recvs) received += c;
+        const void* in = ToPointer(input, sent);
+        void* out = ToPointer(output, received);
         DataType type = ToDataType(dtype);
         CallCheck check = MakeCheck(std::move(name), std::move(shape));
         return Submit(set,

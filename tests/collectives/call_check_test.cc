@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -18,6 +19,38 @@ namespace {
 
 using testing::Spawn;
 
+// Catch2's assertions are not thread-safe and ranks run as threads: a rank notes what went wrong
+// here, and each test checks the list once every rank has finished.
+std::mutex problems_mutex;
+std::vector<std::string> problems;
+
+void Note(bool ok, const std::string& what) {
+  if (ok) return;
+  std::lock_guard<std::mutex> lock(problems_mutex);
+  problems.push_back(what);
+}
+
+#define NOTE_CHECK(...) Note((__VA_ARGS__), #__VA_ARGS__)
+
+#define NOTE_THROWS_AS(expr, type)               \
+  do {                                           \
+    bool threw_ = false;                         \
+    try {                                        \
+      expr;                                      \
+    } catch (const type&) {                      \
+      threw_ = true;                             \
+    }                                            \
+    Note(threw_, #expr " did not throw " #type); \
+  } while (0)
+
+// CheckNoProblems reports, from the test's thread, what the ranks noted.
+void CheckNoProblems() {
+  std::lock_guard<std::mutex> lock(problems_mutex);
+  for (const std::string& p : problems) FAIL_CHECK(p);
+  CHECK(problems.empty());
+  problems.clear();
+}
+
 // TmpPath returns a path under TMPDIR (or /tmp) for a test's file.
 std::string TmpPath(const std::string& name) {
   const char* dir = std::getenv("TMPDIR");
@@ -29,17 +62,17 @@ template <typename F>
 void ExpectMismatch(F&& call, const std::string& words) {
   try {
     call();
-    FAIL("no MismatchError");
+    Note(false, "no MismatchError (expected one saying: " + words + ")");
   } catch (const MismatchError& e) {
-    INFO(e.what());
-    CHECK(std::string(e.what()).find(words) != std::string::npos);
+    Note(std::string(e.what()).find(words) != std::string::npos,
+         "MismatchError without '" + words + "': " + e.what());
   }
 }
 
 void ExpectHealthy(Communicator& comm) {
   std::vector<float> x(5, 1.0f);
   comm.Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
-  CHECK(x == std::vector<float>(5, static_cast<float>(comm.size())));
+  NOTE_CHECK(x == std::vector<float>(5, static_cast<float>(comm.size())));
 }
 
 TEST_CASE("a mismatched collective raises on every rank and the next one works", "[api]") {
@@ -90,6 +123,7 @@ TEST_CASE("a mismatched collective raises on every rank and the next one works",
       ExpectHealthy(comm);
       comm.Barrier();
     });
+    CheckNoProblems();
   }
 }
 
@@ -113,8 +147,9 @@ TEST_CASE("alltoallv with uneven counts", "[api]") {
         expected.insert(expected.end(), recvs[p], static_cast<int16_t>(100 * p + rank));
       }
       comm.Alltoallv(in.data(), sends, out.data(), recvs, DataType::kInt16);
-      CHECK(out == expected);
+      NOTE_CHECK(out == expected);
     });
+    CheckNoProblems();
   }
 }
 
@@ -130,12 +165,13 @@ TEST_CASE("subsets run among their ranks only, concurrently, over the same conne
         mine->Allreduce(&x, 1, DataType::kInt64, ReduceOp::kSum);
         int64_t expected = 0;
         for (int r : rank % 2 == 0 ? evens : odds) expected += r;
-        CHECK(x == expected);
+        NOTE_CHECK(x == expected);
         mine->Barrier();
       }
       ExpectHealthy(comm);
-      if (rank != 0) CHECK_THROWS_AS(comm.Subset({0}, "not mine"), InvalidArgumentError);
+      if (rank != 0) NOTE_THROWS_AS(comm.Subset({0}, "not mine"), InvalidArgumentError);
     });
+    CheckNoProblems();
   }
 }
 
@@ -146,9 +182,10 @@ TEST_CASE("bool reduces as or (sum, max) and and (product, min)", "[api]") {
     std::vector<uint8_t> all = any;
     comm.Allreduce(any.data(), 3, DataType::kBool, ReduceOp::kSum);
     comm.Allreduce(all.data(), 3, DataType::kBool, ReduceOp::kMin);
-    CHECK(any == std::vector<uint8_t>{1, 0, 1});
-    CHECK(all == std::vector<uint8_t>{0, 0, 1});
+    NOTE_CHECK(any == std::vector<uint8_t>{1, 0, 1});
+    NOTE_CHECK(all == std::vector<uint8_t>{0, 0, 1});
   });
+  CheckNoProblems();
 }
 
 TEST_CASE("join: a joined rank adds zeros to the others' allreduces until all have joined",
@@ -163,10 +200,10 @@ TEST_CASE("join: a joined rank adds zeros to the others' allreduces until all ha
         } else {
           std::vector<double> x(7, 3.0);
           comm.Allreduce(x.data(), x.size(), DataType::kFloat64, ReduceOp::kSum);
-          CHECK(x == std::vector<double>(7, 3.0 * (size - 1)));
+          NOTE_CHECK(x == std::vector<double>(7, 3.0 * (size - 1)));
           std::vector<int64_t> y(1, 6);
           comm.Allreduce(y.data(), 1, DataType::kInt64, ReduceOp::kAverage);
-          CHECK(y[0] == 6 * (size - 1) / size);  // the average still divides by size
+          NOTE_CHECK(y[0] == 6 * (size - 1) / size);  // the average still divides by size
           comm.Barrier();
           std::vector<float> z(2, 1.0f);
           const int root = (first + 1) % size;
@@ -178,10 +215,11 @@ TEST_CASE("join: a joined rank adds zeros to the others' allreduces until all ha
         int64_t mine = last;
         std::vector<int64_t> all(size);
         comm.Allgather(&mine, all.data(), 1, DataType::kInt64);
-        CHECK(all == std::vector<int64_t>(size, last));
-        if (size > 1) CHECK(last != first);
+        NOTE_CHECK(all == std::vector<int64_t>(size, last));
+        if (size > 1) NOTE_CHECK(last != first);
         ExpectHealthy(comm);
       });
+      CheckNoProblems();
     }
   }
 }
@@ -199,6 +237,7 @@ TEST_CASE("timeline: every rank's collectives land in one Chrome trace", "[api]"
     comm.Barrier();
     comm.StopTimeline();
   });
+  CheckNoProblems();
   std::ifstream in(path);
   std::string line;
   int allreduces = 0;
