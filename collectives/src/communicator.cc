@@ -54,7 +54,8 @@ class Communicator::Impl {
     timeline_ = std::make_shared<internal::Timeline>();
     std::string trace = env::kTimeline.Get();
     if (trace.empty()) trace = EnvOr(env::kHorovodTimeline);
-    if (!trace.empty()) timeline_->Start(trace, info_.rank);
+    // Horovod's "DYNAMIC" means: no timeline now, start_timeline() may start one later.
+    if (!trace.empty() && trace != "DYNAMIC") timeline_->Start(trace, info_.rank);
     try {
       transport_ =
           internal::MakeTransport(*store_, info_, mode, tcp, shm, segment_bytes_, small_bytes_);

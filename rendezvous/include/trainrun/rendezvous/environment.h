@@ -172,7 +172,8 @@ inline constexpr char kFileStore[] = "TRAINRUN_FILE_STORE";
 inline constexpr EnvParam kCheckShapes{"TRAINRUN_CHECK_SHAPES", 1,
                                        "1: ranks check they call the same collective alike"};
 // A file to write a Chrome trace of every collective to (collectives/src/timeline.h), from the
-// start; `trainrun --timeline-filename FILE` sets it. HOROVOD_TIMELINE is read when it is unset.
+// start; `trainrun --timeline-filename FILE` sets it. HOROVOD_TIMELINE is read when it is unset;
+// "DYNAMIC" (Horovod's value) starts none, leaving it to start_timeline().
 inline constexpr StringParam kTimeline{"TRAINRUN_TIMELINE", "",
                                        "Chrome trace file of the collectives (empty: none)"};
 inline constexpr char kHorovodTimeline[] = "HOROVOD_TIMELINE";
