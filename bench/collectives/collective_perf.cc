@@ -162,6 +162,12 @@ void Fill(void* data, DataType type, size_t count, int rank) {
       case DataType::kInt8:
         static_cast<int8_t*>(data)[i] = static_cast<int8_t>(v);
         break;
+      case DataType::kInt16:
+        static_cast<int16_t*>(data)[i] = static_cast<int16_t>(v);
+        break;
+      case DataType::kBool:
+        static_cast<uint8_t*>(data)[i] = v != 0;
+        break;
     }
   }
 }
@@ -188,6 +194,10 @@ double Read(const void* data, DataType type, size_t i) {
       return static_cast<const uint8_t*>(data)[i];
     case DataType::kInt8:
       return static_cast<const int8_t*>(data)[i];
+    case DataType::kInt16:
+      return static_cast<const int16_t*>(data)[i];
+    case DataType::kBool:
+      return static_cast<const uint8_t*>(data)[i];
   }
   return 0;
 }

@@ -1,6 +1,8 @@
 #include "trainrun/cli/run_options.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <string>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -81,6 +83,18 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
                  "Export NAME (from this environment) or NAME=value to every rank; repeatable.")
       ->type_name("NAME[=value]")
       ->allow_extra_args(false);
+  // The timeline is written by the workers (collectives/src/timeline.h); all this flag does is
+  // export TRAINRUN_TIMELINE, with the path made absolute against trainrun's directory.
+  app.add_option_function<std::string>(
+         "--timeline-filename",
+         [&options](const std::string& path) {
+           options.exports.push_back(std::string("TRAINRUN_TIMELINE=") +
+                                     std::filesystem::absolute(path).string());
+         },
+         "Write a Chrome trace (chrome://tracing, Perfetto) of every rank's collectives to FILE.")
+      ->type_name("FILE");
+  app.add_flag("--timeline-mark-cycles",
+               "Accepted as horovodrun's; trainrun has no background cycles to mark.");
   app.add_option("--output-filename", options.output_filename,
                  "Also write each rank's output to DIR/rank.<N>/stdout and stderr.")
       ->type_name("DIR");

@@ -341,6 +341,36 @@ void ReduceScatter(AlgorithmContext& ctx, const void* input, void* output, size_
 
 // Dissemination barrier: in round k every rank signals rank + 2^k and waits for rank - 2^k; after
 // ceil(log2 n) rounds every rank has heard, transitively, from all.
+// Alltoallv posts every receive, then every send, in rank order starting from this rank's right
+// neighbour so that not every rank sends to rank 0 first; the transport moves them all at once.
+void Alltoallv(AlgorithmContext& ctx, const void* input, const std::vector<size_t>& send_counts,
+               void* output, const std::vector<size_t>& recv_counts, DataType type) {
+  Transport& t = ctx.transport;
+  const int n = t.size();
+  const int r = t.rank();
+  const size_t e = ElementSize(type);
+  std::vector<size_t> send_offset(n + 1, 0);
+  std::vector<size_t> recv_offset(n + 1, 0);
+  for (int p = 0; p < n; ++p) {
+    send_offset[p + 1] = send_offset[p] + send_counts[p] * e;
+    recv_offset[p + 1] = recv_offset[p] + recv_counts[p] * e;
+  }
+  TRAINRUN_ENFORCE(send_counts[r] == recv_counts[r], "this rank sends itself ", send_counts[r],
+                   " elements but expects ", recv_counts[r]);
+  if (send_counts[r] > 0) {
+    std::memmove(Bytes(output) + recv_offset[r], Bytes(input) + send_offset[r], send_counts[r] * e);
+  }
+  for (int i = 1; i < n; ++i) {
+    const int p = Mod(r - i, n);
+    if (recv_counts[p] > 0) t.Recv(p, Bytes(output) + recv_offset[p], recv_counts[p] * e);
+  }
+  for (int i = 1; i < n; ++i) {
+    const int p = Mod(r + i, n);
+    if (send_counts[p] > 0) t.Send(p, Bytes(input) + send_offset[p], send_counts[p] * e);
+  }
+  t.WaitAll();
+}
+
 void Barrier(AlgorithmContext& ctx) {
   Transport& t = ctx.transport;
   const int n = t.size();

@@ -27,6 +27,9 @@ void Allgatherv(AlgorithmContext& ctx, const void* input, void* output,
                 const std::vector<size_t>& counts, DataType type);
 void ReduceScatter(AlgorithmContext& ctx, const void* input, void* output, size_t count,
                    DataType type, ReduceOp op);
+// counts are in elements of `type`; blocks are in rank order in both buffers.
+void Alltoallv(AlgorithmContext& ctx, const void* input, const std::vector<size_t>& send_counts,
+               void* output, const std::vector<size_t>& recv_counts, DataType type);
 void Barrier(AlgorithmContext& ctx);
 
 // The two allreduce algorithms, exposed for tests that must exercise both at every size.

@@ -1,10 +1,14 @@
 #include "trainrun/collectives/communicator.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "algorithms.h"
+#include "call_check.h"
 #include "socket.h"
+#include "subset_transport.h"
 #include "tcp_transport.h"
+#include "timeline.h"
 #include "trainrun/rendezvous/environment.h"
 #include "transport_select.h"
 
@@ -16,7 +20,7 @@ class Communicator::Impl {
  public:
   Impl(std::shared_ptr<rendezvous::Store> store, const RankInfo& info,
        const CommunicatorOptions& options)
-      : store_(std::move(store)), info_(info) {
+      : store_(std::move(store)), info_(info), job_rank_(info.rank) {
     if (store_ == nullptr) throw InvalidArgumentError("a communicator needs a store (got null)");
     if (info_.size < 1 || info_.rank < 0 || info_.rank >= info_.size) {
       throw InvalidArgumentError(MakeMessage("rank ", info_.rank, " is not in [0, ", info_.size,
@@ -46,6 +50,12 @@ class Communicator::Impl {
     shm.small_bytes = static_cast<size_t>(std::max<int64_t>(0, env::kShmSmallBytes.Get()));
     shm.channel_bytes = static_cast<size_t>(std::max<int64_t>(4096, env::kShmChannelBytes.Get()));
     const std::string mode = options.transport.empty() ? env::kTransport.Get() : options.transport;
+    check_calls_ = env::kCheckShapes.Get() != 0;
+    timeline_ = std::make_shared<internal::Timeline>();
+    std::string trace = env::kTimeline.Get();
+    if (trace.empty()) trace = EnvOr(env::kHorovodTimeline);
+    // Horovod's "DYNAMIC" means: no timeline now, start_timeline() may start one later.
+    if (!trace.empty() && trace != "DYNAMIC") timeline_->Start(trace, info_.rank);
     try {
       transport_ =
           internal::MakeTransport(*store_, info_, mode, tcp, shm, segment_bytes_, small_bytes_);
@@ -55,22 +65,123 @@ class Communicator::Impl {
     }
   }
 
+  // Impl for a subset `ranks` of `parent`'s ranks, over its connections.
+  Impl(const Impl& parent, const std::vector<int>& ranks, std::string set_name)
+      : store_(parent.store_),
+        job_rank_(parent.job_rank_),
+        set_name_(std::move(set_name)),
+        segment_bytes_(parent.segment_bytes_),
+        small_bytes_(parent.small_bytes_),
+        check_calls_(parent.check_calls_),
+        timeline_(parent.timeline_) {
+    const int me =
+        static_cast<int>(std::find(ranks.begin(), ranks.end(), parent.info_.rank) - ranks.begin());
+    info_.rank = me;
+    info_.size = static_cast<int>(ranks.size());
+    info_.local_rank = me;
+    info_.local_size = info_.size;
+    transport_ = std::make_shared<internal::SubsetTransport>(parent.transport_, ranks, me);
+  }
+
   const RankInfo& info() const { return info_; }
+  int job_rank() const { return job_rank_; }
   const char* transport_name() const { return transport_->name(); }
 
   // Run runs one collective; a failure breaks the communicator, tells the peers and the rendezvous
   // who is to blame, and propagates.
+  // `call` describes it to the peers first (call_check.h); a mismatch throws MismatchError on every
+  // rank and leaves the communicator as it was.
   template <typename F>
-  void Run(F&& body) {
+  void Run(const internal::CallRecord& call, F&& body) {
+    const bool traced = timeline_->enabled();
+    const int64_t start = traced ? internal::Timeline::Now() : 0;
+    int64_t agreed = start;
+    Guard([&](internal::AlgorithmContext& ctx) {
+      if (check_calls_ && info_.size > 1) {
+        internal::CheckAgreement(internal::ExchangeRecords(ctx, call), set_name_);
+      }
+      if (traced) agreed = internal::Timeline::Now();
+      body(ctx);
+    });
+    if (traced) timeline_->Record(call, set_name_, start, agreed, internal::Timeline::Now());
+  }
+
+  internal::Timeline& timeline() { return *timeline_; }
+
+  // Join takes part, with zeros, in the allreduces (sum, average) and barriers the other ranks
+  // run, until every rank has joined; returns the last rank to join (the highest of those that
+  // joined in the same round), the same on every rank.
+  int Join() {
+    if (info_.size == 1) return 0;
+    if (!check_calls_) {
+      throw InvalidArgumentError(
+          "join() needs the ranks to describe their collectives to each other; unset "
+          "TRAINRUN_CHECK_SHAPES=0");
+    }
+    int last = -1;
+    Guard([&](internal::AlgorithmContext& ctx) {
+      for (int round = 0; last < 0; ++round) {
+        auto records = internal::ExchangeRecords(
+            ctx, internal::DescribeCall(internal::CollectiveKind::kJoin, DataType::kUInt8, 0, round,
+                                        CallCheck{}));
+        last = LastToJoin(records);
+        if (last >= 0 || !internal::Disagreement(records, set_name_).empty()) continue;
+        const internal::CallRecord& call =
+            *std::find_if(records.begin(), records.end(),
+                          [](const internal::CallRecord& r) { return r.kind != kJoinKind; });
+        if (call.kind == static_cast<uint32_t>(internal::CollectiveKind::kBarrier)) {
+          internal::Barrier(ctx);
+          continue;
+        }
+        const auto type = static_cast<DataType>(call.dtype);
+        join_zeros_.assign(call.count * ElementSize(type), 0);
+        RunAllreduce(ctx, join_zeros_.data(), join_zeros_.data(), call.count, type,
+                     static_cast<ReduceOp>(call.op_or_root));
+      }
+    });
+    return last;
+  }
+
+  // RunAllreduce is the allreduce every rank runs, joined ones included: the transport's own way
+  // when it has one, else the algorithms.
+  static void RunAllreduce(internal::AlgorithmContext& ctx, const void* input, void* output,
+                           size_t count, DataType type, ReduceOp op) {
+    if (!ctx.transport.TryAllreduce(input, output, count, type, op)) {
+      internal::Allreduce(ctx, input, output, count, type, op);
+    }
+  }
+
+ private:
+  static constexpr uint32_t kJoinKind = static_cast<uint32_t>(internal::CollectiveKind::kJoin);
+
+  // LastToJoin returns the last rank to join once every record is a join, else -1.
+  static int LastToJoin(const std::vector<internal::CallRecord>& records) {
+    int last = -1;
+    int fewest = 0;
+    for (int r = 0; r < static_cast<int>(records.size()); ++r) {
+      if (records[r].kind != kJoinKind) return -1;
+      if (last < 0 || records[r].op_or_root <= fewest) {
+        last = r;
+        fewest = records[r].op_or_root;
+      }
+    }
+    return last;
+  }
+
+  // Guard runs `body` on this communicator; a failure other than bad arguments (a mismatch
+  // included) breaks the communicator, tells the peers and the rendezvous who is to blame, and
+  // propagates.
+  template <typename F>
+  void Guard(F&& body) {
     if (!broken_.empty()) {
-      throw IoError(MakeMessage("rank ", info_.rank, ": this communicator failed earlier (",
-                                broken_, "); it cannot be used again"));
+      throw IoError(MakeMessage("rank ", job_rank_, ": this communicator failed earlier (", broken_,
+                                "); it cannot be used again"));
     }
     internal::AlgorithmContext ctx{*transport_, segment_bytes_, small_bytes_, scratch_};
     try {
       body(ctx);
     } catch (const Error& e) {
-      if (dynamic_cast<const InvalidArgumentError*>(&e) != nullptr) throw;
+      if (dynamic_cast<const InvalidArgumentError*>(&e) != nullptr) throw;  // mismatch included
       broken_ = e.what();
       const int peer = transport_->failed_peer();
       transport_->Abort(peer, e.what());
@@ -84,15 +195,20 @@ class Communicator::Impl {
 
   void Report(int peer, const std::string& message) {
     if (peer < 0 && transport_ != nullptr) peer = transport_->failed_peer();
-    if (peer >= 0) (void)store_->ReportPeerFailure(info_.rank, peer, message);
+    if (peer >= 0) (void)store_->ReportPeerFailure(job_rank_, peer, message);
   }
 
   std::shared_ptr<rendezvous::Store> store_;
   RankInfo info_;
-  std::unique_ptr<internal::Transport> transport_;
+  int job_rank_ = 0;      // this rank in the communicator the transport was made for
+  std::string set_name_;  // "" for a communicator of its own; a subset's name otherwise
+  std::shared_ptr<internal::Transport> transport_;
   std::vector<char> scratch_;
+  std::vector<char> join_zeros_;  // what a joined rank contributes
   size_t segment_bytes_ = 0;
   size_t small_bytes_ = 0;
+  bool check_calls_ = true;
+  std::shared_ptr<internal::Timeline> timeline_;  // shared with subsets
   std::string broken_;
 };
 
@@ -107,8 +223,11 @@ RankInfo SingleHost(int rank, int size) {
   return info;
 }
 
+using internal::CollectiveKind;
+using internal::DescribeCall;
+
 void CheckType(DataType type) {
-  if (static_cast<int>(type) < 0 || static_cast<int>(type) > static_cast<int>(DataType::kInt8)) {
+  if (static_cast<int>(type) < 0 || static_cast<int>(type) >= kDataTypeCount) {
     throw InvalidArgumentError(MakeMessage("unknown data type ", static_cast<int>(type)));
   }
 }
@@ -135,7 +254,26 @@ Communicator::Communicator(std::shared_ptr<rendezvous::Store> store, const RankI
                            CommunicatorOptions options)
     : impl_(std::make_unique<Impl>(std::move(store), info, options)) {}
 
+Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
 Communicator::~Communicator() = default;
+
+std::unique_ptr<Communicator> Communicator::Subset(const std::vector<int>& ranks,
+                                                   const std::string& name) {
+  if (ranks.empty() || !std::is_sorted(ranks.begin(), ranks.end()) ||
+      std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() || ranks.front() < 0 ||
+      ranks.back() >= size()) {
+    throw InvalidArgumentError(
+        MakeMessage("a subset of a communicator of ", size(),
+                    " ranks needs distinct ranks in ascending order, each in [0, ", size(), ")"));
+  }
+  if (!std::binary_search(ranks.begin(), ranks.end(), rank())) {
+    throw InvalidArgumentError(
+        MakeMessage("rank ", rank(), " is not in the subset ", name, "; only its members make it"));
+  }
+  return std::unique_ptr<Communicator>(
+      new Communicator(std::make_unique<Impl>(*impl_, ranks, name)));
+}
 
 int Communicator::rank() const { return impl_->info().rank; }
 int Communicator::size() const { return impl_->info().size; }
@@ -143,36 +281,38 @@ const RankInfo& Communicator::info() const { return impl_->info(); }
 const char* Communicator::transport() const { return impl_->transport_name(); }
 
 void Communicator::Allreduce(const void* input, void* output, size_t count, DataType type,
-                             ReduceOp op) {
+                             ReduceOp op, const CallCheck& check) {
   CheckType(type);
   CheckOp(op);
   CheckBuffer(input, count, "allreduce input");
   CheckBuffer(output, count, "allreduce output");
-  impl_->Run([&](internal::AlgorithmContext& ctx) {
-    if (!ctx.transport.TryAllreduce(input, output, count, type, op)) {
-      internal::Allreduce(ctx, input, output, count, type, op);
-    }
+  auto call = DescribeCall(CollectiveKind::kAllreduce, type, count, static_cast<int>(op), check);
+  impl_->Run(call, [&](internal::AlgorithmContext& ctx) {
+    Impl::RunAllreduce(ctx, input, output, count, type, op);
   });
 }
 
-void Communicator::Broadcast(void* data, size_t count, DataType type, int root) {
+void Communicator::Broadcast(void* data, size_t count, DataType type, int root,
+                             const CallCheck& check) {
   CheckType(type);
   CheckBuffer(data, count, "broadcast buffer");
   if (root < 0 || root >= size()) {
     throw InvalidArgumentError(
         MakeMessage("broadcast root ", root, " is not a rank of this communicator of ", size()));
   }
-  impl_->Run([&](internal::AlgorithmContext& ctx) {
+  auto call = DescribeCall(CollectiveKind::kBroadcast, type, count, root, check);
+  impl_->Run(call, [&](internal::AlgorithmContext& ctx) {
     internal::Broadcast(ctx, data, count * ElementSize(type), root);
   });
 }
 
-void Communicator::Allgather(const void* input, void* output, size_t count, DataType type) {
-  Allgatherv(input, output, std::vector<size_t>(size(), count), type);
+void Communicator::Allgather(const void* input, void* output, size_t count, DataType type,
+                             const CallCheck& check) {
+  Allgatherv(input, output, std::vector<size_t>(size(), count), type, check);
 }
 
 void Communicator::Allgatherv(const void* input, void* output, const std::vector<size_t>& counts,
-                              DataType type) {
+                              DataType type, const CallCheck& check) {
   CheckType(type);
   if (static_cast<int>(counts.size()) != size()) {
     throw InvalidArgumentError(MakeMessage("allgatherv got ", counts.size(), " counts for ", size(),
@@ -182,24 +322,63 @@ void Communicator::Allgatherv(const void* input, void* output, const std::vector
   for (size_t c : counts) total += c;
   CheckBuffer(input, counts[rank()], "allgather input");
   CheckBuffer(output, total, "allgather output");
-  impl_->Run([&](internal::AlgorithmContext& ctx) {
+  uint64_t counts_hash = 1469598103934665603ull;  // FNV-1a over the counts: they must agree
+  for (size_t c : counts) counts_hash = (counts_hash ^ c) * 1099511628211ull;
+  auto call = DescribeCall(CollectiveKind::kAllgather, type, counts[rank()], 0, check,
+                           /*count_varies=*/true, counts_hash);
+  impl_->Run(call, [&](internal::AlgorithmContext& ctx) {
     internal::Allgatherv(ctx, input, output, counts, type);
   });
 }
 
 void Communicator::ReduceScatter(const void* input, void* output, size_t count, DataType type,
-                                 ReduceOp op) {
+                                 ReduceOp op, const CallCheck& check) {
   CheckType(type);
   CheckOp(op);
   CheckBuffer(input, count, "reduce-scatter input");
   CheckBuffer(output, count, "reduce-scatter output");
-  impl_->Run([&](internal::AlgorithmContext& ctx) {
+  auto call =
+      DescribeCall(CollectiveKind::kReduceScatter, type, count, static_cast<int>(op), check);
+  impl_->Run(call, [&](internal::AlgorithmContext& ctx) {
     internal::ReduceScatter(ctx, input, output, count, type, op);
   });
 }
 
+void Communicator::Alltoallv(const void* input, const std::vector<size_t>& send_counts,
+                             void* output, const std::vector<size_t>& recv_counts, DataType type,
+                             const CallCheck& check) {
+  CheckType(type);
+  if (static_cast<int>(send_counts.size()) != size() ||
+      static_cast<int>(recv_counts.size()) != size()) {
+    throw InvalidArgumentError(MakeMessage("alltoallv got ", send_counts.size(), " send and ",
+                                           recv_counts.size(), " receive counts for ", size(),
+                                           " ranks; pass one of each per rank"));
+  }
+  size_t sent = 0;
+  size_t received = 0;
+  for (int r = 0; r < size(); ++r) {
+    sent += send_counts[r];
+    received += recv_counts[r];
+  }
+  CheckBuffer(input, sent, "alltoall input");
+  CheckBuffer(output, received, "alltoall output");
+  auto call = DescribeCall(CollectiveKind::kAlltoall, type, sent, 0, check, /*count_varies=*/true);
+  impl_->Run(call, [&](internal::AlgorithmContext& ctx) {
+    internal::Alltoallv(ctx, input, send_counts, output, recv_counts, type);
+  });
+}
+
+int Communicator::Join() { return impl_->Join(); }
+
+void Communicator::StartTimeline(const std::string& path) {
+  impl_->timeline().Start(path, impl_->job_rank());
+}
+
+void Communicator::StopTimeline() { impl_->timeline().Stop(); }
+
 void Communicator::Barrier() {
-  impl_->Run([&](internal::AlgorithmContext& ctx) { internal::Barrier(ctx); });
+  auto call = DescribeCall(CollectiveKind::kBarrier, DataType::kUInt8, 0, 0, CallCheck{});
+  impl_->Run(call, [&](internal::AlgorithmContext& ctx) { internal::Barrier(ctx); });
 }
 
 }  // namespace trainrun::collectives

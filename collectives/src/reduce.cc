@@ -148,6 +148,10 @@ TRAINRUN_INLINE void ForType(DataType type, void* dst, const void* a, const void
       TRAINRUN_CASE(uint8_t, (Loop3<Op, uint8_t>), (Loop2<Op, uint8_t>))
     case DataType::kInt8:
       TRAINRUN_CASE(int8_t, (Loop3<Op, int8_t>), (Loop2<Op, int8_t>))
+    case DataType::kInt16:
+      TRAINRUN_CASE(int16_t, (Loop3<Op, int16_t>), (Loop2<Op, int16_t>))
+    case DataType::kBool:  // ForOp maps bool's ops onto max and min; see there.
+      TRAINRUN_CASE(uint8_t, (Loop3<Op, uint8_t>), (Loop2<Op, uint8_t>))
     case DataType::kFloat16:
       TRAINRUN_CASE(_Float16, LoopHalf3<Op>, LoopHalf2<Op>)
     case DataType::kBFloat16:
@@ -158,6 +162,10 @@ TRAINRUN_INLINE void ForType(DataType type, void* dst, const void* a, const void
 
 TRAINRUN_INLINE void ForOp(DataType type, ReduceOp op, void* dst, const void* a, const void* b,
                            size_t n) {
+  if (type == DataType::kBool) {  // or (sum, max) and and (product, min) on bytes of 0 or 1
+    const bool any = op == ReduceOp::kSum || op == ReduceOp::kAverage || op == ReduceOp::kMax;
+    return any ? ForType<MaxOp>(type, dst, a, b, n) : ForType<MinOp>(type, dst, a, b, n);
+  }
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAverage:
@@ -261,6 +269,10 @@ void Divide(DataType type, void* data, size_t count, int divisor) {
       return DivideInts(static_cast<uint8_t*>(data), count, divisor);
     case DataType::kInt8:
       return DivideInts(static_cast<int8_t*>(data), count, divisor);
+    case DataType::kInt16:
+      return DivideInts(static_cast<int16_t*>(data), count, divisor);
+    case DataType::kBool:
+      return;  // the average of booleans is their or
   }
 }
 

@@ -4,8 +4,8 @@
 
 namespace trainrun::python {
 
-CommThread::CommThread(std::unique_ptr<collectives::Communicator> comm)
-    : comm_(std::move(comm)), thread_([this] { Loop(); }) {}
+CommThread::CommThread(collectives::Communicator& comm)
+    : comm_(&comm), thread_([this] { Loop(); }) {}
 
 CommThread::~CommThread() {
   {

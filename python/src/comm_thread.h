@@ -2,7 +2,7 @@
 // order they were submitted, so Python can start an allreduce and go on (backward keeps computing
 // gradients) while this thread waits on the network without the GIL.
 //
-//   CommThread thread(std::move(comm));
+//   CommThread thread(*comm);
 //   auto h = thread.Submit([=](Communicator& c) { c.Allreduce(p, n, type, op); });
 //   ... other work ...
 //   thread.Wait(h);  // rethrows what the collective threw
@@ -31,10 +31,9 @@ class CommThread {
   using Handle = int64_t;
   using Job = std::function<void(collectives::Communicator&)>;
 
-  // CommThread takes the communicator and starts the thread.
-  explicit CommThread(std::unique_ptr<collectives::Communicator> comm);
-  // ~CommThread finishes the jobs already submitted, stops the thread, then closes the
-  // communicator.
+  // CommThread starts the thread, which drives `comm` (the caller keeps it alive longer).
+  explicit CommThread(collectives::Communicator& comm);
+  // ~CommThread finishes the jobs already submitted, then stops the thread.
   ~CommThread();
   CommThread(const CommThread&) = delete;
   CommThread& operator=(const CommThread&) = delete;
@@ -55,7 +54,7 @@ class CommThread {
  private:
   void Loop();
 
-  std::unique_ptr<collectives::Communicator> comm_;
+  collectives::Communicator* comm_;
   std::mutex mutex_;
   std::condition_variable queued_;    // a job arrived, or stopping_
   std::condition_variable finished_;  // a job finished

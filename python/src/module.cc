@@ -10,12 +10,16 @@
 #include <pybind11/stl.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "comm_thread.h"
 #include "trainrun/collectives/communicator.h"
@@ -30,12 +34,12 @@ namespace py = pybind11;
 namespace trainrun::python {
 namespace {
 
+using collectives::CallCheck;
 using collectives::Communicator;
 using collectives::DataType;
 using collectives::RankInfo;
 using collectives::ReduceOp;
 
-constexpr int kDataTypeCount = 8;  // DataType's values are 0 .. kDataTypeCount - 1.
 // How often a wait lets Python run its signal handlers (Ctrl-C).
 constexpr auto kSignalCheckInterval = std::chrono::milliseconds(100);
 
@@ -95,7 +99,9 @@ std::unique_ptr<Communicator> Connect() {
   return std::make_unique<Communicator>(std::make_shared<rendezvous::MemoryStore>(), 0, 1, options);
 }
 
-// Runtime is the process's one connection to the job, between init() and shutdown().
+// Runtime is the process's one connection to the job. init() joins the job once; shutdown() stops
+// the communication thread and forgets the process sets, but keeps the connections, so a later
+// init() (as Horovod's test suite and elastic programs do) takes part again with the same rank.
 class Runtime {
  public:
   static Runtime& Get() {
@@ -105,28 +111,22 @@ class Runtime {
 
   void Init() {
     if (thread_) return;
-    // A rank joins its job once (the rendezvous refuses a second join of the same rank).
-    if (shut_down_) {
-      throw Error(
-          "trainrun.init() was called after trainrun.shutdown(); a process joins its job once, so "
-          "call shutdown() only when it is done with collectives");
-    }
-    std::unique_ptr<Communicator> comm;
-    {
+    if (!world_) {
       py::gil_scoped_release release;
-      comm = Connect();
+      world_ = Connect();
     }
-    thread_ = std::make_unique<CommThread>(std::move(comm));
+    thread_ = std::make_unique<CommThread>(*world_);
   }
 
   void Shutdown() {
     if (!thread_) return;
-    shut_down_ = true;
     py::gil_scoped_release release;
-    thread_.reset();  // Finishes what was submitted, then closes the connections.
+    thread_.reset();  // Finishes what was submitted.
+    sets_.clear();
+    next_set_ = 1;
   }
 
-  bool initialized() const { return thread_ != nullptr; }
+  bool initialized() const { return thread_ != nullptr && !forked_; }
 
   CommThread& thread() {
     if (forked_) {
@@ -143,22 +143,73 @@ class Runtime {
   // AbandonAfterFork runs in the child of a fork(): the communication thread does not exist there,
   // so the child must never join or destroy it; it leaks it instead (the parent still owns it).
   void AbandonAfterFork() {
-    if (thread_) {
+    if (thread_ || world_) {
       (void)thread_.release();
+      (void)world_.release();
+      for (auto& [id, set] : sets_) (void)set.release();
       forked_ = true;
     }
   }
 
   const RankInfo& info() { return thread().comm().info(); }
 
+  // AddProcessSet registers the ranks `ranks` (ascending) as the next process set and returns its
+  // id; every rank of the job calls it, members get a communicator over the world's connections.
+  int AddProcessSet(const std::vector<int>& ranks) {
+    thread();
+    const int id = next_set_++;
+    std::unique_ptr<Communicator> comm;
+    if (std::binary_search(ranks.begin(), ranks.end(), world_->rank())) {
+      comm = world_->Subset(ranks, internal::MakeMessage("process set ", id));
+    }
+    sets_[id] = std::move(comm);
+    return id;
+  }
+
+  void RemoveProcessSet(int id) {
+    CommThread& comm_thread = thread();
+    if (id == 0) throw InvalidArgumentError("the global process set (id 0) cannot be removed");
+    auto it = sets_.find(id);
+    if (it == sets_.end()) {
+      throw InvalidArgumentError(internal::MakeMessage("process set ", id, " does not exist"));
+    }
+    // Operations on the set may still be queued: let them finish before its communicator goes.
+    const CommThread::Handle drained = comm_thread.Submit([](Communicator&) {});
+    {
+      py::gil_scoped_release release;
+      while (!comm_thread.WaitFor(drained, std::chrono::milliseconds(100))) {
+      }
+    }
+    sets_.erase(it);
+  }
+
+  // Set returns process set `id`'s communicator (0: the world). Throws when this rank is not in it.
+  Communicator& Set(int id) {
+    thread();
+    if (id == 0) return *world_;
+    auto it = sets_.find(id);
+    if (it == sets_.end()) {
+      throw InvalidArgumentError(internal::MakeMessage(
+          "process set ", id, " does not exist (removed, or made before the last shutdown())"));
+    }
+    if (!it->second) {
+      throw InvalidArgumentError(internal::MakeMessage("rank ", world_->rank(),
+                                                       " is not a member of process set ", id,
+                                                       "; only its members may use it"));
+    }
+    return *it->second;
+  }
+
  private:
+  std::unique_ptr<Communicator> world_;
+  std::map<int, std::unique_ptr<Communicator>> sets_;  // null: this rank is not a member
+  int next_set_ = 1;
   std::unique_ptr<CommThread> thread_;
-  bool shut_down_ = false;
   bool forked_ = false;
 };
 
 DataType ToDataType(int code) {
-  if (code < 0 || code >= kDataTypeCount) {
+  if (code < 0 || code >= collectives::kDataTypeCount) {
     throw InvalidArgumentError(internal::MakeMessage("unknown dtype code ", code));
   }
   return static_cast<DataType>(code);
@@ -181,22 +232,30 @@ void Wait(CommThread::Handle handle) {
   }
 }
 
-CommThread::Handle Submit(CommThread::Job job) {
-  return Runtime::Get().thread().Submit(std::move(job));
+// Submit queues `job` for process set `set` (checked now, so a bad set fails at the call).
+CommThread::Handle Submit(int set, std::function<void(Communicator&)> job) {
+  Communicator* comm = &Runtime::Get().Set(set);
+  return Runtime::Get().thread().Submit(
+      [comm, job = std::move(job)](Communicator&) { job(*comm); });
 }
 
-void Run(CommThread::Job job) { Wait(Submit(std::move(job))); }
-
-CommThread::Job AllreduceJob(uintptr_t address, size_t count, int dtype, ReduceOp op) {
-  void* data = ToPointer(address, count);
-  DataType type = ToDataType(dtype);
-  return [=](Communicator& c) { c.Allreduce(data, count, type, op); };
+CallCheck MakeCheck(std::string name, std::optional<std::vector<int64_t>> shape) {
+  CallCheck check;
+  check.name = std::move(name);
+  if (shape) {
+    check.has_shape = true;
+    check.shape = std::move(*shape);
+  }
+  return check;
 }
 
-CommThread::Job BroadcastJob(uintptr_t address, size_t count, int dtype, int root) {
-  void* data = ToPointer(address, count);
-  DataType type = ToDataType(dtype);
-  return [=](Communicator& c) { c.Broadcast(data, count, type, root); };
+std::vector<size_t> ToCounts(const std::vector<int64_t>& counts, const char* what) {
+  std::vector<size_t> out;
+  for (int64_t c : counts) {
+    if (c < 0) throw InvalidArgumentError(internal::MakeMessage(what, " has a negative count"));
+    out.push_back(static_cast<size_t>(c));
+  }
+  return out;
 }
 
 // NewException makes a Python exception class `trainrun.<name>` deriving from `bases`.
@@ -215,13 +274,18 @@ void RegisterExceptions(py::module_& m) {
   static PyObject* io_error = nullptr;
   static PyObject* timeout_error = nullptr;
   static PyObject* invalid_argument_error = nullptr;
+  static PyObject* mismatch_error = nullptr;
   py::object base = NewException(m, "Error", py::make_tuple(py::handle(PyExc_RuntimeError)));
   error = base.ptr();
-  io_error = NewException(m, "IoError", py::make_tuple(base)).ptr();
-  timeout_error = NewException(m, "TimeoutError", py::make_tuple(base)).ptr();
-  invalid_argument_error =
-      NewException(m, "InvalidArgumentError", py::make_tuple(base, py::handle(PyExc_ValueError)))
-          .ptr();
+  // InternalError: the job's communication failed (a peer died or stalled); what Horovod calls
+  // HorovodInternalError, which elastic training catches to restart.
+  py::object internal_error = NewException(m, "InternalError", py::make_tuple(base));
+  io_error = NewException(m, "IoError", py::make_tuple(internal_error)).ptr();
+  timeout_error = NewException(m, "TimeoutError", py::make_tuple(internal_error)).ptr();
+  py::object invalid =
+      NewException(m, "InvalidArgumentError", py::make_tuple(base, py::handle(PyExc_ValueError)));
+  invalid_argument_error = invalid.ptr();
+  mismatch_error = NewException(m, "MismatchError", py::make_tuple(invalid)).ptr();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -229,6 +293,8 @@ void RegisterExceptions(py::module_& m) {
       PyErr_SetString(io_error, e.what());
     } catch (const TimeoutError& e) {
       PyErr_SetString(timeout_error, e.what());
+    } catch (const MismatchError& e) {
+      PyErr_SetString(mismatch_error, e.what());
     } catch (const InvalidArgumentError& e) {
       PyErr_SetString(invalid_argument_error, e.what());
     } catch (const Error& e) {
@@ -259,7 +325,7 @@ PYBIND11_MODULE(_core, m) {
       "dtypes",
       [] {
         py::dict codes;
-        for (int code = 0; code < kDataTypeCount; ++code) {
+        for (int code = 0; code < trainrun::collectives::kDataTypeCount; ++code) {
           codes[trainrun::collectives::DataTypeName(static_cast<DataType>(code))] = code;
         }
         return codes;
@@ -271,7 +337,7 @@ PYBIND11_MODULE(_core, m) {
       "Joins the job (see trainrun.init); a no-op when already initialized.");
   m.def(
       "shutdown", [] { Runtime::Get().Shutdown(); },
-      "Finishes pending operations and leaves the job (for good: no init() after it).");
+      "Finishes pending operations and stops; init() may follow (the connections stay open).");
   m.def("is_initialized", [] { return Runtime::Get().initialized(); });
   m.def(
       "rank", [] { return Runtime::Get().info().rank; }, "This process's global rank.");
@@ -288,45 +354,110 @@ PYBIND11_MODULE(_core, m) {
       "cross_size", [] { return Runtime::Get().info().cross_size; },
       "Number of hosts with this local_rank.");
 
-  m.def(
-      "allreduce",
-      [](uintptr_t address, size_t count, int dtype, ReduceOp op) {
-        Run(AllreduceJob(address, count, dtype, op));
-      },
-      py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-      "Reduces count elements at address in place; returns when done.");
+  // Every collective is queued on the communication thread and returns a handle for wait() and
+  // poll(). `set` is a process set id (0: every rank); `name` and `shape` join the agreement check
+  // (shape None: not checked beyond the count). Buffers must stay alive until wait() returns.
   m.def(
       "allreduce_async",
-      [](uintptr_t address, size_t count, int dtype, ReduceOp op) {
-        return Submit(AllreduceJob(address, count, dtype, op));
-      },
-      py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-      "Starts an in-place allreduce; returns a handle for wait() and poll().");
-  m.def(
-      "broadcast",
-      [](uintptr_t address, size_t count, int dtype, int root) {
-        Run(BroadcastJob(address, count, dtype, root));
-      },
-      py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("root"));
-  m.def(
-      "broadcast_async",
-      [](uintptr_t address, size_t count, int dtype, int root) {
-        return Submit(BroadcastJob(address, count, dtype, root));
-      },
-      py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("root"));
-  m.def(
-      "allgather",
-      [](uintptr_t input, uintptr_t output, size_t count, int dtype) {
+      [](uintptr_t input, uintptr_t output, size_t count, int dtype, ReduceOp op, int set,
+         std::string name, std::optional<std::vector<int64_t>> shape) {
         const void* in = ToPointer(input, count);
         void* out = ToPointer(output, count);
         DataType type = ToDataType(dtype);
-        Run([=](trainrun::collectives::Communicator& c) { c.Allgather(in, out, count, type); });
+        CallCheck check = MakeCheck(std::move(name), std::move(shape));
+        return Submit(set, [=](Communicator& c) { c.Allreduce(in, out, count, type, op, check); });
       },
-      py::arg("input"), py::arg("output"), py::arg("count"), py::arg("dtype"),
-      "Gathers count elements from every rank, in rank order, into output.");
+      py::arg("input"), py::arg("output"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+      py::arg("set") = 0, py::arg("name") = "", py::arg("shape") = py::none());
   m.def(
-      "barrier", [] { Run([](trainrun::collectives::Communicator& c) { c.Barrier(); }); },
-      "Returns once every rank has called barrier().");
+      "broadcast_async",
+      [](uintptr_t address, size_t count, int dtype, int root, int set, std::string name,
+         std::optional<std::vector<int64_t>> shape) {
+        void* data = ToPointer(address, count);
+        DataType type = ToDataType(dtype);
+        CallCheck check = MakeCheck(std::move(name), std::move(shape));
+        return Submit(set, [=](Communicator& c) { c.Broadcast(data, count, type, root, check); });
+      },
+      py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("root"), py::arg("set") = 0,
+      py::arg("name") = "", py::arg("shape") = py::none());
+  m.def(
+      "allgatherv_async",
+      [](uintptr_t input, uintptr_t output, std::vector<int64_t> counts, int dtype, int set,
+         std::string name, std::optional<std::vector<int64_t>> shape) {
+        std::vector<size_t> n = ToCounts(counts, "allgather");
+        size_t total = 0;
+        for (size_t c : n) total += c;
+        const void* in = ToPointer(input, total);
+        void* out = ToPointer(output, total);
+        DataType type = ToDataType(dtype);
+        CallCheck check = MakeCheck(std::move(name), std::move(shape));
+        return Submit(set, [=](Communicator& c) { c.Allgatherv(in, out, n, type, check); });
+      },
+      py::arg("input"), py::arg("output"), py::arg("counts"), py::arg("dtype"), py::arg("set") = 0,
+      py::arg("name") = "", py::arg("shape") = py::none());
+  m.def(
+      "reducescatter_async",
+      [](uintptr_t input, uintptr_t output, size_t count, int dtype, ReduceOp op, int set,
+         std::string name, std::optional<std::vector<int64_t>> shape) {
+        const void* in = ToPointer(input, count);
+        void* out = ToPointer(output, count);
+        DataType type = ToDataType(dtype);
+        CallCheck check = MakeCheck(std::move(name), std::move(shape));
+        return Submit(set,
+                      [=](Communicator& c) { c.ReduceScatter(in, out, count, type, op, check); });
+      },
+      py::arg("input"), py::arg("output"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+      py::arg("set") = 0, py::arg("name") = "", py::arg("shape") = py::none());
+  m.def(
+      "alltoallv_async",
+      [](uintptr_t input, std::vector<int64_t> send_counts, uintptr_t output,
+         std::vector<int64_t> recv_counts, int dtype, int set, std::string name,
+         std::optional<std::vector<int64_t>> shape) {
+        std::vector<size_t> sends = ToCounts(send_counts, "alltoall splits");
+        std::vector<size_t> recvs = ToCounts(recv_counts, "alltoall received splits");
+        size_t sent = 0;
+        size_t received = 0;
+        for (size_t c : sends) sent += c;
+        for (size_t c : recvs) received += c;
+        const void* in = ToPointer(input, sent);
+        void* out = ToPointer(output, received);
+        DataType type = ToDataType(dtype);
+        CallCheck check = MakeCheck(std::move(name), std::move(shape));
+        return Submit(set,
+                      [=](Communicator& c) { c.Alltoallv(in, sends, out, recvs, type, check); });
+      },
+      py::arg("input"), py::arg("send_counts"), py::arg("output"), py::arg("recv_counts"),
+      py::arg("dtype"), py::arg("set") = 0, py::arg("name") = "", py::arg("shape") = py::none());
+  m.def(
+      "barrier_async", [](int set) { return Submit(set, [](Communicator& c) { c.Barrier(); }); },
+      py::arg("set") = 0);
+  m.def(
+      "join",
+      [] {
+        auto last = std::make_shared<int>(-1);
+        Wait(Submit(0, [last](Communicator& c) { *last = c.Join(); }));
+        return *last;
+      },
+      "Takes part in the other ranks' allreduces with zeros until every rank has joined; returns "
+      "the last rank to join.");
+  m.def(
+      "start_timeline",
+      [](std::string path) { Wait(Submit(0, [path](Communicator& c) { c.StartTimeline(path); })); },
+      py::arg("path"),
+      "Records a Chrome trace of later collectives to path (in order with them on every rank).");
+  m.def(
+      "stop_timeline", [] { Wait(Submit(0, [](Communicator& c) { c.StopTimeline(); })); },
+      "Stops recording the timeline.");
+  m.def(
+      "add_process_set", [](std::vector<int> ranks) { return Runtime::Get().AddProcessSet(ranks); },
+      py::arg("ranks"), "Registers a process set (every rank calls it alike); returns its id.");
+  m.def(
+      "remove_process_set", [](int id) { Runtime::Get().RemoveProcessSet(id); }, py::arg("id"));
+  m.def(
+      "set_rank", [](int id) { return Runtime::Get().Set(id).rank(); }, py::arg("id"),
+      "This rank's index in process set `id`.");
+  m.def(
+      "set_size", [](int id) { return Runtime::Get().Set(id).size(); }, py::arg("id"));
   m.def(
       "poll", [](CommThread::Handle h) { return Runtime::Get().thread().Done(h); },
       py::arg("handle"), "Whether the operation `handle` has finished.");

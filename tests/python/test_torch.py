@@ -178,9 +178,8 @@ def test_horovod_style_arguments():
                                    named_parameters=model.named_parameters(),
                                    compression=hvd.Compression.none, op=hvd.Sum)
     assert isinstance(opt, torch.optim.SGD)
-    with pytest.raises(trainrun.InvalidArgumentError, match="compression"):
-        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                 compression=hvd.Compression.fp16)
+    with pytest.raises(trainrun.InvalidArgumentError, match="Adasum"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum)
     with pytest.raises(trainrun.InvalidArgumentError, match="op must be"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Max)
     with pytest.raises(ValueError, match="duplicate names"):

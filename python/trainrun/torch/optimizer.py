@@ -53,18 +53,29 @@ class _Bucket:
         self.dtype_code = _buffers.view(self.flat, "DistributedOptimizer", True).dtype
         self.waiting = len(params)  # parameters not yet ready in this step
         self.handle = None
+        self.wire = None  # what the allreduce in flight reduces: flat, or its compressed copy
+        self.sparse = []  # (parameter, view) whose gradient came sparse
 
     def gather_grads(self):
-        """Makes every parameter's .grad a view into the flat buffer, copying where it is not."""
+        """Makes every parameter's .grad a view into the flat buffer, copying where it is not.
+
+        A sparse gradient is reduced as dense and handed back sparse (restore_sparse)."""
+        self.sparse = []
         for p, v in zip(self.params, self.views):
             g = p.grad
             if g is None:
                 v.zero_()
+            elif g.is_sparse:
+                v.copy_(g.to_dense())
+                self.sparse.append((p, v))
             elif g.data_ptr() != v.data_ptr():
-                if g.is_sparse:
-                    g = g.to_dense()
                 v.copy_(g)
             p.grad = v
+
+    def restore_sparse(self):
+        for p, v in self.sparse:
+            p.grad = v.to_sparse()
+        self.sparse = []
 
 
 def _make_buckets(params, bucket_bytes):
@@ -88,9 +99,19 @@ def _make_buckets(params, bucket_bytes):
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Mixed into the wrapped optimizer's class by DistributedOptimizer(); see there."""
 
-    def __init__(self, params, named_parameters, op, backward_passes_per_step, bucket_bytes):
+    def __init__(self, params, named_parameters, op, backward_passes_per_step, bucket_bytes,
+                 wire_dtype, predivide, process_set):
         super(self.__class__, self).__init__(params)
-        self._op = op
+        self._wire_dtype = wire_dtype  # e.g. torch.float16: buckets travel compressed
+        self._process_set = process_set or trainrun.global_process_set
+        self._set_id = self._process_set.process_set_id or 0
+        # Reduces only when this rank and others are in the set; else steps on its own gradients.
+        self._solo = not self._process_set.included() or self._process_set.size() == 1
+        self._op, self._prescale, self._postscale = op, 1.0, 1.0
+        if predivide != 1.0:  # Horovod's split of the averaging around the sum
+            self._op = trainrun.Sum
+            self._prescale = 1.0 / predivide
+            self._postscale = predivide / self._process_set.size()
         self._backward_passes_per_step = backward_passes_per_step
 
         all_params = [p for group in self.param_groups for p in group["params"]]
@@ -106,6 +127,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             dups = sorted({n for n in names if names.count(n) > 1})
             raise ValueError(f"named_parameters has duplicate names: {', '.join(dups)}")
         self._names = {p: n for n, p in named_parameters}
+        self._parameter_names = self._names  # Horovod's attribute name, which scripts read
         unnamed = [p for p in all_params if p not in self._names]
         if unnamed:
             raise ValueError(f"{len(unnamed)} parameter(s) of the optimizer are missing from "
@@ -134,16 +156,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True
         self._grad_accumulators = []
         self._check_layout()
-        if trainrun.size() > 1:
+        if not self._solo:
             self._register_hooks()
 
     def _check_layout(self):
         """Raises on every rank when the ranks' parameter lists differ (names, shapes, dtypes)."""
-        if trainrun.size() == 1:
+        if self._solo:
             return
         layout = [(self._names[p], tuple(p.shape), str(p.dtype))
                   for b in self._buckets for p in b.params]
-        layouts = trainrun.allgather_object(layout)
+        layouts = trainrun.allgather_object(layout, process_set=self._process_set)
         for r, other in enumerate(layouts):
             if other != layouts[0]:
                 diff = next((f"{a} vs {b}" for a, b in zip(layouts[0], other) if a != b),
@@ -184,8 +206,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _launch(self, bucket):
         bucket.gather_grads()
-        bucket.handle = _core.allreduce_async(bucket.flat.data_ptr(), bucket.flat.numel(),
-                                              bucket.dtype_code, self._op)
+        wire = bucket.flat
+        if self._prescale != 1.0:
+            wire.mul_(self._prescale)
+        if self._wire_dtype is not None and bucket.flat.dtype.is_floating_point:
+            wire = bucket.flat.to(self._wire_dtype)  # compressed: what goes on the wire
+        bucket.wire = wire
+        code = _buffers.view(wire, "DistributedOptimizer", True).dtype
+        ptr = wire.data_ptr()
+        bucket.handle = _core.allreduce_async(ptr, ptr, wire.numel(), code, self._op, self._set_id,
+                                              f"DistributedOptimizer bucket {bucket.index}",
+                                              [wire.numel()])
+
+    def _finish(self, bucket):
+        if bucket.wire is not bucket.flat:
+            bucket.flat.copy_(bucket.wire)  # decompress
+        bucket.wire = None
+        if self._postscale != 1.0:
+            bucket.flat.mul_(self._postscale)
+        bucket.restore_sparse()
 
     def _launch_ready(self):
         while (self._next_launch < len(self._buckets)
@@ -196,7 +235,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self):
         """Waits until every gradient is averaged across ranks (launching any bucket not yet
         launched, with zeros for parameters that got no gradient)."""
-        if trainrun.size() == 1:
+        if self._solo:
             self._synchronized = True
             return
         while self._next_launch < len(self._buckets):
@@ -207,6 +246,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if b.handle is not None:
                 try:
                     _core.wait(b.handle)
+                    self._finish(b)
                 except trainrun.Error as e:  # Wait for all, then report the first failure.
                     error = error or e
                 b.handle = None
@@ -231,15 +271,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn("optimizer.step() called without a backward pass since the last "
-                              "synchronize(); wrap step() in optimizer.skip_synchronize() when "
-                              "you call synchronize() yourself")
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "after optimizer.synchronize(): the gradients are reduced again. "
+                              "Wrap step() in optimizer.skip_synchronize() when you call "
+                              "synchronize() yourself")
             self.synchronize()
         self._synchronized = False
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none=False):
-        if trainrun.size() == 1:
+        if self._solo:
             return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
         if any(b.handle is not None for b in self._buckets):
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
@@ -250,13 +291,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for b in self._buckets:
             b.flat.zero_()
             for p, v in zip(b.params, b.views):
-                if p.grad is not None and p.grad.data_ptr() != v.data_ptr():
+                if p.grad is not None and (p.grad.is_sparse or p.grad.data_ptr() != v.data_ptr()):
                     p.grad = None  # not yet a bucket view (no backward since the wrap)
         return None
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          backward_passes_per_step=1, op=None, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False, process_set=None,
                          bucket_bytes=None):
     """Wraps `optimizer` so that step() applies gradients averaged (op) across all ranks.
 
@@ -265,18 +307,40 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     synchronize(). Gradient allreduces start during backward (see the module comment).
 
     named_parameters: model.named_parameters(), used to name parameters in error messages and to
-      check every rank built the same model. op: trainrun.Average (default) or trainrun.Sum.
+      check every rank built the same model. op: trainrun.Average (default) or trainrun.Sum;
+      Adasum is refused (not built).
+    compression: Compression.none, .fp16 or .bf16; the last two send each bucket as 2-byte floats
+      (half float32's bytes) and restore the gradient's dtype after.
     backward_passes_per_step: backward passes that accumulate locally before one allreduce.
-    compression: accepted for Horovod compatibility; only None (no compression) is supported.
-    gradient_predivide_factor: accepted for Horovod compatibility; Horovod splits the averaging
-      around the sum with it, which gives the same average, so trainrun ignores it.
-    bucket_bytes: fusion bucket size; default TRAINRUN_FUSION_BYTES or 1 MiB.
+    gradient_predivide_factor: with op=Average, gradients are divided by it before the sum and
+      the sum by size/factor after (Horovod's split of the averaging, e.g. against fp16 overflow).
+    num_groups, groups: Horovod's fusion hints; trainrun fuses gradients into buckets of
+      bucket_bytes (default TRAINRUN_FUSION_BYTES or 1 MiB) in backward order, which the hints do
+      not change; they are accepted so scripts port.
+    sparse_as_dense: sparse gradients are always reduced as dense in trainrun and handed back
+      sparse (so torch.optim.SparseAdam works), whether True or False.
+    process_set: the ranks whose gradients are averaged together; a rank outside it steps on its
+      own gradients.
     """
-    if compression not in (None, "none") and type(compression).__name__ != "NoneCompressor":
-        raise trainrun.InvalidArgumentError("DistributedOptimizer: gradient compression is not "
-                                            "supported; leave compression unset")
+    from trainrun.torch.compression import Compression  # pylint: disable=import-outside-toplevel
+
+    if compression is None or compression == "none":
+        compression = Compression.none
+    wire_dtype = None
+    if compression is Compression.fp16:
+        wire_dtype = torch.float16
+    elif compression is Compression.bf16:
+        wire_dtype = torch.bfloat16
+    elif compression is not Compression.none:
+        raise trainrun.InvalidArgumentError(
+            f"DistributedOptimizer: compression must be Compression.none, .fp16 or .bf16, got "
+            f"{compression!r}")
     if op is None:
         op = trainrun.Average
+    if getattr(op, "__name__", "") == "Adasum":
+        raise trainrun.InvalidArgumentError(
+            "DistributedOptimizer: op=Adasum is not supported: trainrun is not built with Adasum; "
+            "use op=Average or op=Sum")
     if op not in (trainrun.Average, trainrun.Sum):
         raise trainrun.InvalidArgumentError(
             f"DistributedOptimizer: op must be trainrun.Average or trainrun.Sum, got {op!r}")
@@ -284,9 +348,16 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
         raise trainrun.InvalidArgumentError(
             f"DistributedOptimizer: backward_passes_per_step must be a positive integer, "
             f"got {backward_passes_per_step!r}")
+    if process_set is not None and process_set.process_set_id is None:
+        raise trainrun.InvalidArgumentError(
+            f"DistributedOptimizer: {process_set!r} is not registered; make it with "
+            "add_process_set()")
+    if gradient_predivide_factor != 1.0 and op != trainrun.Average:
+        raise trainrun.InvalidArgumentError(
+            "DistributedOptimizer: gradient_predivide_factor needs op=Average")
     if bucket_bytes is None:
         bucket_bytes = _fusion_bytes()
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, op, backward_passes_per_step,
-               bucket_bytes)
+               bucket_bytes, wire_dtype, gradient_predivide_factor, process_set)

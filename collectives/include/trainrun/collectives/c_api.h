@@ -38,6 +38,8 @@ typedef enum trainrun_dtype {
   TRAINRUN_INT64 = 5,
   TRAINRUN_UINT8 = 6,
   TRAINRUN_INT8 = 7,
+  TRAINRUN_INT16 = 8,
+  TRAINRUN_BOOL = 9,
 } trainrun_dtype;
 
 /* trainrun_op: reductions, equal to trainrun::collectives::ReduceOp. */

@@ -14,7 +14,11 @@
 //   comm.Allreduce(in.data(), out.data(), in.size(), DataType::kFloat32, ReduceOp::kSum);
 //
 // Every rank of a communicator must call the same collectives in the same order with matching
-// arguments (count, type, op, root). A Communicator is not thread-safe: one thread drives it at a
+// arguments (count, type, op, root). Before each collective the ranks exchange one small record
+// saying what each is about to do, so a rank that disagrees (an allreduce against a barrier, other
+// shapes, types, names or roots) makes every rank throw MismatchError for that call, and the
+// communicator goes on working (TRAINRUN_CHECK_SHAPES=0 skips the exchange; a mismatch is then
+// undefined behaviour). A Communicator is not thread-safe: one thread drives it at a
 // time. Errors are exceptions (errors.h): IoError when a peer's connection breaks (naming the
 // peer's rank), TimeoutError when a peer stalls past `timeout`, InvalidArgumentError for bad
 // arguments. After an IoError or TimeoutError the communicator is broken: every later call throws
@@ -61,6 +65,15 @@ struct CommunicatorOptions {
 // treats all ranks as one host: local = global, cross_rank 0, cross_size 1.
 using RankInfo = rendezvous::RankPlace;
 
+// CallCheck is what a caller may add to a collective's agreement check beyond count, type, op and
+// root: a name and a shape that must be the same on every rank (for Allgather and Alltoall, the
+// shape after its first dimension).
+struct CallCheck {
+  std::string name;
+  bool has_shape = false;
+  std::vector<int64_t> shape;
+};
+
 class Communicator {
  public:
   // Communicator connects rank `rank` of `size` to every other rank, meeting through `store`.
@@ -90,35 +103,69 @@ class Communicator {
   // Allreduce reduces `count` elements of `input` across ranks with `op` and writes the result to
   // `output` on every rank. `input == output` reduces in place; otherwise the buffers must not
   // overlap. Every rank gets bit-identical results.
-  void Allreduce(const void* input, void* output, size_t count, DataType type, ReduceOp op);
+  void Allreduce(const void* input, void* output, size_t count, DataType type, ReduceOp op,
+                 const CallCheck& check = {});
   // Allreduce in place.
-  void Allreduce(void* data, size_t count, DataType type, ReduceOp op) {
-    Allreduce(data, data, count, type, op);
+  void Allreduce(void* data, size_t count, DataType type, ReduceOp op,
+                 const CallCheck& check = {}) {
+    Allreduce(data, data, count, type, op, check);
   }
 
   // Broadcast copies `count` elements of `data` on rank `root` into `data` on every other rank.
-  void Broadcast(void* data, size_t count, DataType type, int root);
+  void Broadcast(void* data, size_t count, DataType type, int root, const CallCheck& check = {});
 
   // Allgather concatenates every rank's `count` elements of `input`, in rank order, into `output`
   // (size() * count elements) on every rank. `input` may point into `output` at this rank's block.
-  void Allgather(const void* input, void* output, size_t count, DataType type);
+  void Allgather(const void* input, void* output, size_t count, DataType type,
+                 const CallCheck& check = {});
 
   // Allgatherv is Allgather with a count per rank: `counts[r]` elements from rank r, placed one
   // after another in rank order. `counts` must be the same on every rank; `input` holds
   // counts[rank()] elements.
-  void Allgatherv(const void* input, void* output, const std::vector<size_t>& counts,
-                  DataType type);
+  void Allgatherv(const void* input, void* output, const std::vector<size_t>& counts, DataType type,
+                  const CallCheck& check = {});
 
   // ReduceScatter reduces size() * `count` elements of `input` across ranks with `op`, and writes
   // block rank() (elements [rank() * count, (rank() + 1) * count)) of the result to `output`.
-  void ReduceScatter(const void* input, void* output, size_t count, DataType type, ReduceOp op);
+  void ReduceScatter(const void* input, void* output, size_t count, DataType type, ReduceOp op,
+                     const CallCheck& check = {});
+
+  // Alltoallv sends `send_counts[r]` elements of `input` (blocks in rank order) to rank r and
+  // receives `recv_counts[r]` elements from rank r into `output` (blocks in rank order).
+  // recv_counts[r] on this rank must equal send_counts[rank()] on rank r.
+  void Alltoallv(const void* input, const std::vector<size_t>& send_counts, void* output,
+                 const std::vector<size_t>& recv_counts, DataType type,
+                 const CallCheck& check = {});
 
   // Barrier returns once every rank has entered it.
   void Barrier();
 
+  // Join says this rank has no more work (Horovod's join(): e.g. it ran out of data). Until every
+  // rank has joined, it takes part in the other ranks' allreduces with zeros (an average still
+  // divides by size()) and in their barriers; any other collective called meanwhile throws
+  // MismatchError on the ranks that called it. Returns the last rank to join, the same on every
+  // rank (of ranks that joined in the same round, the highest).
+  int Join();
+
+  // StartTimeline writes a Chrome trace of every later collective of this communicator and its
+  // subsets to `path` (one track per rank, all ranks into the one file; rank 0 truncates it).
+  // Call it on every rank, between collectives. TRAINRUN_TIMELINE (or HOROVOD_TIMELINE) starts one
+  // at construction. Throws InvalidArgumentError when the file cannot be opened.
+  void StartTimeline(const std::string& path);
+  // StopTimeline stops recording and closes the file.
+  void StopTimeline();
+
+  // Subset returns a communicator of the ranks `ranks` (ranks of this one, ascending, this rank
+  // among them), numbered 0.. in that order, that runs its collectives over this communicator's
+  // connections: no communication happens here. `name` names it in error messages. It must not
+  // outlive this communicator, and collectives of several subsets may run concurrently only when
+  // the subsets share no rank (one thread drives a rank's communicators).
+  std::unique_ptr<Communicator> Subset(const std::vector<int>& ranks, const std::string& name);
+
   class Impl;
 
  private:
+  explicit Communicator(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -35,6 +35,14 @@ class InvalidArgumentError : public Error {
   using Error::Error;
 };
 
+// MismatchError: the ranks of a communicator called different collectives, or the same one with
+// different arguments (shape, type, op, root, name). Every rank raises it for the same call, and
+// the communicator stays usable.
+class MismatchError : public InvalidArgumentError {
+ public:
+  using InvalidArgumentError::InvalidArgumentError;
+};
+
 // EnforceError: an internal invariant failed (a bug in trainrun).
 class EnforceError : public Error {
  public:

@@ -18,7 +18,12 @@ enum class DataType : int {
   kInt64 = 5,
   kUInt8 = 6,
   kInt8 = 7,
+  kInt16 = 8,
+  kBool = 9,  // one byte, 0 or 1; sum and max are logical or, product and min logical and
 };
+
+// kDataTypeCount: DataType's values are 0 .. kDataTypeCount - 1.
+inline constexpr int kDataTypeCount = 10;
 
 // ReduceOp names the reduction of Allreduce and ReduceScatter. Values are stable.
 enum class ReduceOp : int {

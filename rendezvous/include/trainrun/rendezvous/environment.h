@@ -235,11 +235,20 @@ inline constexpr EnvParam kShmChannelBytes{"TRAINRUN_SHM_CHANNEL_BYTES", 512 << 
 // be set too), as torch's file:// init does.
 inline constexpr char kFileStore[] = "TRAINRUN_FILE_STORE";
 
+// 0 skips the exchange of call records before each collective (collectives/src/call_check.h):
+// ranks that call different collectives then corrupt each other's data or hang, and join() is
+// refused.
+inline constexpr EnvParam kCheckShapes{"TRAINRUN_CHECK_SHAPES", 1,
+                                       "1: ranks check they call the same collective alike"};
+// A file to write a Chrome trace of every collective to (collectives/src/timeline.h), from the
+// start; `trainrun --timeline-filename FILE` sets it. HOROVOD_TIMELINE is read when it is unset;
+// "DYNAMIC" (Horovod's value) starts none, leaving it to start_timeline().
+inline constexpr StringParam kTimeline{"TRAINRUN_TIMELINE", "",
+                                       "Chrome trace file of the collectives (empty: none)"};
+inline constexpr char kHorovodTimeline[] = "HOROVOD_TIMELINE";
+
 // Read by python/trainrun (Python code reads the environment itself; declared here so every
 // variable stays listed in one place).
-// 0 skips the shape/dtype agreement check before each checked Python collective.
-inline constexpr EnvParam kCheckShapes{
-    "TRAINRUN_CHECK_SHAPES", 1, "1: Python collectives check ranks agree on shape and dtype"};
 // Size of the gradient buckets trainrun.torch.DistributedOptimizer reduces as one message.
 inline constexpr EnvParam kFusionBytes{"TRAINRUN_FUSION_BYTES", 1 << 20,
                                        "DistributedOptimizer gradient bucket size, bytes"};

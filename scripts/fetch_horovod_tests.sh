@@ -1,0 +1,11 @@
+#!/bin/sh
+# Downloads Horovod's test/parallel/test_torch.py (Apache-2.0), pinned to one commit, to
+# tests/horovod/parallel/, where tests/horovod/CMakeLists.txt registers it with CTest as the
+# acceptance test of trainrun.torch. Re-run cmake afterwards.
+set -eu
+commit=2626dc87a3a8eb8fb7d2216198ce45bce0f9e65a
+here=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$here/tests/horovod/parallel"
+curl -fsSL "https://raw.githubusercontent.com/horovod/horovod/$commit/test/parallel/test_torch.py" \
+  -o "$here/tests/horovod/parallel/test_torch.py"
+echo "fetched Horovod's test_torch.py at $commit into tests/horovod/parallel/"

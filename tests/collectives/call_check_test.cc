@@ -1,0 +1,264 @@
+// Every collective carries what it is: a rank that disagrees (another collective, count, type, op,
+// root, name or shape) makes every rank throw MismatchError for that call, and the communicator
+// goes on working. Also: Alltoallv with uneven counts, Subset (process sets), int16 and bool.
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "spawn.h"
+#include "trainrun/collectives/communicator.h"
+
+namespace trainrun::collectives {
+namespace {
+
+using testing::Spawn;
+
+// Catch2's assertions are not thread-safe and ranks run as threads: a rank notes what went wrong
+// here, and each test checks the list once every rank has finished.
+std::mutex problems_mutex;
+std::vector<std::string> problems;
+
+void Note(bool ok, const std::string& what) {
+  if (ok) return;
+  std::lock_guard<std::mutex> lock(problems_mutex);
+  problems.push_back(what);
+}
+
+#define NOTE_CHECK(...) Note((__VA_ARGS__), #__VA_ARGS__)
+
+#define NOTE_THROWS_AS(expr, type)               \
+  do {                                           \
+    bool threw_ = false;                         \
+    try {                                        \
+      expr;                                      \
+    } catch (const type&) {                      \
+      threw_ = true;                             \
+    }                                            \
+    Note(threw_, #expr " did not throw " #type); \
+  } while (0)
+
+// CheckNoProblems reports, from the test's thread, what the ranks noted.
+void CheckNoProblems() {
+  std::lock_guard<std::mutex> lock(problems_mutex);
+  for (const std::string& p : problems) FAIL_CHECK(p);
+  CHECK(problems.empty());
+  problems.clear();
+}
+
+// TmpPath returns a path under TMPDIR (or /tmp) for a test's file.
+std::string TmpPath(const std::string& name) {
+  const char* dir = std::getenv("TMPDIR");
+  return std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") + "/" + name;
+}
+
+// ExpectMismatch runs `call` and requires a MismatchError whose message contains `words`.
+template <typename F>
+void ExpectMismatch(F&& call, const std::string& words) {
+  try {
+    call();
+    Note(false, "no MismatchError (expected one saying: " + words + ")");
+  } catch (const MismatchError& e) {
+    Note(std::string(e.what()).find(words) != std::string::npos,
+         "MismatchError without '" + words + "': " + e.what());
+  }
+}
+
+void ExpectHealthy(Communicator& comm) {
+  std::vector<float> x(5, 1.0f);
+  comm.Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
+  NOTE_CHECK(x == std::vector<float>(5, static_cast<float>(comm.size())));
+}
+
+TEST_CASE("a mismatched collective raises on every rank and the next one works", "[api]") {
+  for (int size : {2, 3, 4}) {
+    Spawn(size, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
+      Communicator comm(store, rank, size);
+      std::vector<float> x(4, 1.0f);
+      // Rank 0 allreduces while the others wait in a barrier.
+      ExpectMismatch(
+          [&] {
+            if (rank == 0) {
+              comm.Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
+            } else {
+              comm.Barrier();
+            }
+          },
+          "rank 0 called allreduce of float32 x 4 (op sum) but rank 1 called barrier");
+      ExpectHealthy(comm);
+      // Counts, types, ops, roots, names and shapes.
+      ExpectMismatch(
+          [&] { comm.Allreduce(x.data(), rank == 1 ? 3 : 4, DataType::kFloat32, ReduceOp::kSum); },
+          "float32 x 3");
+      ExpectMismatch(
+          [&] {
+            comm.Allreduce(x.data(), 1, rank == 1 ? DataType::kInt32 : DataType::kFloat32,
+                           ReduceOp::kSum);
+          },
+          "int32");
+      ExpectMismatch(
+          [&] {
+            comm.Allreduce(x.data(), 4, DataType::kFloat32,
+                           rank == size - 1 ? ReduceOp::kMax : ReduceOp::kSum);
+          },
+          "(op max)");
+      ExpectMismatch([&] { comm.Broadcast(x.data(), 4, DataType::kFloat32, rank == 0 ? 0 : 1); },
+                     "from root 1");
+      CallCheck named;
+      named.name = rank == 0 ? "weights" : "bias";
+      ExpectMismatch(
+          [&] { comm.Allreduce(x.data(), 4, DataType::kFloat32, ReduceOp::kSum, named); },
+          "'bias'");
+      CallCheck shaped;
+      shaped.has_shape = true;
+      shaped.shape = rank == 0 ? std::vector<int64_t>{2, 2} : std::vector<int64_t>{4, 1};
+      ExpectMismatch(
+          [&] { comm.Allreduce(x.data(), 4, DataType::kFloat32, ReduceOp::kSum, shaped); },
+          "[4, 1]");
+      ExpectHealthy(comm);
+      comm.Barrier();
+    });
+    CheckNoProblems();
+  }
+}
+
+TEST_CASE("alltoallv with uneven counts", "[api]") {
+  for (int size : {1, 2, 3, 4}) {
+    Spawn(size, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
+      Communicator comm(store, rank, size);
+      // Rank r sends p + r + 1 elements, each equal to 100 * r + p, to rank p.
+      std::vector<size_t> sends(size), recvs(size);
+      std::vector<int16_t> in;
+      for (int p = 0; p < size; ++p) {
+        sends[p] = p + rank + 1;
+        recvs[p] = rank + p + 1;
+        in.insert(in.end(), sends[p], static_cast<int16_t>(100 * rank + p));
+      }
+      std::vector<int16_t> out(in.size() + 0), expected;
+      size_t total = 0;
+      for (int p = 0; p < size; ++p) total += recvs[p];
+      out.resize(total);
+      for (int p = 0; p < size; ++p) {
+        expected.insert(expected.end(), recvs[p], static_cast<int16_t>(100 * p + rank));
+      }
+      comm.Alltoallv(in.data(), sends, out.data(), recvs, DataType::kInt16);
+      NOTE_CHECK(out == expected);
+    });
+    CheckNoProblems();
+  }
+}
+
+TEST_CASE("subsets run among their ranks only, concurrently, over the same connections", "[api]") {
+  for (int size : {2, 3, 4}) {
+    Spawn(size, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
+      Communicator comm(store, rank, size);
+      std::vector<int> evens, odds;
+      for (int r = 0; r < size; ++r) (r % 2 == 0 ? evens : odds).push_back(r);
+      auto mine = comm.Subset(rank % 2 == 0 ? evens : odds, rank % 2 == 0 ? "evens" : "odds");
+      for (int i = 0; i < 3; ++i) {
+        int64_t x = rank;
+        mine->Allreduce(&x, 1, DataType::kInt64, ReduceOp::kSum);
+        int64_t expected = 0;
+        for (int r : rank % 2 == 0 ? evens : odds) expected += r;
+        NOTE_CHECK(x == expected);
+        mine->Barrier();
+      }
+      ExpectHealthy(comm);
+      if (rank != 0) NOTE_THROWS_AS(comm.Subset({0}, "not mine"), InvalidArgumentError);
+    });
+    CheckNoProblems();
+  }
+}
+
+TEST_CASE("bool reduces as or (sum, max) and and (product, min)", "[api]") {
+  Spawn(3, [](int rank, std::shared_ptr<rendezvous::Store> store) {
+    Communicator comm(store, rank, 3);
+    std::vector<uint8_t> any = {rank == 0, 0, 1};
+    std::vector<uint8_t> all = any;
+    comm.Allreduce(any.data(), 3, DataType::kBool, ReduceOp::kSum);
+    comm.Allreduce(all.data(), 3, DataType::kBool, ReduceOp::kMin);
+    NOTE_CHECK(any == std::vector<uint8_t>{1, 0, 1});
+    NOTE_CHECK(all == std::vector<uint8_t>{0, 0, 1});
+  });
+  CheckNoProblems();
+}
+
+TEST_CASE("join: a joined rank adds zeros to the others' allreduces until all have joined",
+          "[api]") {
+  for (int size : {1, 2, 3, 4}) {
+    for (int first = 0; first < size; ++first) {
+      Spawn(size, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
+        Communicator comm(store, rank, size);
+        int last = -1;
+        if (rank == first) {
+          last = comm.Join();
+        } else {
+          std::vector<double> x(7, 3.0);
+          comm.Allreduce(x.data(), x.size(), DataType::kFloat64, ReduceOp::kSum);
+          NOTE_CHECK(x == std::vector<double>(7, 3.0 * (size - 1)));
+          std::vector<int64_t> y(1, 6);
+          comm.Allreduce(y.data(), 1, DataType::kInt64, ReduceOp::kAverage);
+          NOTE_CHECK(y[0] == 6 * (size - 1) / size);  // the average still divides by size
+          comm.Barrier();
+          std::vector<float> z(2, 1.0f);
+          const int root = (first + 1) % size;
+          ExpectMismatch([&] { comm.Broadcast(z.data(), 2, DataType::kFloat32, root); },
+                         "has joined");
+          last = comm.Join();
+        }
+        // Every rank agrees on the last to join, which is not the one that joined first.
+        int64_t mine = last;
+        std::vector<int64_t> all(size);
+        comm.Allgather(&mine, all.data(), 1, DataType::kInt64);
+        NOTE_CHECK(all == std::vector<int64_t>(size, last));
+        if (size > 1) NOTE_CHECK(last != first);
+        ExpectHealthy(comm);
+      });
+      CheckNoProblems();
+    }
+  }
+}
+
+TEST_CASE("timeline: every rank's collectives land in one Chrome trace", "[api]") {
+  const std::string path = TmpPath("trainrun_timeline_test.json");
+  Spawn(3, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
+    Communicator comm(store, rank, 3);
+    comm.Barrier();  // Rank 0 truncates in StartTimeline; others write only after a collective.
+    comm.StartTimeline(path);
+    std::vector<float> x(256, 1.0f);
+    CallCheck named;
+    named.name = "grads";
+    comm.Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum, named);
+    comm.Barrier();
+    comm.StopTimeline();
+  });
+  CheckNoProblems();
+  std::ifstream in(path);
+  std::string line;
+  int allreduces = 0;
+  int phases = 0;
+  std::set<std::string> tracks;
+  std::getline(in, line);
+  CHECK(line == "[");
+  while (std::getline(in, line)) {
+    if (line.find(R"("name":"allreduce grads")") != std::string::npos) {
+      ++allreduces;
+      CHECK(line.find(R"("bytes":1024)") != std::string::npos);
+      CHECK(line.find(R"("dtype":"float32")") != std::string::npos);
+    }
+    if (line.find(R"("cat":"phase")") != std::string::npos) ++phases;
+    if (line.find(R"("name":"process_name")") != std::string::npos) tracks.insert(line);
+  }
+  CHECK(allreduces == 3);
+  CHECK(phases >= 6);
+  CHECK(tracks.size() == 3);
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace trainrun::collectives
