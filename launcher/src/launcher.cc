@@ -80,7 +80,8 @@ class IgnoreSigpipe {
 rendezvous::ServerOptions RendezvousOptions(
     const LaunchSpec& spec, const JobEnvironment& job, const std::string& bind_address,
     const std::string& advertise_host,
-    std::function<void(const rendezvous::PeerFailure&)> on_peer_failure) {
+    std::function<void(const rendezvous::PeerFailure&)> on_peer_failure,
+    std::function<void(int rank)> on_exit_before_join) {
   rendezvous::ServerOptions options;
   options.bind_address = bind_address;
   if (options.bind_address == "0.0.0.0" || options.bind_address == "::") {
@@ -94,6 +95,7 @@ rendezvous::ServerOptions RendezvousOptions(
         {spec.plan.HostOf(a.rank).host, a.local_rank, a.local_size, a.cross_rank, a.cross_size});
   }
   options.on_peer_failure = std::move(on_peer_failure);
+  options.on_exit_before_join = std::move(on_exit_before_join);
   return options;
 }
 
@@ -186,13 +188,19 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
   // The rendezvous server lives until the ranks are gone (it is destroyed before `supervisor` and
   // `io`). A rank's "I failed because of peer P" arrives on a gRPC thread and is posted to the
   // supervisor, which then blames P rather than the rank that reported it.
-  absl::StatusOr<std::unique_ptr<rendezvous::Server>> server = rendezvous::Server::Start(
-      RendezvousOptions(spec, *job, bind_address, advertise_host,
-                        [&io, &supervisor](const rendezvous::PeerFailure& f) {
-                          boost::asio::post(io, [&supervisor, rank = f.rank, peer = f.peer_rank] {
-                            if (supervisor) supervisor->ReportPeerFailure(rank, peer);
-                          });
-                        }));
+  absl::StatusOr<std::unique_ptr<rendezvous::Server>> server =
+      rendezvous::Server::Start(RendezvousOptions(
+          spec, *job, bind_address, advertise_host,
+          [&io, &supervisor](const rendezvous::PeerFailure& f) {
+            boost::asio::post(io, [&supervisor, rank = f.rank, peer = f.peer_rank] {
+              if (supervisor) supervisor->ReportPeerFailure(rank, peer);
+            });
+          },
+          [&io, &supervisor](int rank) {
+            boost::asio::post(io, [&supervisor, rank] {
+              if (supervisor) supervisor->OnExitBeforeJoin(rank);
+            });
+          }));
   if (!server.ok()) {
     return absl::Status(
         server.status().code(),
@@ -206,7 +214,7 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
     supervisor->OnOutput(rank, stream, bytes);
   };
   callbacks.on_exit = [&](int rank, const ExitInfo& exit) {
-    (*server)->NoteRankExit(rank, exit.Describe());
+    (*server)->NoteRankExit(rank, exit.Describe(), exit.ok());
     supervisor->OnRankExit(rank, exit);
   };
   RankProcessSet ranks(io, callbacks);
