@@ -18,6 +18,9 @@ packages=(
   python3-dev pybind11-dev python3-numpy python3-torch python3-sklearn python3-pytest
   # launcher and multi-host tests: real processes, a real sshd, network namespaces
   openssh-server openssh-client iproute2 procps
+  # scripts/fuzz.sh and scripts/sanitize.sh: libFuzzer and the sanitizer runtimes come with clang's
+  # compiler-rt; llvm-symbolizer (llvm-14) turns sanitizer reports' addresses into lines
+  clang-14 libclang-rt-14-dev llvm-14
 )
 
 missing=()

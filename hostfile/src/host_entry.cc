@@ -124,7 +124,7 @@ absl::StatusOr<ParsedEntry> ParseEntry(absl::string_view entry) {
   return parsed;
 }
 
-absl::Status HostSet::Add(const HostSpec& host) {
+absl::Status HostSet::Add(HostSpec host) {
   auto [found, added] = index_.emplace(host.host, hosts_.size());
   if (!added) {
     HostSpec& existing = hosts_[found->second];
@@ -142,7 +142,7 @@ absl::Status HostSet::Add(const HostSpec& host) {
     if (host.max_slots) existing.max_slots = existing.max_slots.value_or(0) + *host.max_slots;
     return absl::OkStatus();
   }
-  hosts_.push_back(host);
+  hosts_.push_back(std::move(host));
   return absl::OkStatus();
 }
 

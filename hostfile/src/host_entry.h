@@ -31,7 +31,12 @@ absl::StatusOr<ParsedEntry> ParseEntry(absl::string_view entry);
 // costs O(1), so a 65536-node Slurm list is not quadratic.
 class HostSet {
  public:
-  absl::Status Add(const HostSpec& host);
+  absl::Status Add(HostSpec host);
+  // Reserve makes room for `n` hosts at once (a Slurm list knows its size).
+  void Reserve(size_t n) {
+    hosts_.reserve(n);
+    index_.reserve(n);
+  }
   bool empty() const { return hosts_.empty(); }
   std::vector<HostSpec> Take() { return std::move(hosts_); }
 

@@ -25,6 +25,7 @@ absl::StatusOr<SlotPlan> PlanSlots(const std::vector<HostSpec>& hosts,
 
   // Host-major fill: each host takes up to its slots, in the order given.
   SlotPlan plan;
+  plan.ranks.reserve(size);
   for (const HostSpec& host : hosts) {
     int remaining = size - static_cast<int>(plan.ranks.size());
     if (remaining == 0) break;

@@ -112,7 +112,13 @@ absl::Status ExpandName(absl::string_view name, std::vector<std::string>& out) {
     for (const std::string& p : partial) {
       for (const Range& range : *ranges) {
         for (uint64_t v = range.low; v <= range.high; ++v) {
-          next.push_back(absl::StrCat(p, absl::StrFormat("%0*d", range.width, v)));
+          std::string name = p;
+          const std::string digits = absl::StrCat(v);
+          if (digits.size() < static_cast<size_t>(range.width)) {
+            name.append(range.width - digits.size(), '0');
+          }
+          name += digits;
+          next.push_back(std::move(name));
         }
       }
     }
@@ -193,11 +199,12 @@ absl::StatusOr<std::vector<HostSpec>> SlurmHosts(absl::string_view nodelist,
     counts = *std::move(expanded);
   }
   internal::HostSet hosts;
+  hosts.Reserve(names->size());
   for (size_t i = 0; i < names->size(); ++i) {
     HostSpec host;
-    host.host = (*names)[i];
+    host.host = std::move((*names)[i]);
     host.slots = counts[i];
-    if (absl::Status s = hosts.Add(host); !s.ok()) {
+    if (absl::Status s = hosts.Add(std::move(host)); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("SLURM_JOB_NODELIST: ", s.message()));
     }
   }
