@@ -21,6 +21,9 @@ packages=(
   # installing (tests/install): pip into a venv, the .deb (CPack's Depends via dpkg-shlibdeps and
   # file), the man page (man -l) and shell completion (zsh)
   python3-pip python3-venv python3-setuptools python3-wheel dpkg-dev file man-db groff-base zsh
+  # scripts/fuzz.sh and scripts/sanitize.sh: libFuzzer and the sanitizer runtimes come with clang's
+  # compiler-rt; llvm-symbolizer (llvm-14) turns sanitizer reports' addresses into lines
+  clang-14 libclang-rt-14-dev llvm-14
 )
 
 missing=()

@@ -21,7 +21,10 @@ constexpr uint32_t kVersion = 1;
 constexpr size_t kNonceBytes = 32;
 constexpr size_t kMacBytes = 32;
 constexpr size_t kHelloBytes = sizeof kMagic + 5 * 4 + kNonceBytes;
-constexpr char kAccepted = 'K';
+constexpr char kAccepted = kHandshakeAccepted;
+static_assert(kHelloBytes == kHandshakeHelloBytes);
+static_assert(kNonceBytes + kMacBytes == kHandshakeAnswerBytes &&
+              kMacBytes == kHandshakeProofBytes);
 
 using Hello = std::array<unsigned char, kHelloBytes>;
 using Nonce = std::array<unsigned char, kNonceBytes>;
@@ -107,10 +110,10 @@ void HandshakeConnect(int fd, const HandshakeParams& params, int from, int to, i
   }
 }
 
-PeerIdentity HandshakeAccept(int fd, const HandshakeParams& params, int self,
-                             Clock::time_point deadline) {
-  Hello hello;
-  ReadFull(fd, hello.data(), hello.size(), deadline);
+std::string AnswerHello(const HandshakeParams& params, int self, const unsigned char* hello_bytes,
+                        AcceptorChallenge* challenge) {
+  Hello& hello = challenge->hello;
+  std::memcpy(hello.data(), hello_bytes, hello.size());
   if (std::memcmp(hello.data(), kMagic, sizeof kMagic) != 0) {
     throw IoError("it did not open with trainrun's handshake");
   }
@@ -126,17 +129,38 @@ PeerIdentity HandshakeAccept(int fd, const HandshakeParams& params, int self,
     throw IoError(MakeMessage("it claims to be connection ", index, " from rank ", from, " of ",
                               size, " to rank ", to, ", which this rank does not expect"));
   }
-  Nonce mine = RandomNonce();
-  Mac my_mac = ComputeMac(params, "acceptor", hello, mine);
-  WriteFull(fd, mine.data(), mine.size(), deadline);
-  WriteFull(fd, my_mac.data(), my_mac.size(), deadline);
+  challenge->nonce = RandomNonce();
+  challenge->who = PeerIdentity{from, index};
+  Mac my_mac = ComputeMac(params, "acceptor", hello, challenge->nonce);
+  std::string answer(reinterpret_cast<const char*>(challenge->nonce.data()),
+                     challenge->nonce.size());
+  answer.append(reinterpret_cast<const char*>(my_mac.data()), my_mac.size());
+  return answer;
+}
+
+PeerIdentity CheckProof(const HandshakeParams& params, const AcceptorChallenge& challenge,
+                        const unsigned char* proof) {
+  Mac their_mac;
+  std::memcpy(their_mac.data(), proof, their_mac.size());
+  if (!SameMac(their_mac, ComputeMac(params, "connector", challenge.hello, challenge.nonce))) {
+    throw IoError(
+        MakeMessage("its proof of the job token is wrong (claimed rank ", challenge.who.rank, ")"));
+  }
+  return challenge.who;
+}
+
+PeerIdentity HandshakeAccept(int fd, const HandshakeParams& params, int self,
+                             Clock::time_point deadline) {
+  Hello hello;
+  ReadFull(fd, hello.data(), hello.size(), deadline);
+  AcceptorChallenge challenge;
+  std::string answer = AnswerHello(params, self, hello.data(), &challenge);
+  WriteFull(fd, answer.data(), answer.size(), deadline);
   Mac their_mac;
   ReadFull(fd, their_mac.data(), their_mac.size(), deadline);
-  if (!SameMac(their_mac, ComputeMac(params, "connector", hello, mine))) {
-    throw IoError(MakeMessage("its proof of the job token is wrong (claimed rank ", from, ")"));
-  }
+  PeerIdentity who = CheckProof(params, challenge, their_mac.data());
   WriteFull(fd, &kAccepted, 1, deadline);
-  return PeerIdentity{from, index};
+  return who;
 }
 
 }  // namespace trainrun::collectives::internal

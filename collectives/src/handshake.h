@@ -12,6 +12,7 @@
 // anything else, or nothing before the deadline, is refused.
 #pragma once
 
+#include <array>
 #include <string>
 
 #include "socket.h"
@@ -32,6 +33,31 @@ struct PeerIdentity {
   int rank = -1;
   int index = -1;  // which of the pair's connections this is
 };
+
+// The acceptor's side in steps, for a poll loop that serves many connections on one thread:
+// read kHelloBytes, AnswerHello, send the answer, read kProofBytes, CheckProof, send kAccepted.
+inline constexpr size_t kHandshakeHelloBytes = 8 + 5 * 4 + 32;
+inline constexpr size_t kHandshakeAnswerBytes = 32 + 32;
+inline constexpr size_t kHandshakeProofBytes = 32;
+inline constexpr char kHandshakeAccepted = 'K';
+
+// AcceptorChallenge is what the acceptor keeps between a connector's hello and its proof.
+struct AcceptorChallenge {
+  std::array<unsigned char, kHandshakeHelloBytes> hello{};
+  std::array<unsigned char, 32> nonce{};
+  PeerIdentity who;
+};
+
+// AnswerHello checks a connector's hello (kHandshakeHelloBytes) for rank `self` and returns the
+// answer to send (kHandshakeAnswerBytes); `challenge` keeps what CheckProof needs. Throws IoError
+// saying why the connection is refused.
+std::string AnswerHello(const HandshakeParams& params, int self, const unsigned char* hello,
+                        AcceptorChallenge* challenge);
+
+// CheckProof checks the connector's proof (kHandshakeProofBytes) and returns who connected.
+// Throws IoError when the proof does not match the job token.
+PeerIdentity CheckProof(const HandshakeParams& params, const AcceptorChallenge& challenge,
+                        const unsigned char* proof);
 
 // HandshakeConnect runs the connector's side on `fd` as rank `from` for connection `index` to rank
 // `to`. Throws IoError (the other end is not that rank of this job) or TimeoutError.

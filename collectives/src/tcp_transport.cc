@@ -13,7 +13,7 @@
 #include <set>
 #include <thread>
 
-#include "log.h"
+#include "acceptor.h"
 #include "trainrun/collectives/errors.h"
 
 namespace trainrun::collectives::internal {
@@ -31,8 +31,6 @@ constexpr char kBye = 'B';
 constexpr char kAbort = 'A';
 // How long a lost data connection waits for the abort its peer may have sent just before.
 constexpr int kAbortGraceMs = 50;
-// A stranger gets at most this long to prove itself, so it cannot hold up setup for long.
-constexpr std::chrono::seconds kHandshakeTimeout{10};
 
 std::string AddressKey(const std::string& name, int rank) {
   return MakeMessage("collectives/", name, "/addr/", rank);
@@ -44,82 +42,6 @@ std::string AddressKey(const std::string& name, int rank) {
   }
   throw IoError(MakeMessage(what, ": ", status.ToString()));
 }
-
-// Accepts connections from higher ranks while this rank connects to lower ones, proving each
-// before it counts; strangers and garbage are logged and dropped.
-class Acceptor {
- public:
-  using Place = std::function<bool(PeerIdentity, Fd)>;  // false: duplicate connection
-
-  Acceptor(Fd listener, const HandshakeParams& params, int rank, Clock::time_point deadline,
-           Place place)
-      : listener_(std::move(listener)),
-        params_(params),
-        rank_(rank),
-        deadline_(deadline),
-        place_(std::move(place)),
-        thread_([this] { Run(); }) {}
-
-  ~Acceptor() {
-    stop_ = true;
-    thread_.join();
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (int fd : in_handshake_) ::shutdown(fd, SHUT_RDWR);
-    }
-    for (auto& t : handshakes_) t.join();
-  }
-
- private:
-  void Run() {
-    while (!stop_ && Clock::now() < deadline_) {
-      pollfd p{listener_.get(), POLLIN, 0};
-      if (::poll(&p, 1, 20) <= 0) continue;
-      Fd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
-      if (!fd.valid()) continue;
-      std::lock_guard<std::mutex> lock(mutex_);
-      in_handshake_.insert(fd.get());
-      handshakes_.emplace_back(
-          [this, conn = std::move(fd)]() mutable { Handshake(std::move(conn)); });
-    }
-  }
-
-  void Handshake(Fd fd) {
-    std::string from = PeerName(fd.get());
-    int raw = fd.get();
-    try {
-      auto deadline = std::min(deadline_, Clock::now() + kHandshakeTimeout);
-      PeerIdentity who = HandshakeAccept(fd.get(), params_, rank_, deadline);
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        in_handshake_.erase(raw);
-      }
-      if (!place_(who, std::move(fd))) {
-        LogWarning(MakeMessage("rank ", rank_, ": dropped a second connection ", who.index,
-                               " from rank ", who.rank, " (", from, ")"));
-      }
-      return;
-    } catch (const Error& e) {
-      if (!stop_) {
-        LogWarning(
-            MakeMessage("rank ", rank_, ": dropped a data connection from ", from, ": ", e.what()));
-      }
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    in_handshake_.erase(raw);
-  }
-
-  Fd listener_;
-  HandshakeParams params_;
-  int rank_;
-  Clock::time_point deadline_;
-  Place place_;
-  std::atomic<bool> stop_{false};
-  std::mutex mutex_;
-  std::set<int> in_handshake_;
-  std::vector<std::thread> handshakes_;
-  std::thread thread_;  // last: starts once the rest is built
-};
 
 }  // namespace
 

@@ -124,9 +124,10 @@ absl::StatusOr<ParsedEntry> ParseEntry(absl::string_view entry) {
   return parsed;
 }
 
-absl::Status AddHost(std::vector<HostSpec>& hosts, const HostSpec& host) {
-  for (HostSpec& existing : hosts) {
-    if (existing.host != host.host) continue;
+absl::Status HostSet::Add(HostSpec host) {
+  auto [found, added] = index_.emplace(host.host, hosts_.size());
+  if (!added) {
+    HostSpec& existing = hosts_[found->second];
     if (existing.user != host.user) {
       return absl::InvalidArgumentError(
           absl::StrCat("host '", host.host, "' is listed as both '", HostLabel(existing), "' and '",
@@ -141,7 +142,7 @@ absl::Status AddHost(std::vector<HostSpec>& hosts, const HostSpec& host) {
     if (host.max_slots) existing.max_slots = existing.max_slots.value_or(0) + *host.max_slots;
     return absl::OkStatus();
   }
-  hosts.push_back(host);
+  hosts_.push_back(std::move(host));
   return absl::OkStatus();
 }
 

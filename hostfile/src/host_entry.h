@@ -2,6 +2,8 @@
 // theirs (the -H entry, FILE:LINE, the Slurm variable).
 #pragma once
 
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -23,9 +25,24 @@ struct ParsedEntry {
 // ParseEntry parses `[user@]host[:slots]` (see ParseHostEntry).
 absl::StatusOr<ParsedEntry> ParseEntry(absl::string_view entry);
 
-// AddHost appends `host` to `hosts`, or, when the same host is already there, adds its slots to
-// that entry (as Open MPI does with a host listed once per slot). Fails when the two entries name
-// different users or the sum exceeds kMaxSlotsPerHost.
-absl::Status AddHost(std::vector<HostSpec>& hosts, const HostSpec& host);
+// HostSet is a host list being built: Add appends a host, or, when the same host is already
+// there, adds its slots to that entry (as Open MPI does with a host listed once per slot). Add
+// fails when the two entries name different users or the sum exceeds kMaxSlotsPerHost. Each Add
+// costs O(1), so a 65536-node Slurm list is not quadratic.
+class HostSet {
+ public:
+  absl::Status Add(HostSpec host);
+  // Reserve makes room for `n` hosts at once (a Slurm list knows its size).
+  void Reserve(size_t n) {
+    hosts_.reserve(n);
+    index_.reserve(n);
+  }
+  bool empty() const { return hosts_.empty(); }
+  std::vector<HostSpec> Take() { return std::move(hosts_); }
+
+ private:
+  std::vector<HostSpec> hosts_;
+  std::unordered_map<std::string, size_t> index_;  // host name -> its place in hosts_
+};
 
 }  // namespace trainrun::hostfile::internal

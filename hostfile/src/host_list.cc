@@ -26,7 +26,7 @@ absl::StatusOr<std::vector<HostSpec>> ParseHostList(absl::string_view list) {
                        "' contains whitespace; separate host:slots entries with commas only"));
     }
   }
-  std::vector<HostSpec> hosts;
+  internal::HostSet hosts;
   for (absl::string_view entry : absl::StrSplit(list, ',')) {
     if (entry.empty()) {
       return absl::InvalidArgumentError(
@@ -34,9 +34,9 @@ absl::StatusOr<std::vector<HostSpec>> ParseHostList(absl::string_view list) {
     }
     absl::StatusOr<HostSpec> host = ParseHostEntry(entry);
     if (!host.ok()) return host.status();
-    if (absl::Status s = internal::AddHost(hosts, *host); !s.ok()) return s;
+    if (absl::Status s = hosts.Add(*host); !s.ok()) return s;
   }
-  return hosts;
+  return hosts.Take();
 }
 
 std::string HostLabel(const HostSpec& host) {

@@ -71,7 +71,7 @@ absl::Status AtLine(absl::string_view file_name, int line_number, const absl::St
 
 absl::StatusOr<std::vector<HostSpec>> ParseHostfile(absl::string_view text,
                                                     absl::string_view file_name) {
-  std::vector<HostSpec> hosts;
+  internal::HostSet hosts;
   int line_number = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_number;
@@ -80,7 +80,7 @@ absl::StatusOr<std::vector<HostSpec>> ParseHostfile(absl::string_view text,
     if (line.empty()) continue;
     HostSpec host;
     if (absl::Status s = ParseLine(line, host); !s.ok()) return AtLine(file_name, line_number, s);
-    if (absl::Status s = internal::AddHost(hosts, host); !s.ok()) {
+    if (absl::Status s = hosts.Add(host); !s.ok()) {
       return AtLine(file_name, line_number, s);
     }
   }
@@ -88,7 +88,7 @@ absl::StatusOr<std::vector<HostSpec>> ParseHostfile(absl::string_view text,
     return absl::InvalidArgumentError(
         absl::StrCat("hostfile '", file_name, "' lists no hosts; write one `host slots=N` a line"));
   }
-  return hosts;
+  return hosts.Take();
 }
 
 absl::StatusOr<std::vector<HostSpec>> ReadHostfile(const std::string& path) {

@@ -25,14 +25,13 @@ absl::StatusOr<SlotPlan> PlanSlots(const std::vector<HostSpec>& hosts,
 
   // Host-major fill: each host takes up to its slots, in the order given.
   SlotPlan plan;
-  std::vector<int> used;  // ranks per planned host
+  plan.ranks.reserve(size);
   for (const HostSpec& host : hosts) {
     int remaining = size - static_cast<int>(plan.ranks.size());
     if (remaining == 0) break;
     int count = std::min(host.slots, remaining);
     int host_index = static_cast<int>(plan.hosts.size());
     plan.hosts.push_back(host);
-    used.push_back(count);
     for (int local = 0; local < count; ++local) {
       RankAssignment r;
       r.rank = static_cast<int>(plan.ranks.size());
@@ -44,16 +43,16 @@ absl::StatusOr<SlotPlan> PlanSlots(const std::vector<HostSpec>& hosts,
   }
 
   // cross_rank: the host's index among hosts that have this local_rank, i.e. among the hosts with
-  // more than local_rank ranks; cross_size: how many such hosts there are.
+  // more than local_rank ranks; cross_size: how many such hosts there are. Ranks are in host
+  // order, so one pass counting hosts per local_rank gives both (linear, not ranks x hosts).
+  std::vector<int> hosts_with_local_rank;
   for (RankAssignment& r : plan.ranks) {
-    r.cross_rank = 0;
-    r.cross_size = 0;
-    for (int h = 0; h < static_cast<int>(used.size()); ++h) {
-      if (used[h] <= r.local_rank) continue;
-      if (h < r.host_index) ++r.cross_rank;
-      ++r.cross_size;
+    if (static_cast<size_t>(r.local_rank) >= hosts_with_local_rank.size()) {
+      hosts_with_local_rank.resize(r.local_rank + 1, 0);
     }
+    r.cross_rank = hosts_with_local_rank[r.local_rank]++;
   }
+  for (RankAssignment& r : plan.ranks) r.cross_size = hosts_with_local_rank[r.local_rank];
   return plan;
 }
 

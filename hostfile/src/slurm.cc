@@ -46,9 +46,17 @@ bool AllDigits(absl::string_view text) {
   return true;
 }
 
-// Expands one bracket group's body, "01-03,07", to {"01", "02", "03", "07"}.
-absl::StatusOr<std::vector<std::string>> ExpandGroup(absl::string_view body) {
-  std::vector<std::string> values;
+// Range is one part of a bracket group: low..high, printed `width` digits wide at least.
+struct Range {
+  uint64_t low = 0;
+  uint64_t high = 0;
+  int width = 0;
+};
+
+// Parses one bracket group's body, "01-03,07", into ranges, without expanding them: the count is
+// checked against the host cap before any name is made.
+absl::StatusOr<std::vector<Range>> ParseGroup(absl::string_view body) {
+  std::vector<Range> ranges;
   for (absl::string_view part : absl::StrSplit(body, ',')) {
     std::vector<absl::string_view> bounds = absl::StrSplit(part, absl::MaxSplits('-', 1));
     uint64_t low = 0;
@@ -65,10 +73,19 @@ absl::StatusOr<std::vector<std::string>> ExpandGroup(absl::string_view body) {
     if (high - low >= kMaxSlurmHosts) {
       return absl::InvalidArgumentError(absl::StrCat("range '", part, "' is too large"));
     }
-    int width = static_cast<int>(bounds[0].size());
-    for (uint64_t v = low; v <= high; ++v) values.push_back(absl::StrFormat("%0*d", width, v));
+    ranges.push_back({low, high, static_cast<int>(bounds[0].size())});
   }
-  return values;
+  return ranges;
+}
+
+// Count is how many values the ranges hold, or kMaxSlurmHosts + 1 if more.
+size_t Count(const std::vector<Range>& ranges) {
+  size_t count = 0;
+  for (const Range& range : ranges) {
+    count += range.high - range.low + 1;  // each at most kMaxSlurmHosts: no overflow
+    if (count > kMaxSlurmHosts) return kMaxSlurmHosts + 1;
+  }
+  return count;
 }
 
 // Expands one name with bracket groups, left to right, as a cartesian product.
@@ -81,15 +98,28 @@ absl::Status ExpandName(absl::string_view name, std::vector<std::string>& out) {
     for (std::string& p : partial) absl::StrAppend(&p, literal);
     if (open == absl::string_view::npos) break;
     size_t close = rest.find(']', open);  // balanced: checked by SplitTopLevel
-    absl::StatusOr<std::vector<std::string>> values =
-        ExpandGroup(rest.substr(open + 1, close - open - 1));
-    if (!values.ok()) return values.status();
+    absl::StatusOr<std::vector<Range>> ranges = ParseGroup(rest.substr(open + 1, close - open - 1));
+    if (!ranges.ok()) return ranges.status();
+    // The cap is checked before the names are made, so a short list that would expand to
+    // millions of names costs nothing.
+    const size_t count = Count(*ranges);
+    if (count > kMaxSlurmHosts || partial.size() * count > kMaxSlurmHosts - out.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("expands to more than ", kMaxSlurmHosts, " hosts"));
+    }
     std::vector<std::string> next;
+    next.reserve(partial.size() * count);
     for (const std::string& p : partial) {
-      for (const std::string& v : *values) next.push_back(p + v);
-      if (out.size() + next.size() > kMaxSlurmHosts) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("expands to more than ", kMaxSlurmHosts, " hosts"));
+      for (const Range& range : *ranges) {
+        for (uint64_t v = range.low; v <= range.high; ++v) {
+          std::string name = p;
+          const std::string digits = absl::StrCat(v);
+          if (digits.size() < static_cast<size_t>(range.width)) {
+            name.append(range.width - digits.size(), '0');
+          }
+          name += digits;
+          next.push_back(std::move(name));
+        }
       }
     }
     partial = std::move(next);
@@ -168,16 +198,17 @@ absl::StatusOr<std::vector<HostSpec>> SlurmHosts(absl::string_view nodelist,
     }
     counts = *std::move(expanded);
   }
-  std::vector<HostSpec> hosts;
+  internal::HostSet hosts;
+  hosts.Reserve(names->size());
   for (size_t i = 0; i < names->size(); ++i) {
     HostSpec host;
-    host.host = (*names)[i];
+    host.host = std::move((*names)[i]);
     host.slots = counts[i];
-    if (absl::Status s = internal::AddHost(hosts, host); !s.ok()) {
+    if (absl::Status s = hosts.Add(std::move(host)); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("SLURM_JOB_NODELIST: ", s.message()));
     }
   }
-  return hosts;
+  return hosts.Take();
 }
 
 }  // namespace trainrun::hostfile

@@ -67,7 +67,7 @@ void JobRun::OnOutput(int rank, OutputStream stream, std::string_view bytes) {
 }
 
 void JobRun::OnExit(int rank, const ExitInfo& exit) {
-  if (server_) server_->NoteRankExit(rank, exit.Describe());
+  if (server_) server_->NoteRankExit(rank, exit.Describe(), exit.ok());
   supervisor_->OnRankExit(rank, exit);
 }
 
@@ -105,6 +105,11 @@ absl::Status JobRun::ServeRendezvous() {
     boost::asio::post(io_, [this, rank = f.rank, peer = f.peer_rank] {
       supervisor_->ReportPeerFailure(rank, peer);
     });
+  };
+  // A rank that exited 0 without ever joining while joined ranks still run: the job cannot
+  // finish, so it ends now, naming that rank.
+  options.on_exit_before_join = [this](int rank) {
+    boost::asio::post(io_, [this, rank] { supervisor_->OnExitBeforeJoin(rank); });
   };
   absl::StatusOr<std::unique_ptr<rendezvous::Server>> server =
       rendezvous::Server::Start(std::move(options));

@@ -86,6 +86,13 @@ void JobSupervisor::OnSignal(int signal) {
 
 void JobSupervisor::ReportPeerFailure(int rank, int peer) { peer_failures_.emplace(rank, peer); }
 
+void JobSupervisor::OnExitBeforeJoin(int rank) {
+  if (teardown_started_.has_value() || rank < 0 || rank >= plan_.size()) return;
+  exited_before_join_ = rank;
+  Logger().debug("rank {} exited 0 without joining while others wait for it", rank);
+  StartTeardown();
+}
+
 void JobSupervisor::StartTeardown() {
   if (teardown_started_.has_value()) return;
   teardown_started_ = std::chrono::steady_clock::now();
@@ -135,9 +142,27 @@ std::optional<int> JobSupervisor::Blamed() const {
   return best;
 }
 
+std::optional<int> JobSupervisor::RootPeer(int rank) const {
+  // Follow "rank R failed because of peer P" from `rank` to a rank that reported nothing: timeouts
+  // ripple around a ring, each rank naming the neighbour it waited on, and only the end of that
+  // chain (a stalled rank, say) failed on its own. A chain that loops ends where it closes.
+  std::set<int> seen = {rank};
+  std::optional<int> root;
+  for (int current = rank;;) {
+    auto it = peer_failures_.find(current);
+    if (it == peer_failures_.end()) break;
+    const int peer = it->second;
+    if (peer < 0 || peer >= plan_.size() || !seen.insert(peer).second) break;
+    root = peer;
+    current = peer;
+  }
+  return root;
+}
+
 int JobSupervisor::exit_code() const {
   if (std::optional<int> blamed = Blamed(); blamed.has_value())
     return exits_.at(*blamed).ExitCode();
+  if (exited_before_join_.has_value()) return 1;
   if (signal_.has_value()) return 128 + *signal_;
   if (start_failure_.has_value()) return 1;
   for (const auto& [rank, exit] : exits_) {
@@ -161,7 +186,8 @@ void JobSupervisor::AppendStderrTail(int rank, std::vector<std::string>& lines) 
 
 std::string JobSupervisor::Summary() const {
   std::optional<int> blamed = Blamed();
-  if (!blamed.has_value() && !signal_.has_value() && !start_failure_.has_value()) {
+  if (!blamed.has_value() && !signal_.has_value() && !start_failure_.has_value() &&
+      !exited_before_join_.has_value()) {
     bool all_ok =
         std::all_of(exits_.begin(), exits_.end(), [](const auto& e) { return e.second.ok(); });
     if (all_ok) return "";
@@ -172,13 +198,7 @@ std::string JobSupervisor::Summary() const {
   // not fail on its own before the teardown (it exited 0, hung, or was still running): the peer
   // is still the root cause, and the summary says so.
   std::optional<int> root_peer;
-  if (blamed.has_value()) {
-    if (auto it = peer_failures_.find(*blamed); it != peer_failures_.end() &&
-                                                it->second != *blamed && it->second >= 0 &&
-                                                it->second < plan_.size()) {
-      root_peer = it->second;
-    }
-  }
+  if (blamed.has_value()) root_peer = RootPeer(*blamed);
   if (root_peer.has_value()) {
     const int peer = *root_peer;
     auto exit = exits_.find(peer);
@@ -201,6 +221,15 @@ std::string JobSupervisor::Summary() const {
                                    "; it failed first, so the job was stopped"));
       AppendStderrTail(*blamed, lines);
     }
+  } else if (exited_before_join_.has_value()) {
+    const int rank = *exited_before_join_;
+    accounted.insert(rank);
+    lines.push_back(absl::StrCat(
+        "rank ", rank, " on ", plan_.HostOf(rank).host,
+        " exited with code 0 without joining the job, while the other ranks waited for it; the "
+        "job was stopped (does rank ",
+        rank, " skip the collectives' setup, or end before it?)"));
+    AppendStderrTail(rank, lines);
   } else if (signal_.has_value()) {
     lines.push_back(absl::StrCat("interrupted by ", SignalName(*signal_), "; the job was stopped"));
   } else if (start_failure_.has_value()) {

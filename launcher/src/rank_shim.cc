@@ -211,7 +211,10 @@ void RunRankShim(const ShimArgs& args) {
         }
       }
     } else if (signal == SIGTERM) {
+      // A stopped process keeps SIGTERM pending until it runs again: wake it, as systemd does,
+      // so that a stalled (SIGSTOPped) rank ends now rather than at the grace period's SIGKILL.
       kill(-command, SIGTERM);
+      kill(-command, SIGCONT);
     } else if (signal == kShimKillSignal) {
       break;
     }

@@ -21,6 +21,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "listener.h"
 #include "proto/rendezvous.grpc.pb.h"
 #include "wire.h"
 
@@ -70,7 +71,7 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
         options_.advertise_host.empty() ? options_.bind_address : options_.advertise_host, port_);
   }
   int port() const { return port_; }
-  void NoteRankExit(int rank, const std::string& how);
+  void NoteRankExit(int rank, const std::string& how, bool success);
   std::vector<RankState> Ranks() const;
   std::vector<PeerFailure> PeerFailures() const;
   size_t WaitingCalls() const {
@@ -126,9 +127,13 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
   void Cancel(Waiter* waiter);
   static void FinishAll(std::vector<Completion>& completions);
   void RunDeadlines();
+  // With mutex_ held: the first rank that exited 0 without joining while a joined rank still
+  // runs, once (see ServerOptions::on_exit_before_join); nullopt otherwise.
+  std::optional<int> TakeExitBeforeJoin();
 
   const ServerOptions options_;
   int port_ = 0;
+  std::unique_ptr<internal::Listener> listener_;
   std::unique_ptr<grpc::Server> server_;
   std::thread deadline_thread_;
 
@@ -140,6 +145,9 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
   std::vector<int> host_of_rank_;                       // index into host_names_
   std::vector<RankState> ranks_;
   std::vector<PeerFailure> peer_failures_;
+  std::set<int> exited_without_joining_;  // ranks that exited 0 and never joined
+  int joined_running_ = 0;                // ranks that joined and have not exited
+  bool exit_before_join_reported_ = false;
   std::unordered_map<std::string, std::string> values_;
   std::unordered_map<std::string, int64_t> counters_;
   size_t stored_bytes_ = 0;
@@ -190,10 +198,15 @@ Server::Impl::~Impl() { Shutdown(); }
 absl::Status Server::Impl::Listen() {
   grpc::ServerBuilder builder;
   const std::string listen = internal::JoinHostPort(options_.bind_address, options_.port);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port_);
+  // Our own listener accepts and hands connections to gRPC (see listener.h). It never sets
+  // SO_REUSEPORT: two jobs must not share a fixed port silently.
+  absl::StatusOr<std::unique_ptr<internal::Listener>> listener = internal::Listener::Bind(
+      options_.bind_address, options_.port, options_.limits.max_connections);
+  if (listener.ok()) {
+    listener_ = *std::move(listener);
+    port_ = listener_->port();
+  }
   builder.RegisterService(this);
-  // Two jobs must not share a fixed port silently.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       options_.limits.max_value_bytes + options_.limits.max_key_bytes +
       options_.limits.max_keys_per_get * (options_.limits.max_key_bytes + 8) + 4096));
@@ -201,14 +214,16 @@ absl::Status Server::Impl::Listen() {
   // Notice a worker whose host vanished without closing its connection.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
-  server_ = builder.BuildAndStart();
+  if (listener_ != nullptr) server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
     server_.reset();
+    listener_.reset();
     return absl::UnavailableError(absl::StrCat(
         "the rendezvous server cannot listen on ", listen,
         options_.port != 0 ? "; the port may be in use: choose another with --rendezvous-port"
                            : "; check --rendezvous-addr"));
   }
+  listener_->Start(server_.get());
   deadline_thread_ = std::thread([this] { RunDeadlines(); });
   return absl::OkStatus();
 }
@@ -229,6 +244,7 @@ void Server::Impl::Shutdown() {
   }
   deadline_changed_.notify_all();
   FinishAll(completions);
+  if (listener_ != nullptr) listener_->Stop();
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
@@ -293,7 +309,7 @@ grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* contex
                                              const proto::JoinRequest* request,
                                              proto::JoinResponse* response) {
   if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   auto found = rank_of_.find({request->host(), request->local_rank()});
   if (found == rank_of_.end()) {
     return FinishNow(
@@ -320,6 +336,13 @@ grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* contex
   }
   state.joined = true;
   state.pid = request->pid();
+  if (!state.exited.has_value()) ++joined_running_;
+  exited_without_joining_.erase(rank);  // its Join overtook the news of its exit
+  if (std::optional<int> early = TakeExitBeforeJoin(); early.has_value()) {
+    // Reported on this thread, but only after the lock is let go: FinishNow below does not need it.
+    lock.unlock();
+    options_.on_exit_before_join(*early);
+  }
   const RankSlot& slot = options_.ranks[rank];
   response->set_rank(rank);
   response->set_size(static_cast<int>(options_.ranks.size()));
@@ -674,10 +697,27 @@ void Server::Impl::RunDeadlines() {
   }
 }
 
-void Server::Impl::NoteRankExit(int rank, const std::string& how) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (rank < 0 || rank >= static_cast<int>(ranks_.size())) return;
-  ranks_[rank].exited = how;
+void Server::Impl::NoteRankExit(int rank, const std::string& how, bool success) {
+  std::optional<int> early;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (rank < 0 || rank >= static_cast<int>(ranks_.size())) return;
+    RankState& state = ranks_[rank];
+    if (state.joined && !state.exited.has_value()) --joined_running_;
+    state.exited = how;
+    if (success && !state.joined) exited_without_joining_.insert(rank);
+    early = TakeExitBeforeJoin();
+  }
+  if (early.has_value()) options_.on_exit_before_join(*early);
+}
+
+std::optional<int> Server::Impl::TakeExitBeforeJoin() {
+  if (exit_before_join_reported_ || !options_.on_exit_before_join ||
+      exited_without_joining_.empty() || joined_running_ == 0) {
+    return std::nullopt;
+  }
+  exit_before_join_reported_ = true;
+  return *exited_without_joining_.begin();
 }
 
 std::vector<RankState> Server::Impl::Ranks() const {
@@ -729,6 +769,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     }
   }
   internal::QuietAbseilMutexes();
+  internal::RaiseFdLimit();
   auto impl = std::make_unique<Impl>(std::move(options));
   if (absl::Status status = impl->Listen(); !status.ok()) return status;
   return std::unique_ptr<Server>(new Server(std::move(impl)));
@@ -738,7 +779,9 @@ Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Server::~Server() { Shutdown(); }
 std::string Server::address() const { return impl_->address(); }
 int Server::port() const { return impl_->port(); }
-void Server::NoteRankExit(int rank, const std::string& how) { impl_->NoteRankExit(rank, how); }
+void Server::NoteRankExit(int rank, const std::string& how, bool success) {
+  impl_->NoteRankExit(rank, how, success);
+}
 std::vector<RankState> Server::Ranks() const { return impl_->Ranks(); }
 std::vector<int> Server::JoinedRanks() const {
   std::vector<int> joined;

@@ -1,11 +1,12 @@
 // A worker for tests/integration: joins its job through trainrun's rendezvous, runs STEPS
 // allreduces of 1M+3 float32 and checks every result, then prints "rank R: ok".
 //
-//   collective_job_worker STEPS [FAIL_RANK FAIL_STEP kill|close]
+//   collective_job_worker STEPS [FAIL_RANK FAIL_STEP kill|close|stop|exit0|exit3]
 //
-// With a failure given, rank FAIL_RANK at step FAIL_STEP either SIGKILLs itself ("kill") or closes
-// its connections and then idles until it is stopped ("close": a rank that broke off without
-// failing). Any other rank whose collective raises prints the error and exits 1.
+// With a failure given, rank FAIL_RANK at step FAIL_STEP SIGKILLs itself ("kill"), closes its
+// connections and then idles until it is stopped ("close": a rank that broke off without
+// failing), SIGSTOPs itself ("stop": a stalled rank), or exits with code 0 or 3. FAIL_STEP -1 is
+// before joining the job. Any other rank whose collective raises prints the error and exits 1.
 #include <signal.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "trainrun/collectives/communicator.h"
@@ -30,7 +32,18 @@ int main(int argc, char** argv) {
   const int steps = std::atoi(argv[1]);
   const int fail_rank = argc == 5 ? std::atoi(argv[2]) : -1;
   const int fail_step = argc == 5 ? std::atoi(argv[3]) : -1;
-  const bool kill_self = argc == 5 && std::strcmp(argv[4], "kill") == 0;
+  const std::string how = argc == 5 ? argv[4] : "";
+  // Fail does what FAIL_STEP asks; "close" is done by the caller, which holds the communicator.
+  auto fail = [&how] {
+    if (how == "kill") raise(SIGKILL);
+    if (how == "stop") raise(SIGSTOP);
+    if (how == "exit0") std::exit(0);
+    if (how == "exit3") std::exit(3);
+  };
+  if (fail_step < 0 && fail_rank >= 0) {
+    const char* rank = std::getenv("TRAINRUN_RANK");
+    if (rank != nullptr && std::atoi(rank) == fail_rank) fail();
+  }
   try {
     std::unique_ptr<Communicator> comm = Communicator::FromEnvironment();
     const int rank = comm->rank();
@@ -38,9 +51,11 @@ int main(int argc, char** argv) {
     std::vector<float> data(size_t{1} << 20 | 3);
     for (int step = 0; step < steps; ++step) {
       if (rank == fail_rank && step == fail_step) {
-        if (kill_self) raise(SIGKILL);
-        comm.reset();  // closes every connection; the peers see it at once
-        for (;;) pause();
+        fail();
+        if (how == "close") {
+          comm.reset();  // closes every connection; the peers see it at once
+          for (;;) pause();
+        }
       }
       for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(rank + 1 + i % 7);
       comm->Allreduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum);

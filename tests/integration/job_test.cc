@@ -80,3 +80,24 @@ TEST_CASE("a rank that breaks off without failing is still named the cause", "[i
   CHECK(job.output.find("ranks 0,2 reported failing because rank 1 had") != std::string::npos);
   CHECK(job.seconds < 15);
 }
+
+TEST_CASE("a rank that exits 0 before joining ends the job at once, naming it", "[integration]") {
+  // The others wait for it in the rendezvous; without the rendezvous telling, they would wait
+  // for the whole TRAINRUN_TIMEOUT.
+  JobResult job = RunJob("-x TRAINRUN_TIMEOUT=40 -np 4 " + kWorker + " 5 3 -1 exit0");
+  INFO(job.output);
+  CHECK(job.exit_code == 1);
+  CHECK(job.output.find("rank 3 on localhost exited with code 0 without joining the job") !=
+        std::string::npos);
+  CHECK(job.output.find("stopped as a consequence: ranks 0-2") != std::string::npos);
+  CHECK(job.seconds < 5);
+}
+
+TEST_CASE("a stalled rank (SIGSTOP) is blamed, and ended by SIGTERM", "[integration]") {
+  JobResult job = RunJob("-x TRAINRUN_TIMEOUT=2 -np 4 " + kWorker + " 1000 1 3 stop");
+  INFO(job.output);
+  CHECK(job.exit_code == 1);
+  CHECK(job.output.find("rank 1 on localhost failed first") != std::string::npos);
+  CHECK(job.output.find("rank 1 then was killed by SIGTERM") != std::string::npos);
+  CHECK(job.seconds < 10);
+}

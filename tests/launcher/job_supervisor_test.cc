@@ -126,3 +126,40 @@ TEST_CASE("a signal to trainrun: 128+N, a second one kills at once", "[launcher]
   CHECK(f.supervisor.exit_code() == 130);
   CHECK(f.supervisor.Summary().rfind("interrupted by SIGINT", 0) == 0);
 }
+
+TEST_CASE("a stalled rank is blamed: the chain of peer reports is followed to its end",
+          "[launcher][supervisor]") {
+  // Rank 1 is stopped (SIGSTOP): rank 2 times out waiting on it, rank 3 on rank 2, rank 0 on rank
+  // 3, each naming the neighbour it waited on. Rank 3 happens to end first. Rank 1 reported
+  // nothing: it is the cause, not rank 2 (rank 3's peer).
+  Fixture f(4);
+  auto t0 = std::chrono::steady_clock::now() - std::chrono::milliseconds(50);
+  f.supervisor.ReportPeerFailure(3, 2);
+  f.supervisor.ReportPeerFailure(2, 1);
+  f.supervisor.ReportPeerFailure(0, 3);
+  f.supervisor.OnRankExit(3, Exit(1, t0));
+  f.supervisor.OnRankExit(2, Exit(1, t0 + std::chrono::milliseconds(1)));
+  f.supervisor.OnRankExit(0, Exit(1, t0 + std::chrono::milliseconds(2)));
+  f.supervisor.OnRankExit(
+      1, Exit(0, std::chrono::steady_clock::now() + std::chrono::seconds(1), SIGTERM));
+  CHECK(f.done);
+  CHECK(f.supervisor.exit_code() == 1);
+  std::string summary = f.supervisor.Summary();
+  INFO(summary);
+  CHECK(summary.rfind("rank 1 on localhost failed first", 0) == 0);
+  CHECK(summary.find("stopped as a consequence") == std::string::npos);
+}
+
+TEST_CASE("peer reports that form a loop end where the loop closes", "[launcher][supervisor]") {
+  Fixture f(3);
+  auto t0 = std::chrono::steady_clock::now() - std::chrono::milliseconds(50);
+  f.supervisor.ReportPeerFailure(0, 1);
+  f.supervisor.ReportPeerFailure(1, 0);
+  f.supervisor.OnRankExit(0, Exit(1, t0));
+  f.supervisor.OnRankExit(1, Exit(1, t0 + std::chrono::milliseconds(1)));
+  f.supervisor.OnRankExit(
+      2, Exit(0, std::chrono::steady_clock::now() + std::chrono::seconds(1), SIGTERM));
+  CHECK(f.done);
+  CHECK(f.supervisor.exit_code() == 1);
+  CHECK(f.supervisor.Summary().rfind("rank 1 on localhost failed first", 0) == 0);
+}

@@ -321,6 +321,22 @@ TEST_CASE("a rank that ignores SIGTERM is killed after the grace period", "[laun
   CHECK(Count(driver.Err(), "stopped as a consequence: rank 0 (ended: SIGKILL)") == 1);
 }
 
+TEST_CASE("a stopped rank ends at once on SIGTERM, not at the grace period's SIGKILL",
+          "[launcher]") {
+  // SIGTERM stays pending on a stopped process; the launcher follows it with SIGCONT.
+  Driver driver({"-np", "3", "sh", "-c", "echo pid $$; exec sleep 30"});
+  REQUIRE(WaitUntil([&] { return Pids(driver.Out(), "pid").size() == 3; }, milliseconds(5000)));
+  std::vector<pid_t> pids = Pids(driver.Out(), "pid");
+  REQUIRE(kill(pids[1], SIGSTOP) == 0);
+  auto killed_at = Clock::now();
+  REQUIRE(kill(pids[2], SIGKILL) == 0);
+  CHECK(driver.Wait(milliseconds(10000)) == 137);
+  CHECK(Clock::now() - killed_at < milliseconds(1500));  // the grace period is 3 s
+  for (pid_t pid : pids) CHECK_FALSE(Alive(pid));
+  INFO(driver.Err());
+  CHECK(Count(driver.Err(), "stopped as a consequence: ranks 0-1 (ended: SIGTERM)") == 1);
+}
+
 TEST_CASE("SIGKILL to the launcher leaves no worker and no grandchild alive", "[launcher]") {
   // Each rank starts a background child that ignores SIGTERM, and one that left for a session of
   // its own (setsid), then waits.

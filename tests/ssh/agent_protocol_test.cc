@@ -1,6 +1,8 @@
 // The agent protocol's frames: round trips, frames split anywhere, and corrupt streams refused.
 #include "remote/agent_protocol.h"
 
+#include <time.h>
+
 #include <catch2/catch.hpp>
 
 namespace trainrun::launcher::remote {
@@ -40,6 +42,21 @@ TEST_CASE(
   REQUIRE(hello.ok());
   CHECK(hello->version == 1);
   CHECK(hello->hostname == "old");
+}
+
+TEST_CASE("agent protocol: a Job claiming 2^32 ranks in 16 bytes fails at once", "[ssh]") {
+  // cwd "", argv [], grace 0, then a rank count of 0xFFFFFFFF and nothing after it.
+  const std::string payload("\0\0\0\0\0\0\0\0\0\0\0\0\xff\xff\xff\xff", 16);
+  auto cpu_ms = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
+  };
+  const double start = cpu_ms();
+  auto job = DecodeJob(payload);
+  const double spent_ms = cpu_ms() - start;
+  CHECK_FALSE(job.ok());
+  CHECK(spent_ms < 20);  // 318 ms and 70 MB before: the loop went on past the overrun
 }
 
 TEST_CASE("agent protocol: frames split at every byte and joined", "[ssh]") {

@@ -55,6 +55,7 @@ class Reader {
     for (uint32_t i = 0; ok_ && i < n; ++i) list.push_back(Bytes());
     return list;
   }
+  bool ok() const { return ok_; }
   template <typename T>
   absl::StatusOr<T> Finish(T value, absl::string_view what) {
     if (!ok_ || !in_.empty()) {
@@ -142,7 +143,8 @@ absl::StatusOr<Job> DecodeJob(absl::string_view payload) {
   job.argv = r.List();
   job.grace_period_ms = r.U32();
   uint32_t n = r.U32();
-  for (uint32_t i = 0; i < n && i < (1u << 20); ++i) {
+  // Stops at the first overrun: a count of 2^32 in a 16-byte payload costs nothing.
+  for (uint32_t i = 0; r.ok() && i < n && i < (1u << 20); ++i) {
     RankJob rank;
     rank.rank = r.U32();
     rank.env = r.List();

@@ -59,10 +59,14 @@ class JobSupervisor {
   // ReportPeerFailure: rank `rank` says it failed because peer `peer` failed (through the
   // rendezvous). Such a rank is never blamed while another failure can be.
   void ReportPeerFailure(int rank, int peer);
+  // OnExitBeforeJoin: rank `rank` exited 0 without joining the rendezvous while other ranks had
+  // joined (the rendezvous server tells). They would wait for it until their timeout: the job
+  // ends now, naming it, and trainrun exits 1 unless a rank failed before.
+  void OnExitBeforeJoin(int rank);
 
   bool done() const { return done_; }
   // exit_code is what trainrun exits with: the blamed rank's code, 128+N after signal N, 1 when a
-  // rank could not be started, else 0.
+  // rank could not be started or exited before joining, else 0.
   int exit_code() const;
   // Summary is the one message for the user after a failed or interrupted job; "" when all ranks
   // exited 0. Several lines, the first naming the rank, host, and code or signal.
@@ -74,6 +78,9 @@ class JobSupervisor {
   // Blamed returns the first failure: the earliest one that happened before the teardown began,
   // preferring ranks that did not report a peer's failure.
   std::optional<int> Blamed() const;
+  // RootPeer follows the peer-failure reports from `rank` to the rank at the end of the chain
+  // (one that reported nothing); nullopt when `rank` reported no peer.
+  std::optional<int> RootPeer(int rank) const;
   // AppendStderrTail adds the last lines of `rank`'s stderr, if any, to `lines`.
   void AppendStderrTail(int rank, std::vector<std::string>& lines) const;
 
@@ -90,6 +97,7 @@ class JobSupervisor {
   std::map<int, int> peer_failures_;  // rank → the peer it blamed
   std::optional<std::string> start_failure_;
   std::optional<int> signal_;
+  std::optional<int> exited_before_join_;
   std::optional<std::chrono::steady_clock::time_point> teardown_started_;
   bool killed_ = false;
   bool done_ = false;

@@ -47,6 +47,8 @@ struct ServerLimits {
   size_t max_response_bytes = size_t{64} << 20;  // the values one Get returns
   size_t max_waiters = 1 << 18;                  // Gets and Barriers waiting at once
   int64_t max_timeout_ms = int64_t{7} * 24 * 3600 * 1000;
+  // Connections open at once; more are closed as they arrive (a burst must not wedge the server).
+  size_t max_connections = 4096;
 };
 
 // PeerFailure is a rank's report that it failed because of another rank.
@@ -73,6 +75,10 @@ struct ServerOptions {
   // Called, on a gRPC thread and without the server's lock, for each "failed because of peer P"
   // report as it arrives (the launcher posts it to its supervisor). May be empty.
   std::function<void(const PeerFailure&)> on_peer_failure;
+  // Called once, without the server's lock, when a rank that never joined has exited 0 while a rank
+  // that did join is still running: that rank will never join, so the others would wait for it
+  // until their timeout. Called on the thread of the NoteRankExit or Join that made it known.
+  std::function<void(int rank)> on_exit_before_join;
 };
 
 // RankState is what the server knows about one rank.
@@ -90,8 +96,9 @@ absl::StatusOr<std::string> RandomToken();
 // fail with UNAVAILABLE.
 class Server {
  public:
-  // Start listens and serves. Fails with INVALID_ARGUMENT for bad options (empty token, no ranks,
-  // wildcard address without advertise_host) and UNAVAILABLE when it cannot listen (port in use).
+  // Start raises the process's soft RLIMIT_NOFILE to its hard limit, then listens and serves. Fails
+  // with INVALID_ARGUMENT for bad options (empty token, no ranks, wildcard address without
+  // advertise_host) and UNAVAILABLE when it cannot listen (port in use).
   static absl::StatusOr<std::unique_ptr<Server>> Start(ServerOptions options);
 
   ~Server();
@@ -104,8 +111,9 @@ class Server {
   int port() const;
 
   // NoteRankExit records how rank `rank` ended, completing "rank 3 ...": "exited with code 1",
-  // "was killed by SIGKILL". Timeout errors of waiting ranks then say it.
-  void NoteRankExit(int rank, const std::string& how);
+  // "was killed by SIGKILL". Timeout errors of waiting ranks then say it. `success`: it exited 0
+  // (see ServerOptions::on_exit_before_join).
+  void NoteRankExit(int rank, const std::string& how, bool success = false);
 
   // Ranks returns what the server knows about every rank, indexed by rank.
   std::vector<RankState> Ranks() const;

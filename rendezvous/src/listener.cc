@@ -1,0 +1,184 @@
+#include "listener.h"
+
+#include <fcntl.h>
+#include <grpcpp/server.h>
+#include <grpcpp/server_posix.h>
+#include <linux/tcp.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace trainrun::rendezvous::internal {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Refusals logged one by one; after that only every 1000th, so a flood cannot flood the console.
+constexpr size_t kMaxLoggedRefusals = 3;
+
+ino_t InodeOf(int fd) {
+  struct stat st {};
+  return fstat(fd, &st) == 0 ? st.st_ino : 0;
+}
+
+}  // namespace
+
+size_t RaiseFdLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
+  if (limit.rlim_cur < limit.rlim_max) {
+    rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
+  }
+  return static_cast<size_t>(limit.rlim_cur);
+}
+
+absl::StatusOr<std::unique_ptr<Listener>> Listener::Bind(const std::string& host_in, int port,
+                                                         size_t max_connections) {
+  std::string host = host_in;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (int error =
+          getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
+      error != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve '", host, "': ", gai_strerror(error)));
+  }
+  std::string why = "no address";
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      why = std::strerror(errno);
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // not SO_REUSEPORT
+    sockaddr_storage bound{};
+    socklen_t length = sizeof(bound);
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 4096) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &length) != 0) {
+      why = std::strerror(errno);
+      close(fd);
+      continue;
+    }
+    freeaddrinfo(found);
+    int bound_port = bound.ss_family == AF_INET6
+                         ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                         : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    return std::unique_ptr<Listener>(new Listener(fd, bound_port, max_connections));
+  }
+  freeaddrinfo(found);
+  return absl::UnavailableError(why);
+}
+
+Listener::Listener(int fd, int port, size_t max_connections)
+    : fd_(fd), port_(port), max_connections_(max_connections) {}
+
+Listener::~Listener() { Stop(); }
+
+void Listener::Start(grpc::Server* server) {
+  server_ = server;
+  thread_ = std::thread([this] { Run(); });
+}
+
+void Listener::Stop() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+}
+
+void Listener::Refused(const char* why) {
+  ++refused_;
+  if (refused_ <= kMaxLoggedRefusals || refused_ % 1000 == 0) {
+    std::fprintf(stderr, "trainrun rendezvous: refused a connection (%zu so far): %s\n", refused_,
+                 why);
+  }
+}
+
+void Listener::Sweep() {
+  const Clock::time_point now = Clock::now();
+  for (size_t i = 0; i < connections_.size();) {
+    Connection& c = connections_[i];
+    if (InodeOf(c.fd) != c.inode) {  // gRPC closed it (the number may already be reused)
+      connections_[i] = connections_.back();
+      connections_.pop_back();
+      continue;
+    }
+    if (!c.spoke) {
+      tcp_info info{};
+      socklen_t length = sizeof(info);
+      if (getsockopt(c.fd, IPPROTO_TCP, TCP_INFO, &info, &length) == 0 &&
+          length >= offsetof(tcp_info, tcpi_bytes_received) + sizeof(info.tcpi_bytes_received)) {
+        c.spoke = info.tcpi_bytes_received > 0;
+      } else {
+        c.spoke = true;  // cannot tell: leave it to gRPC
+      }
+      if (!c.spoke && now - c.accepted >= kSilentTimeout) {
+        // gRPC sees the end of the stream and closes its fd; the next sweep forgets it.
+        shutdown(c.fd, SHUT_RDWR);
+        c.spoke = true;
+      }
+    }
+    ++i;
+  }
+}
+
+void Listener::Run() {
+  Clock::time_point next_sweep = Clock::now();
+  Clock::time_point rest_until{};
+  while (!stop_) {
+    const Clock::time_point now = Clock::now();
+    if (now >= next_sweep) {
+      Sweep();
+      next_sweep = now + std::chrono::milliseconds(100);
+    }
+    pollfd p{now >= rest_until ? fd_ : -1, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0 || (p.revents & POLLIN) == 0) continue;
+    for (int batch = 0; batch < 256 && !stop_; ++batch) {
+      int fd = accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          // Out of descriptors: the connection waits in the backlog; try again shortly, once
+          // gRPC or the sweep has closed some.
+          Refused("out of file descriptors; accepting again in 100 ms");
+          rest_until = Clock::now() + std::chrono::milliseconds(100);
+          next_sweep = Clock::now();
+        }
+        break;
+      }
+      if (connections_.size() >= max_connections_) {
+        Sweep();
+        if (connections_.size() >= max_connections_) {
+          close(fd);
+          Refused("too many connections open at once");
+          continue;
+        }
+      }
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      connections_.push_back(Connection{fd, InodeOf(fd), Clock::now()});
+      grpc::AddInsecureChannelFromFd(server_, fd);
+    }
+  }
+}
+
+}  // namespace trainrun::rendezvous::internal
