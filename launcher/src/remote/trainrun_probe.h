@@ -2,8 +2,9 @@
 // which release it is: `<remote trainrun> --version` through the job's HostChannel, on every host
 // at once, all before one deadline (--start-timeout).
 //
-//   auto found = ProbeTrainrun(*channel, hosts, "/usr/bin/trainrun", absl::Now() + absl::Seconds(30));
-//   found[0].ok() ? *found[0] /* "0.1.0" */ : found[0].status().message() /* "host h1: ..." */
+//   auto found = ProbeTrainrun(*channel, hosts, "/usr/bin/trainrun", absl::Now() +
+//   absl::Seconds(30)); found[0].ok() ? *found[0] /* "0.1.0" */ : found[0].status().message() /*
+//   "host h1: ..." */
 #pragma once
 
 #include <string>
