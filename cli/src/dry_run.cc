@@ -46,6 +46,9 @@ void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out) {
       out << "  " << hostfile::HostLabel(host) << ": " << launcher::DescribeHostAccess(spec, host)
           << "\n";
     }
+    // The plan is out before the hosts are asked, which may take up to --start-timeout.
+    out << "trainrun on the hosts:" << std::endl;
+    for (const std::string& line : launcher::ProbeRemoteTrainrun(spec)) out << "  " << line << "\n";
   }
 }
 

@@ -113,7 +113,8 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
       ->transform(CLI::IsMember({"trace", "debug", "info", "warning", "error", "critical", "off"},
                                 CLI::ignore_case));
   app.add_flag("--dry-run", options.dry_run,
-               "Print the plan (host, rank, local_rank, cross_rank, command); start nothing.");
+               "Print the plan (host, rank, local_rank, cross_rank, command), how each remote host "
+               "is reached and the trainrun release found there; start no job.");
 
   app.add_option("--rendezvous-port", options.rendezvous_port,
                  "Port of the job's rendezvous server; 0 lets the kernel choose.")

@@ -35,7 +35,7 @@ TEST_CASE(
     "agent protocol: a version 1 Hello (no GPU count) still decodes, to be refused by version",
     "[ssh]") {
   // Version 1: u32 version, bytes hostname, u32 pid, bytes address; nothing after.
-  std::string v1 = EncodeHello({2, "old", 7, "10.0.0.1", 0});
+  std::string v1 = EncodeHello({2, "old", 7, "10.0.0.1", 0, ""});
   v1 = v1.substr(5, v1.size() - 5 - 4);  // the payload, without version 2's GPU count
   v1[3] = 1;                             // version 1
   auto hello = DecodeHello(v1);
@@ -59,8 +59,27 @@ TEST_CASE("agent protocol: a Job claiming 2^32 ranks in 16 bytes fails at once",
   CHECK(spent_ms < 20);  // 318 ms and 70 MB before: the loop went on past the overrun
 }
 
+TEST_CASE("agent protocol: the Hello carries the trainrun release; a version 2 Hello has none",
+          "[ssh]") {
+  auto frame = [](const Hello& hello) { return EncodeHello(hello).substr(5); };
+  auto hello = DecodeHello(frame({kProtocolVersion, "h1", 7, "10.0.0.1", 4, "0.9.1"}));
+  REQUIRE(hello.ok());
+  CHECK(hello->release == "0.9.1");
+  CHECK(hello->gpu_count == 4);
+  CHECK(std::string(TrainrunRelease()) == TRAINRUN_RELEASE);
+  // Version 2 ended with the GPU count: it still decodes, with no release, to be refused by
+  // version.
+  std::string v2 = frame({2, "old", 7, "10.0.0.1", 4, "ignored"});
+  CHECK(v2.size() == frame({3, "old", 7, "10.0.0.1", 4, ""}).size() - 4);
+  hello = DecodeHello(v2);
+  REQUIRE(hello.ok());
+  CHECK(hello->version == 2);
+  CHECK(hello->gpu_count == 4);
+  CHECK(hello->release.empty());
+}
+
 TEST_CASE("agent protocol: frames split at every byte and joined", "[ssh]") {
-  std::string stream = EncodeHello({kProtocolVersion, "h1", 42, "10.0.0.1", 8}) +
+  std::string stream = EncodeHello({kProtocolVersion, "h1", 42, "10.0.0.1", 8, "0.1.0"}) +
                        EncodeOutput({1, 1, std::string("a\0b\r\n", 5)}) + EncodeExit({1, 0, 9, 0}) +
                        EncodeFrame(MessageType::kDone);
   FrameReader reader;

@@ -464,6 +464,71 @@ TEST_CASE("multihost: --start-timeout is one deadline, from the first connection
   CHECK(HostsEmpty(cluster, std::chrono::seconds(10)));
 }
 
+TEST_CASE("multihost: the dry run tells each host's trainrun; another release is one line at start",
+          "[ssh][netns][versions]") {
+  if (!CanUseNetns()) {
+    WARN("skipped: needs root and iproute2");
+    return;
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  const std::string host0 = cluster.host_address(0);
+  const std::string host1 = cluster.host_address(1);
+  const std::string plan_line = "trainrun: dry run: 3 ranks on 3 hosts; nothing is started\n";
+  std::string out;
+  double seconds = 0;
+  // Both hosts have this trainrun (at the same path); the dry run connects to ask.
+  int status = RunTrainrun(
+      world, cluster, {"--dry-run", "-H", "localhost:1," + host0 + ":1," + host1 + ":1", "true"},
+      &out, &seconds);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK(out.find(plan_line) == 0);
+  const std::string found =
+      absl::StrCat(": trainrun ", TRAINRUN_RELEASE, " at ", TRAINRUN_BIN, ", as here\n");
+  CHECK(out.find("trainrun on the hosts:\n  " + host0 + found + "  " + host1 + found) !=
+        std::string::npos);
+  CHECK(out.find("localhost: trainrun") == std::string::npos);  // this machine is not asked
+  CHECK(seconds < 10);
+
+  // A wrong --remote-trainrun, and a host that cannot be reached: one line each, the plan intact.
+  status = RunTrainrun(world, cluster,
+                       {"--dry-run", "--remote-trainrun", "/nonexistent/trainrun", "-H",
+                        host0 + ":2,no-such-host.invalid:1", "true"},
+                       &out, &seconds);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK(out.find("trainrun: dry run: 3 ranks on 2 hosts; nothing is started\n") == 0);
+  CHECK(out.find("\n  " + host0 +
+                 ": trainrun not found at /nonexistent/trainrun; install it there, or pass "
+                 "--remote-trainrun PATH\n") != std::string::npos);
+  CHECK(out.find("\n  no-such-host.invalid: name not resolved") != std::string::npos);
+  CHECK(seconds < 10);
+
+  // Agents of another release (the same protocol): the job runs, with one line at its start
+  // naming each host and both releases.
+  status = RunTrainrun(world, cluster,
+                       {"--remote-trainrun", TRAINRUN_AGENT_OTHER_RELEASE, "-np", "3", "-H",
+                        "localhost:1," + host0 + ":1," + host1 + ":1", "echo", "ran"},
+                       &out);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK(out.find("[2]<stdout>:ran") != std::string::npos);
+  CHECK(out.find(absl::StrCat("trainrun: warning: host ", host0,
+                              " runs trainrun 0.0.0-other, host ", host1,
+                              " runs trainrun 0.0.0-other, this is trainrun ", TRAINRUN_RELEASE,
+                              " (the same agent protocol, so the job goes on); install the same "
+                              "trainrun version on every host\n")) != std::string::npos);
+  // The same release says nothing.
+  status =
+      RunTrainrun(world, cluster, {"-np", "2", "-H", host0 + ":1," + host1 + ":1", "true"}, &out);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK(out.find("warning") == std::string::npos);
+  INFO("left behind:" << Processes(cluster));
+  CHECK(HostsEmpty(cluster));
+}
+
 #ifdef TRAINRUN_ALLREDUCE_PERF
 TEST_CASE("multihost: an allreduce across two SSH hosts gives the right result",
           "[ssh][netns][allreduce]") {

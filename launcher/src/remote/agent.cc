@@ -59,10 +59,16 @@ std::string Hostname() {
 
 class Agent {
  public:
-  Agent() : input_(io_, ::dup(0)), silence_(io_), grace_(io_), ranks_(io_, Callbacks()) {}
+  explicit Agent(std::string release)
+      : release_(std::move(release)),
+        input_(io_, ::dup(0)),
+        silence_(io_),
+        grace_(io_),
+        ranks_(io_, Callbacks()) {}
 
   int Run() {
     Hello hello;
+    hello.release = release_;
     hello.hostname = Hostname();
     hello.pid = static_cast<uint32_t>(::getpid());
     hello.gpu_count = static_cast<uint32_t>(CountHostGpus());
@@ -212,6 +218,7 @@ class Agent {
     });
   }
 
+  const std::string release_;
   boost::asio::io_context io_;
   boost::asio::posix::stream_descriptor input_;
   boost::asio::steady_timer silence_;
@@ -229,13 +236,15 @@ class Agent {
 }  // namespace
 }  // namespace remote
 
-int RunAgent() {
+int RunAgent() { return RunAgent(remote::TrainrunRelease()); }
+
+int RunAgent(const std::string& release) {
   // The SSH session (our parent) ending means the connection is gone.
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   if (::getppid() == 1) return 1;
   // A broken pipe to the launcher is an error from write(), handled as "launcher gone".
   ::signal(SIGPIPE, SIG_IGN);
-  remote::Agent agent;
+  remote::Agent agent(release);
   return agent.Run();
 }
 

@@ -10,6 +10,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "trainrun/launcher/logging.h"
 #include "trainrun/launcher/shell_quote.h"
 
 namespace trainrun::launcher::remote {
@@ -71,9 +73,12 @@ absl::StatusOr<RemoteAgent> GreetAgent(const hostfile::HostSpec& host,
     auto hello = DecodeHello((*frame)->payload);
     if (!hello.ok()) return hello.status();
     if (hello->version != kProtocolVersion) {
+      // Before protocol 3 an agent did not say its release.
       return absl::FailedPreconditionError(absl::StrCat(
-          "host ", name, ": its trainrun speaks agent protocol ", hello->version, ", this one ",
-          kProtocolVersion, "; install the same trainrun version on every host"));
+          "host ", name, ": its trainrun ",
+          hello->release.empty() ? "(an older release)" : hello->release, " speaks agent protocol ",
+          hello->version, ", this trainrun ", TrainrunRelease(), " speaks ", kProtocolVersion,
+          "; install the same trainrun version on every host"));
     }
     agent.hello = *std::move(hello);
     return agent;
@@ -150,6 +155,9 @@ absl::StatusOr<std::vector<RemoteAgent>> ConnectAgents(
   }
   std::vector<RemoteAgent> agents;
   for (auto& agent : shared->agents) agents.push_back(*std::move(agent));
+  if (std::string mismatch = ReleaseMismatch(agents); !mismatch.empty()) {
+    Logger().warn("{}", mismatch);
+  }
   return agents;
 }
 
@@ -160,6 +168,20 @@ absl::StatusOr<RemoteAgent> ConnectAgent(channel::HostChannel& channel,
       ConnectAgents(channel, {host}, command, deadline);
   if (!agents.ok()) return agents.status();
   return std::move(agents->front());
+}
+
+std::string ReleaseMismatch(const std::vector<RemoteAgent>& agents) {
+  std::vector<std::string> others;
+  for (const RemoteAgent& agent : agents) {
+    if (agent.hello.release != TrainrunRelease()) {
+      others.push_back(absl::StrCat(agent.name(), " runs trainrun ", agent.hello.release));
+    }
+  }
+  if (others.empty()) return "";
+  return absl::StrCat("host ", absl::StrJoin(others, ", host "), ", this is trainrun ",
+                      TrainrunRelease(),
+                      " (the same agent protocol, so the job goes on); install the same trainrun "
+                      "version on every host");
 }
 
 std::string LauncherAddress(const RemoteAgent& agent) {

@@ -40,12 +40,19 @@ std::string AgentCommand(const std::string& remote_trainrun);
 // ConnectAgents starts `command` on every one of `hosts` through `channel` and waits for each
 // agent's Hello, all in parallel and before `deadline`; returns the agents in the hosts' order, or
 // the first failure as soon as it happens. An agent that cannot be started (trainrun missing there,
-// another version) is reported with what to do. `on_progress` is called (from the calling thread)
-// each time another host connects.
+// another protocol version) is reported with what to do; agents of another trainrun release with
+// the same protocol are one warning line (ReleaseMismatch). `on_progress` is called (from the
+// calling thread) each time another host connects.
 absl::StatusOr<std::vector<RemoteAgent>> ConnectAgents(
     channel::HostChannel& channel, const std::vector<hostfile::HostSpec>& hosts,
     const std::string& command, absl::Time deadline,
     const std::function<void(int connected, int total)>& on_progress = {});
+
+// ReleaseMismatch is one line naming each agent whose trainrun release differs from this one's, and
+// both releases ("host h2 runs trainrun 0.2.0, this is trainrun 0.1.0 (...)"); "" when all agree.
+// ConnectAgents logs it as a warning: the agents speak this trainrun's protocol (else they are
+// refused), so the job can go on, but the hosts should be brought to one release.
+std::string ReleaseMismatch(const std::vector<RemoteAgent>& agents);
 
 // ConnectAgent is ConnectAgents for one host.
 absl::StatusOr<RemoteAgent> ConnectAgent(channel::HostChannel& channel,

@@ -76,6 +76,8 @@ class Reader {
 
 }  // namespace
 
+const char* TrainrunRelease() { return TRAINRUN_VERSION; }
+
 std::string EncodeFrame(MessageType type, absl::string_view payload) {
   std::string frame;
   uint32_t length = static_cast<uint32_t>(payload.size() + 1);
@@ -86,13 +88,11 @@ std::string EncodeFrame(MessageType type, absl::string_view payload) {
 }
 
 std::string EncodeHello(const Hello& h) {
-  return EncodeFrame(MessageType::kHello, Writer()
-                                              .U32(h.version)
-                                              .Bytes(h.hostname)
-                                              .U32(h.pid)
-                                              .Bytes(h.ssh_client_address)
-                                              .U32(h.gpu_count)
-                                              .Take());
+  Writer w;
+  w.U32(h.version).Bytes(h.hostname).U32(h.pid).Bytes(h.ssh_client_address).U32(h.gpu_count);
+  // A Hello is written as its version has it (tests make older agents' Hellos so).
+  if (h.version >= 3) w.Bytes(h.release);
+  return EncodeFrame(MessageType::kHello, w.Take());
 }
 
 std::string EncodeJob(const Job& job) {
@@ -133,6 +133,7 @@ absl::StatusOr<Hello> DecodeHello(absl::string_view payload) {
   h.ssh_client_address = r.Bytes();
   // Version 1 ended here; its Hello still decodes, so that the version check can say what to do.
   if (h.version >= 2) h.gpu_count = r.U32();
+  if (h.version >= 3) h.release = r.Bytes();
   return r.Finish(h, "Hello");
 }
 

@@ -8,7 +8,7 @@
 //
 //   launcher                                agent
 //      ──────────── (ssh exec: trainrun --agent) ──▶
-//      ◀─ Hello{version, host, pid, ssh_client_address, gpu_count}
+//      ◀─ Hello{version, host, pid, ssh_client_address, gpu_count, release}
 //      ── Job{cwd, executable, argv, ranks[{rank, env}], grace} ─▶
 //      ◀─ Started{rank} / Output{rank, stream, bytes} / Exit{rank, ...}
 //      ── Terminate / Kill ─▶        (the job is ending elsewhere)
@@ -29,7 +29,8 @@
 namespace trainrun::launcher::remote {
 
 // Bumped when a message changes meaning; the launcher refuses an agent of another version.
-inline constexpr uint32_t kProtocolVersion = 2;  // 2: Hello carries gpu_count
+// 2: Hello carries gpu_count. 3: Hello carries the agent's trainrun release.
+inline constexpr uint32_t kProtocolVersion = 3;
 // Frames larger than this are a protocol error (output comes in pieces far below it).
 inline constexpr uint32_t kMaxFrameBytes = 64u << 20;
 
@@ -52,7 +53,11 @@ struct Hello {
   uint32_t pid = 0;
   std::string ssh_client_address;  // first word of SSH_CONNECTION: how the host sees the launcher
   uint32_t gpu_count = 0;          // the host's GPUs (CountHostGpus), for CUDA_VISIBLE_DEVICES
+  std::string release;             // the agent's trainrun release ("0.1.0"); "" before version 3
 };
+
+// TrainrunRelease is this build's release, as `trainrun --version` prints it ("0.1.0").
+const char* TrainrunRelease();
 
 struct RankJob {
   uint32_t rank = 0;

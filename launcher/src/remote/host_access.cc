@@ -2,11 +2,16 @@
 
 #include <unistd.h>
 
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "remote/agent_connector.h"
 #include "remote/host_access.h"
+#include "remote/trainrun_probe.h"
 #include "ssh/ssh_host_channel.h"
+#include "trainrun/hostfile/host_list.h"
 #include "trainrun/launcher/local_host.h"
 
 namespace trainrun::launcher {
@@ -45,6 +50,37 @@ std::string DescribeHostAccess(const LaunchSpec& spec, const hostfile::HostSpec&
   if (IsLocalHost(host.host)) return "local (no SSH)";
   return remote::MakeHostChannel(spec)->Describe(
       host, remote::AgentCommand(remote::RemoteTrainrunPath(spec)));
+}
+
+std::vector<std::string> ProbeRemoteTrainrun(const LaunchSpec& spec) {
+  std::vector<hostfile::HostSpec> hosts;
+  std::set<std::string> seen;
+  for (const hostfile::HostSpec& host : spec.plan.hosts) {
+    if (!IsLocalHost(host.host) && seen.insert(hostfile::HostLabel(host)).second) {
+      hosts.push_back(host);
+    }
+  }
+  if (hosts.empty()) return {};
+  const std::string trainrun = remote::RemoteTrainrunPath(spec);
+  std::vector<absl::StatusOr<std::string>> found =
+      remote::ProbeTrainrun(*remote::MakeHostChannel(spec), hosts, trainrun,
+                            absl::Now() + absl::FromChrono(spec.start_timeout));
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    const std::string label = hostfile::HostLabel(hosts[i]);
+    if (!found[i].ok()) {
+      // The reasons name the host already; the line starts with it once.
+      absl::string_view reason = found[i].status().message();
+      absl::ConsumePrefix(&reason, absl::StrCat("host ", hosts[i].host, ": "));
+      lines.push_back(absl::StrCat(label, ": ", reason));
+    } else if (*found[i] == remote::TrainrunRelease()) {
+      lines.push_back(absl::StrCat(label, ": trainrun ", *found[i], " at ", trainrun, ", as here"));
+    } else {
+      lines.push_back(absl::StrCat(label, ": trainrun ", *found[i], " at ", trainrun,
+                                   ", but this is trainrun ", remote::TrainrunRelease()));
+    }
+  }
+  return lines;
 }
 
 }  // namespace trainrun::launcher

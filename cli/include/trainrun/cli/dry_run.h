@@ -14,7 +14,9 @@
 namespace trainrun::cli {
 
 // PrintPlan writes `spec`'s plan to `out`: a summary line, then host, rank, local_rank,
-// cross_rank and the command of every rank, then the -x variables and output directory if any.
+// cross_rank and the command of every rank, then the -x variables and output directory if any;
+// with remote hosts, how each is reached, then the trainrun found on each (it connects to them and
+// runs `trainrun --version` there, within --start-timeout: launcher::ProbeRemoteTrainrun).
 void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out);
 
 }  // namespace trainrun::cli

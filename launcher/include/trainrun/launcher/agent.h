@@ -6,10 +6,16 @@
 //   if (argc == 2 && std::strcmp(argv[1], "--agent") == 0) return trainrun::launcher::RunAgent();
 #pragma once
 
+#include <string>
+
 namespace trainrun::launcher {
 
 // RunAgent runs the agent over fds 0 and 1 and returns the process's exit code: 0 when every rank
 // exited 0, 1 otherwise (the launcher learns each rank's end from Exit messages, not from this).
 int RunAgent();
+
+// RunAgent(release) is RunAgent() saying `release` as its trainrun release in its Hello (tests: an
+// agent of another release than the launcher's).
+int RunAgent(const std::string& release);
 
 }  // namespace trainrun::launcher

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "trainrun/hostfile/slot_plan.h"
 #include "trainrun/launcher/launch_spec.h"
@@ -12,5 +13,13 @@ namespace trainrun::launcher {
 // "ssh root@h1 port 22 (libssh2, host keys accept-new), keys: ...; agent: /usr/bin/trainrun
 // --agent". A host whose SSH configuration cannot be read gets the reason instead.
 std::string DescribeHostAccess(const LaunchSpec& spec, const hostfile::HostSpec& host);
+
+// ProbeRemoteTrainrun asks each host of `spec`'s plan that is not this machine, all at once and
+// within --start-timeout, for the trainrun its agent would run (`<path> --version` over the job's
+// channel), and says in one line per such host what it found: "h1: trainrun 0.1.0 at
+// /usr/bin/trainrun, as here", "... but this is trainrun 0.2.0", or why there is none ("h2:
+// trainrun not found at /opt/x; install it there, or pass --remote-trainrun PATH", "h3: name not
+// resolved ..."). A host appears once, however many times the plan lists it.
+std::vector<std::string> ProbeRemoteTrainrun(const LaunchSpec& spec);
 
 }  // namespace trainrun::launcher
