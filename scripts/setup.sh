@@ -18,6 +18,11 @@ packages=(
   python3-dev pybind11-dev python3-numpy python3-torch python3-sklearn python3-pytest
   # launcher and multi-host tests: real processes, a real sshd, network namespaces
   openssh-server openssh-client iproute2 procps
+  # Slurm tests (label slurm): a real cluster of slurmd "nodes" in network namespaces, with munge
+  # (tests/slurm/cluster.sh); util-linux gives nsenter and unshare
+  slurmctld slurmd slurm-client munge util-linux
+  # trainrun.run(fn): the function and its arguments travel to the ranks by cloudpickle
+  python3-cloudpickle
 )
 
 missing=()
