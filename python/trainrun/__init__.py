@@ -18,6 +18,10 @@ TRAINRUN_CHECK_SHAPES=0 to skip that exchange when every microsecond counts.
 
 Errors from the library come as trainrun.Error subclasses (IoError, TimeoutError,
 InvalidArgumentError) carrying the library's message. For PyTorch training, see trainrun.torch.
+
+To start a job from Python rather than from the shell, trainrun.run(fn, np=4) runs fn on every
+rank of a new job and returns the ranks' return values (see trainrun/_launch.py); TrainRunner(np)
+.run(fn) is HorovodRunner's spelling.
 """
 
 import array as _array
@@ -26,13 +30,15 @@ import pickle as _pickle
 
 from trainrun import _core
 from trainrun import _buffers
+from trainrun._launch import JobError, RemoteTraceback, TrainRunner, run
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
     "cross_size", "allreduce", "allreduce_", "allreduce_async_", "broadcast", "broadcast_",
     "broadcast_async_", "allgather", "barrier", "synchronize", "poll", "broadcast_object",
     "allgather_object", "supported_dtypes", "ReduceOp", "Sum", "Average", "Min", "Max", "Product",
-    "Error", "IoError", "TimeoutError", "InvalidArgumentError",
+    "Error", "IoError", "TimeoutError", "InvalidArgumentError", "run", "TrainRunner", "JobError",
+    "RemoteTraceback",
 ]
 
 Error = _core.Error
