@@ -1,6 +1,7 @@
 """trainrun.run(fn) and TrainRunner: real jobs under the trainrun launcher, from this process."""
 
 import os
+import signal
 import socket
 import threading
 import time
@@ -152,3 +153,19 @@ def test_fifty_calls_leave_nothing_behind():
     assert sorted(os.listdir("/proc/self/fd")) == fds_before
     assert sorted(os.listdir("/dev/shm")) == shm_before
     assert threading.active_count() == threads_before
+
+
+def test_an_interrupted_call_ends_its_job():
+    def sleep_long():
+        time.sleep(60)
+
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            trainrun.run(sleep_long, np=2)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - start < 30
+    assert _descendants() == []
