@@ -42,6 +42,10 @@ def _caller_address():
 
 
 def _outcome_bytes(ok, value):
+    try:  # plain pickle first: cloudpickle is imported only when needed (~100 ms on a busy host)
+        return pickle.dumps((ok, value))
+    except Exception:  # pylint: disable=broad-except
+        pass
     import cloudpickle  # pylint: disable=import-outside-toplevel
 
     try:

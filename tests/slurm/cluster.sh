@@ -39,6 +39,8 @@ check() {
   done
 }
 
+hosts_lock=/tmp/trainrun-slurm-test.hosts.lock
+
 free_port() {
   /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
 }
@@ -87,7 +89,11 @@ start() {
     node_lines+="NodeName=$name NodeAddr=$addr CPUs=4 RealMemory=1000 State=UNKNOWN"$'\n'
     node_names+="${node_names:+,}$name"
   done
-  printf '%s' "$hosts_lines" >>/etc/hosts
+  # Under a lock: another cluster may be rewriting /etc/hosts in stop() at this moment.
+  (
+    flock 9
+    printf '%s' "$hosts_lines" >>/etc/hosts
+  ) 9>"$hosts_lock"
 
   # munge: a fresh key in a 0700 folder, the socket in a separate 0755 one.
   mkdir -p "$dir/munge/etc" "$dir/munge/run" "$dir/munge/lib" "$dir/log" "$dir/state" "$dir/spool"
@@ -205,21 +211,41 @@ stop() {
     for pid in $(ip netns pids "$ns" 2>/dev/null); do pids+=("$pid"); done
   done
   for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-  # Gone, or a zombie its parent has yet to reap; at most 5 s in all.
-  local deadline=$((SECONDS + 5)) state
-  for pid in "${pids[@]}"; do
-    while ((SECONDS < deadline)) && state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) &&
-      [[ $state != Z ]]; do
-      sleep 0.02
+  # Until nothing is left in the nodes' namespaces (a slurmd may have forked a slurmstepd meanwhile)
+  # and every process killed is gone: reaped, or a zombie whose living parent (not init, which
+  # reaps the daemons) has yet to wait for it. At most 10 s in all.
+  local deadline=$((SECONDS + 10)) stat ppid state waiting
+  while ((SECONDS < deadline)); do
+    waiting=0
+    for ns in "${netns[@]}"; do
+      for pid in $(ip netns pids "$ns" 2>/dev/null); do
+        kill -KILL "$pid" 2>/dev/null || true
+        pids+=("$pid")
+      done
     done
+    for pid in "${pids[@]}"; do
+      stat=$(cat "/proc/$pid/stat" 2>/dev/null) || continue
+      stat=${stat##*) }
+      state=${stat%% *}
+      ppid=${stat#* }
+      ppid=${ppid%% *}
+      [[ $state == Z && $ppid != 1 ]] && continue
+      waiting=1
+      break
+    done
+    ((waiting)) || break
+    sleep 0.02
   done
   for ns in "${netns[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
   [[ -n $bridge ]] && ip link del "$bridge" 2>/dev/null || true
   if [[ -n $prefix ]]; then
     # /etc/hosts may be a bind mount: rewrite it in place rather than replacing the file.
-    local kept
-    kept=$(grep -v "# trainrun-slurm-test $prefix\$" /etc/hosts || true)
-    printf '%s\n' "$kept" >/etc/hosts
+    (
+      flock 9
+      local kept
+      kept=$(grep -v "# trainrun-slurm-test $prefix\$" /etc/hosts || true)
+      printf '%s\n' "$kept" >/etc/hosts
+    ) 9>"$hosts_lock"
   fi
   rm -f "$dir/cluster.env"
 }
