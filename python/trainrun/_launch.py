@@ -259,8 +259,9 @@ def run(fn, args=(), kwargs=None, np=4, hosts=None, *, hostfile=None, env=None, 
     """Runs fn(*args, **kwargs) on every rank of a new trainrun job; returns the per-rank values.
 
     np: the number of ranks (trainrun -np).
-    hosts: "host1:2,host2:2" as trainrun -H (over SSH), or hostfile= as --hostfile; neither means
-        this host, or, inside a Slurm allocation, the allocation's nodes as trainrun plans them.
+    hosts: "host1:2,host2:2" (or a list of "host:slots") as trainrun -H (over SSH), or hostfile=
+        as --hostfile; neither means this host, or, inside a Slurm allocation, the allocation's
+        nodes as trainrun plans them.
     env: extra environment variables for the ranks (a dict), exported with trainrun -x.
     python: the interpreter the ranks run (default: this one, at the same path on every host).
     trainrun: the launcher binary (default: $TRAINRUN_BIN, the build tree, then PATH).
@@ -280,6 +281,8 @@ def run(fn, args=(), kwargs=None, np=4, hosts=None, *, hostfile=None, env=None, 
         raise ValueError(f"trainrun.run: np must be a positive integer, not {np!r}")
     if hosts is not None and hostfile is not None:
         raise ValueError("trainrun.run: give hosts or hostfile, not both")
+    if isinstance(hosts, (list, tuple)):
+        hosts = ",".join(str(h) for h in hosts)
     payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
     launcher = _find_trainrun(trainrun)
 

@@ -60,6 +60,12 @@ def test_lambda_and_closure():
     assert trainrun.run(make_counter(10), args=(3,), np=3) == [10, 13, 16]
 
 
+def test_env_and_hosts_as_a_list():
+    got = trainrun.run(lambda: os.environ["TRAINRUN_TEST_VALUE"], np=2,
+                       hosts=["localhost:1", "127.0.0.1:1"], env={"TRAINRUN_TEST_VALUE": "x y"})
+    assert got == ["x y", "x y"]
+
+
 class Unpicklable(Exception):
     def __init__(self, a, b):  # pickle cannot rebuild it from args
         super().__init__(f"{a}/{b}")
