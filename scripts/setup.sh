@@ -18,6 +18,9 @@ packages=(
   python3-dev pybind11-dev python3-numpy python3-torch python3-sklearn python3-pytest
   # launcher and multi-host tests: real processes, a real sshd, network namespaces
   openssh-server openssh-client iproute2 procps
+  # installing (tests/install): pip into a venv, the .deb (CPack's Depends via dpkg-shlibdeps and
+  # file), the man page (man -l) and shell completion (zsh)
+  python3-pip python3-venv python3-setuptools python3-wheel dpkg-dev file man-db groff-base zsh
   # Slurm tests (label slurm): a real cluster of slurmd "nodes" in network namespaces, with munge
   # (tests/slurm/cluster.sh); util-linux gives nsenter and unshare
   slurmctld slurmd slurm-client munge util-linux

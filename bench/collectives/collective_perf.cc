@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
-#include "file_store.h"
 #include "trainrun/collectives/communicator.h"
 #include "trainrun/rendezvous/environment.h"
+#include "trainrun/rendezvous/file_store.h"
 
 namespace {
 
@@ -332,7 +332,7 @@ int RunRank(Communicator& comm, const Flags& flags, Collective collective) {
 int Main(int argc, char** argv, Collective collective) {
   Flags flags = ParseFlags(argc, argv);
   try {
-    if (std::getenv(trainrun::env::kRendezvousAddr) != nullptr) {
+    if (trainrun::env::Lookup(trainrun::env::kRendezvousAddr).has_value()) {
       auto comm = Communicator::FromEnvironment();
       return RunRank(*comm, flags, collective);
     }
@@ -348,8 +348,7 @@ int Main(int argc, char** argv, Collective collective) {
       if (pid == 0) {
         int code = 1;
         try {
-          Communicator comm(std::make_shared<trainrun::collectives::testing::FileStore>(dir), rank,
-                            np);
+          Communicator comm(std::make_shared<trainrun::rendezvous::FileStore>(dir), rank, np);
           code = RunRank(comm, flags, collective);
         } catch (const std::exception& e) {
           std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
@@ -361,7 +360,7 @@ int Main(int argc, char** argv, Collective collective) {
     }
     int code = 0;
     {
-      Communicator comm(std::make_shared<trainrun::collectives::testing::FileStore>(dir), 0, np);
+      Communicator comm(std::make_shared<trainrun::rendezvous::FileStore>(dir), 0, np);
       code = RunRank(comm, flags, collective);
     }
     for (pid_t pid : children) {

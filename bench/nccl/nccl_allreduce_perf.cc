@@ -367,7 +367,7 @@ Result Measure(Communicator& comm, const Options& options, const DeviceBuffer& s
 }
 
 std::unique_ptr<Communicator> Connect(rendezvous::MemoryStore& solo) {
-  if (std::getenv(env::kRendezvousAddr) != nullptr) return Communicator::FromEnvironment();
+  if (env::Lookup(env::kRendezvousAddr).has_value()) return Communicator::FromEnvironment();
   // Outside trainrun: a single rank, so the program runs on its own too.
   return Communicator::Create(solo, 0, 1, 0);
 }

@@ -37,6 +37,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "trainrun/rendezvous/client.h"
+#include "trainrun/rendezvous/environment.h"
 #include "trainrun/rendezvous/server.h"
 
 extern char** environ;
@@ -132,9 +133,11 @@ int RunWorkers(const std::string& address, const std::string& token, int n, int 
 // token from its environment, writes 'r' on stdout once its threads exist, waits for a byte on
 // stdin, runs, and writes 'd' (all passed) or 'f'.
 int WorkerGroup(int n, int first, int count) {
-  const char* address = std::getenv("TRAINRUN_RENDEZVOUS_ADDR");
-  const char* token = std::getenv("TRAINRUN_JOB_TOKEN");
-  if (address == nullptr || token == nullptr) return 2;
+  std::optional<std::string> address_value = trainrun::env::Lookup(trainrun::env::kRendezvousAddr);
+  std::optional<std::string> token_value = trainrun::env::Lookup(trainrun::env::kJobToken);
+  if (!address_value || !token_value) return 2;
+  const char* address = address_value->c_str();
+  const char* token = token_value->c_str();
   std::vector<Phases> phases;
   const int failures = RunWorkers(
       address, token, n, first, count,

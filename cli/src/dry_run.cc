@@ -6,32 +6,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "remote/remote_ranks.h"
 #include "trainrun/hostfile/host_list.h"
-#include "trainrun/launcher/launcher.h"
+#include "trainrun/launcher/host_access.h"
+#include "trainrun/launcher/local_host.h"
+#include "trainrun/launcher/shell_quote.h"
 
 namespace trainrun::cli {
-namespace {
-
-bool NeedsQuoting(const std::string& word) {
-  if (word.empty()) return true;
-  return word.find_first_not_of(
-             "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.,/:=+@%") !=
-         std::string::npos;
-}
-
-}  // namespace
-
-std::string ShellQuote(const std::vector<std::string>& words) {
-  std::vector<std::string> quoted;
-  for (const std::string& word : words) {
-    quoted.push_back(NeedsQuoting(word)
-                         ? absl::StrCat("'", absl::StrReplaceAll(word, {{"'", "'\\''"}}), "'")
-                         : word);
-  }
-  return absl::StrJoin(quoted, " ");
-}
-
 void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out) {
   const hostfile::SlotPlan& plan = spec.plan;
   out << absl::StrFormat("trainrun: dry run: %d %s on %d %s; nothing is started\n", plan.size(),
@@ -44,7 +24,7 @@ void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out) {
   const int width = static_cast<int>(host_width);
   out << absl::StrFormat("%-*s  %-4s  %-10s  %-10s  %s\n", width, "HOST", "RANK", "LOCAL_RANK",
                          "CROSS_RANK", "COMMAND");
-  const std::string command = ShellQuote(spec.command);
+  const std::string command = launcher::ShellJoin(spec.command);
   for (const hostfile::RankAssignment& r : plan.ranks) {
     out << absl::StrFormat("%-*s  %-4d  %-10d  %-10d  %s\n", width,
                            hostfile::HostLabel(plan.hosts[r.host_index]), r.rank, r.local_rank,
@@ -52,7 +32,7 @@ void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out) {
   }
   for (const launcher::ExportedVariable& variable : spec.exported) {
     out << "export " << variable.name
-        << (variable.value ? absl::StrCat("=", ShellQuote({*variable.value}))
+        << (variable.value ? absl::StrCat("=", launcher::ShellQuote(*variable.value))
                            : " (from trainrun's environment)")
         << "\n";
   }
@@ -63,8 +43,8 @@ void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out) {
   if (any_remote) {
     out << "hosts:\n";
     for (const hostfile::HostSpec& host : plan.hosts) {
-      out << "  " << hostfile::HostLabel(host) << ": "
-          << launcher::remote::DescribeHostAccess(spec, host) << "\n";
+      out << "  " << hostfile::HostLabel(host) << ": " << launcher::DescribeHostAccess(spec, host)
+          << "\n";
     }
   }
 }

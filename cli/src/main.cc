@@ -2,14 +2,14 @@
 // trainrun_launcher; see trainrun/cli/run_main.h.
 //
 // `trainrun --agent` (alone) is the hidden role the launcher starts on every remote host over SSH
-// (launcher/src/remote/agent.h): it speaks the agent protocol on stdin/stdout.
+// (trainrun/launcher/agent.h): it speaks the agent protocol on stdin/stdout.
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
 
-#include "remote/agent.h"
 #include "trainrun/cli/run_main.h"
+#include "trainrun/launcher/agent.h"
 #include "trainrun/launcher/launcher.h"
 
 int main(int argc, char** argv) {
@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
                    "it is not for use from a terminal\n");
       return 2;
     }
-    return trainrun::launcher::remote::RunAgent();
+    return trainrun::launcher::RunAgent();
   }
   trainrun::cli::InstallStderrLogger();
   return trainrun::cli::RunMain(trainrun::cli::Arguments(argc, argv), trainrun::launcher::Launch);

@@ -87,11 +87,7 @@ absl::StatusOr<std::vector<launcher::ExportedVariable>> ParseExports(
 }  // namespace
 
 EnvironmentLookup ProcessEnvironment() {
-  return [](const std::string& name) -> std::optional<std::string> {
-    const char* value = std::getenv(name.c_str());
-    if (value == nullptr) return std::nullopt;
-    return std::string(value);
-  };
+  return [](const std::string& name) { return env::Lookup(name.c_str()); };
 }
 
 bool IsValidVariableName(const std::string& name) {
@@ -133,8 +129,13 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
   spec.rendezvous_addr = options.rendezvous_addr;
   spec.ssh_port = options.ssh_port;
   spec.ssh_identity_file = options.ssh_identity_file;
-  spec.ssh_client = options.ssh_client;
-  spec.ssh_host_key_checking = options.ssh_host_key_checking;
+  absl::StatusOr<launcher::SshClient> client = launcher::ParseSshClient(options.ssh_client);
+  if (!client.ok()) return client.status();
+  spec.ssh_client = *client;
+  absl::StatusOr<launcher::HostKeyPolicy> policy =
+      launcher::ParseHostKeyPolicy(options.ssh_host_key_checking);
+  if (!policy.ok()) return policy.status();
+  spec.ssh_host_key_checking = *policy;
   spec.remote_trainrun = options.remote_trainrun;
   return spec;
 }

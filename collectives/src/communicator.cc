@@ -80,10 +80,7 @@ class Communicator::Impl {
   }
 
  private:
-  static std::string EnvOr(const char* name) {
-    const char* value = std::getenv(name);
-    return value == nullptr ? "" : value;
-  }
+  static std::string EnvOr(const char* name) { return env::Lookup(name).value_or(""); }
 
   void Report(int peer, const std::string& message) {
     if (peer < 0 && transport_ != nullptr) peer = transport_->failed_peer();

@@ -21,7 +21,7 @@ std::unique_ptr<Communicator> Communicator::FromEnvironment(CommunicatorOptions 
     throw Error(message);
   }
   const rendezvous::Assignment& a = session->assignment;
-  RankInfo info{a.rank, a.size, a.local_rank, a.local_size, a.cross_rank, a.cross_size};
+  const RankInfo& info = a;
   if (options.job_id.empty()) options.job_id = a.job_id;
   return std::make_unique<Communicator>(session->store, info, std::move(options));
 }

@@ -155,8 +155,8 @@ std::string ChooseListenHost(const std::string& requested) {
   if (!requested.empty()) return requested;
   std::string interface = env::kNetworkInterface.Get();
   if (!interface.empty()) return InterfaceAddress(interface);
-  if (const char* rendezvous = std::getenv(env::kRendezvousAddr)) {
-    std::string local = RouteTo(rendezvous);
+  if (std::optional<std::string> rendezvous = env::Lookup(env::kRendezvousAddr)) {
+    std::string local = RouteTo(*rendezvous);
     if (!local.empty()) return local;
   }
   return "127.0.0.1";

@@ -45,10 +45,7 @@ constexpr const char* kVariables[] = {
     env::kOmpNumThreads,
 };
 
-const char* Get(const char* name) {
-  const char* value = std::getenv(name);
-  return value != nullptr ? value : "(unset)";
-}
+std::string Get(const char* name) { return env::Lookup(name).value_or("(unset)"); }
 
 }  // namespace
 
@@ -57,16 +54,17 @@ int main() {
   std::string out;
   char line[512];
   std::snprintf(line, sizeof(line),
-                "rank %s of %s on %s (local_rank %s of %s, cross_rank %s of %s)\n", Get(env::kRank),
-                Get(env::kSize), Get(env::kHostname), Get(env::kLocalRank), Get(env::kLocalSize),
-                Get(env::kCrossRank), Get(env::kCrossSize));
+                "rank %s of %s on %s (local_rank %s of %s, cross_rank %s of %s)\n",
+                Get(env::kRank).c_str(), Get(env::kSize).c_str(), Get(env::kHostname).c_str(),
+                Get(env::kLocalRank).c_str(), Get(env::kLocalSize).c_str(),
+                Get(env::kCrossRank).c_str(), Get(env::kCrossSize).c_str());
   out += line;
   for (const char* name : kVariables) {
-    if (std::strcmp(name, env::kJobToken) == 0 && std::getenv(name) != nullptr) {
+    if (std::strcmp(name, env::kJobToken) == 0 && env::Lookup(name).has_value()) {
       std::snprintf(line, sizeof(line), "  %s=(%zu hex digits, not shown)\n", name,
-                    std::strlen(std::getenv(name)));
+                    env::Lookup(name)->size());
     } else {
-      std::snprintf(line, sizeof(line), "  %s=%s\n", name, Get(name));
+      std::snprintf(line, sizeof(line), "  %s=%s\n", name, Get(name).c_str());
     }
     out += line;
   }

@@ -1,6 +1,5 @@
 #include "trainrun/launcher/job_environment.h"
 
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -8,15 +7,19 @@
 #include <cerrno>
 #include <cstring>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "posix/unique_fd.h"
 #include "trainrun/launcher/gpu_assignment.h"
 #include "trainrun/rendezvous/environment.h"
+#include "trainrun/rendezvous/server.h"
 
 extern char** environ;
 
 namespace trainrun::launcher {
 namespace {
+
+// A job id is this many hex digits (a token's first ones): short enough to read in logs.
+constexpr size_t kJobIdDigits = 12;
 
 std::map<std::string, std::string> ToMap(const std::vector<std::string>& entries) {
   std::map<std::string, std::string> out;
@@ -28,44 +31,50 @@ std::map<std::string, std::string> ToMap(const std::vector<std::string>& entries
   return out;
 }
 
-// RandomHex returns 2*bytes hex digits from /dev/urandom.
-absl::StatusOr<std::string> RandomHex(size_t bytes) {
-  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return absl::InternalError(absl::StrCat("cannot open /dev/urandom: ", std::strerror(errno)));
-  std::string raw(bytes, '\0');
-  size_t got = 0;
-  while (got < bytes) {
-    ssize_t n = read(fd, raw.data() + got, bytes - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += static_cast<size_t>(n);
-  }
-  close(fd);
-  if (got < bytes) return absl::InternalError("cannot read /dev/urandom");
-  return absl::BytesToHexString(raw);
-}
-
 // FreePort asks the kernel for a TCP port nobody listens on now (torchrun does the same; another
 // process may take it before rank 0 binds it, a window we cannot close from here).
 absl::StatusOr<int> FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0)
+  posix::UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) {
     return absl::InternalError(absl::StrCat("cannot create a socket: ", std::strerror(errno)));
+  }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_ANY);
   socklen_t len = sizeof(addr);
   int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
     port = ntohs(addr.sin_port);
   }
-  int error = errno;
-  close(fd);
-  if (port < 0)
-    return absl::InternalError(absl::StrCat("cannot find a free port: ", std::strerror(error)));
+  if (port < 0) {
+    return absl::InternalError(absl::StrCat("cannot find a free port: ", std::strerror(errno)));
+  }
   return port;
+}
+
+// RankValueOf is `value` for the rank placed at `a` in a job of `size` ranks, on host `host`.
+std::string RankValueOf(env::RankValue value, const hostfile::RankAssignment& a, int size,
+                        const std::string& host) {
+  switch (value) {
+    case env::RankValue::kRank:
+      return absl::StrCat(a.rank);
+    case env::RankValue::kSize:
+      return absl::StrCat(size);
+    case env::RankValue::kLocalRank:
+      return absl::StrCat(a.local_rank);
+    case env::RankValue::kLocalSize:
+      return absl::StrCat(a.local_size);
+    case env::RankValue::kCrossRank:
+      return absl::StrCat(a.cross_rank);
+    case env::RankValue::kCrossSize:
+      return absl::StrCat(a.cross_size);
+    case env::RankValue::kHostname:
+      return host;
+    case env::RankValue::kHostIndex:
+      return absl::StrCat(a.host_index);
+  }
+  return "";
 }
 
 }  // namespace
@@ -96,18 +105,16 @@ absl::StatusOr<JobEnvironment> JobEnvironment::Create(const LaunchSpec& spec,
     }
     job.forced_[variable.name] = it->second;
   }
-  absl::StatusOr<std::string> id = RandomHex(6);
+  absl::StatusOr<std::string> id = rendezvous::RandomToken();
   if (!id.ok()) return id.status();
-  absl::StatusOr<std::string> token = RandomHex(32);
+  absl::StatusOr<std::string> token = rendezvous::RandomToken();
   if (!token.ok()) return token.status();
   absl::StatusOr<int> port = FreePort();
   if (!port.ok()) return port.status();
-  job.job_id_ = *std::move(id);
+  job.job_id_ = id->substr(0, kJobIdDigits);
   job.token_ = *std::move(token);
   job.master_port_ = *port;
-  job.host_gpu_count_ = CountHostGpus();
   job.assign_gpus_ = env::kAssignGpus.Get() != 0;
-  job.master_addr_ = spec.plan.hosts.empty() ? "127.0.0.1" : spec.plan.HostOf(0).host;
   return job;
 }
 
@@ -117,9 +124,9 @@ std::optional<std::string> JobEnvironment::Lookup(const std::string& name) const
   return std::nullopt;
 }
 
-std::vector<std::string> JobEnvironment::ForRank(int rank) const {
+std::vector<std::string> JobEnvironment::ForRank(int rank, const HostView& host_view) const {
   const hostfile::RankAssignment& a = plan_.ranks[rank];
-  const std::string& host = plan_.HostOf(rank).host;
+  const std::string& host = host_view.name;
   std::map<std::string, std::string> vars = base_;
   auto set = [&vars](const char* name, const auto& value) {
     if constexpr (std::is_arithmetic_v<std::decay_t<decltype(value)>>) {
@@ -129,41 +136,18 @@ std::vector<std::string> JobEnvironment::ForRank(int rank) const {
     }
   };
   const int size = plan_.size();
-  set(env::kRank, a.rank);
-  set(env::kSize, size);
-  set(env::kLocalRank, a.local_rank);
-  set(env::kLocalSize, a.local_size);
-  set(env::kCrossRank, a.cross_rank);
-  set(env::kCrossSize, a.cross_size);
-  set(env::kHostname, host);
+  for (const env::RankVariable& variable : env::kRankVariables) {
+    vars[variable.name] = RankValueOf(variable.value, a, size, host);
+  }
   set(env::kJobId, job_id_);
   set(env::kJobToken, token_);
-  if (rendezvous_addr_.has_value()) {
-    set(env::kRendezvousAddr, *rendezvous_addr_);
+  if (!host_view.rendezvous_addr.empty()) {
+    set(env::kRendezvousAddr, host_view.rendezvous_addr);
   } else {
     vars.erase(env::kRendezvousAddr);  // a stale one from an enclosing job would mislead
   }
-
-  set(env::kHorovodRank, a.rank);
-  set(env::kHorovodSize, size);
-  set(env::kHorovodLocalRank, a.local_rank);
-  set(env::kHorovodLocalSize, a.local_size);
-  set(env::kHorovodCrossRank, a.cross_rank);
-  set(env::kHorovodCrossSize, a.cross_size);
-  set(env::kHorovodHostname, host);
-
-  set(env::kTorchRank, a.rank);
-  set(env::kTorchWorldSize, size);
-  set(env::kTorchLocalRank, a.local_rank);
-  set(env::kTorchLocalWorldSize, a.local_size);
-  set(env::kTorchGroupRank, a.host_index);  // torchrun: the node's index
-  set(env::kTorchMasterAddr, master_addr_);
+  set(env::kTorchMasterAddr, host_view.master_addr);
   set(env::kTorchMasterPort, master_port_);
-
-  set(env::kOmpiRank, a.rank);
-  set(env::kOmpiSize, size);
-  set(env::kOmpiLocalRank, a.local_rank);
-  set(env::kOmpiLocalSize, a.local_size);
 
   if (a.local_size > 1 && !vars.count(env::kOmpNumThreads) && !forced_.count(env::kOmpNumThreads)) {
     set(env::kOmpNumThreads, "1");
@@ -176,7 +160,7 @@ std::vector<std::string> JobEnvironment::ForRank(int rank) const {
   gpu.local_rank = a.local_rank;
   gpu.local_size = a.local_size;
   gpu.user_visible_devices = Lookup(env::kCudaVisibleDevices);
-  gpu.host_gpu_count = host_gpu_count_;
+  gpu.host_gpu_count = host_view.gpu_count;
   gpu.enabled = assign_gpus_;
   if (absl::StatusOr<std::optional<std::string>> device = AssignGpu(gpu); device.ok() && *device) {
     vars[env::kCudaVisibleDevices] = **device;

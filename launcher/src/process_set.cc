@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "posix/unique_fd.h"
 #include "rank_shim.h"
 
 namespace trainrun::launcher {
@@ -40,13 +41,9 @@ struct RankProcessSet::Rank {
         out(io, this, OutputStream::kStdout),
         err(io, this, OutputStream::kStderr),
         eof_deadline(io) {}
-  ~Rank() {
-    if (status_fd >= 0) close(status_fd);
-  }
-
   int index;
   pid_t shim = -1;
-  int status_fd = -1;
+  posix::UniqueFd status_fd;
   bool reaped = false;  // the shim has exited: the rank and all it started are gone
   bool exited = false;  // on_exit delivered
   ExitInfo exit;
@@ -58,25 +55,9 @@ struct RankProcessSet::Rank {
 
 namespace {
 
-// Owns one fd.
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() { Reset(); }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  int Release() { return std::exchange(fd_, -1); }
-  void Reset(int fd = -1) {
-    if (fd_ >= 0) close(fd_);
-    fd_ = fd;
-  }
+using posix::UniqueFd;
 
- private:
-  int fd_;
-};
-
-absl::Status MakePipe(Fd& read_end, Fd& write_end) {
+absl::Status MakePipe(UniqueFd& read_end, UniqueFd& write_end) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
     return absl::ResourceExhaustedError(
@@ -127,11 +108,11 @@ RankProcessSet::~RankProcessSet() {
 }
 
 absl::Status RankProcessSet::Start(int rank_index, const ProcessSpec& spec) {
-  Fd out_read, out_write, err_read, err_write, status_read, status_write;
+  UniqueFd out_read, out_write, err_read, err_write, status_read, status_write;
   if (absl::Status s = MakePipe(out_read, out_write); !s.ok()) return s;
   if (absl::Status s = MakePipe(err_read, err_write); !s.ok()) return s;
   if (absl::Status s = MakePipe(status_read, status_write); !s.ok()) return s;
-  Fd dev_null;
+  UniqueFd dev_null;
   int stdin_fd = spec.stdin_fd;
   if (stdin_fd < 0) {
     dev_null.Reset(open("/dev/null", O_RDONLY | O_CLOEXEC));
@@ -159,7 +140,7 @@ absl::Status RankProcessSet::Start(int rank_index, const ProcessSpec& spec) {
   auto rank = std::make_unique<Rank>(io_, rank_index);
   rank->shim = pid;
   fcntl(status_read.get(), F_SETFL, O_NONBLOCK);
-  rank->status_fd = status_read.Release();
+  rank->status_fd = std::move(status_read);
   rank->out.pipe.assign(out_read.Release());
   rank->err.pipe.assign(err_read.Release());
   Rank& started = *rank;
@@ -270,7 +251,8 @@ void RankProcessSet::OnShimExit(Rank& rank, int shim_status) {
   bool ended = false;
   pid_t command = -1;
   ShimRecord record;
-  while (read(rank.status_fd, &record, sizeof(record)) == static_cast<ssize_t>(sizeof(record))) {
+  while (read(rank.status_fd.get(), &record, sizeof(record)) ==
+         static_cast<ssize_t>(sizeof(record))) {
     if (record.kind == ShimRecord::kStarted) {
       command = record.value;
     } else if (record.kind == ShimRecord::kExecFailed) {
@@ -288,8 +270,7 @@ void RankProcessSet::OnShimExit(Rank& rank, int shim_status) {
       exit.time = FromMonotonicNs(record.time_ns);
     }
   }
-  close(rank.status_fd);
-  rank.status_fd = -1;
+  rank.status_fd.Reset();
   if (!ended) {
     // The shim itself was killed before the command ended; PR_SET_PDEATHSIG has killed the
     // command, so sweep its group and report the shim's fate as the rank's.

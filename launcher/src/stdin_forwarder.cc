@@ -7,6 +7,8 @@
 #include <boost/asio/write.hpp>
 #include <cerrno>
 
+#include "posix/unique_fd.h"
+
 namespace trainrun::launcher::internal {
 namespace asio = boost::asio;
 
@@ -19,23 +21,19 @@ std::unique_ptr<StdinForwarder> StdinForwarder::Create(asio::io_context& io) {
     return forwarder;
   }
   if (isatty(0) && tcgetpgrp(0) != getpgrp()) return forwarder;  // background job: /dev/null
-  int in = fcntl(0, F_DUPFD_CLOEXEC, 3);
+  posix::UniqueFd in(fcntl(0, F_DUPFD_CLOEXEC, 3));
   int fds[2];
-  if (in < 0 || pipe2(fds, O_CLOEXEC) != 0) {
-    if (in >= 0) close(in);
-    return forwarder;
-  }
+  if (!in || pipe2(fds, O_CLOEXEC) != 0) return forwarder;
+  posix::UniqueFd pipe_read(fds[0]), pipe_write(fds[1]);
   boost::system::error_code error;
-  forwarder->in_.assign(in, error);  // epoll refuses what cannot be polled
+  forwarder->in_.assign(in.get(), error);  // epoll refuses what cannot be polled
   if (error) {
-    close(in);
-    close(fds[0]);
-    close(fds[1]);
     forwarder->rank_end_ = 0;
     return forwarder;
   }
-  forwarder->out_.assign(fds[1]);
-  forwarder->rank_end_ = fds[0];
+  in.Release();  // in_ owns it now
+  forwarder->out_.assign(pipe_write.Release());
+  forwarder->rank_end_ = pipe_read.Release();
   forwarder->owns_rank_end_ = true;
   forwarder->WaitForInput();
   return forwarder;

@@ -18,11 +18,11 @@
 #include <string>
 
 #include "comm_thread.h"
-#include "file_store.h"  // trainrun_collectives_testing
 #include "trainrun/collectives/communicator.h"
 #include "trainrun/collectives/errors.h"
 #include "trainrun/collectives/types.h"
 #include "trainrun/rendezvous/environment.h"
+#include "trainrun/rendezvous/file_store.h"
 #include "trainrun/rendezvous/memory_store.h"
 
 namespace py = pybind11;
@@ -40,9 +40,9 @@ constexpr int kDataTypeCount = 8;  // DataType's values are 0 .. kDataTypeCount 
 constexpr auto kSignalCheckInterval = std::chrono::milliseconds(100);
 
 std::optional<std::string> GetEnv(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return std::nullopt;
-  return std::string(value);
+  std::optional<std::string> value = env::Lookup(name);
+  if (!value || value->empty()) return std::nullopt;
+  return value;
 }
 
 int GetIntEnv(const char* name, std::optional<int> fallback, const char* why) {
@@ -77,8 +77,8 @@ std::unique_ptr<Communicator> Connect() {
     if (!GetEnv(env::kJobToken)) options.job_token = "file-store:" + *directory;
     if (!GetEnv(env::kJobId)) options.job_id = *directory;
     ::mkdir(directory->c_str(), 0700);  // Already there is fine; the store reports real trouble.
-    return std::make_unique<Communicator>(
-        std::make_shared<collectives::testing::FileStore>(*directory), info, options);
+    return std::make_unique<Communicator>(std::make_shared<rendezvous::FileStore>(*directory), info,
+                                          options);
   }
   // A job of one, unless the environment says this process is one rank of several: then the
   // launcher did not give us its rendezvous, and running alone would silently train wrong.

@@ -17,12 +17,12 @@ namespace {
 
 // RequireEnv returns the value of `name`, or FAILED_PRECONDITION naming it.
 absl::StatusOr<std::string> RequireEnv(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') {
+  std::optional<std::string> value = env::Lookup(name);
+  if (!value || value->empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat(name, " is not set; start this worker with trainrun to use the rendezvous"));
   }
-  return std::string(value);
+  return *std::move(value);
 }
 
 absl::StatusOr<int> RequireIntEnv(const char* name) {
@@ -100,7 +100,7 @@ absl::StatusOr<ClientOptions> ClientOptionsFromEnvironment() {
   options.token = *std::move(token);
   options.host = *std::move(host);
   options.local_rank = *local_rank;
-  if (std::getenv(env::kRank) != nullptr) {
+  if (env::Lookup(env::kRank).has_value()) {
     absl::StatusOr<int> rank = RequireIntEnv(env::kRank);
     if (!rank.ok()) return rank.status();
     options.expected_rank = *rank;

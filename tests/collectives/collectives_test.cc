@@ -12,6 +12,7 @@
 
 #include "spawn.h"
 #include "trainrun/collectives/communicator.h"
+#include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::collectives {
 namespace {
@@ -206,9 +207,9 @@ uint64_t FreshSeed() {
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    const char* old = std::getenv(name);
-    if (old != nullptr) old_ = old;
-    had_ = old != nullptr;
+    std::optional<std::string> old = env::Lookup(name);
+    if (old) old_ = *old;
+    had_ = old.has_value();
     ::setenv(name, value.c_str(), 1);
   }
   ~ScopedEnv() { had_ ? (void)::setenv(name_, old_.c_str(), 1) : (void)::unsetenv(name_); }

@@ -12,11 +12,11 @@
 #include <thread>
 #include <vector>
 
-#include "file_store.h"
 #include "handshake.h"
 #include "socket.h"
 #include "spawn.h"
 #include "trainrun/collectives/communicator.h"
+#include "trainrun/rendezvous/file_store.h"
 
 namespace trainrun::collectives {
 namespace {
@@ -169,7 +169,7 @@ TEST_CASE("a rank killed with SIGKILL mid-allreduce: the others raise promptly n
     if (pid == 0) {
       int code = 3;
       try {
-        auto store = std::make_shared<testing::FileStore>(dir);
+        auto store = std::make_shared<rendezvous::FileStore>(dir);
         Communicator comm(store, rank, n, WithToken("t"));
         std::vector<float> x(1 << 20, 1.0f);
         for (int i = 0; i < 100000; ++i) {

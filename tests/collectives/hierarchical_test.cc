@@ -17,8 +17,8 @@
 #include <thread>
 #include <vector>
 
-#include "file_store.h"
 #include "trainrun/collectives/communicator.h"
+#include "trainrun/rendezvous/file_store.h"
 #include "trainrun/rendezvous/memory_store.h"
 
 namespace trainrun::collectives {
@@ -316,7 +316,7 @@ TEST_CASE("hierarchical allreduce across two network-namespace hosts of processe
         if (!hosts.Enter(host)) ::_exit(30);
         CommunicatorOptions options = Options();
         options.listen_address = hosts.address(host);
-        Communicator comm(std::make_shared<testing::FileStore>(dir), Place(rank, 2, per_host),
+        Communicator comm(std::make_shared<rendezvous::FileStore>(dir), Place(rank, 2, per_host),
                           options);
         if (std::string(comm.transport()) != "shm+tcp") ::_exit(31);
         comm.Barrier();

@@ -21,9 +21,9 @@
 #include <thread>
 #include <vector>
 
-#include "file_store.h"
 #include "spawn.h"
 #include "trainrun/collectives/communicator.h"
+#include "trainrun/rendezvous/file_store.h"
 
 namespace trainrun::collectives {
 namespace {
@@ -116,7 +116,7 @@ TEST_CASE("an all-local job of processes runs over shared memory and leaves noth
     auto status = RunProcesses(
         n,
         [&](int rank) {
-          auto store = std::make_shared<testing::FileStore>(dir.path);
+          auto store = std::make_shared<rendezvous::FileStore>(dir.path);
           Communicator comm(store, rank, n, Options("auto"));
           if (std::string(comm.transport()) != "shm") return 10;
           // Sizes across the one-phase, chunked and point-to-point paths.
@@ -158,7 +158,7 @@ TEST_CASE(
   auto status = RunProcesses(
       n,
       [&](int rank) {
-        auto store = std::make_shared<testing::FileStore>(dir.path);
+        auto store = std::make_shared<rendezvous::FileStore>(dir.path);
         Communicator comm(store, rank, n, Options("shm"));
         std::vector<float> x(1 << 20, 1.0f);
         try {
@@ -214,7 +214,7 @@ TEST_CASE(
   for (const std::string mode : {"auto", "shm"}) {
     TempDir dir;
     auto rank_main = [&](int rank) {
-      auto store = std::make_shared<testing::FileStore>(dir.path);
+      auto store = std::make_shared<rendezvous::FileStore>(dir.path);
       try {
         Communicator comm(store, rank, 2, Options(mode));
         std::ofstream(dir.path + "/transport." + std::to_string(rank)) << comm.transport();

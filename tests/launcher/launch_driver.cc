@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "trainrun/cli/run_main.h"
 #include "trainrun/launcher/launcher.h"
 #include "trainrun/launcher/logging.h"
 
@@ -97,7 +98,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<int> code = trainrun::launcher::Launch(spec);
   if (!code.ok()) {
     trainrun::launcher::Logger().error("{}", std::string(code.status().message()));
-    return 2;
+    return trainrun::cli::ExitCodeFor(code.status());  // as `trainrun` maps it
   }
   return *code;
 }

@@ -5,10 +5,17 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 
+#include "ssh/ssh_host_channel.h"
 #include "sshd_fixture.h"
 
 namespace trainrun::launcher::remote {
 namespace {
+
+hostfile::HostSpec Host(const std::string& name) {
+  hostfile::HostSpec host;
+  host.host = name;
+  return host;
+}
 
 // A shell command that greets like an agent, then waits for its stdin to end.
 std::string FakeAgent(const std::string& hostname) {
@@ -27,12 +34,10 @@ TEST_CASE("agents: hosts connect in parallel and greet", "[ssh]") {
   ssh::SshOptions options = world.ClientOptions();
   options.identity_file = world.user_ed25519();
   options.port = world.sshd().port();
-  std::vector<ssh::SshTarget> targets;
-  for (const char* host : {"127.0.0.1", "localhost"}) {
-    targets.push_back(*ssh::ResolveSshTarget("", host, options));
-  }
+  auto channel = ssh::MakeSshHostChannel(options);
   std::vector<std::pair<int, int>> progress;
-  auto agents = ConnectAgents(targets, FakeAgent("fake"), options, absl::Now() + absl::Seconds(10),
+  auto agents = ConnectAgents(*channel, {Host("127.0.0.1"), Host("localhost")}, FakeAgent("fake"),
+                              absl::Now() + absl::Seconds(10),
                               [&](int n, int total) { progress.emplace_back(n, total); });
   INFO(agents.status().message());
   REQUIRE(agents.ok());
@@ -48,8 +53,8 @@ TEST_CASE("agents: trainrun missing on the host says so", "[ssh]") {
   ssh::SshOptions options = world.ClientOptions();
   options.identity_file = world.user_ed25519();
   options.port = world.sshd().port();
-  auto target = *ssh::ResolveSshTarget("", "127.0.0.1", options);
-  auto agent = ConnectAgent(target, AgentCommand("/nonexistent/trainrun"), options,
+  auto channel = ssh::MakeSshHostChannel(options);
+  auto agent = ConnectAgent(*channel, Host("127.0.0.1"), AgentCommand("/nonexistent/trainrun"),
                             absl::Now() + absl::Seconds(10));
   REQUIRE_FALSE(agent.ok());
   CHECK(agent.status().message().find("trainrun is not installed at that path") !=
@@ -61,14 +66,19 @@ TEST_CASE("agents: the first failure returns at once, naming its host", "[ssh]")
   testing::SshWorld world;
   ssh::SshOptions options = world.ClientOptions();
   options.identity_file = world.user_ed25519();
-  options.port = world.sshd().port();
-  std::vector<ssh::SshTarget> targets = {*ssh::ResolveSshTarget("", "127.0.0.1", options)};
-  ssh::SshOptions refused = options;
-  refused.port = testing::FreeLoopbackPort();
-  targets.push_back(*ssh::ResolveSshTarget("", "localhost", refused));
+  // Each host's port from the SSH config: the first is the sshd, the second refuses.
+  REQUIRE(
+      testing::RunCommand({"sh", "-c",
+                           "printf 'Host 127.0.0.1\\n  Port %s\\nHost localhost\\n  Port %s\\n' "
+                           "\"$0\" \"$1\" > " +
+                               world.ssh_dir() + "/config",
+                           std::to_string(world.sshd().port()),
+                           std::to_string(testing::FreeLoopbackPort())}) == 0);
+  auto channel = ssh::MakeSshHostChannel(options);
   auto start = std::chrono::steady_clock::now();
   // The first host's agent never greets; the second host refuses.
-  auto agents = ConnectAgents(targets, "sleep 30", options, absl::Now() + absl::Seconds(10), {});
+  auto agents = ConnectAgents(*channel, {Host("127.0.0.1"), Host("localhost")}, "sleep 30",
+                              absl::Now() + absl::Seconds(10));
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   REQUIRE_FALSE(agents.ok());
   CHECK(agents.status().message().find("host localhost") != std::string::npos);

@@ -29,8 +29,21 @@ TEST_CASE("agent protocol: a job description round-trips, token in the env only"
   CHECK(decoded->ranks[0].env == job.ranks[0].env);
 }
 
+TEST_CASE(
+    "agent protocol: a version 1 Hello (no GPU count) still decodes, to be refused by version",
+    "[ssh]") {
+  // Version 1: u32 version, bytes hostname, u32 pid, bytes address; nothing after.
+  std::string v1 = EncodeHello({2, "old", 7, "10.0.0.1", 0});
+  v1 = v1.substr(5, v1.size() - 5 - 4);  // the payload, without version 2's GPU count
+  v1[3] = 1;                             // version 1
+  auto hello = DecodeHello(v1);
+  REQUIRE(hello.ok());
+  CHECK(hello->version == 1);
+  CHECK(hello->hostname == "old");
+}
+
 TEST_CASE("agent protocol: frames split at every byte and joined", "[ssh]") {
-  std::string stream = EncodeHello({kProtocolVersion, "h1", 42, "10.0.0.1"}) +
+  std::string stream = EncodeHello({kProtocolVersion, "h1", 42, "10.0.0.1", 8}) +
                        EncodeOutput({1, 1, std::string("a\0b\r\n", 5)}) + EncodeExit({1, 0, 9, 0}) +
                        EncodeFrame(MessageType::kDone);
   FrameReader reader;
@@ -50,6 +63,7 @@ TEST_CASE("agent protocol: frames split at every byte and joined", "[ssh]") {
   CHECK(hello->hostname == "h1");
   CHECK(hello->pid == 42);
   CHECK(hello->ssh_client_address == "10.0.0.1");
+  CHECK(hello->gpu_count == 8);
   auto output = DecodeOutput(frames[1].payload);
   REQUIRE(output.ok());
   CHECK(output->bytes == std::string("a\0b\r\n", 5));

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "remote/agent_connector.h"
+#include "ssh/ssh_host_channel.h"
 #include "sshd_fixture.h"
 
 #ifndef TRAINRUN_TEST_AGENT
@@ -17,6 +18,12 @@
 
 namespace trainrun::launcher::remote {
 namespace {
+
+hostfile::HostSpec Host(const std::string& name) {
+  hostfile::HostSpec host;
+  host.host = name;
+  return host;
+}
 
 std::vector<Frame> ReadUntilDone(RemoteAgent& agent, absl::Duration timeout) {
   std::vector<Frame> frames;
@@ -30,7 +37,7 @@ std::vector<Frame> ReadUntilDone(RemoteAgent& agent, absl::Duration timeout) {
       frames.push_back(**next);
       if (frames.back().type == MessageType::kDone) return frames;
     }
-    auto n = agent.channel->Read(buffer, sizeof buffer, absl::Seconds(1));
+    auto n = agent.stream->Read(buffer, sizeof buffer, absl::Seconds(1));
     if (!n.ok() && absl::IsDeadlineExceeded(n.status())) continue;
     if (!n.ok() || *n == 0) break;
     agent.reader.Append(absl::string_view(buffer, *n));
@@ -43,8 +50,8 @@ TEST_CASE("agent: runs its ranks and reports output and exits", "[ssh]") {
   ssh::SshOptions options = world.ClientOptions();
   options.identity_file = world.user_ed25519();
   options.port = world.sshd().port();
-  auto target = *ssh::ResolveSshTarget("", "127.0.0.1", options);
-  auto agent = ConnectAgent(target, AgentCommand(TRAINRUN_TEST_AGENT), options,
+  auto channel = ssh::MakeSshHostChannel(options);
+  auto agent = ConnectAgent(*channel, Host("127.0.0.1"), AgentCommand(TRAINRUN_TEST_AGENT),
                             absl::Now() + absl::Seconds(10));
   INFO(agent.status().message());
   REQUIRE(agent.ok());
@@ -53,7 +60,7 @@ TEST_CASE("agent: runs its ranks and reports output and exits", "[ssh]") {
   job.argv = {"sh", "-c", "echo rank=$TRAINRUN_RANK pwd=$(pwd); exit $TRAINRUN_RANK"};
   job.ranks = {{0, {"TRAINRUN_RANK=0", "PATH=/usr/bin:/bin"}},
                {3, {"TRAINRUN_RANK=3", "PATH=/usr/bin:/bin"}}};
-  REQUIRE(agent->channel->Write(EncodeJob(job), absl::Seconds(5)).ok());
+  REQUIRE(agent->stream->Write(EncodeJob(job), absl::Seconds(5)).ok());
   std::vector<Frame> frames = ReadUntilDone(*agent, absl::Seconds(10));
   std::map<int, std::string> output;
   std::map<int, int> codes;
@@ -83,15 +90,15 @@ TEST_CASE("agent: the connection closing kills its ranks", "[ssh]") {
   ssh::SshOptions options = world.ClientOptions();
   options.identity_file = world.user_ed25519();
   options.port = world.sshd().port();
-  auto target = *ssh::ResolveSshTarget("", "127.0.0.1", options);
-  auto agent = ConnectAgent(target, AgentCommand(TRAINRUN_TEST_AGENT), options,
+  auto channel = ssh::MakeSshHostChannel(options);
+  auto agent = ConnectAgent(*channel, Host("127.0.0.1"), AgentCommand(TRAINRUN_TEST_AGENT),
                             absl::Now() + absl::Seconds(10));
   REQUIRE(agent.ok());
   std::string marker = "/tmp/trainrun-agent-test-" + std::to_string(getpid());
   Job job;
   job.argv = {"sh", "-c", "echo $$ > " + marker + "; exec sleep 100"};
   job.ranks = {{0, {"PATH=/usr/bin:/bin"}}};
-  REQUIRE(agent->channel->Write(EncodeJob(job), absl::Seconds(5)).ok());
+  REQUIRE(agent->stream->Write(EncodeJob(job), absl::Seconds(5)).ok());
   pid_t rank_pid = 0;
   for (int i = 0; i < 100 && rank_pid == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -99,7 +106,7 @@ TEST_CASE("agent: the connection closing kills its ranks", "[ssh]") {
   }
   REQUIRE(rank_pid > 0);
   REQUIRE(kill(rank_pid, 0) == 0);
-  agent->channel.reset();  // the launcher goes away
+  agent->stream.reset();  // the launcher goes away
   bool gone = false;
   for (int i = 0; i < 100 && !gone; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -333,6 +333,137 @@ TEST_CASE("multihost: each start failure in its own words, with nothing left on 
   CHECK(HostsEmpty(cluster));
 }
 
+// Writes `text` to `path` and makes it executable.
+void WriteScript(const std::string& path, const std::string& text) {
+  REQUIRE(RunCommand({"sh", "-c", "printf '%s' \"$0\" > " + path + " && chmod +x " + path, text}) ==
+          0);
+}
+
+TEST_CASE("multihost: an ~/.ssh/config alias reaches the workers as the address trainrun reached",
+          "[ssh][netns][alias]") {
+  if (!CanUseNetns()) {
+    WARN("skipped: needs root and iproute2");
+    return;
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  // worker1 and worker2 are names only this machine's SSH config knows.
+  WriteScript(world.ssh_dir() + "/config",
+              absl::StrCat("Host worker1\n  HostName ", cluster.host_address(0),
+                           "\nHost worker2\n  HostName ", cluster.host_address(1), "\n"));
+  for (const char* client : {"libssh2", "openssh"}) {
+    std::string out;
+    int status = RunTrainrun(world, cluster,
+                             {"--ssh-client", client, "-np", "2", "-H", "worker1:1,worker2:1", "sh",
+                              "-c", "echo master=$MASTER_ADDR host=$TRAINRUN_HOSTNAME"},
+                             &out);
+    INFO(client << ": " << out);
+    CHECK(status == 0);
+    CHECK(out.find("[0]<stdout>:master=" + cluster.host_address(0) + " host=worker1") !=
+          std::string::npos);
+    CHECK(out.find("[1]<stdout>:master=" + cluster.host_address(0) + " host=worker2") !=
+          std::string::npos);
+  }
+  // The ranks meet through the rendezvous as usual.
+  std::string out;
+  int status = RunTrainrun(world, cluster,
+                           {"-np", "4", "-H", "worker1:2,worker2:2", TRAINRUN_BARRIER, "-v"}, &out);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK(out.find("passed the barrier") != std::string::npos);
+  INFO("left behind:" << Processes(cluster));
+  CHECK(HostsEmpty(cluster));
+}
+
+TEST_CASE("multihost: a remote host's ranks get GPUs by that host's count, from its agent",
+          "[ssh][netns][gpus]") {
+  if (!CanUseNetns()) {
+    WARN("skipped: needs root and iproute2");
+    return;
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  // The agent runs where the driver lists two GPUs (this machine lists none).
+  const std::string agent = world.dir() + "/agent_with_gpus";
+  WriteScript(agent, absl::StrCat("#!/bin/sh\nexec unshare -m sh -c 'mount -t tmpfs none "
+                                  "/proc/driver && mkdir -p /proc/driver/nvidia/gpus/0000:01:00.0 "
+                                  "/proc/driver/nvidia/gpus/0000:02:00.0 && exec ",
+                                  TRAINRUN_BIN, " --agent'\n"));
+  std::string out;
+  int status = RunTrainrun(world, cluster,
+                           {"--remote-trainrun", agent, "-np", "3", "-H",
+                            "localhost:1," + cluster.host_address(1) + ":2", "sh", "-c",
+                            "echo gpu=${CUDA_VISIBLE_DEVICES-none}"},
+                           &out);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK(out.find("[0]<stdout>:gpu=none") != std::string::npos);  // this machine: no GPU
+  CHECK(out.find("[1]<stdout>:gpu=0") != std::string::npos);
+  CHECK(out.find("[2]<stdout>:gpu=1") != std::string::npos);
+  INFO("left behind:" << Processes(cluster));
+  CHECK(HostsEmpty(cluster));
+}
+
+TEST_CASE("multihost: --start-timeout is one deadline, from the first connection to the last start",
+          "[ssh][netns][deadline]") {
+  if (!CanUseNetns()) {
+    WARN("skipped: needs root and iproute2");
+    return;
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  // The agent greets 3 s after trainrun starts (the connection and the remote login shell take
+  // less), and reads its job 3 s after that: each phase alone fits in 5 s, both together do not.
+  const std::string agent = world.dir() + "/slow_agent";
+  const std::string start_file = world.dir() + "/started_at";
+  WriteScript(agent,
+              absl::StrCat("#!/bin/sh\nsleep $(awk -v t0=$(cat ", start_file,
+                           ") -v now=$(date +%s.%N) 'BEGIN { d = t0 + 3 - now; print (d > 0 ? "
+                           "d : 0) }')\n(sleep 3; exec cat) | ",
+                           TRAINRUN_BIN, " --agent\n"));
+  auto run = [&](const std::string& timeout, std::string* out, double* seconds) {
+    std::vector<std::string> argv = {"ip",
+                                     "netns",
+                                     "exec",
+                                     cluster.client_ns(),
+                                     "env",
+                                     "HOME=" + world.dir() + "/home",
+                                     TRAINRUN_BIN,
+                                     "-i",
+                                     world.user_ed25519(),
+                                     "--start-timeout",
+                                     timeout,
+                                     "--remote-trainrun",
+                                     agent,
+                                     "-np",
+                                     "2",
+                                     "-H",
+                                     cluster.host_address(1) + ":2",
+                                     "true"};
+    REQUIRE(RunCommand({"sh", "-c", "date +%s.%N > " + start_file}) == 0);
+    auto start = std::chrono::steady_clock::now();
+    int status = RunCommand(argv, out, 60);
+    *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return status;
+  };
+  std::string out;
+  double seconds = 0;
+  int status = run("5", &out, &seconds);
+  INFO(out);
+  CHECK(status != 0);
+  CHECK(out.find("host " + cluster.host_address(1) +
+                 ": only 0 of its 2 ranks started within 5 s") != std::string::npos);
+  CHECK(seconds < 8);
+  INFO("left behind:" << Processes(cluster));
+  CHECK(HostsEmpty(cluster, std::chrono::seconds(10)));
+
+  // With room for both phases the same job starts.
+  status = run("10", &out, &seconds);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK(HostsEmpty(cluster, std::chrono::seconds(10)));
+}
+
 #ifdef TRAINRUN_ALLREDUCE_PERF
 TEST_CASE("multihost: an allreduce across two SSH hosts gives the right result",
           "[ssh][netns][allreduce]") {

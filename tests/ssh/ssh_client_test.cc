@@ -13,6 +13,7 @@
 #include "ssh/remote_channel.h"
 #include "ssh/ssh_config.h"
 #include "sshd_fixture.h"
+#include "trainrun/launcher/shell_quote.h"
 
 namespace trainrun::launcher::ssh {
 namespace {

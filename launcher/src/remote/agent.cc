@@ -17,10 +17,16 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "posix/resolve_on_path.h"
 #include "remote/agent_protocol.h"
+#include "trainrun/launcher/agent.h"
+#include "trainrun/launcher/gpu_assignment.h"
+#include "trainrun/launcher/launch_spec.h"
 #include "trainrun/launcher/process_set.h"
+#include "trainrun/rendezvous/environment.h"
 
-namespace trainrun::launcher::remote {
+namespace trainrun::launcher {
+namespace remote {
 namespace {
 
 // Proxy to write(2) until all is written, with EINTR retry. The launcher reads continuously, so a
@@ -36,19 +42,13 @@ bool WriteAll(int fd, const std::string& data) {
   return true;
 }
 
-// Resolves argv[0] on the rank's PATH, as execvp would; a name that resolves nowhere is returned
-// as is, and the exec failure then reaches the launcher as the rank's Exit.
-std::string ResolveOnPath(const std::string& name, const std::vector<std::string>& env) {
-  if (name.find('/') != std::string::npos) return name;
-  std::string path = "/usr/local/bin:/usr/bin:/bin";
+// The rank's PATH, as execvp would search it.
+std::string PathOf(const std::vector<std::string>& env) {
+  const std::string prefix = absl::StrCat(::trainrun::env::kPath, "=");
   for (const std::string& entry : env) {
-    if (absl::StartsWith(entry, "PATH=")) path = entry.substr(5);
+    if (absl::StartsWith(entry, prefix)) return entry.substr(prefix.size());
   }
-  for (absl::string_view dir : absl::StrSplit(path, ':')) {
-    std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", name);
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return name;
+  return posix::kDefaultPath;
 }
 
 std::string Hostname() {
@@ -65,9 +65,10 @@ class Agent {
     Hello hello;
     hello.hostname = Hostname();
     hello.pid = static_cast<uint32_t>(::getpid());
-    if (const char* connection = std::getenv("SSH_CONNECTION")) {
-      hello.ssh_client_address =
-          std::string(connection).substr(0, std::string(connection).find(' '));
+    hello.gpu_count = static_cast<uint32_t>(CountHostGpus());
+    if (std::optional<std::string> connection =
+            ::trainrun::env::Lookup(::trainrun::env::kSshConnection)) {
+      hello.ssh_client_address = connection->substr(0, connection->find(' '));
     }
     if (!Send(EncodeHello(hello))) return 1;
     ReadMore();
@@ -159,7 +160,10 @@ class Agent {
       ProcessSpec spec;
       spec.argv = job->argv;
       spec.env = rank.env;
-      spec.executable = ResolveOnPath(job->argv.empty() ? "" : job->argv[0], rank.env);
+      // A name found nowhere is passed as it is: its exec failure reaches the launcher as the
+      // rank's Exit.
+      spec.executable =
+          posix::ResolveOnPath(job->argv.empty() ? "" : job->argv[0], PathOf(rank.env)).path;
       if (absl::Status started = ranks_.Start(static_cast<int>(rank.rank), spec); !started.ok()) {
         Send(EncodeError(absl::StrCat("host ", Hostname(), ": cannot start rank ", rank.rank, ": ",
                                       started.message())));
@@ -215,7 +219,7 @@ class Agent {
   RankProcessSet ranks_;
   FrameReader reader_;
   char buffer_[64 * 1024];
-  std::chrono::milliseconds grace_period_{3000};
+  std::chrono::milliseconds grace_period_ = kDefaultGracePeriod;
   int started_ = 0;
   bool job_received_ = false;
   bool launcher_gone_ = false;
@@ -223,6 +227,7 @@ class Agent {
 };
 
 }  // namespace
+}  // namespace remote
 
 int RunAgent() {
   // The SSH session (our parent) ending means the connection is gone.
@@ -230,8 +235,8 @@ int RunAgent() {
   if (::getppid() == 1) return 1;
   // A broken pipe to the launcher is an error from write(), handled as "launcher gone".
   ::signal(SIGPIPE, SIG_IGN);
-  Agent agent;
+  remote::Agent agent;
   return agent.Run();
 }
 
-}  // namespace trainrun::launcher::remote
+}  // namespace trainrun::launcher

@@ -1,3 +1,5 @@
+// The agent's timing (its entry point, RunAgent, is public: trainrun/launcher/agent.h).
+//
 // The agent: `trainrun --agent`, started by the launcher on a remote host over SSH. It reads its
 // host's Job from stdin, starts those ranks with the launcher's own RankProcessSet, and sends their
 // output and exits back on stdout (agent_protocol.h). It obeys Terminate and Kill, and kills its
@@ -14,9 +16,5 @@ namespace trainrun::launcher::remote {
 // frame.
 inline constexpr std::chrono::seconds kHeartbeatInterval{5};
 inline constexpr std::chrono::seconds kSilenceLimit{30};
-
-// RunAgent runs the agent over fds 0 and 1 and returns the process's exit code: 0 when every rank
-// exited 0, 1 otherwise (the launcher learns each rank's end from Exit messages, not from this).
-int RunAgent();
 
 }  // namespace trainrun::launcher::remote

@@ -1,10 +1,13 @@
-// Connecting to every remote host's agent at once: one SSH session per host, all in parallel, each
-// bounded by the same deadline (--start-timeout). The first failure ends the attempt: the sessions
-// already open are closed (their agents see end-of-file and exit), and the error names the host.
+// Connecting to every remote host's agent at once, through the job's HostChannel: the channel
+// starts the agents and gives back one stream per host; each stream is greeted (the agent's Hello)
+// in parallel, all before the same deadline (--start-timeout). The first failure ends the attempt:
+// the streams already open are closed (their agents see end-of-file and exit), and the error names
+// the host.
 //
-//   auto agents = ConnectAgents(targets, AgentCommand("/usr/bin/trainrun"), options, deadline,
+//   auto channel = ssh::MakeSshHostChannel(options);
+//   auto agents = ConnectAgents(*channel, hosts, AgentCommand("/usr/bin/trainrun"), deadline,
 //                               [](int connected, int total) { /* progress line */ });
-//   for (RemoteAgent& agent : *agents) agent.channel->Write(EncodeJob(job), ...);
+//   for (RemoteAgent& agent : *agents) agent.stream->Write(EncodeJob(job), ...);
 #pragma once
 
 #include <functional>
@@ -14,42 +17,52 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "channel/host_channel.h"
 #include "remote/agent_protocol.h"
-#include "ssh/remote_channel.h"
-#include "ssh/ssh_config.h"
+#include "trainrun/hostfile/slot_plan.h"
 
 namespace trainrun::launcher::remote {
 
 // RemoteAgent is one host's agent, connected and greeted.
 struct RemoteAgent {
-  ssh::SshTarget target;
-  std::unique_ptr<ssh::RemoteChannel> channel;
+  hostfile::HostSpec host;  // as the user wrote it; host.host names it in messages
+  std::unique_ptr<channel::HostStream> stream;
   Hello hello;
   FrameReader reader;  // holds any bytes that arrived after the Hello
+
+  const std::string& name() const { return host.host; }
 };
 
-// AgentCommand is the exec command that starts an agent: `<remote trainrun> --agent`, quoted for
+// AgentCommand is the command line that starts an agent: `<remote trainrun> --agent`, quoted for
 // the remote login shell.
 std::string AgentCommand(const std::string& remote_trainrun);
 
-// ConnectAgent opens one host's session, starts its agent and waits for its Hello, before
-// `deadline`. An agent that cannot be started (trainrun missing there, another version) is
-// reported with what to do. `cancelled`, when given, is polled while waiting for the greeting.
-absl::StatusOr<RemoteAgent> ConnectAgent(const ssh::SshTarget& target, const std::string& command,
-                                         const ssh::SshOptions& options, absl::Time deadline,
-                                         const std::function<bool()>& cancelled = {});
-
-// ConnectAgents runs ConnectAgent for every target in parallel and returns the agents in the
-// targets' order, or the first failure as soon as it happens. `on_progress` is called (from the
-// calling thread) each time another host connects.
+// ConnectAgents starts `command` on every one of `hosts` through `channel` and waits for each
+// agent's Hello, all in parallel and before `deadline`; returns the agents in the hosts' order, or
+// the first failure as soon as it happens. An agent that cannot be started (trainrun missing there,
+// another version) is reported with what to do. `on_progress` is called (from the calling thread)
+// each time another host connects.
 absl::StatusOr<std::vector<RemoteAgent>> ConnectAgents(
-    const std::vector<ssh::SshTarget>& targets, const std::string& command,
-    const ssh::SshOptions& options, absl::Time deadline,
-    const std::function<void(int connected, int total)>& on_progress);
+    channel::HostChannel& channel, const std::vector<hostfile::HostSpec>& hosts,
+    const std::string& command, absl::Time deadline,
+    const std::function<void(int connected, int total)>& on_progress = {});
+
+// ConnectAgent is ConnectAgents for one host.
+absl::StatusOr<RemoteAgent> ConnectAgent(channel::HostChannel& channel,
+                                         const hostfile::HostSpec& host, const std::string& command,
+                                         absl::Time deadline);
+
+// LauncherAddress is this machine's address as `agent`'s host sees it: the local address of the
+// connection, else the first word of the host's SSH_CONNECTION; "" when neither is known.
+std::string LauncherAddress(const RemoteAgent& agent);
 
 // RendezvousBindAddress picks the address the rendezvous server binds for a job with remote hosts:
 // the local address of the connections toward them (the first agent's, when they agree; the
 // wildcard address when they differ, e.g. hosts reached over different interfaces).
 std::string RendezvousBindAddress(const std::vector<RemoteAgent>& agents);
+
+// AdvertiseHost is the address ranks dial when the rendezvous server binds a wildcard address:
+// this machine's side of the first agent's connection ("127.0.0.1" when unknown).
+std::string AdvertiseHost(const std::vector<RemoteAgent>& agents);
 
 }  // namespace trainrun::launcher::remote

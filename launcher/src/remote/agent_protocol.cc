@@ -85,9 +85,13 @@ std::string EncodeFrame(MessageType type, absl::string_view payload) {
 }
 
 std::string EncodeHello(const Hello& h) {
-  return EncodeFrame(
-      MessageType::kHello,
-      Writer().U32(h.version).Bytes(h.hostname).U32(h.pid).Bytes(h.ssh_client_address).Take());
+  return EncodeFrame(MessageType::kHello, Writer()
+                                              .U32(h.version)
+                                              .Bytes(h.hostname)
+                                              .U32(h.pid)
+                                              .Bytes(h.ssh_client_address)
+                                              .U32(h.gpu_count)
+                                              .Take());
 }
 
 std::string EncodeJob(const Job& job) {
@@ -126,6 +130,8 @@ absl::StatusOr<Hello> DecodeHello(absl::string_view payload) {
   h.hostname = r.Bytes();
   h.pid = r.U32();
   h.ssh_client_address = r.Bytes();
+  // Version 1 ended here; its Hello still decodes, so that the version check can say what to do.
+  if (h.version >= 2) h.gpu_count = r.U32();
   return r.Finish(h, "Hello");
 }
 

@@ -8,7 +8,7 @@
 //
 //   launcher                                agent
 //      ──────────── (ssh exec: trainrun --agent) ──▶
-//      ◀─ Hello{version, host, pid, ssh_client_address}
+//      ◀─ Hello{version, host, pid, ssh_client_address, gpu_count}
 //      ── Job{cwd, executable, argv, ranks[{rank, env}], grace} ─▶
 //      ◀─ Started{rank} / Output{rank, stream, bytes} / Exit{rank, ...}
 //      ── Terminate / Kill ─▶        (the job is ending elsewhere)
@@ -24,11 +24,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "trainrun/launcher/launch_spec.h"
 
 namespace trainrun::launcher::remote {
 
 // Bumped when a message changes meaning; the launcher refuses an agent of another version.
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;  // 2: Hello carries gpu_count
 // Frames larger than this are a protocol error (output comes in pieces far below it).
 inline constexpr uint32_t kMaxFrameBytes = 64u << 20;
 
@@ -50,6 +51,7 @@ struct Hello {
   std::string hostname;
   uint32_t pid = 0;
   std::string ssh_client_address;  // first word of SSH_CONNECTION: how the host sees the launcher
+  uint32_t gpu_count = 0;          // the host's GPUs (CountHostGpus), for CUDA_VISIBLE_DEVICES
 };
 
 struct RankJob {
@@ -61,7 +63,7 @@ struct Job {
   std::string cwd;
   std::vector<std::string> argv;  // the command as typed; the agent resolves argv[0] on its PATH
   std::vector<RankJob> ranks;
-  uint32_t grace_period_ms = 3000;
+  uint32_t grace_period_ms = static_cast<uint32_t>(kDefaultGracePeriod.count());
 };
 
 struct RankExit {

@@ -1,29 +1,17 @@
 #include "remote/remote_ranks.h"
 
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <boost/asio/post.hpp>
-#include <cerrno>
-#include <condition_variable>
-#include <cstdio>
-#include <cstring>
-#include <mutex>
 #include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "remote/agent.h"
-#include "trainrun/launcher/launcher.h"
 #include "trainrun/launcher/logging.h"
-#include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::launcher::remote {
 namespace {
@@ -31,189 +19,7 @@ namespace {
 constexpr absl::Duration kWriteTimeout = absl::Seconds(10);
 constexpr absl::Duration kReadSlice = absl::Seconds(1);
 
-std::string SelfExecutable() {
-  char path[4096] = {};
-  ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
-  return n > 0 ? std::string(path, n) : std::string("trainrun");
-}
-
 }  // namespace
-
-absl::StatusOr<ssh::SshOptions> SshOptionsFor(const LaunchSpec& spec) {
-  ssh::SshOptions options;
-  if (!spec.ssh_client.empty()) {
-    auto client = ssh::ParseSshClient(spec.ssh_client);
-    if (!client.ok()) return client.status();
-    options.client = *client;
-  }
-  if (!spec.ssh_host_key_checking.empty()) {
-    auto policy = ssh::ParseHostKeyPolicy(spec.ssh_host_key_checking);
-    if (!policy.ok()) return policy.status();
-    options.host_key_policy = *policy;
-  }
-  options.port = spec.ssh_port;
-  options.identity_file = spec.ssh_identity_file;
-  options.connect_timeout = absl::FromChrono(spec.start_timeout);
-  return options;
-}
-
-std::string RemoteTrainrunPath(const LaunchSpec& spec) {
-  return spec.remote_trainrun.empty() ? SelfExecutable() : spec.remote_trainrun;
-}
-
-std::string DescribeHostAccess(const LaunchSpec& spec, const hostfile::HostSpec& host) {
-  if (IsLocalHost(host.host)) return "local (no SSH)";
-  auto options = SshOptionsFor(spec);
-  if (!options.ok()) return std::string(options.status().message());
-  auto target = ssh::ResolveSshTarget(host.user, host.host, *options);
-  if (!target.ok()) return std::string(target.status().message());
-  std::string keys = target->identity_files.empty()
-                         ? "ssh-agent only"
-                         : absl::StrCat(target->default_identities ? "ssh-agent, then default keys "
-                                                                   : "ssh-agent, then ",
-                                        absl::StrJoin(target->identity_files, ", "));
-  return absl::StrCat("ssh ", target->user, "@", target->hostname, " port ", target->port, " (",
-                      options->client == ssh::SshClient::kOpenssh ? "openssh" : "libssh2",
-                      ", host keys ", ssh::HostKeyPolicyName(options->host_key_policy),
-                      "), keys: ", keys, "; agent: ", AgentCommand(RemoteTrainrunPath(spec)));
-}
-
-absl::StatusOr<std::string> NetworkInterfaceAddress(const std::string& name) {
-  ifaddrs* all = nullptr;
-  if (::getifaddrs(&all) != 0) {
-    return absl::InternalError(
-        absl::StrCat("cannot list network interfaces: ", std::strerror(errno)));
-  }
-  std::string address;
-  for (ifaddrs* it = all; it != nullptr && address.empty(); it = it->ifa_next) {
-    if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET || name != it->ifa_name)
-      continue;
-    char text[INET_ADDRSTRLEN] = {};
-    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr, text,
-                sizeof text);
-    address = text;
-  }
-  ::freeifaddrs(all);
-  if (address.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--network-interface ", name, ": this host has no interface '", name,
-                     "' with an IPv4 address; see `ip -4 addr` for the names"));
-  }
-  return address;
-}
-
-absl::StatusOr<std::vector<RemoteAgent>> ConnectRemoteHosts(const LaunchSpec& spec,
-                                                            const std::vector<int>& host_indices) {
-  auto options = SshOptionsFor(spec);
-  if (!options.ok()) return options.status();
-  std::vector<ssh::SshTarget> targets;
-  for (int index : host_indices) {
-    const hostfile::HostSpec& host = spec.plan.hosts[index];
-    auto target = ssh::ResolveSshTarget(host.user, host.host, *options);
-    if (!target.ok()) return target.status();
-    targets.push_back(*std::move(target));
-  }
-  const std::string command = AgentCommand(RemoteTrainrunPath(spec));
-  const absl::Time start = absl::Now();
-  const absl::Time deadline = start + absl::FromChrono(spec.start_timeout);
-
-  // The progress line: on a terminal only, once connecting has taken a second.
-  struct Progress {
-    std::mutex mu;
-    std::condition_variable finished_cv;
-    bool finished = false;
-    int connected = 0;
-  } progress;
-  const int total = static_cast<int>(targets.size());
-  bool shown = false;
-  std::thread ticker;
-  if (::isatty(2)) {
-    ticker = std::thread([&] {
-      std::unique_lock<std::mutex> lock(progress.mu);
-      while (!progress.finished_cv.wait_for(lock, std::chrono::seconds(1),
-                                            [&] { return progress.finished; })) {
-        std::fprintf(stderr, "\rtrainrun: hosts %d/%d connected (%llds)", progress.connected, total,
-                     static_cast<long long>(absl::ToInt64Seconds(absl::Now() - start)));
-        std::fflush(stderr);
-        shown = true;
-      }
-    });
-  }
-  Logger().debug("connecting to {} hosts: {}", total, command);
-  auto agents = ConnectAgents(targets, command, *options, deadline, [&](int connected, int) {
-    std::lock_guard<std::mutex> lock(progress.mu);
-    progress.connected = connected;
-  });
-  if (ticker.joinable()) {
-    {
-      std::lock_guard<std::mutex> lock(progress.mu);
-      progress.finished = true;
-    }
-    progress.finished_cv.notify_all();
-    ticker.join();
-    if (shown) std::fprintf(stderr, "\r\033[K");
-  }
-  if (agents.ok()) {
-    Logger().debug("{} hosts connected in {}", total, absl::FormatDuration(absl::Now() - start));
-  }
-  return agents;
-}
-
-namespace {
-
-std::string AgentLocalAddress(const RemoteAgent& agent) {
-  std::string local = agent.channel->LocalAddress();
-  return local.empty() ? agent.hello.ssh_client_address : local;
-}
-
-}  // namespace
-
-std::string AdvertiseHost(const std::vector<RemoteAgent>& agents) {
-  for (const RemoteAgent& agent : agents) {
-    if (std::string local = AgentLocalAddress(agent); !local.empty()) return local;
-  }
-  return "127.0.0.1";
-}
-
-std::vector<Job> MakeJobs(const LaunchSpec& spec, const JobEnvironment& environment,
-                          const std::vector<RemoteAgent>& agents,
-                          const std::vector<int>& host_indices, const std::string& bind_address,
-                          int port) {
-  char cwd[4096] = {};
-  std::string directory = ::getcwd(cwd, sizeof cwd - 1) ? cwd : "";
-  const bool wildcard = bind_address == "0.0.0.0" || bind_address == "::";
-  const std::string prefix = absl::StrCat(::trainrun::env::kRendezvousAddr, "=");
-  const std::string master_prefix = absl::StrCat(::trainrun::env::kTorchMasterAddr, "=");
-  std::vector<Job> jobs;
-  for (size_t i = 0; i < host_indices.size() && i < agents.size(); ++i) {
-    Job job;
-    job.cwd = directory;
-    job.argv = spec.command;
-    job.grace_period_ms = static_cast<uint32_t>(spec.grace_period.count());
-    // This machine as host i sees it.
-    const std::string launcher_address = AgentLocalAddress(agents[i]);
-    std::string local = wildcard ? launcher_address : "";
-    if (local.find(':') != std::string::npos) local = absl::StrCat("[", local, "]");
-    // MASTER_ADDR names rank 0's host as the user typed it; "localhost" means something else there.
-    const bool master_here = IsLocalHost(spec.plan.HostOf(0).host) && !launcher_address.empty();
-    for (const hostfile::RankAssignment& a : spec.plan.ranks) {
-      if (a.host_index != host_indices[i]) continue;
-      RankJob rank;
-      rank.rank = static_cast<uint32_t>(a.rank);
-      rank.env = environment.ForRank(a.rank);
-      for (std::string& entry : rank.env) {
-        if (!local.empty() && absl::StartsWith(entry, prefix)) {
-          entry = absl::StrCat(prefix, local, ":", port);
-        } else if (master_here && absl::StartsWith(entry, master_prefix)) {
-          entry = absl::StrCat(master_prefix, launcher_address);
-        }
-      }
-      job.ranks.push_back(std::move(rank));
-    }
-    jobs.push_back(std::move(job));
-  }
-  return jobs;
-}
 
 struct RemoteRanks::Host {
   RemoteAgent* agent = nullptr;
@@ -225,7 +31,7 @@ struct RemoteRanks::Host {
   bool failed = false;  // a failure was reported for it
   std::thread reader;
 
-  const std::string& name() const { return agent->target.alias; }
+  const std::string& name() const { return agent->name(); }
   bool Owns(int rank) const { return std::find(ranks.begin(), ranks.end(), rank) != ranks.end(); }
 };
 
@@ -247,14 +53,14 @@ RemoteRanks::~RemoteRanks() {
   stopping_ = true;
   heartbeat_.cancel();
   start_deadline_.cancel();
-  for (auto& host : hosts_) host->agent->channel->Interrupt();
+  for (auto& host : hosts_) host->agent->stream->Interrupt();
   for (auto& host : hosts_) {
     if (host->reader.joinable()) host->reader.join();
   }
   // agents_ goes next: closing each connection makes its agent kill what it still runs.
 }
 
-void RemoteRanks::Start(std::vector<Job> jobs, std::chrono::seconds start_timeout) {
+void RemoteRanks::Start(std::vector<Job> jobs, const StartDeadline& deadline) {
   for (size_t i = 0; i < hosts_.size() && i < jobs.size(); ++i) {
     Host& host = *hosts_[i];
     for (const RankJob& rank : jobs[i].ranks) host.ranks.push_back(static_cast<int>(rank.rank));
@@ -264,16 +70,17 @@ void RemoteRanks::Start(std::vector<Job> jobs, std::chrono::seconds start_timeou
     host->reader = std::thread([this, h = host.get()] { ReaderLoop(*h); });
   }
   Heartbeat();
-  start_deadline_.expires_after(start_timeout);
-  start_deadline_.async_wait([this, start_timeout](const boost::system::error_code& error) {
+  start_deadline_.expires_at(deadline.when);
+  start_deadline_.async_wait([this,
+                              timeout = deadline.timeout](const boost::system::error_code& error) {
     if (error) return;
     for (auto& host : hosts_) {
       size_t reported = host->started.size();
       for (int rank : host->exited) reported += host->started.count(rank) ? 0 : 1;
       if (host->ended || host->failed || reported >= host->ranks.size()) continue;
-      Fail(*host, absl::StrCat("host ", host->name(), ": only ", reported, " of its ",
-                               host->ranks.size(), " ranks started within ", start_timeout.count(),
-                               " s; raise --start-timeout"));
+      Fail(*host,
+           absl::StrCat("host ", host->name(), ": only ", reported, " of its ", host->ranks.size(),
+                        " ranks started within ", timeout.count(), " s; raise --start-timeout"));
     }
   });
 }
@@ -288,7 +95,7 @@ void RemoteRanks::KillAll() {
 
 void RemoteRanks::Send(Host& host, const std::string& frame) {
   if (host.ended || stopping_) return;
-  absl::Status written = host.agent->channel->Write(frame, kWriteTimeout);
+  absl::Status written = host.agent->stream->Write(frame, kWriteTimeout);
   if (!written.ok()) {
     // The reader sees the same connection end and reports it.
     Logger().debug("host {}: cannot write to its agent: {}", host.name(),
@@ -305,7 +112,7 @@ void RemoteRanks::Heartbeat() {
 }
 
 void RemoteRanks::ReaderLoop(Host& host) {
-  ssh::RemoteChannel& channel = *host.agent->channel;
+  channel::HostStream& channel = *host.agent->stream;
   FrameReader& reader = host.agent->reader;  // may hold bytes that came with the Hello
   auto end = [this, &host](std::string reason) {
     boost::asio::post(io_, [this, &host, reason = std::move(reason)] { OnEnd(host, reason); });

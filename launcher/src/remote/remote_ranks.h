@@ -1,14 +1,12 @@
-// The launcher's side of remote hosts: connecting to their agents (ConnectRemoteHosts), then
+// The launcher's side of remote hosts once their agents are connected (agent_connector.h):
 // RemoteRanks, which sends each agent its Job and turns what the agents say back into the same
 // events local ranks produce (output, exits), so that one JobSupervisor and one OutputForwarder
 // serve every host. Teardown reaches the agents as Terminate and Kill frames; an agent that goes
 // silent or whose connection ends before it said Done is a failure naming its host.
 //
-//   auto agents = ConnectRemoteHosts(spec, remote_host_indices);        // in parallel, bounded
-//   RemoteRanks remote(io, *std::move(agents), events);
-//   remote.Start(jobs);                                                 // one Job per agent
-//   AllRanks all({&local_ranks, &remote});                              // the supervisor's
-//   RankControl
+//   RemoteRanks remote(io, std::move(agents), events);
+//   remote.Start(jobs, deadline);            // one Job per agent; every rank started by `deadline`
+//   AllRanks all({&local_ranks, &remote});   // the supervisor's RankControl
 #pragma once
 
 #include <atomic>
@@ -25,51 +23,11 @@
 #include "absl/status/statusor.h"
 #include "remote/agent_connector.h"
 #include "remote/agent_protocol.h"
-#include "ssh/ssh_config.h"
+#include "start_deadline.h"
 #include "trainrun/launcher/exit_info.h"
-#include "trainrun/launcher/job_environment.h"
-#include "trainrun/launcher/launch_spec.h"
 #include "trainrun/launcher/process_set.h"
 
 namespace trainrun::launcher::remote {
-
-// SshOptionsFor turns the job's SSH flags (-p, -i, --ssh-client, --ssh-strict-host-key-checking)
-// into SshOptions; an unknown client or policy name is an InvalidArgument naming the flag.
-absl::StatusOr<ssh::SshOptions> SshOptionsFor(const LaunchSpec& spec);
-
-// RemoteTrainrunPath is the trainrun the agents run: --remote-trainrun, else this executable's
-// own absolute path.
-std::string RemoteTrainrunPath(const LaunchSpec& spec);
-
-// DescribeHostAccess says in one phrase how `host` is reached: "local", or
-// "ssh root@h1 port 22, key /root/.ssh/id_ed25519 (libssh2), agent: /usr/bin/trainrun --agent".
-std::string DescribeHostAccess(const LaunchSpec& spec, const hostfile::HostSpec& host);
-
-// NetworkInterfaceAddress is the IPv4 address of this host's interface `name`
-// (--network-interface), for the rendezvous server to bind; an unknown interface, or one without an
-// IPv4 address, is an InvalidArgument naming it.
-absl::StatusOr<std::string> NetworkInterfaceAddress(const std::string& name);
-
-// ConnectRemoteHosts connects to the agents of the plan's hosts `host_indices` (indices into
-// spec.plan.hosts), all in parallel, within spec.start_timeout. On a terminal it shows one
-// progress line while that takes longer than a second. The first failure is returned at once
-// (one line naming the host and the reason), and every session already open is closed.
-absl::StatusOr<std::vector<RemoteAgent>> ConnectRemoteHosts(const LaunchSpec& spec,
-                                                            const std::vector<int>& host_indices);
-
-// AdvertiseHost is the address remote ranks dial when the rendezvous server binds a wildcard
-// address: this machine's side of the first agent's connection ("127.0.0.1" when unknown).
-std::string AdvertiseHost(const std::vector<RemoteAgent>& agents);
-
-// MakeJobs builds agent i's Job for the plan's host host_indices[i]: its ranks with their whole
-// environments (JobEnvironment::ForRank, the job token included), the command, this directory and
-// the grace period. With a wildcard `bind_address`, each host's ranks dial the rendezvous server
-// (`port`) at the address its own SSH connection arrived from. When rank 0 runs on this machine,
-// remote ranks' MASTER_ADDR is this machine's address toward them, not "localhost".
-std::vector<Job> MakeJobs(const LaunchSpec& spec, const JobEnvironment& environment,
-                          const std::vector<RemoteAgent>& agents,
-                          const std::vector<int>& host_indices, const std::string& bind_address,
-                          int port);
 
 // RemoteEvents are the events of remote ranks, delivered on the io_context's thread.
 struct RemoteEvents {
@@ -94,8 +52,9 @@ class RemoteRanks : public RankControl {
   const std::vector<RemoteAgent>& agents() const { return agents_; }
 
   // Start sends agent i the Job jobs[i], starts listening to every agent, and starts the
-  // heartbeats. Ranks that have not all reported Started within `start_timeout` fail the job.
-  void Start(std::vector<Job> jobs, std::chrono::seconds start_timeout);
+  // heartbeats. A host whose ranks have not all reported Started by `deadline` (the job's one start
+  // deadline, which began before the hosts were connected) fails the job, naming it.
+  void Start(std::vector<Job> jobs, const StartDeadline& deadline);
 
   void TerminateAll() override;
   void KillAll() override;

@@ -154,14 +154,15 @@ absl::Status DescribeSshFailure(const SshTarget& target, const std::string& outp
 class OpensshChannel final : public RemoteChannel {
  public:
   OpensshChannel(SshTarget target, pid_t pid, UniqueFd in, UniqueFd out, UniqueFd err,
-                 std::string local_address)
+                 std::string local_address, std::string remote_address)
       : target_(std::move(target)),
         pid_(pid),
         stdin_(std::move(in)),
         stdout_(std::move(out)),
         stderr_(std::move(err)),
         wake_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
-        local_address_(std::move(local_address)) {}
+        local_address_(std::move(local_address)),
+        remote_address_(std::move(remote_address)) {}
 
   ~OpensshChannel() override {
     {
@@ -271,6 +272,7 @@ class OpensshChannel final : public RemoteChannel {
   }
 
   std::string LocalAddress() const override { return local_address_; }
+  std::string RemoteAddress() const override { return remote_address_; }
 
  private:
   void DrainStderr() {
@@ -310,6 +312,7 @@ class OpensshChannel final : public RemoteChannel {
   std::string stderr_tail_;
   std::optional<int> exit_status_;
   const std::string local_address_;
+  const std::string remote_address_;
 };
 
 }  // namespace
@@ -349,10 +352,11 @@ absl::StatusOr<std::unique_ptr<RemoteChannel>> OpenOpensshCommand(const SshTarge
   ::fcntl(in_write.get(), F_SETFL, O_NONBLOCK);
   ::fcntl(out_read.get(), F_SETFL, O_NONBLOCK);
   ::fcntl(err_read.get(), F_SETFL, O_NONBLOCK);
-  std::string local = RouteLocalAddress(target.hostname, absl::Now() + absl::Seconds(2));
-  return std::unique_ptr<RemoteChannel>(
-      std::make_unique<OpensshChannel>(target, pid, std::move(in_write), std::move(out_read),
-                                       std::move(err_read), std::move(local)));
+  // `ssh` connects on its own; the addresses are those of the route toward the config's HostName.
+  RouteAddresses route = RouteToHost(target.hostname, absl::Now() + absl::Seconds(2));
+  return std::unique_ptr<RemoteChannel>(std::make_unique<OpensshChannel>(
+      target, pid, std::move(in_write), std::move(out_read), std::move(err_read),
+      std::move(route.local), std::move(route.remote)));
 }
 
 }  // namespace trainrun::launcher::ssh

@@ -1,6 +1,7 @@
 // RemoteChannel: a command running on another host, reached over SSH, seen as a byte stream (its
-// stdin and stdout). The launcher speaks the agent protocol over it; which SSH client carries it
-// (in-process libssh2, or the system `ssh` binary) is chosen by SshOptions::client.
+// stdin and stdout) — the SSH implementations of the HostChannel seam's HostStream. The launcher
+// speaks the agent protocol over it; which SSH client carries it (in-process libssh2, or the system
+// `ssh` binary) is chosen by SshOptions::client.
 //
 //   auto target = ResolveSshTarget("", "h1", options);
 //   auto channel = OpenRemoteCommand(*target, "/usr/bin/trainrun --agent", options);
@@ -23,42 +24,14 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "channel/host_channel.h"
 #include "ssh/ssh_config.h"
 
 namespace trainrun::launcher::ssh {
 
-class RemoteChannel {
- public:
-  virtual ~RemoteChannel() = default;
-  RemoteChannel(const RemoteChannel&) = delete;
-  RemoteChannel& operator=(const RemoteChannel&) = delete;
-
-  // Write sends all of `data` to the remote command's stdin, waiting at most `timeout` for room.
-  virtual absl::Status Write(absl::string_view data, absl::Duration timeout) = 0;
-
-  // Read waits at most `timeout` for the remote command's stdout and returns how many bytes it
-  // put in `buffer` (at least 1), 0 once that stdout has ended, DeadlineExceeded when nothing came,
-  // Cancelled after Interrupt(), or an error naming the host when the connection failed.
-  virtual absl::StatusOr<size_t> Read(char* buffer, size_t size, absl::Duration timeout) = 0;
-
-  // Interrupt makes a Read blocked in another thread return Cancelled, now and from then on.
-  virtual void Interrupt() = 0;
-
-  // CloseStdin sends end-of-file to the remote command.
-  virtual void CloseStdin() = 0;
-
-  // EndStatus, after Read returned 0 or an error, says why the remote side ended, in one line
-  // naming the host: the command's exit status, or the SSH failure (for the openssh client, what
-  // `ssh` printed: name not resolved, refused, authentication, host key).
-  virtual absl::Status EndStatus() = 0;
-
-  // LocalAddress is this machine's address on the connection toward the host (for the rendezvous
-  // server to bind), without a port; "" when unknown.
-  virtual std::string LocalAddress() const = 0;
-
- protected:
-  RemoteChannel() = default;
-};
+// RemoteChannel is the SSH clients' HostStream (channel/host_channel.h): Read, Write, Interrupt,
+// CloseStdin, EndStatus, LocalAddress, RemoteAddress.
+using RemoteChannel = channel::HostStream;
 
 // OpenRemoteCommand connects to `target` and starts `command` there, within
 // options.connect_timeout. Its errors are one line naming the host and the reason: name not
@@ -78,8 +51,5 @@ absl::StatusOr<std::unique_ptr<RemoteChannel>> OpenLibssh2Command(const SshTarge
 absl::StatusOr<std::unique_ptr<RemoteChannel>> OpenOpensshCommand(const SshTarget& target,
                                                                   const std::string& command,
                                                                   const SshOptions& options);
-
-// ShellQuote quotes `word` for a POSIX shell (the remote login shell runs the exec command).
-std::string ShellQuote(absl::string_view word);
 
 }  // namespace trainrun::launcher::ssh

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::launcher::ssh {
 namespace {
@@ -24,7 +25,8 @@ namespace {
 constexpr int kMaxIncludeDepth = 16;
 
 std::string HomeDirectory() {
-  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') return home;
+  if (std::optional<std::string> home = env::Lookup(env::kHome); home && !home->empty())
+    return *home;
   if (const passwd* pw = getpwuid(getuid()); pw != nullptr && pw->pw_dir != nullptr) {
     return pw->pw_dir;
   }
@@ -239,34 +241,6 @@ bool MatchGlob(absl::string_view pattern, absl::string_view text) {
 
 }  // namespace
 
-absl::StatusOr<HostKeyPolicy> ParseHostKeyPolicy(absl::string_view text) {
-  std::string lower = absl::AsciiStrToLower(text);
-  if (lower == "yes" || lower == "true") return HostKeyPolicy::kYes;
-  if (lower == "accept-new") return HostKeyPolicy::kAcceptNew;
-  if (lower == "no" || lower == "false" || lower == "off") return HostKeyPolicy::kNo;
-  return absl::InvalidArgumentError(absl::StrCat("--ssh-strict-host-key-checking '", text,
-                                                 "' is not one of yes, accept-new, no"));
-}
-
-absl::string_view HostKeyPolicyName(HostKeyPolicy policy) {
-  switch (policy) {
-    case HostKeyPolicy::kYes:
-      return "yes";
-    case HostKeyPolicy::kAcceptNew:
-      return "accept-new";
-    case HostKeyPolicy::kNo:
-      return "no";
-  }
-  return "?";
-}
-
-absl::StatusOr<SshClient> ParseSshClient(absl::string_view text) {
-  if (text == "libssh2") return SshClient::kLibssh2;
-  if (text == "openssh") return SshClient::kOpenssh;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--ssh-client '", text, "' is not one of libssh2, openssh"));
-}
-
 bool MatchHostPattern(absl::string_view pattern, absl::string_view host) {
   return MatchGlob(pattern, host);
 }
@@ -275,7 +249,7 @@ std::string LocalUserName() {
   if (const passwd* pw = getpwuid(getuid()); pw != nullptr && pw->pw_name != nullptr) {
     return pw->pw_name;
   }
-  if (const char* user = std::getenv("USER"); user != nullptr) return user;
+  if (std::optional<std::string> user = env::Lookup(env::kUser)) return *user;
   return "root";
 }
 

@@ -16,42 +16,30 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "trainrun/launcher/launch_spec.h"
 
 namespace trainrun::launcher::ssh {
 
-// HostKeyPolicy is OpenSSH's StrictHostKeyChecking, without "ask" (a launcher cannot ask).
-enum class HostKeyPolicy {
-  kYes,        // the host's key must already be in known_hosts
-  kAcceptNew,  // an unknown host's key is added; a changed key is refused
-  kNo,         // any key is accepted; an unknown one is added; a changed one is warned about
-};
-
-// ParseHostKeyPolicy reads "yes" / "accept-new" / "no" (and OpenSSH's synonyms "true", "false",
-// "off"); anything else is an InvalidArgument naming the accepted values.
-absl::StatusOr<HostKeyPolicy> ParseHostKeyPolicy(absl::string_view text);
-absl::string_view HostKeyPolicyName(HostKeyPolicy policy);
-
-// SshClient selects the implementation behind a RemoteChannel.
-enum class SshClient {
-  kLibssh2,  // in-process libssh2 (the default)
-  kOpenssh,  // the system `ssh` binary: ProxyJump, certificates, Kerberos, RSA keys with SHA-2
-};
-
-absl::StatusOr<SshClient> ParseSshClient(absl::string_view text);
+// The SSH choices of a launch are the LaunchSpec's (trainrun/launcher/launch_spec.h).
+using launcher::HostKeyPolicy;
+using launcher::HostKeyPolicyName;
+using launcher::ParseHostKeyPolicy;
+using launcher::ParseSshClient;
+using launcher::SshClient;
 
 // SshOptions are trainrun's SSH flags and where the user's SSH files are.
 struct SshOptions {
-  SshClient client = SshClient::kLibssh2;
+  SshClient client = kDefaultSshClient;
   // -p/--ssh-port: overrides Port from the config (as `ssh -p` does).
   std::optional<int> port;
   // -i/--ssh-identity-file: tried before the config's IdentityFile entries.
   std::optional<std::string> identity_file;
-  HostKeyPolicy host_key_policy = HostKeyPolicy::kAcceptNew;
+  HostKeyPolicy host_key_policy = kDefaultHostKeyPolicy;
   // The directory holding config, known_hosts and the default keys. Empty: $HOME/.ssh (or the
   // passwd entry's home when HOME is unset). Tests point it at a temporary directory.
   std::string ssh_dir;
   // Bound on resolving, connecting, the SSH handshake and authentication, per host.
-  absl::Duration connect_timeout = absl::Seconds(30);
+  absl::Duration connect_timeout = absl::FromChrono(kDefaultStartTimeout);
   // The `ssh` binary for SshClient::kOpenssh.
   std::string ssh_binary = "ssh";
 };

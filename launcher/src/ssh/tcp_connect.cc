@@ -84,11 +84,6 @@ absl::StatusOr<std::vector<Address>> Resolve(const std::string& alias, const std
 
 }  // namespace
 
-void UniqueFd::Reset(int fd) {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
-}
-
 std::string FormatHostPort(const std::string& host, int port) {
   if (host.find(':') != std::string::npos) return absl::StrCat("[", host, "]:", port);
   return absl::StrCat(host, ":", port);
@@ -157,9 +152,16 @@ std::string SocketLocalAddress(int fd) {
   return NumericHost(reinterpret_cast<sockaddr*>(&local), length);
 }
 
-std::string RouteLocalAddress(const std::string& hostname, absl::Time deadline) {
+std::string SocketRemoteAddress(int fd) {
+  sockaddr_storage remote{};
+  socklen_t length = sizeof remote;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &length) != 0) return "";
+  return NumericHost(reinterpret_cast<sockaddr*>(&remote), length);
+}
+
+RouteAddresses RouteToHost(const std::string& hostname, absl::Time deadline) {
   auto addresses = Resolve(hostname, hostname, SOCK_DGRAM, deadline);
-  if (!addresses.ok() || addresses->empty()) return "";
+  if (!addresses.ok() || addresses->empty()) return {};
   Address& address = addresses->front();
   if (address.family == AF_INET) {
     reinterpret_cast<sockaddr_in*>(&address.storage)->sin_port = htons(9);
@@ -167,12 +169,12 @@ std::string RouteLocalAddress(const std::string& hostname, absl::Time deadline) 
     reinterpret_cast<sockaddr_in6*>(&address.storage)->sin6_port = htons(9);
   }
   UniqueFd fd(::socket(address.family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (!fd) return "";
+  if (!fd) return {};
   // connect() on a UDP socket only picks the route and the source address; nothing is sent.
   if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&address.storage), address.length) != 0) {
-    return "";
+    return {};
   }
-  return SocketLocalAddress(fd.get());
+  return {SocketLocalAddress(fd.get()), SocketRemoteAddress(fd.get())};
 }
 
 }  // namespace trainrun::launcher::ssh

@@ -7,31 +7,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "posix/unique_fd.h"
 
 namespace trainrun::launcher::ssh {
 
-// UniqueFd owns a file descriptor and closes it once.
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept {
-    if (this != &other) Reset(std::exchange(other.fd_, -1));
-    return *this;
-  }
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() { Reset(); }
-
-  int get() const { return fd_; }
-  explicit operator bool() const { return fd_ >= 0; }
-  int Release() { return std::exchange(fd_, -1); }
-  void Reset(int fd = -1);
-
- private:
-  int fd_ = -1;
-};
+using posix::UniqueFd;
 
 // ConnectTcp resolves `hostname` and connects to `port` on the first address that answers, all
 // before `deadline`. Errors name `alias` (the host as the user wrote it) and say why: the name was
@@ -43,9 +23,18 @@ absl::StatusOr<UniqueFd> ConnectTcp(const std::string& alias, const std::string&
 // SocketLocalAddress is the numeric local address of a connected socket ("" on failure).
 std::string SocketLocalAddress(int fd);
 
-// RouteLocalAddress is the address this machine would use toward `hostname` (resolved without
-// waiting longer than `deadline`), found by connecting a UDP socket, which sends nothing.
-std::string RouteLocalAddress(const std::string& hostname, absl::Time deadline);
+// SocketRemoteAddress is the numeric address of a connected socket's peer ("" on failure).
+std::string SocketRemoteAddress(int fd);
+
+// RouteAddresses are both ends of the route toward a host, numeric ("" when unknown).
+struct RouteAddresses {
+  std::string local;   // the address this machine would use toward the host
+  std::string remote;  // the host's address that `hostname` resolved to
+};
+
+// RouteToHost resolves `hostname` (waiting no longer than `deadline`) and finds the route toward
+// its first address by connecting a UDP socket, which sends nothing.
+RouteAddresses RouteToHost(const std::string& hostname, absl::Time deadline);
 
 // FormatHostPort writes "host:port", bracketing IPv6 addresses.
 std::string FormatHostPort(const std::string& host, int port);

@@ -17,7 +17,4 @@ namespace trainrun::cli {
 // cross_rank and the command of every rank, then the -x variables and output directory if any.
 void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out);
 
-// ShellQuote joins `words` so that a POSIX shell would split them back the same way.
-std::string ShellQuote(const std::vector<std::string>& words);
-
 }  // namespace trainrun::cli

@@ -18,7 +18,7 @@ namespace trainrun::cli {
 // Tests pass a fake one.
 using EnvironmentLookup = std::function<std::optional<std::string>(const std::string& name)>;
 
-// ProcessEnvironment looks variables up in this process's environment (getenv).
+// ProcessEnvironment looks variables up in this process's environment (env::Lookup).
 EnvironmentLookup ProcessEnvironment();
 
 // kLocalHost names this host when no hosts are given.

@@ -17,31 +17,36 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "trainrun/launcher/launch_spec.h"
 
 namespace trainrun::cli {
 
-// RunOptions is every flag of `trainrun`, as typed; MakeLaunchSpec checks and resolves them.
+// RunOptions is every flag of `trainrun`, as typed; MakeLaunchSpec checks and resolves them. Its
+// defaults are the LaunchSpec's (trainrun/launcher/launch_spec.h), stated there once.
 struct RunOptions {
-  std::optional<int> num_proc;                       // -np/--num-proc
-  std::optional<std::string> hosts;                  // -H/--hosts, unparsed
-  std::optional<std::string> hostfile;               // --hostfile
-  std::vector<std::string> exports;                  // -x NAME[=value], repeatable, unparsed
-  std::optional<std::string> output_filename;        // --output-filename DIR
-  bool tag_output = true;                            // --tag-output / --no-tag-output
-  bool prefix_timestamp = false;                     // --prefix-timestamp
-  int start_timeout_s = 30;                          // --start-timeout SECONDS
-  bool verbose = false;                              // --verbose
-  std::optional<std::string> log_level;              // --log-level
-  bool dry_run = false;                              // --dry-run
-  int rendezvous_port = 0;                           // --rendezvous-port
-  std::string rendezvous_addr;                       // --rendezvous-addr
-  std::vector<std::string> network_interfaces;       // --network-interface(s)
-  std::optional<int> ssh_port;                       // -p/--ssh-port
-  std::optional<std::string> ssh_identity_file;      // -i/--ssh-identity-file
-  std::string ssh_client = "libssh2";                // --ssh-client libssh2|openssh
-  std::string ssh_host_key_checking = "accept-new";  // --ssh-strict-host-key-checking
-  std::string remote_trainrun;                       // --remote-trainrun PATH
-  std::vector<std::string> command;                  // the worker command and its arguments
+  std::optional<int> num_proc;                 // -np/--num-proc
+  std::optional<std::string> hosts;            // -H/--hosts, unparsed
+  std::optional<std::string> hostfile;         // --hostfile
+  std::vector<std::string> exports;            // -x NAME[=value], repeatable, unparsed
+  std::optional<std::string> output_filename;  // --output-filename DIR
+  bool tag_output = true;                      // --tag-output / --no-tag-output
+  bool prefix_timestamp = false;               // --prefix-timestamp
+  int start_timeout_s =                        // --start-timeout SECONDS
+      static_cast<int>(launcher::kDefaultStartTimeout.count());
+  bool verbose = false;                          // --verbose
+  std::optional<std::string> log_level;          // --log-level
+  bool dry_run = false;                          // --dry-run
+  int rendezvous_port = 0;                       // --rendezvous-port
+  std::string rendezvous_addr;                   // --rendezvous-addr
+  std::vector<std::string> network_interfaces;   // --network-interface(s)
+  std::optional<int> ssh_port;                   // -p/--ssh-port
+  std::optional<std::string> ssh_identity_file;  // -i/--ssh-identity-file
+  std::string ssh_client =                       // --ssh-client libssh2|openssh
+      std::string(launcher::SshClientName(launcher::kDefaultSshClient));
+  std::string ssh_host_key_checking =  // --ssh-strict-host-key-checking
+      std::string(launcher::HostKeyPolicyName(launcher::kDefaultHostKeyPolicy));
+  std::string remote_trainrun;       // --remote-trainrun PATH
+  std::vector<std::string> command;  // the worker command and its arguments
 };
 
 // SetupRunOptions declares trainrun's flags, help text and examples on `app`, bound to `options`

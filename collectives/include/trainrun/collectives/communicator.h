@@ -29,6 +29,7 @@
 
 #include "trainrun/collectives/errors.h"
 #include "trainrun/collectives/types.h"
+#include "trainrun/rendezvous/rank_place.h"
 #include "trainrun/rendezvous/store.h"
 
 namespace trainrun::collectives {
@@ -55,16 +56,10 @@ struct CommunicatorOptions {
   std::string transport;
 };
 
-// RankInfo is a rank's place in the job (DESIGN.md, "Rank layout"). A communicator built from an
-// explicit store treats all ranks as one host: local = global, cross_rank 0, cross_size 1.
-struct RankInfo {
-  int rank = 0;
-  int size = 1;
-  int local_rank = 0;
-  int local_size = 1;
-  int cross_rank = 0;
-  int cross_size = 1;
-};
+// RankInfo is a rank's place in the job (DESIGN.md, "Rank layout"): the rendezvous client's
+// RankPlace, so that a worker has one struct for it. A communicator built from an explicit store
+// treats all ranks as one host: local = global, cross_rank 0, cross_size 1.
+using RankInfo = rendezvous::RankPlace;
 
 class Communicator {
  public:

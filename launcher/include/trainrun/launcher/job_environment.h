@@ -1,10 +1,11 @@
 // JobEnvironment: the worker environment of DESIGN.md ("A worker's environment"), built once per
 // job, so that a variable's whole path is here: trainrun's own environment, the job's identity,
-// the rank's place in the plan, and the user's -x variables, in that order of precedence.
+// the rank's place in the plan, what its host sees (HostView), and the user's -x variables, in that
+// order of precedence.
 //
 //   auto job = JobEnvironment::Create(spec, CurrentEnvironment());
-//   job->SetRendezvousAddress("10.0.0.1:29400");      // once the server listens
-//   std::vector<std::string> env = job->ForRank(3);   // "NAME=value" strings for execve
+//   HostView view{"worker1", "10.0.0.5", "10.0.0.1:29400", "10.0.0.1", 8};
+//   std::vector<std::string> env = job->ForRank(3, view);   // "NAME=value" strings for execve
 #pragma once
 
 #include <map>
@@ -20,6 +21,17 @@ namespace trainrun::launcher {
 // CurrentEnvironment returns this process's environment as "NAME=value" strings.
 std::vector<std::string> CurrentEnvironment();
 
+// HostView is what differs from host to host in the ranks' environment: each fact as that host
+// sees it, worked out once (launcher/src/job_run.cc) rather than patched into a finished
+// environment.
+struct HostView {
+  std::string name;             // as the user wrote it (TRAINRUN_HOSTNAME)
+  std::string address;          // the address trainrun reached it at; "" for this machine
+  std::string rendezvous_addr;  // host:port its ranks dial (TRAINRUN_RENDEZVOUS_ADDR); "": unset
+  std::string master_addr;      // MASTER_ADDR: rank 0's host, as this host reaches it
+  int gpu_count = 0;            // its GPUs, for CUDA_VISIBLE_DEVICES (a remote agent's Hello)
+};
+
 // JobEnvironment holds what every rank of one job shares, and makes each rank's environment.
 class JobEnvironment {
  public:
@@ -30,19 +42,15 @@ class JobEnvironment {
   static absl::StatusOr<JobEnvironment> Create(const LaunchSpec& spec,
                                                const std::vector<std::string>& base);
 
-  // SetRendezvousAddress sets TRAINRUN_RENDEZVOUS_ADDR ("host:port") for every rank made after it.
-  // Until it is called the variable is left out.
-  void SetRendezvousAddress(std::string host_port) { rendezvous_addr_ = std::move(host_port); }
-
-  // ForRank returns rank `rank`'s whole environment as "NAME=value" strings, sorted by name.
-  std::vector<std::string> ForRank(int rank) const;
+  // ForRank returns rank `rank`'s whole environment as "NAME=value" strings, sorted by name, for
+  // a rank on the host `host` describes.
+  std::vector<std::string> ForRank(int rank, const HostView& host) const;
 
   // Lookup returns the value `name` has in every rank's environment (base and -x), if any.
   std::optional<std::string> Lookup(const std::string& name) const;
 
   const std::string& job_id() const { return job_id_; }
   const std::string& token() const { return token_; }
-  const std::string& master_addr() const { return master_addr_; }
   int master_port() const { return master_port_; }
 
  private:
@@ -53,10 +61,7 @@ class JobEnvironment {
   std::map<std::string, std::string> forced_;  // -x NAME=value (and -x NAME, from base)
   std::string job_id_;
   std::string token_;
-  std::string master_addr_;
   int master_port_ = 0;
-  std::optional<std::string> rendezvous_addr_;
-  int host_gpu_count_ = 0;   // GPUs on this host (CountHostGpus), for CUDA_VISIBLE_DEVICES
   bool assign_gpus_ = true;  // TRAINRUN_ASSIGN_GPUS
 };
 

@@ -24,13 +24,14 @@
 
 #include "trainrun/hostfile/slot_plan.h"
 #include "trainrun/launcher/exit_info.h"
+#include "trainrun/launcher/launch_spec.h"
 #include "trainrun/launcher/process_set.h"
 
 namespace trainrun::launcher {
 
 struct SupervisorOptions {
-  std::string command;                           // argv[0] as typed, for "cannot execute 'foo'"
-  std::chrono::milliseconds grace_period{3000};  // SIGTERM → SIGKILL
+  std::string command;  // argv[0] as typed, for "cannot execute 'foo'"
+  std::chrono::milliseconds grace_period = kDefaultGracePeriod;  // SIGTERM → SIGKILL
   // After SIGKILL, how long to wait for ranks to be reaped before giving up on them.
   std::chrono::milliseconds kill_timeout{5000};
   int stderr_tail_lines = 10;  // lines of the failed rank's stderr in the summary

@@ -1,4 +1,7 @@
-// LaunchSpec: everything the launcher needs to run one job, as the CLI parsed it.
+// LaunchSpec: everything the launcher needs to run one job, as the CLI parsed it. Every default of
+// a launch is stated here, once: the CLI's flags start from these values (cli/run_options.h), and
+// the launcher's parts that need one (the supervisor, the agent, the SSH clients) take it from
+// here.
 #pragma once
 
 #include <chrono>
@@ -7,9 +10,38 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "trainrun/hostfile/slot_plan.h"
 
 namespace trainrun::launcher {
+
+// SshClient selects how remote hosts are reached over SSH (--ssh-client).
+enum class SshClient {
+  kLibssh2,  // in-process libssh2
+  kOpenssh,  // the system `ssh` binary: ProxyJump, certificates, Kerberos, RSA keys with SHA-2
+};
+
+// HostKeyPolicy is OpenSSH's StrictHostKeyChecking, without "ask" (a launcher cannot ask).
+enum class HostKeyPolicy {
+  kYes,        // the host's key must already be in known_hosts
+  kAcceptNew,  // an unknown host's key is added; a changed key is refused
+  kNo,         // any key is accepted; an unknown one is added; a changed one is warned about
+};
+
+// The defaults of a launch (the LaunchSpec members below start from them).
+inline constexpr std::chrono::seconds kDefaultStartTimeout{30};
+inline constexpr std::chrono::milliseconds kDefaultGracePeriod{3000};
+inline constexpr SshClient kDefaultSshClient = SshClient::kLibssh2;
+inline constexpr HostKeyPolicy kDefaultHostKeyPolicy = HostKeyPolicy::kAcceptNew;
+
+// ParseSshClient reads "libssh2" / "openssh"; ParseHostKeyPolicy reads "yes" / "accept-new" / "no"
+// (and OpenSSH's synonyms "true", "false", "off"). Anything else is an InvalidArgument naming the
+// flag and the accepted values. The Name functions give the canonical spelling back.
+absl::StatusOr<SshClient> ParseSshClient(absl::string_view text);
+absl::StatusOr<HostKeyPolicy> ParseHostKeyPolicy(absl::string_view text);
+absl::string_view SshClientName(SshClient client);
+absl::string_view HostKeyPolicyName(HostKeyPolicy policy);
 
 // ExportedVariable is one `-x NAME` (value taken from trainrun's environment) or `-x NAME=value`.
 struct ExportedVariable {
@@ -28,10 +60,10 @@ struct LaunchSpec {
   bool tag_output = true;
   // Prefix worker lines with the time they arrived.
   bool prefix_timestamp = false;
-  // Bound on connecting to hosts and starting ranks.
-  std::chrono::seconds start_timeout{30};
+  // --start-timeout: one deadline from the first connection to a host to the last rank's start.
+  std::chrono::seconds start_timeout = kDefaultStartTimeout;
   // Between SIGTERM and SIGKILL when the job is torn down.
-  std::chrono::milliseconds grace_period{3000};
+  std::chrono::milliseconds grace_period = kDefaultGracePeriod;
   // Print the plan, start nothing (the CLI prints it; Launch is not called).
   bool dry_run = false;
   bool verbose = false;
@@ -49,10 +81,10 @@ struct LaunchSpec {
   std::optional<int> ssh_port;
   // -i/--ssh-identity-file: the private key to log in with; unset: ssh's defaults.
   std::optional<std::string> ssh_identity_file;
-  // --ssh-client: "libssh2" (in-process, the default) or "openssh" (the system `ssh` binary).
-  std::string ssh_client = "libssh2";
-  // --ssh-strict-host-key-checking: OpenSSH's yes / accept-new / no for ~/.ssh/known_hosts.
-  std::string ssh_host_key_checking = "accept-new";
+  // --ssh-client.
+  SshClient ssh_client = kDefaultSshClient;
+  // --ssh-strict-host-key-checking: checking hosts' keys against ~/.ssh/known_hosts.
+  HostKeyPolicy ssh_host_key_checking = kDefaultHostKeyPolicy;
   // --remote-trainrun: trainrun's path on the other hosts; empty: this trainrun's own path.
   std::string remote_trainrun;
 };

@@ -18,22 +18,20 @@
 
 #include "absl/status/statusor.h"
 #include "trainrun/launcher/launch_spec.h"
+#include "trainrun/launcher/local_host.h"
 
 namespace trainrun::launcher {
 
 // Launch runs the job and returns trainrun's exit code: 0 when every rank exited 0; the first
-// failed rank's code (128+N for signal N); 127 when the command cannot be executed (reported
-// once, nothing started); 128+N when trainrun got signal N. An error Status only for what kept the
-// job from starting: an empty command or plan, a remote host that could not be reached or whose
-// agent did not start within spec.start_timeout (one line naming the host and the reason), an
-// unknown --network-interface, a bad -x, an --output-filename directory that cannot be made.
+// failed rank's code (128+N for signal N); 128+N when trainrun got signal N. An error Status for
+// what kept the job from starting: NotFound when the command cannot be executed here (one line,
+// "cannot execute 'NAME': REASON"; trainrun exits 127), an empty command or plan, a remote host
+// that could not be reached or whose agent did not start within spec.start_timeout (one line naming
+// the host and the reason), an unknown --network-interface, a bad -x, an --output-filename
+// directory that cannot be made.
 //
 // Hosts that are not this machine (IsLocalHost) are reached over SSH: `trainrun --agent` runs
 // there (src/remote/), started with that host's ranks, and its ranks are supervised as local ones.
 absl::StatusOr<int> Launch(const LaunchSpec& spec);
-
-// IsLocalHost is true for names that mean this machine: localhost, 127.0.0.0/8, ::1, and this
-// host's own name (with or without its domain).
-bool IsLocalHost(const std::string& host);
 
 }  // namespace trainrun::launcher

@@ -17,18 +17,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "trainrun/rendezvous/rank_place.h"
 #include "trainrun/rendezvous/store.h"
 
 namespace trainrun::rendezvous {
 
-// Assignment is a worker's place in the job (DESIGN.md, "Rank layout").
-struct Assignment {
-  int rank = 0;
-  int size = 0;
-  int local_rank = 0;
-  int local_size = 0;
-  int cross_rank = 0;
-  int cross_size = 0;
+// Assignment is what joining tells a worker: its place, every rank's host, and the job's id.
+struct Assignment : RankPlace {
   std::vector<std::string> hosts;  // host name of every rank, indexed by rank
   std::string job_id;
 };

@@ -2,15 +2,23 @@
 //
 // The launcher sets the variables of the first part in each worker (DESIGN.md, "A worker's
 // environment"); the collectives library and the agent read them. Tunables come last, each with its
-// default, in the manner of NCCL_PARAM: code reads a tunable only through its `EnvParam`.
+// default, in the manner of NCCL_PARAM: code reads a tunable only through its `EnvParam`, and any
+// other variable only through Lookup, so that this file is the one place that reads the
+// environment (the only getenv is behind these).
 //
 //   int64_t timeout_s = trainrun::env::kTimeoutSeconds.Get();
+//   std::optional<std::string> home = trainrun::env::Lookup(trainrun::env::kHome);
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace trainrun::env {
+
+// Lookup returns the value of the environment variable `name` (one declared in this file), or
+// nullopt when it is unset. An empty value is returned as "".
+std::optional<std::string> Lookup(const char* name);
 
 // --- Set by the launcher in every worker -------------------------------------------------------
 
@@ -55,6 +63,53 @@ inline constexpr char kOmpiSize[] = "OMPI_COMM_WORLD_SIZE";
 inline constexpr char kOmpiLocalRank[] = "OMPI_COMM_WORLD_LOCAL_RANK";
 inline constexpr char kOmpiLocalSize[] = "OMPI_COMM_WORLD_LOCAL_SIZE";
 
+// RankValue names a value of the rank's place that the worker environment carries under several
+// names (trainrun's own and the aliases below).
+enum class RankValue {
+  kRank,
+  kSize,
+  kLocalRank,
+  kLocalSize,
+  kCrossRank,
+  kCrossSize,
+  kHostname,
+  kHostIndex,
+};
+
+// RankVariable is one variable of the worker environment that carries a RankValue.
+struct RankVariable {
+  const char* name;
+  RankValue value;
+};
+
+// kRankVariables is every name under which a rank's place is set: trainrun's own, Horovod's,
+// torchrun's and Open MPI's, in one table. The launcher sets each of them in every worker.
+inline constexpr RankVariable kRankVariables[] = {
+    {kRank, RankValue::kRank},
+    {kSize, RankValue::kSize},
+    {kLocalRank, RankValue::kLocalRank},
+    {kLocalSize, RankValue::kLocalSize},
+    {kCrossRank, RankValue::kCrossRank},
+    {kCrossSize, RankValue::kCrossSize},
+    {kHostname, RankValue::kHostname},
+    {kHorovodRank, RankValue::kRank},
+    {kHorovodSize, RankValue::kSize},
+    {kHorovodLocalRank, RankValue::kLocalRank},
+    {kHorovodLocalSize, RankValue::kLocalSize},
+    {kHorovodCrossRank, RankValue::kCrossRank},
+    {kHorovodCrossSize, RankValue::kCrossSize},
+    {kHorovodHostname, RankValue::kHostname},
+    {kTorchRank, RankValue::kRank},
+    {kTorchWorldSize, RankValue::kSize},
+    {kTorchLocalRank, RankValue::kLocalRank},
+    {kTorchLocalWorldSize, RankValue::kLocalSize},
+    {kTorchGroupRank, RankValue::kHostIndex},  // torchrun: the node's index
+    {kOmpiRank, RankValue::kRank},
+    {kOmpiSize, RankValue::kSize},
+    {kOmpiLocalRank, RankValue::kLocalRank},
+    {kOmpiLocalSize, RankValue::kLocalSize},
+};
+
 // Set to 1 when several ranks share a host and the user left it unset (as torchrun does).
 inline constexpr char kOmpNumThreads[] = "OMP_NUM_THREADS";
 
@@ -69,6 +124,20 @@ inline constexpr char kCudaVisibleDevices[] = "CUDA_VISIBLE_DEVICES";
 // compressed node list (`node[01-03],gpu5`) and the tasks per node (`2(x3),1`).
 inline constexpr char kSlurmJobNodelist[] = "SLURM_JOB_NODELIST";
 inline constexpr char kSlurmTasksPerNode[] = "SLURM_TASKS_PER_NODE";
+
+// Where the SSH client finds the user's ~/.ssh (HOME, else the passwd entry), the default remote
+// user when neither user@host nor ~/.ssh/config names one (USER, after the passwd entry), and the
+// ssh-agent the libssh2 client asks for keys first.
+inline constexpr char kHome[] = "HOME";
+inline constexpr char kUser[] = "USER";
+inline constexpr char kSshAuthSock[] = "SSH_AUTH_SOCK";
+
+// Read by the agent on a remote host: sshd's "client_ip client_port server_ip server_port", whose
+// first word is how that host sees the launcher.
+inline constexpr char kSshConnection[] = "SSH_CONNECTION";
+
+// The search path of the worker command (a rank's own PATH: trainrun's, or -x PATH=...).
+inline constexpr char kPath[] = "PATH";
 
 // --- Tunables ----------------------------------------------------------------------------------
 

@@ -1,17 +1,19 @@
-// FileStore: a Store in a directory that processes on one host share, for benchmarks in their
-// standalone mode and for tests that fork real processes (gloo has the same FileStore). Not for
-// production: the launcher's gRPC store is.
+// FileStore: a Store in a directory that processes on one host share, for tests that fork real
+// processes, benchmarks in their standalone mode, and the Python package's launcher-less mode
+// (TRAINRUN_FILE_STORE), as gloo has its FileStore beside its other stores. Not what a job under
+// trainrun uses: that is the launcher's gRPC store. Its own target,
+// trainrun::rendezvous_file_store, outside what a worker links by default.
 //
-//   auto store = std::make_shared<FileStore>("/tmp/job42");
+//   auto store = std::make_shared<trainrun::rendezvous::FileStore>("/tmp/job42");
 #pragma once
 
 #include <string>
 
 #include "trainrun/rendezvous/store.h"
 
-namespace trainrun::collectives::testing {
+namespace trainrun::rendezvous {
 
-class FileStore : public rendezvous::Store {
+class FileStore : public Store {
  public:
   // FileStore uses `directory`, which must exist and be shared by every process of the job.
   explicit FileStore(std::string directory);
@@ -29,4 +31,4 @@ class FileStore : public rendezvous::Store {
   std::string directory_;
 };
 
-}  // namespace trainrun::collectives::testing
+}  // namespace trainrun::rendezvous

@@ -1,4 +1,4 @@
-#include "file_store.h"
+#include "trainrun/rendezvous/file_store.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace trainrun::collectives::testing {
+namespace trainrun::rendezvous {
 namespace {
 
 bool ReadFile(const std::string& path, std::string* out) {
@@ -101,4 +101,4 @@ absl::Status FileStore::Barrier(const std::string& name, int count,
   }
 }
 
-}  // namespace trainrun::collectives::testing
+}  // namespace trainrun::rendezvous

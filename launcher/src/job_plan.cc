@@ -1,0 +1,66 @@
+#include "job_plan.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "network_interface.h"
+#include "trainrun/launcher/local_host.h"
+#include "trainrun/rendezvous/environment.h"
+
+namespace trainrun::launcher {
+
+bool JobPlan::any_local() const {
+  return std::find(rank_is_local.begin(), rank_is_local.end(), true) != rank_is_local.end();
+}
+
+bool JobPlan::is_remote(int host_index) const {
+  return std::find(remote_hosts.begin(), remote_hosts.end(), host_index) != remote_hosts.end();
+}
+
+absl::StatusOr<JobPlan> PlanJob(const LaunchSpec& spec) {
+  if (spec.command.empty()) {
+    return absl::InvalidArgumentError(
+        "no command given; put it after trainrun's flags, e.g. `trainrun -np 2 python3 train.py`");
+  }
+  if (spec.plan.size() == 0) return absl::InvalidArgumentError("the slot plan has no ranks");
+  std::vector<int> remote_hosts;
+  for (size_t i = 0; i < spec.plan.hosts.size(); ++i) {
+    if (!IsLocalHost(spec.plan.hosts[i].host)) remote_hosts.push_back(static_cast<int>(i));
+  }
+  std::vector<bool> rank_is_local(spec.plan.size(), true);
+  for (const hostfile::RankAssignment& a : spec.plan.ranks) {
+    if (std::count(remote_hosts.begin(), remote_hosts.end(), a.host_index)) {
+      rank_is_local[a.rank] = false;
+    }
+  }
+  // --network-interface: the rendezvous binds that interface's address here, and every worker
+  // gets TRAINRUN_NETWORK_INTERFACE (its data plane listens on that interface of its own host);
+  // passed as an -x the user's own -x can still override.
+  std::string interface_address;
+  LaunchSpec job_spec = spec;
+  if (!spec.network_interfaces.empty()) {
+    if (spec.rendezvous_addr.empty()) {
+      absl::StatusOr<std::string> address = NetworkInterfaceAddress(spec.network_interfaces[0]);
+      if (!address.ok()) return address.status();
+      interface_address = *address;
+    }
+    job_spec.exported.insert(job_spec.exported.begin(),
+                             {env::kNetworkInterface.name, spec.network_interfaces[0]});
+  }
+  absl::StatusOr<JobEnvironment> environment =
+      JobEnvironment::Create(job_spec, CurrentEnvironment());
+  if (!environment.ok()) return environment.status();
+  posix::Executable executable = posix::ResolveOnPath(
+      spec.command[0], environment->Lookup(env::kPath).value_or(posix::kDefaultPath));
+  JobPlan plan{std::move(remote_hosts), std::move(rank_is_local), *std::move(environment),
+               std::move(executable), std::move(interface_address)};
+  if (plan.executable.error != 0 && plan.any_local()) {
+    // Reported once, before anything starts; trainrun exits 127 through ExitCodeFor, as a shell.
+    return absl::NotFoundError(absl::StrCat("cannot execute '", spec.command[0],
+                                            "': ", std::strerror(plan.executable.error)));
+  }
+  return plan;
+}
+
+}  // namespace trainrun::launcher

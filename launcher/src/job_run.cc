@@ -1,0 +1,217 @@
+#include "job_run.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <boost/asio/post.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "trainrun/launcher/gpu_assignment.h"
+#include "trainrun/launcher/local_host.h"
+#include "trainrun/launcher/logging.h"
+
+namespace trainrun::launcher {
+namespace {
+
+bool IsWildcard(const std::string& address) { return address == "0.0.0.0" || address == "::"; }
+
+// HostPort writes "host:port", bracketing an IPv6 address.
+std::string HostPort(const std::string& host, int port) {
+  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
+                                             : absl::StrCat(host, ":", port);
+}
+
+std::string CurrentDirectory() {
+  char cwd[4096] = {};
+  return ::getcwd(cwd, sizeof cwd - 1) ? cwd : "";
+}
+
+}  // namespace
+
+JobRun::JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& output,
+               std::vector<remote::RemoteAgent> agents)
+    : spec_(spec),
+      plan_(plan),
+      output_(output),
+      local_ranks_(io_, {[this](int rank, OutputStream stream, std::string_view bytes) {
+                           OnOutput(rank, stream, bytes);
+                         },
+                         [this](int rank, const ExitInfo& exit) { OnExit(rank, exit); }}),
+      remote_ranks_(io_, std::move(agents),
+                    {[this](int rank, OutputStream stream, std::string_view bytes) {
+                       OnOutput(rank, stream, bytes);
+                     },
+                     [this](int rank, const ExitInfo& exit) { OnExit(rank, exit); },
+                     [this](int rank, std::string message) {
+                       supervisor_->OnStartFailure(rank, std::move(message));
+                     }}),
+      all_ranks_({&local_ranks_, &remote_ranks_}),
+      signals_(io_, SIGINT, SIGTERM, SIGHUP) {
+  SupervisorOptions options;
+  options.command = spec.command[0];
+  options.grace_period = spec.grace_period;
+  supervisor_.emplace(io_, spec.plan, all_ranks_, options, [this] { io_.stop(); });
+  WaitForSignal();
+  // trainrun's stdin goes to rank 0 when it runs here; a remote rank 0 gets /dev/null.
+  if (plan.rank_is_local[0]) stdin_forwarder_ = internal::StdinForwarder::Create(io_);
+}
+
+JobRun::~JobRun() = default;
+
+// Local and remote ranks report the same events; output goes to the console (and files) and to the
+// supervisor, which keeps each rank's last stderr lines for the summary.
+void JobRun::OnOutput(int rank, OutputStream stream, std::string_view bytes) {
+  output_.Write(rank, stream, bytes);
+  supervisor_->OnOutput(rank, stream, bytes);
+}
+
+void JobRun::OnExit(int rank, const ExitInfo& exit) {
+  if (server_) server_->NoteRankExit(rank, exit.Describe());
+  supervisor_->OnRankExit(rank, exit);
+}
+
+void JobRun::WaitForSignal() {
+  signals_.async_wait([this](const boost::system::error_code& error, int signal) {
+    if (error) return;
+    supervisor_->OnSignal(signal);
+    WaitForSignal();
+  });
+}
+
+absl::Status JobRun::ServeRendezvous() {
+  // Where the server listens: --rendezvous-addr, else --network-interface's address, else the
+  // local address of the connections toward the remote hosts, else loopback (every rank is here).
+  std::string bind_address = !spec_.rendezvous_addr.empty()     ? spec_.rendezvous_addr
+                             : !plan_.interface_address.empty() ? plan_.interface_address
+                             : !remote_ranks_.agents().empty()
+                                 ? remote::RendezvousBindAddress(remote_ranks_.agents())
+                                 : "127.0.0.1";
+  rendezvous::ServerOptions options;
+  options.bind_address = bind_address;
+  // A wildcard bind advertises this machine's side of the first connection (or loopback).
+  if (IsWildcard(bind_address))
+    options.advertise_host = remote::AdvertiseHost(remote_ranks_.agents());
+  options.port = spec_.rendezvous_port;
+  options.job_id = plan_.environment.job_id();
+  options.token = plan_.environment.token();
+  for (const hostfile::RankAssignment& a : spec_.plan.ranks) {
+    options.ranks.push_back(
+        {spec_.plan.HostOf(a.rank).host, a.local_rank, a.local_size, a.cross_rank, a.cross_size});
+  }
+  // A rank's "I failed because of peer P" arrives on a gRPC thread and is posted to the supervisor,
+  // which then blames P rather than the rank that reported it.
+  options.on_peer_failure = [this](const rendezvous::PeerFailure& f) {
+    boost::asio::post(io_, [this, rank = f.rank, peer = f.peer_rank] {
+      supervisor_->ReportPeerFailure(rank, peer);
+    });
+  };
+  absl::StatusOr<std::unique_ptr<rendezvous::Server>> server =
+      rendezvous::Server::Start(std::move(options));
+  if (!server.ok()) {
+    return absl::Status(
+        server.status().code(),
+        absl::StrCat("cannot start the job's rendezvous server: ", server.status().message()));
+  }
+  server_ = *std::move(server);
+  Logger().debug("rendezvous server at {}", server_->address());
+  views_ = HostViews(bind_address);
+  return absl::OkStatus();
+}
+
+std::vector<HostView> JobRun::HostViews(const std::string& bind_address) const {
+  const std::vector<remote::RemoteAgent>& agents = remote_ranks_.agents();
+  auto agent_of = [&](int host_index) -> const remote::RemoteAgent* {
+    for (size_t i = 0; i < plan_.remote_hosts.size() && i < agents.size(); ++i) {
+      if (plan_.remote_hosts[i] == host_index) return &agents[i];
+    }
+    return nullptr;
+  };
+  // MASTER_ADDR: rank 0's host as the user wrote it while every rank is there; once hosts are
+  // reached, the address trainrun reached rank 0's host at (an ~/.ssh/config alias is a name only
+  // this machine knows), or, when rank 0 is here, this machine's address toward each host.
+  const int master_host = spec_.plan.ranks[0].host_index;
+  const remote::RemoteAgent* master_agent = agent_of(master_host);
+  std::string master_addr = spec_.plan.hosts[master_host].host;
+  if (master_agent != nullptr && !master_agent->stream->RemoteAddress().empty()) {
+    master_addr = master_agent->stream->RemoteAddress();
+  }
+  const int local_gpus = CountHostGpus();
+  std::vector<HostView> views;
+  for (size_t h = 0; h < spec_.plan.hosts.size(); ++h) {
+    HostView view;
+    view.name = spec_.plan.hosts[h].host;
+    view.rendezvous_addr = server_->address();
+    view.master_addr = master_addr;
+    view.gpu_count = local_gpus;
+    if (const remote::RemoteAgent* agent = agent_of(static_cast<int>(h))) {
+      // This machine as that host sees it.
+      const std::string launcher_address = remote::LauncherAddress(*agent);
+      view.address = agent->stream->RemoteAddress();
+      view.gpu_count = static_cast<int>(agent->hello.gpu_count);
+      if (IsWildcard(bind_address) && !launcher_address.empty()) {
+        view.rendezvous_addr = HostPort(launcher_address, server_->port());
+      }
+      if (master_agent == nullptr && !launcher_address.empty()) view.master_addr = launcher_address;
+    }
+    views.push_back(std::move(view));
+  }
+  return views;
+}
+
+void JobRun::StartRanks(const StartDeadline& deadline) {
+  if (!plan_.remote_hosts.empty()) {
+    std::vector<remote::Job> jobs;
+    for (int host_index : plan_.remote_hosts) {
+      remote::Job job;
+      job.cwd = CurrentDirectory();
+      job.argv = spec_.command;
+      job.grace_period_ms = static_cast<uint32_t>(spec_.grace_period.count());
+      for (const hostfile::RankAssignment& a : spec_.plan.ranks) {
+        if (a.host_index != host_index) continue;
+        job.ranks.push_back(
+            {static_cast<uint32_t>(a.rank), plan_.environment.ForRank(a.rank, views_[host_index])});
+        supervisor_->OnRankStarted(a.rank);
+      }
+      jobs.push_back(std::move(job));
+    }
+    remote_ranks_.Start(std::move(jobs), deadline);
+  }
+  StartLocalRanks();
+  supervisor_->OnStartsComplete();
+  Logger().debug("job {}: started {} local ranks of {} ({} hosts remote)",
+                 plan_.environment.job_id(), local_ranks_.running(), spec_.plan.size(),
+                 plan_.remote_hosts.size());
+}
+
+void JobRun::StartLocalRanks() {
+  for (const hostfile::RankAssignment& a : spec_.plan.ranks) {
+    if (!plan_.rank_is_local[a.rank]) continue;
+    ProcessSpec process;
+    process.executable = plan_.executable.path;
+    process.argv = spec_.command;
+    process.env = plan_.environment.ForRank(a.rank, views_[a.host_index]);
+    process.stdin_fd = a.rank == 0 ? stdin_forwarder_->rank_stdin() : -1;
+    if (absl::Status started = local_ranks_.Start(a.rank, process); !started.ok()) {
+      supervisor_->OnStartFailure(a.rank, std::string(started.message()));
+      return;
+    }
+    supervisor_->OnRankStarted(a.rank);
+    if (a.rank == 0) stdin_forwarder_->RankStarted();
+  }
+}
+
+void JobRun::Supervise() {
+  if (!supervisor_->done()) io_.run();
+}
+
+int JobRun::Summarize() {
+  server_->Shutdown();
+  output_.EndLines();
+  if (std::string summary = supervisor_->Summary(); !summary.empty()) {
+    Logger().error("{}", absl::StrReplaceAll(summary, {{"\n", "\n  "}}));
+  }
+  return supervisor_->exit_code();
+}
+
+}  // namespace trainrun::launcher

@@ -1,0 +1,79 @@
+// The phases of a job after its hosts are reached (launcher.cc): serve the rendezvous, start the
+// ranks, supervise them, summarize. JobRun holds what those phases share — the event loop, the
+// supervisor, the local and remote ranks, the rendezvous server — in the order they must be torn
+// down, so that Launch() reads as the list of phases.
+//
+//   JobRun run(spec, plan, output, std::move(agents));
+//   if (absl::Status served = run.ServeRendezvous(); !served.ok()) return served;
+//   run.StartRanks(deadline);
+//   run.Supervise();
+//   return run.Summarize();
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "job_plan.h"
+#include "remote/agent_connector.h"
+#include "remote/remote_ranks.h"
+#include "start_deadline.h"
+#include "stdin_forwarder.h"
+#include "trainrun/launcher/job_environment.h"
+#include "trainrun/launcher/job_supervisor.h"
+#include "trainrun/launcher/launch_spec.h"
+#include "trainrun/launcher/output_forwarder.h"
+#include "trainrun/launcher/process_set.h"
+#include "trainrun/rendezvous/server.h"
+
+namespace trainrun::launcher {
+
+class JobRun {
+ public:
+  // JobRun takes the agents of plan.remote_hosts (in that order) for the job's duration. It
+  // handles SIGINT, SIGTERM and SIGHUP while it lives.
+  JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& output,
+         std::vector<remote::RemoteAgent> agents);
+  ~JobRun();
+  JobRun(const JobRun&) = delete;
+  JobRun& operator=(const JobRun&) = delete;
+
+  // ServeRendezvous starts the job's rendezvous server where every rank can reach it, and works out
+  // each host's view of the job (HostView). Fails when the server cannot listen.
+  absl::Status ServeRendezvous();
+  // StartRanks sends each remote host its ranks and starts the local ones; every rank must have
+  // started by `deadline`, or the job fails naming the host.
+  void StartRanks(const StartDeadline& deadline);
+  // Supervise runs the job until every rank has ended (JobSupervisor's policy).
+  void Supervise();
+  // Summarize logs the one summary of a failed or interrupted job and returns trainrun's exit code.
+  int Summarize();
+
+ private:
+  // The host view of every host of the plan, by host index.
+  std::vector<HostView> HostViews(const std::string& bind_address) const;
+  void StartLocalRanks();
+  void WaitForSignal();
+  void OnOutput(int rank, OutputStream stream, std::string_view bytes);
+  void OnExit(int rank, const ExitInfo& exit);
+
+  const LaunchSpec& spec_;
+  const JobPlan& plan_;
+  OutputForwarder& output_;
+  std::vector<HostView> views_;
+  // Destroyed in reverse order: the stdin pump, the signal handler, the ranks (remote, then local:
+  // each kills what still runs), the rendezvous server, the supervisor, the event loop.
+  boost::asio::io_context io_;
+  std::optional<JobSupervisor> supervisor_;
+  std::unique_ptr<rendezvous::Server> server_;
+  RankProcessSet local_ranks_;
+  remote::RemoteRanks remote_ranks_;
+  remote::AllRanks all_ranks_;
+  boost::asio::signal_set signals_;
+  std::unique_ptr<internal::StdinForwarder> stdin_forwarder_;
+};
+
+}  // namespace trainrun::launcher

@@ -1,0 +1,43 @@
+#include "trainrun/launcher/launch_spec.h"
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace trainrun::launcher {
+
+absl::StatusOr<HostKeyPolicy> ParseHostKeyPolicy(absl::string_view text) {
+  std::string lower = absl::AsciiStrToLower(text);
+  if (lower == "yes" || lower == "true") return HostKeyPolicy::kYes;
+  if (lower == "accept-new") return HostKeyPolicy::kAcceptNew;
+  if (lower == "no" || lower == "false" || lower == "off") return HostKeyPolicy::kNo;
+  return absl::InvalidArgumentError(absl::StrCat("--ssh-strict-host-key-checking '", text,
+                                                 "' is not one of yes, accept-new, no"));
+}
+
+absl::string_view HostKeyPolicyName(HostKeyPolicy policy) {
+  switch (policy) {
+    case HostKeyPolicy::kYes:
+      return "yes";
+    case HostKeyPolicy::kAcceptNew:
+      return "accept-new";
+    case HostKeyPolicy::kNo:
+      return "no";
+  }
+  return "?";
+}
+
+absl::StatusOr<SshClient> ParseSshClient(absl::string_view text) {
+  if (text == "libssh2") return SshClient::kLibssh2;
+  if (text == "openssh") return SshClient::kOpenssh;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--ssh-client '", text, "' is not one of libssh2, openssh"));
+}
+
+absl::string_view SshClientName(SshClient client) {
+  return client == SshClient::kOpenssh ? "openssh" : "libssh2";
+}
+
+}  // namespace trainrun::launcher

@@ -1,0 +1,25 @@
+// How the job reaches its remote hosts: the HostChannel its flags select (SSH today, with -p, -i,
+// --ssh-client and --ssh-strict-host-key-checking), and the agent that channel starts there.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "channel/host_channel.h"
+#include "ssh/ssh_config.h"
+#include "trainrun/launcher/launch_spec.h"
+
+namespace trainrun::launcher::remote {
+
+// MakeHostChannel is the HostChannel of `spec`: where `srun` and per-node joins will be chosen.
+std::unique_ptr<channel::HostChannel> MakeHostChannel(const LaunchSpec& spec);
+
+// SshOptionsFor turns the job's SSH flags (-p, -i, --ssh-client, --ssh-strict-host-key-checking,
+// --start-timeout) into SshOptions.
+ssh::SshOptions SshOptionsFor(const LaunchSpec& spec);
+
+// RemoteTrainrunPath is the trainrun the agents run: --remote-trainrun, else this executable's
+// own absolute path.
+std::string RemoteTrainrunPath(const LaunchSpec& spec);
+
+}  // namespace trainrun::launcher::remote
