@@ -5,9 +5,9 @@
 #
 #   bench/launcher/slurm_vs_ssh.sh [ROUNDS]       # needs root, a build in build/ (or $BUILD_DIR)
 #
-# Until trainrun reaches hosts through Slurm itself (issue 21, --launcher slurm), the Slurm case
-# runs today's agent protocol over `srun -u -N1 -n1 -w NODE trainrun --agent`, one step per node,
-# by putting a shim named `ssh` first on PATH with --ssh-client openssh: no sshd is involved in it.
+# The Slurm case is trainrun inside the allocation with no -H (--launcher auto: one
+# `srun -u -N1 -n1 -w NODE trainrun --agent` step per node); the SSH cases name the same nodes
+# with -H.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}
@@ -34,31 +34,13 @@ for node in "${nodes[@]}"; do
     "MaxStartups 100" >"$dir/ssh/sshd_config.$node"
   nsenter --net="/run/netns/$node" /usr/sbin/sshd -f "$dir/ssh/sshd_config.$node" -E "$dir/ssh/sshd.$node.log"
 done
-# The shim: `ssh [options] HOST -- COMMAND` becomes one Slurm step on HOST. srun -u gives the step
-# a pty for stdout, which `trainrun --agent` refuses, hence `| cat`.
-mkdir -p "$dir/shim"
-cat >"$dir/shim/ssh" <<'SHIM'
-#!/bin/bash
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    -o | -p | -l | -F | -i) shift 2 ;;
-    -*) shift ;;
-    *) break ;;
-  esac
-done
-host=$1
-shift
-[[ ${1:-} == -- ]] && shift
-exec srun -u -N1 -n1 -w "$host" --kill-on-bad-exit=1 sh -c "$* | cat"
-SHIM
-chmod +x "$dir/shim/ssh"
 cat >"$dir/rounds.sh" <<ROUNDS
 set -euo pipefail
 hosts=${nodes[0]}:2,${nodes[1]}:2
 ms() { echo \$(( (\$(date +%s%N) - \$1) / 1000000 )); }
 for ((i = 0; i < $ROUNDS; i++)); do
   s=\$(date +%s%N); srun -N 2 true; echo "srun -N 2 true: \$(ms \$s)"
-  s=\$(date +%s%N); PATH=$dir/shim:\$PATH $BUILD/bin/trainrun --ssh-client openssh -np 4 $BUILD/bin/barrier_example >/dev/null
+  s=\$(date +%s%N); $BUILD/bin/trainrun -np 4 $BUILD/bin/barrier_example >/dev/null
   echo "trainrun through Slurm (srun per node): \$(ms \$s)"
   s=\$(date +%s%N); HOME=$dir/ssh/home $BUILD/bin/trainrun -H \$hosts -i $dir/ssh/user_key -np 4 $BUILD/bin/barrier_example >/dev/null
   echo "trainrun over SSH (libssh2): \$(ms \$s)"
