@@ -24,6 +24,11 @@ packages=(
   # scripts/fuzz.sh and scripts/sanitize.sh: libFuzzer and the sanitizer runtimes come with clang's
   # compiler-rt; llvm-symbolizer (llvm-14) turns sanitizer reports' addresses into lines
   clang-14 libclang-rt-14-dev llvm-14
+  # Slurm tests (label slurm): a real cluster of slurmd "nodes" in network namespaces, with munge
+  # (tests/slurm/cluster.sh); util-linux gives nsenter and unshare
+  slurmctld slurmd slurm-client munge util-linux
+  # trainrun.run(fn): the function and its arguments travel to the ranks by cloudpickle
+  python3-cloudpickle
 )
 
 missing=()

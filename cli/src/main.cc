@@ -11,10 +11,14 @@
 #include "trainrun/cli/run_main.h"
 #include "trainrun/launcher/agent.h"
 #include "trainrun/launcher/launcher.h"
+#include "trainrun/rendezvous/environment.h"
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "--agent") == 0) {
-    if (::isatty(0) || ::isatty(1)) {
+    // Inside a Slurm step started with `srun -u` the agent's stdout is a pty (already raw): the
+    // Slurm channel's; anywhere else a terminal means a person typed it.
+    const bool in_slurm_step = trainrun::env::Lookup(trainrun::env::kSlurmStepId).has_value();
+    if ((::isatty(0) || ::isatty(1)) && !in_slurm_step) {
       std::fprintf(stderr,
                    "trainrun: error: --agent is the role trainrun starts on remote hosts over SSH; "
                    "it is not for use from a terminal\n");

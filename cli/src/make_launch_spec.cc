@@ -10,6 +10,7 @@
 #include "trainrun/hostfile/hostfile.h"
 #include "trainrun/hostfile/slot_plan.h"
 #include "trainrun/hostfile/slurm.h"
+#include "trainrun/launcher/local_host.h"
 #include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::cli {
@@ -42,7 +43,9 @@ absl::StatusOr<Hosts> ResolveHosts(const RunOptions& options, const EnvironmentL
     if (!hosts.ok()) return BadInput("", hosts.status());
     return Hosts{*std::move(hosts), ""};
   }
-  if (std::optional<std::string> nodelist = env(env::kSlurmJobNodelist); nodelist) {
+  std::optional<std::string> nodelist =
+      options.launcher == "local" ? std::nullopt : env(env::kSlurmJobNodelist);
+  if (nodelist) {
     std::optional<std::string> tasks = env(env::kSlurmTasksPerNode);
     auto hosts = hostfile::SlurmHosts(
         *nodelist, tasks ? std::optional<absl::string_view>(*tasks) : std::nullopt);
@@ -137,6 +140,20 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
   if (!policy.ok()) return policy.status();
   spec.ssh_host_key_checking = *policy;
   spec.remote_trainrun = options.remote_trainrun;
+  absl::StatusOr<launcher::Launcher> how = launcher::ParseLauncher(options.launcher);
+  if (!how.ok()) return how.status();
+  spec.launcher = *how;
+  spec.hosts_from_slurm = !options.hosts && !options.hostfile && options.launcher != "local" &&
+                          env(env::kSlurmJobNodelist).has_value();
+  if (spec.launcher == launcher::Launcher::kLocal) {
+    for (const HostSpec& host : spec.plan.hosts) {
+      if (!launcher::IsLocalHost(host.host)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--launcher local runs every rank on this host, but host ", host.host,
+                         " is another one; drop it from the hosts or use --launcher ssh"));
+      }
+    }
+  }
   return spec;
 }
 

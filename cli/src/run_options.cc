@@ -163,6 +163,14 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
       ->transform(CLI::IsMember({"yes", "accept-new", "no"}, CLI::ignore_case))
       ->capture_default_str();
   remote
+      ->add_option("--launcher", options.launcher,
+                   "How other hosts are reached: auto (through Slurm, one srun step per node, "
+                   "inside an allocation that gave the hosts; else SSH), ssh, slurm, or local "
+                   "(every rank on this host, ignoring an allocation).")
+      ->type_name("HOW")
+      ->transform(CLI::IsMember({"auto", "ssh", "slurm", "local"}, CLI::ignore_case))
+      ->capture_default_str();
+  remote
       ->add_option("--remote-trainrun", options.remote_trainrun,
                    "Path of trainrun on the other hosts (default: this trainrun's own path).")
       ->type_name("PATH");

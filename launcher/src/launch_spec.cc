@@ -36,6 +36,15 @@ absl::StatusOr<SshClient> ParseSshClient(absl::string_view text) {
       absl::StrCat("--ssh-client '", text, "' is not one of libssh2, openssh"));
 }
 
+absl::StatusOr<Launcher> ParseLauncher(absl::string_view text) {
+  if (text == "auto") return Launcher::kAuto;
+  if (text == "ssh") return Launcher::kSsh;
+  if (text == "slurm") return Launcher::kSlurm;
+  if (text == "local") return Launcher::kLocal;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--launcher '", text, "' is not one of auto, ssh, slurm, local"));
+}
+
 absl::string_view SshClientName(SshClient client) {
   return client == SshClient::kOpenssh ? "openssh" : "libssh2";
 }

@@ -21,6 +21,10 @@ the next call works; TRAINRUN_CHECK_SHAPES=0 skips the exchange when every micro
 Errors from the library come as trainrun.Error subclasses: InternalError (IoError, TimeoutError:
 the job's communication failed) and InvalidArgumentError (MismatchError), carrying the library's
 message. For PyTorch training, see trainrun.torch.
+
+To start a job from Python rather than from the shell, trainrun.run(fn, np=4) runs fn on every
+rank of a new job and returns the ranks' return values (see trainrun/_launch.py); TrainRunner(np)
+.run(fn) is HorovodRunner's spelling.
 """
 
 import array as _array
@@ -29,6 +33,7 @@ import pickle as _pickle
 
 from trainrun import _core
 from trainrun import _buffers
+from trainrun._launch import JobError, RemoteTraceback, TrainRunner, run
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
@@ -41,6 +46,7 @@ __all__ = [
     "allgather_object", "supported_dtypes", "ProcessSet", "global_process_set", "add_process_set",
     "remove_process_set", "ReduceOp", "Sum", "Average", "Min", "Max", "Product", "Error",
     "InternalError", "IoError", "TimeoutError", "InvalidArgumentError", "MismatchError",
+    "run", "TrainRunner", "JobError", "RemoteTraceback",
 ]
 
 Error = _core.Error

@@ -7,12 +7,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "posix/resolve_on_path.h"
 #include "remote/agent_connector.h"
 #include "remote/host_access.h"
 #include "remote/trainrun_probe.h"
+#include "slurm/srun_host_channel.h"
 #include "ssh/ssh_host_channel.h"
 #include "trainrun/hostfile/host_list.h"
 #include "trainrun/launcher/local_host.h"
+#include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::launcher {
 namespace remote {
@@ -40,14 +43,23 @@ std::string RemoteTrainrunPath(const LaunchSpec& spec) {
   return spec.remote_trainrun.empty() ? SelfExecutable() : spec.remote_trainrun;
 }
 
+bool UsesSlurm(const LaunchSpec& spec) {
+  if (spec.launcher == Launcher::kSlurm) return true;
+  return spec.launcher == Launcher::kAuto && spec.hosts_from_slurm &&
+         posix::ResolveOnPath(
+             "srun", ::trainrun::env::Lookup(::trainrun::env::kPath).value_or(posix::kDefaultPath))
+                 .error == 0;
+}
+
 std::unique_ptr<channel::HostChannel> MakeHostChannel(const LaunchSpec& spec) {
+  if (UsesSlurm(spec)) return slurm::MakeSrunHostChannel();
   return ssh::MakeSshHostChannel(SshOptionsFor(spec));
 }
 
 }  // namespace remote
 
 std::string DescribeHostAccess(const LaunchSpec& spec, const hostfile::HostSpec& host) {
-  if (IsLocalHost(host.host)) return "local (no SSH)";
+  if (IsLocalHost(host.host)) return remote::UsesSlurm(spec) ? "local" : "local (no SSH)";
   return remote::MakeHostChannel(spec)->Describe(
       host, remote::AgentCommand(remote::RemoteTrainrunPath(spec)));
 }

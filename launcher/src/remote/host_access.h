@@ -11,8 +11,12 @@
 
 namespace trainrun::launcher::remote {
 
-// MakeHostChannel is the HostChannel of `spec`: where `srun` and per-node joins will be chosen.
+// MakeHostChannel is the HostChannel of `spec`: one `srun` step per node when UsesSlurm(spec),
+// else SSH.
 std::unique_ptr<channel::HostChannel> MakeHostChannel(const LaunchSpec& spec);
+
+// UsesSlurm: --launcher slurm, or auto with the hosts from the Slurm allocation and srun on PATH.
+bool UsesSlurm(const LaunchSpec& spec);
 
 // SshOptionsFor turns the job's SSH flags (-p, -i, --ssh-client, --ssh-strict-host-key-checking,
 // --start-timeout) into SshOptions.

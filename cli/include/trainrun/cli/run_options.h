@@ -46,6 +46,7 @@ struct RunOptions {
   std::string ssh_host_key_checking =  // --ssh-strict-host-key-checking
       std::string(launcher::HostKeyPolicyName(launcher::kDefaultHostKeyPolicy));
   std::string remote_trainrun;       // --remote-trainrun PATH
+  std::string launcher = "auto";     // --launcher auto|ssh|slurm|local
   std::vector<std::string> command;  // the worker command and its arguments
 };
 

@@ -39,6 +39,11 @@ inline constexpr HostKeyPolicy kDefaultHostKeyPolicy = HostKeyPolicy::kAcceptNew
 // (and OpenSSH's synonyms "true", "false", "off"). Anything else is an InvalidArgument naming the
 // flag and the accepted values. The Name functions give the canonical spelling back.
 absl::StatusOr<SshClient> ParseSshClient(absl::string_view text);
+// Launcher is --launcher: how the hosts that are not this machine are reached. kAuto: through Slurm
+// when the hosts came from the Slurm allocation and `srun` is on PATH, else SSH. kLocal: every rank
+// on this host (an allocation is not used).
+enum class Launcher { kAuto, kSsh, kSlurm, kLocal };
+absl::StatusOr<Launcher> ParseLauncher(absl::string_view text);
 absl::StatusOr<HostKeyPolicy> ParseHostKeyPolicy(absl::string_view text);
 absl::string_view SshClientName(SshClient client);
 absl::string_view HostKeyPolicyName(HostKeyPolicy policy);
@@ -87,6 +92,9 @@ struct LaunchSpec {
   HostKeyPolicy ssh_host_key_checking = kDefaultHostKeyPolicy;
   // --remote-trainrun: trainrun's path on the other hosts; empty: this trainrun's own path.
   std::string remote_trainrun;
+  // --launcher, and whether the hosts came from the Slurm allocation (SLURM_JOB_NODELIST).
+  Launcher launcher = Launcher::kAuto;
+  bool hosts_from_slurm = false;
 };
 
 }  // namespace trainrun::launcher

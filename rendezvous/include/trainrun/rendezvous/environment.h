@@ -124,6 +124,8 @@ inline constexpr char kCudaVisibleDevices[] = "CUDA_VISIBLE_DEVICES";
 // compressed node list (`node[01-03],gpu5`) and the tasks per node (`2(x3),1`).
 inline constexpr char kSlurmJobNodelist[] = "SLURM_JOB_NODELIST";
 inline constexpr char kSlurmTasksPerNode[] = "SLURM_TASKS_PER_NODE";
+// Set by Slurm inside a job step: the agent accepts a pty as stdout there (`srun -u` gives one).
+inline constexpr char kSlurmStepId[] = "SLURM_STEP_ID";
 
 // Where the SSH client finds the user's ~/.ssh (HOME, else the passwd entry), the default remote
 // user when neither user@host nor ~/.ssh/config names one (USER, after the passwd entry), and the

@@ -1,0 +1,133 @@
+// trainrun inside a Slurm allocation of the test cluster (slurm_fixture.h): the hosts come from the
+// allocation and are reached through Slurm, one `srun` step per node carrying the agent protocol;
+// the nodes run no sshd. A barrier and a checked allreduce on 2 nodes x 2 tasks, a rank killed on
+// node 2, scancel, and trainrun.run(fn) from Python; nothing may be left on any node.
+#include <chrono>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "slurm_fixture.h"
+
+namespace trainrun::testing {
+namespace {
+
+bool NodesEmpty(const SlurmCluster& cluster) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    bool empty = true;
+    for (size_t i = 0; i < cluster.nodes().size(); ++i) {
+      if (!cluster.NodeProcesses(static_cast<int>(i)).empty()) empty = false;
+    }
+    if (empty) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+// `salloc -N 2 --ntasks-per-node 2 trainrun ARGS...` on the cluster.
+int RunInAllocation(const SlurmCluster& cluster, const std::vector<std::string>& args,
+                    std::string* out) {
+  std::vector<std::string> argv = {"salloc", "-Q", "-N", "2", "--ntasks-per-node", "2",
+                                   TRAINRUN_BIN, "--start-timeout", "30"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunCommand(cluster.Command(argv), out, 90);
+}
+
+TEST_CASE("slurm: trainrun reaches an allocation's nodes through srun", "[slurm]") {
+  if (std::string why = SlurmCluster::CannotRun(); !why.empty()) {
+    WARN(why);
+    return;
+  }
+  SlurmCluster cluster(2);
+  const std::string& n1 = cluster.nodes()[0];
+  const std::string& n2 = cluster.nodes()[1];
+  std::string out;
+
+  SECTION("the plan and how the nodes are reached") {
+    CHECK(RunInAllocation(cluster, {"--dry-run", "hostname"}, &out) == 0);
+    INFO(out);
+    CHECK(out.find(n1 + ": srun -u -N1 -n1 -w " + n1) != std::string::npos);
+    CHECK(out.find(n2 + ": srun -u -N1 -n1 -w " + n2) != std::string::npos);
+  }
+
+  SECTION("a barrier and a checked allreduce, 2 nodes x 2 ranks") {
+    int status = RunInAllocation(cluster, {TRAINRUN_BARRIER, "-v"}, &out);
+    INFO(out);
+    CHECK(status == 0);
+    CHECK(out.find("rank 3 of 4 (local 1 of 2, host " + n2 + ") passed the barrier") !=
+          std::string::npos);
+    CHECK(out.find("rank 0 of 4 (local 0 of 2, host " + n1 + ") passed the barrier") !=
+          std::string::npos);
+    status = RunInAllocation(cluster,
+                             {TRAINRUN_ALLREDUCE_PERF, "-b", "1K", "-e", "1M", "-f", "32", "-n",
+                              "2", "-w", "1", "-c", "1"},
+                             &out);
+    INFO(out);
+    CHECK(status == 0);
+    int sizes = 0;
+    std::istringstream lines(out);
+    for (std::string line; std::getline(lines, line);) {
+      const std::string tag = "[0]<stdout>:";
+      if (line.rfind(tag, 0) != 0 || line.find('#') != std::string::npos) continue;
+      ++sizes;
+      std::istringstream words(line.substr(tag.size()));
+      std::string word, last;
+      while (words >> word) last = word;
+      CHECK(last == "0");  // wrong elements, over all ranks
+    }
+    CHECK(sizes == 3);
+  }
+
+  SECTION("a rank killed on node 2: its exit code and the summary") {
+    int status = RunInAllocation(
+        cluster,
+        {"sh", "-c", "if [ $TRAINRUN_RANK = 3 ]; then sleep 1; kill -9 $$; fi; exec sleep 60"},
+        &out);
+    INFO(out);
+    CHECK(status != 0);
+    CHECK(out.find("rank 3 on " + n2) != std::string::npos);
+    CHECK(out.find("SIGKILL") != std::string::npos);
+  }
+
+  SECTION("scancel: the job ends with a summary and nothing is left") {
+    auto start = std::chrono::steady_clock::now();
+    int status = RunCommand(
+        cluster.Command(
+            {"sh", "-c",
+             absl::StrCat("salloc -Q -N 2 --ntasks-per-node 2 ", TRAINRUN_BIN,
+                          " sh -c 'exec sleep 300' & ",
+                          "until [ $(ps -e -o comm= | grep -c '^sleep$') -ge 4 ]; do sleep 0.1; "
+                          "done; scancel $(squeue -h -o %i); wait $!")}),
+        &out, 90);
+    INFO(out);
+    CHECK(status != 0);
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
+  }
+
+  SECTION("trainrun.run(fn) inside salloc -N 2 returns every rank's value") {
+    int status = RunCommand(
+        cluster.Command({"env", "PYTHONPATH=" TRAINRUN_PYTHONPATH, "TRAINRUN_BIN=" TRAINRUN_BIN,
+                         "salloc", "-Q", "-N", "2", "--ntasks-per-node", "2", TRAINRUN_PYTHON,
+                         "-c",
+                         "import os, trainrun\n"
+                         "def where(x):\n"
+                         "    import numpy\n"
+                         "    trainrun.init()\n"
+                         "    s = trainrun.allreduce(numpy.ones(1), op=trainrun.Sum)\n"
+                         "    return trainrun.rank(), os.environ['TRAINRUN_HOSTNAME'], x + s[0]\n"
+                         "print('values', trainrun.run(where, args=(10,), np=4))\n"}),
+        &out, 90);
+    INFO(out);
+    CHECK(status == 0);
+    CHECK(out.find(absl::StrCat("values [(0, '", n1, "', 14.0), (1, '", n1, "', 14.0), (2, '", n2,
+                                "', 14.0), (3, '", n2, "', 14.0)]")) != std::string::npos);
+  }
+  CHECK(NodesEmpty(cluster));
+}
+
+}  // namespace
+}  // namespace trainrun::testing
