@@ -2,12 +2,11 @@
 // allocation and are reached through Slurm, one `srun` step per node carrying the agent protocol;
 // the nodes run no sshd. A barrier and a checked allreduce on 2 nodes x 2 tasks, a rank killed on
 // node 2, scancel, and trainrun.run(fn) from Python; nothing may be left on any node.
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <sstream>
 #include <string>
 #include <thread>
-
-#include <catch2/catch.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "slurm_fixture.h"
@@ -31,8 +30,8 @@ bool NodesEmpty(const SlurmCluster& cluster) {
 // `salloc -N 2 --ntasks-per-node 2 trainrun ARGS...` on the cluster.
 int RunInAllocation(const SlurmCluster& cluster, const std::vector<std::string>& args,
                     std::string* out) {
-  std::vector<std::string> argv = {"salloc", "-Q", "-N", "2", "--ntasks-per-node", "2",
-                                   TRAINRUN_BIN, "--start-timeout", "30"};
+  std::vector<std::string> argv = {
+      "salloc", "-Q", "-N", "2", "--ntasks-per-node", "2", TRAINRUN_BIN, "--start-timeout", "30"};
   argv.insert(argv.end(), args.begin(), args.end());
   return RunCommand(cluster.Command(argv), out, 90);
 }
@@ -111,8 +110,7 @@ TEST_CASE("slurm: trainrun reaches an allocation's nodes through srun", "[slurm]
   SECTION("trainrun.run(fn) inside salloc -N 2 returns every rank's value") {
     int status = RunCommand(
         cluster.Command({"env", "PYTHONPATH=" TRAINRUN_PYTHONPATH, "TRAINRUN_BIN=" TRAINRUN_BIN,
-                         "salloc", "-Q", "-N", "2", "--ntasks-per-node", "2", TRAINRUN_PYTHON,
-                         "-c",
+                         "salloc", "-Q", "-N", "2", "--ntasks-per-node", "2", TRAINRUN_PYTHON, "-c",
                          "import os, trainrun\n"
                          "def where(x):\n"
                          "    import numpy\n"

@@ -2,11 +2,11 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
-#include <pthread.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -53,8 +53,18 @@ ssize_t WriteWithoutSigpipe(int fd, absl::string_view data) {
 }
 
 std::vector<std::string> SrunArguments(const std::string& host, const std::string& command) {
-  return {"srun",  "-u",           "-N1",      "-n1", "-w", host, "--kill-on-bad-exit=1",
-          "--overlap", "--job-name=trainrun-agent", "sh", "-c", command};
+  return {"srun",
+          "-u",
+          "-N1",
+          "-n1",
+          "-w",
+          host,
+          "--kill-on-bad-exit=1",
+          "--overlap",
+          "--job-name=trainrun-agent",
+          "sh",
+          "-c",
+          command};
 }
 
 // One host's agent: the srun process, its stdin (the agent's) and stdout (the agent's).
@@ -121,8 +131,8 @@ class SrunStream final : public channel::HostStream {
       if (stderr_) fds[2].fd = stderr_.get();
       int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
       if (ms <= 0) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "host ", host_, ": nothing received for ", absl::FormatDuration(timeout)));
+        return absl::DeadlineExceededError(
+            absl::StrCat("host ", host_, ": nothing received for ", absl::FormatDuration(timeout)));
       }
       int ready = ::poll(fds, 3, static_cast<int>(std::min<int64_t>(ms, 1 << 30)));
       if (ready < 0 && errno != EINTR) return absl::InternalError(std::strerror(errno));
@@ -252,17 +262,16 @@ absl::StatusOr<std::unique_ptr<channel::HostStream>> StartStep(const std::string
   ::fcntl(out_read.get(), F_SETFL, O_NONBLOCK);
   ::fcntl(err_read.get(), F_SETFL, O_NONBLOCK);
   RouteAddresses route = ssh::RouteToHost(host, absl::Now() + absl::Seconds(2));
-  return std::unique_ptr<channel::HostStream>(
-      std::make_unique<SrunStream>(host, pid, std::move(in_write), std::move(out_read),
-                                   std::move(err_read), std::move(route)));
+  return std::unique_ptr<channel::HostStream>(std::make_unique<SrunStream>(
+      host, pid, std::move(in_write), std::move(out_read), std::move(err_read), std::move(route)));
 }
 
 class SrunHostChannel final : public channel::HostChannel {
  public:
   std::string Describe(const hostfile::HostSpec& host,
                        const std::string& agent_command) const override {
-    return absl::StrCat("srun -u -N1 -n1 -w ", host.host, " (this Slurm allocation); agent: ",
-                        agent_command);
+    return absl::StrCat("srun -u -N1 -n1 -w ", host.host,
+                        " (this Slurm allocation); agent: ", agent_command);
   }
 
   void Start(const std::vector<hostfile::HostSpec>& hosts, const std::string& agent_command,

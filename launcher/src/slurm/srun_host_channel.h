@@ -1,6 +1,6 @@
 // Slurm's HostChannel: inside an allocation, each host's agent is one job step,
-// `srun -u -N1 -n1 -w HOST --kill-on-bad-exit=1 ... sh -c 'trainrun --agent'`, whose stdin and stdout
-// carry the agent protocol. No SSH anywhere.
+// `srun -u -N1 -n1 -w HOST --kill-on-bad-exit=1 ... sh -c 'trainrun --agent'`, whose stdin and
+// stdout carry the agent protocol. No SSH anywhere.
 //
 // Facts that shaped it (Slurm 22.05): one srun per node, because srun's stdin goes to every task of
 // a step; `-u`, because slurmstepd otherwise holds a partial line back (the protocol's frames are
