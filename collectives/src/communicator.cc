@@ -1,5 +1,8 @@
 #include "trainrun/collectives/communicator.h"
 
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "algorithms.h"
@@ -12,12 +15,97 @@ namespace trainrun::collectives {
 
 using ::trainrun::internal::MakeMessage;
 
+namespace {
+
+// StallWatch publishes, through the rendezvous, a collective that has waited longer than the stall
+// warning time (env::kStallWarningSeconds), so that the launcher can say which ranks wait in which
+// collective and which have not joined it; and clears it when the collective completes.
+class StallWatch {
+ public:
+  StallWatch(rendezvous::Store& store, int rank, std::string communicator)
+      : store_(store),
+        key_(MakeMessage(env::kStallKeyPrefix, rank)),
+        communicator_(std::move(communicator)),
+        warning_(std::chrono::seconds(std::max<int64_t>(0, env::kStallWarningSeconds.Get()))) {}
+  ~StallWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void Enter(const char* op) {
+    if (warning_.count() == 0) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { Watch(); });
+    op_ = MakeMessage(op, " #", ++sequence_,
+                      communicator_.empty() || communicator_ == "world"
+                          ? ""
+                          : MakeMessage(" of '", communicator_, "'"));
+    since_ = std::chrono::steady_clock::now();
+    in_collective_ = true;
+    wake_.notify_all();
+  }
+
+  void Leave() {
+    if (warning_.count() == 0) return;
+    bool clear = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      in_collective_ = false;
+      clear = published_;
+      published_ = false;
+    }
+    if (clear) (void)store_.Set(key_, "");
+  }
+
+ private:
+  void Watch() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      if (!in_collective_ || published_) {
+        wake_.wait_for(lock, std::chrono::seconds(1));
+        continue;
+      }
+      auto due = since_ + warning_;
+      if (std::chrono::steady_clock::now() < due) {
+        wake_.wait_until(lock, due);
+        continue;
+      }
+      published_ = true;
+      std::string value = op_;
+      lock.unlock();
+      (void)store_.Set(key_, value);
+      lock.lock();
+    }
+  }
+
+  rendezvous::Store& store_;
+  const std::string key_;
+  const std::string communicator_;
+  const std::chrono::seconds warning_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::thread thread_;
+  bool stop_ = false;
+  bool in_collective_ = false;
+  bool published_ = false;
+  uint64_t sequence_ = 0;
+  std::string op_;
+  std::chrono::steady_clock::time_point since_;
+};
+
+}  // namespace
+
 class Communicator::Impl {
  public:
   Impl(std::shared_ptr<rendezvous::Store> store, const RankInfo& info,
        const CommunicatorOptions& options)
       : store_(std::move(store)), info_(info) {
     if (store_ == nullptr) throw InvalidArgumentError("a communicator needs a store (got null)");
+    stall_watch_ = std::make_unique<StallWatch>(*store_, info_.rank, options.name);
     if (info_.size < 1 || info_.rank < 0 || info_.rank >= info_.size) {
       throw InvalidArgumentError(MakeMessage("rank ", info_.rank, " is not in [0, ", info_.size,
                                              "); pass a rank below the communicator's size"));
@@ -61,15 +149,18 @@ class Communicator::Impl {
   // Run runs one collective; a failure breaks the communicator, tells the peers and the rendezvous
   // who is to blame, and propagates.
   template <typename F>
-  void Run(F&& body) {
+  void Run(const char* op, F&& body) {
     if (!broken_.empty()) {
       throw IoError(MakeMessage("rank ", info_.rank, ": this communicator failed earlier (",
                                 broken_, "); it cannot be used again"));
     }
     internal::AlgorithmContext ctx{*transport_, segment_bytes_, small_bytes_, scratch_};
+    stall_watch_->Enter(op);
     try {
       body(ctx);
+      stall_watch_->Leave();
     } catch (const Error& e) {
+      stall_watch_->Leave();
       if (dynamic_cast<const InvalidArgumentError*>(&e) != nullptr) throw;
       broken_ = e.what();
       const int peer = transport_->failed_peer();
@@ -94,6 +185,7 @@ class Communicator::Impl {
   size_t segment_bytes_ = 0;
   size_t small_bytes_ = 0;
   std::string broken_;
+  std::unique_ptr<StallWatch> stall_watch_;  // after transport_: stopped before it is destroyed
 };
 
 namespace {
@@ -148,7 +240,7 @@ void Communicator::Allreduce(const void* input, void* output, size_t count, Data
   CheckOp(op);
   CheckBuffer(input, count, "allreduce input");
   CheckBuffer(output, count, "allreduce output");
-  impl_->Run([&](internal::AlgorithmContext& ctx) {
+  impl_->Run("allreduce", [&](internal::AlgorithmContext& ctx) {
     if (!ctx.transport.TryAllreduce(input, output, count, type, op)) {
       internal::Allreduce(ctx, input, output, count, type, op);
     }
@@ -162,7 +254,7 @@ void Communicator::Broadcast(void* data, size_t count, DataType type, int root) 
     throw InvalidArgumentError(
         MakeMessage("broadcast root ", root, " is not a rank of this communicator of ", size()));
   }
-  impl_->Run([&](internal::AlgorithmContext& ctx) {
+  impl_->Run("broadcast", [&](internal::AlgorithmContext& ctx) {
     internal::Broadcast(ctx, data, count * ElementSize(type), root);
   });
 }
@@ -182,7 +274,7 @@ void Communicator::Allgatherv(const void* input, void* output, const std::vector
   for (size_t c : counts) total += c;
   CheckBuffer(input, counts[rank()], "allgather input");
   CheckBuffer(output, total, "allgather output");
-  impl_->Run([&](internal::AlgorithmContext& ctx) {
+  impl_->Run("allgather", [&](internal::AlgorithmContext& ctx) {
     internal::Allgatherv(ctx, input, output, counts, type);
   });
 }
@@ -193,13 +285,13 @@ void Communicator::ReduceScatter(const void* input, void* output, size_t count, 
   CheckOp(op);
   CheckBuffer(input, count, "reduce-scatter input");
   CheckBuffer(output, count, "reduce-scatter output");
-  impl_->Run([&](internal::AlgorithmContext& ctx) {
+  impl_->Run("reduce_scatter", [&](internal::AlgorithmContext& ctx) {
     internal::ReduceScatter(ctx, input, output, count, type, op);
   });
 }
 
 void Communicator::Barrier() {
-  impl_->Run([&](internal::AlgorithmContext& ctx) { internal::Barrier(ctx); });
+  impl_->Run("barrier", [&](internal::AlgorithmContext& ctx) { internal::Barrier(ctx); });
 }
 
 }  // namespace trainrun::collectives

@@ -84,7 +84,21 @@ void JobSupervisor::OnSignal(int signal) {
   }
 }
 
-void JobSupervisor::ReportPeerFailure(int rank, int peer) { peer_failures_.emplace(rank, peer); }
+void JobSupervisor::ReportPeerFailure(int rank, int peer, std::string message) {
+  peer_failures_.emplace(rank, peer);
+  if (!message.empty()) peer_messages_.emplace(rank, std::move(message));
+}
+
+void JobSupervisor::OnStall(std::vector<int> stalled, std::string description) {
+  if (teardown_started_.has_value() || done_) return;
+  stall_ = Stall{std::move(stalled), std::move(description)};
+  StartTeardown();
+}
+
+bool IsStallDiagnosis(std::string_view message) {
+  return message.find("no progress from rank") != std::string_view::npos ||
+         message.find("moved no data") != std::string_view::npos;
+}
 
 void JobSupervisor::StartTeardown() {
   if (teardown_started_.has_value()) return;
@@ -139,7 +153,7 @@ int JobSupervisor::exit_code() const {
   if (std::optional<int> blamed = Blamed(); blamed.has_value())
     return exits_.at(*blamed).ExitCode();
   if (signal_.has_value()) return 128 + *signal_;
-  if (start_failure_.has_value()) return 1;
+  if (start_failure_.has_value() || stall_.has_value()) return 1;
   for (const auto& [rank, exit] : exits_) {
     if (!exit.ok()) return exit.ExitCode();  // only reachable for failures during a teardown
   }
@@ -161,7 +175,8 @@ void JobSupervisor::AppendStderrTail(int rank, std::vector<std::string>& lines) 
 
 std::string JobSupervisor::Summary() const {
   std::optional<int> blamed = Blamed();
-  if (!blamed.has_value() && !signal_.has_value() && !start_failure_.has_value()) {
+  if (!blamed.has_value() && !signal_.has_value() && !start_failure_.has_value() &&
+      !stall_.has_value()) {
     bool all_ok =
         std::all_of(exits_.begin(), exits_.end(), [](const auto& e) { return e.second.ok(); });
     if (all_ok) return "";
@@ -183,10 +198,19 @@ std::string JobSupervisor::Summary() const {
     const int peer = *root_peer;
     auto exit = exits_.find(peer);
     accounted.insert(peer);
-    lines.push_back(absl::StrCat(
-        "rank ", peer, " on ", plan_.HostOf(peer).host,
-        " failed first: its peers lost their connections to it, so the job was stopped; rank ",
-        peer, " then ", exit != exits_.end() ? exit->second.Describe() : "could not be reaped"));
+    auto diagnosis = peer_messages_.find(*blamed);
+    if (diagnosis != peer_messages_.end() && IsStallDiagnosis(diagnosis->second)) {
+      // The peer was alive and waited on: stalled, in the words of the rank that waited for it.
+      lines.push_back(absl::StrCat(
+          "rank ", peer, " on ", plan_.HostOf(peer).host, " stalled: rank ", *blamed,
+          " waited for it and reported \"", diagnosis->second, "\"; so the job was stopped; rank ",
+          peer, " then ", exit != exits_.end() ? exit->second.Describe() : "could not be reaped"));
+    } else {
+      lines.push_back(absl::StrCat(
+          "rank ", peer, " on ", plan_.HostOf(peer).host,
+          " failed first: its peers lost their connections to it, so the job was stopped; rank ",
+          peer, " then ", exit != exits_.end() ? exit->second.Describe() : "could not be reaped"));
+    }
     AppendStderrTail(peer, lines);
   } else if (blamed.has_value()) {
     const ExitInfo& exit = exits_.at(*blamed);
@@ -200,6 +224,18 @@ std::string JobSupervisor::Summary() const {
       lines.push_back(absl::StrCat("rank ", *blamed, " on ", host, " ", exit.Describe(),
                                    "; it failed first, so the job was stopped"));
       AppendStderrTail(*blamed, lines);
+    }
+  } else if (stall_.has_value()) {
+    std::vector<std::string> names;
+    for (int rank : stall_->ranks) {
+      accounted.insert(rank);
+      names.push_back(absl::StrCat(rank, " on ", plan_.HostOf(rank).host));
+    }
+    lines.push_back(absl::StrCat(stall_->ranks.size() == 1 ? "rank " : "ranks ",
+                                 absl::StrJoin(names, ", "), " stalled: ", stall_->description,
+                                 "; the job was stopped (--stall-check-shutdown-time-seconds)"));
+    for (const auto& [rank, message] : peer_messages_) {
+      if (IsStallDiagnosis(message)) lines.push_back(absl::StrCat("  rank ", rank, ": ", message));
     }
   } else if (signal_.has_value()) {
     lines.push_back(absl::StrCat("interrupted by ", SignalName(*signal_), "; the job was stopped"));

@@ -1,11 +1,12 @@
 // A worker for tests/integration: joins its job through trainrun's rendezvous, runs STEPS
 // allreduces of 1M+3 float32 and checks every result, then prints "rank R: ok".
 //
-//   collective_job_worker STEPS [FAIL_RANK FAIL_STEP kill|close]
+//   collective_job_worker STEPS [FAIL_RANK FAIL_STEP kill|close|skip]
 //
 // With a failure given, rank FAIL_RANK at step FAIL_STEP either SIGKILLs itself ("kill") or closes
 // its connections and then idles until it is stopped ("close": a rank that broke off without
-// failing). Any other rank whose collective raises prints the error and exits 1.
+// failing), or "skip": it stays alive and connected but never calls the collective (a stalled
+// rank). Any other rank whose collective raises prints the error and exits 1.
 #include <signal.h>
 #include <unistd.h>
 
@@ -24,13 +25,14 @@ using trainrun::collectives::ReduceOp;
 
 int main(int argc, char** argv) {
   if (argc != 2 && argc != 5) {
-    std::fprintf(stderr, "usage: %s STEPS [FAIL_RANK FAIL_STEP kill|close]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s STEPS [FAIL_RANK FAIL_STEP kill|close|skip]\n", argv[0]);
     return 2;
   }
   const int steps = std::atoi(argv[1]);
   const int fail_rank = argc == 5 ? std::atoi(argv[2]) : -1;
   const int fail_step = argc == 5 ? std::atoi(argv[3]) : -1;
   const bool kill_self = argc == 5 && std::strcmp(argv[4], "kill") == 0;
+  const bool skip = argc == 5 && std::strcmp(argv[4], "skip") == 0;
   try {
     std::unique_ptr<Communicator> comm = Communicator::FromEnvironment();
     const int rank = comm->rank();
@@ -39,6 +41,9 @@ int main(int argc, char** argv) {
     for (int step = 0; step < steps; ++step) {
       if (rank == fail_rank && step == fail_step) {
         if (kill_self) raise(SIGKILL);
+        if (skip) {
+          for (;;) pause();
+        }
         comm.reset();  // closes every connection; the peers see it at once
         for (;;) pause();
       }

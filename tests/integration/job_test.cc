@@ -80,3 +80,35 @@ TEST_CASE("a rank that breaks off without failing is still named the cause", "[i
   CHECK(job.output.find("ranks 0,2 reported failing because rank 1 had") != std::string::npos);
   CHECK(job.seconds < 15);
 }
+
+TEST_CASE("a rank that skips a collective: a stall warning, then a summary naming it stalled",
+          "[integration][stall]") {
+  JobResult job =
+      RunJob("--stall-check-warning-time-seconds 1 --stall-check-shutdown-time-seconds 4 -np 3 " +
+             kWorker + " 1000 0 2 skip");
+  INFO(job.output);
+  CHECK(job.exit_code == 1);
+  // At the warning time: who waits in which collective, and who has not joined it.
+  CHECK(std::regex_search(job.output, std::regex(R"(stall: ranks 1-2 have waited [0-9]+ s in )"
+                                                 R"(allreduce #3, which rank 0 has not joined)")));
+  // At the shutdown time: rank 0 named as stalled, not as failed.
+  CHECK(std::regex_search(
+      job.output, std::regex(R"(rank 0 on localhost stalled: ranks 1-2 have waited [4-9] s )"
+                             R"(in allreduce #3, which rank 0 has not joined; the job was )"
+                             R"(stopped)")));
+  CHECK(job.output.find("failed first") == std::string::npos);
+  CHECK(job.seconds < 15);
+}
+
+TEST_CASE(
+    "a rank that skips a collective until its peers time out is named stalled, in their words",
+    "[integration][stall]") {
+  JobResult job = RunJob("-x TRAINRUN_TIMEOUT=3 -np 2 " + kWorker + " 1000 0 2 skip");
+  INFO(job.output);
+  CHECK(job.exit_code == 1);
+  CHECK(job.output.find("rank 0 on localhost stalled: rank 1 waited for it and reported") !=
+        std::string::npos);
+  CHECK(job.output.find("no progress from rank 0 for 3 s") != std::string::npos);
+  CHECK(job.output.find("failed first") == std::string::npos);
+  CHECK(job.seconds < 15);
+}
