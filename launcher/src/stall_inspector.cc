@@ -104,15 +104,15 @@ std::string StallInspector::Describe(Clock::time_point now) const {
     }
   }
   std::string text = absl::StrCat(Ranks(in_it), in_it.size() == 1 ? " has" : " have", " waited ",
-                                   longest.count(), " s in ", collective);
+                                  longest.count(), " s in ", collective);
   std::vector<int> not_joined = absent;
   for (const auto& [op, ranks] : elsewhere) {
     not_joined.insert(not_joined.end(), ranks.begin(), ranks.end());
   }
   std::sort(not_joined.begin(), not_joined.end());
   if (!not_joined.empty()) {
-    absl::StrAppend(&text, ", which ", Ranks(not_joined),
-                    not_joined.size() == 1 ? " has" : " have", " not joined");
+    absl::StrAppend(&text, ", which ", Ranks(not_joined), not_joined.size() == 1 ? " has" : " have",
+                    " not joined");
   }
   for (const auto& [op, ranks] : elsewhere) {
     absl::StrAppend(&text, "; ", Ranks(ranks), ranks.size() == 1 ? " waits" : " wait", " in ", op,

@@ -623,9 +623,11 @@ TEST_CASE("multihost bench: -np 8 on two SSH hosts vs one host", "[.][bench]") {
 }  // namespace
 }  // namespace trainrun::testing
 
+namespace trainrun::testing {
+namespace {
 // Seconds of the day of each "[rank]<stdout>:" line that contains `needle`, from
 // --prefix-timestamp's "YYYY-MM-DD HH:MM:SS" (the time trainrun received the line).
-static int ArrivalSecond(const std::string& out, const std::string& needle) {
+int ArrivalSecond(const std::string& out, const std::string& needle) {
   size_t at = out.find(needle);
   if (at == std::string::npos) return -1;
   size_t line = out.rfind('\n', at);
@@ -667,3 +669,6 @@ TEST_CASE("multihost: a remote rank's lines arrive as it prints them (Python and
   INFO("left behind:" << Processes(cluster));
   CHECK(HostsEmpty(cluster));
 }
+
+}  // namespace
+}  // namespace trainrun::testing

@@ -6,7 +6,8 @@
 //
 //   StallInspector inspector(size, warning, shutdown);
 //   if (std::string line = inspector.Update(reports, now); !line.empty()) Logger().warn(line);
-//   if (inspector.ShutdownDue(now)) supervisor.OnStall(inspector.Stalled(), inspector.Describe(now));
+//   if (inspector.ShutdownDue(now)) supervisor.OnStall(inspector.Stalled(),
+//   inspector.Describe(now));
 #pragma once
 
 #include <chrono>
