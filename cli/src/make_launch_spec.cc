@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "trainrun/hostfile/host_list.h"
 #include "trainrun/hostfile/hostfile.h"
@@ -124,6 +125,54 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
   spec.output_dir = options.output_filename;
   spec.tag_output = options.tag_output;
   spec.prefix_timestamp = options.prefix_timestamp;
+  spec.stdout_pty = options.pty;
+  spec.assign_gpus = options.assign_gpus;
+  // horovodrun's knobs that trainrun has: as -x would set them (an explicit -x wins).
+  auto export_default = [&spec](const char* name, std::string value) {
+    for (const launcher::ExportedVariable& v : spec.exported) {
+      if (v.name == name) return;
+    }
+    spec.exported.push_back({name, std::move(value)});
+  };
+  if (options.fusion_threshold_mb) {
+    export_default(env::kFusionBytes.name,
+                   absl::StrCat(static_cast<int64_t>(*options.fusion_threshold_mb * 1024 * 1024)));
+  }
+  if (options.tcp) export_default(env::kTransport.name, "tcp");
+  {
+    // The flags, else trainrun's environment, else the defaults.
+    auto seconds = [&env](const std::optional<int>& flag, const env::EnvParam& param,
+                          std::chrono::seconds fallback) -> absl::StatusOr<std::chrono::seconds> {
+      if (flag) return std::chrono::seconds(*flag);
+      std::optional<std::string> text = env(param.name);
+      if (!text || text->empty()) return fallback;
+      int value = 0;
+      if (!absl::SimpleAtoi(*text, &value) || value < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            param.name, "=", *text, " is not a number of seconds (0 or more); fix or unset it"));
+      }
+      return std::chrono::seconds(value);
+    };
+    absl::StatusOr<std::chrono::seconds> warning =
+        seconds(options.stall_warning_s, env::kStallWarningSeconds, launcher::kDefaultStallWarning);
+    if (!warning.ok()) return warning.status();
+    absl::StatusOr<std::chrono::seconds> shutdown = seconds(
+        options.stall_shutdown_s, env::kStallShutdownSeconds, launcher::kDefaultStallShutdown);
+    if (!shutdown.ok()) return shutdown.status();
+    spec.stall_warning = options.no_stall_check ? std::chrono::seconds(0) : *warning;
+    spec.stall_shutdown = *shutdown;
+    if (spec.stall_shutdown.count() > 0 && spec.stall_warning.count() > 0 &&
+        spec.stall_shutdown < spec.stall_warning) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--stall-check-shutdown-time-seconds ", spec.stall_shutdown.count(),
+                       " is less than the warning time ", spec.stall_warning.count(),
+                       "; give a shutdown time at least as long"));
+    }
+    if (spec.stall_shutdown.count() > 0 && spec.stall_warning.count() == 0) {
+      // The shutdown needs the ranks' reports, which the warning time starts.
+      spec.stall_warning = spec.stall_shutdown;
+    }
+  }
   spec.start_timeout = std::chrono::seconds(options.start_timeout_s);
   spec.dry_run = options.dry_run;
   spec.verbose = options.verbose;

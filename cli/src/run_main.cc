@@ -76,6 +76,7 @@ int RunMain(const std::vector<std::string>& args, const LaunchFunction& launch,
       break;
   }
   ApplyLogLevel(options);
+  for (const std::string& note : options.notes) spdlog::info("{}", note);
 
   absl::StatusOr<launcher::LaunchSpec> spec = MakeLaunchSpec(options, env);
   if (!spec.ok()) return Fail(spec.status());

@@ -100,8 +100,26 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
       ->type_name("DIR");
   app.add_flag("--tag-output,!--no-tag-output", options.tag_output,
                "Prefix worker lines with [rank]<stdout>: (default: on).");
-  app.add_flag("--prefix-timestamp,--prefix-output-with-timestamp", options.prefix_timestamp,
-               "Prefix worker lines with the time they arrived.");
+  app.add_flag("--prefix-timestamp,--prefix-output-with-timestamp,--timestamp-output",
+               options.prefix_timestamp, "Prefix worker lines with the time they arrived.");
+  app.add_flag("--pty,!--no-pty", options.pty,
+               "Give each rank's stdout a pseudo-terminal, so its lines arrive as it prints them "
+               "(default: on; --no-pty: a pipe). stderr is always a pipe.");
+  app.add_flag("--assign-gpus", options.assign_gpus,
+               "One GPU per local rank through CUDA_VISIBLE_DEVICES (also TRAINRUN_ASSIGN_GPUS=1). "
+               "Default: CUDA_VISIBLE_DEVICES is left as it is.");
+  app.add_option("--stall-check-warning-time-seconds", options.stall_warning_s,
+                 "Warn when a collective has waited this long: which ranks wait in it, which have "
+                 "not joined (default 60, or TRAINRUN_STALL_CHECK_TIME_SECONDS; 0: off).")
+      ->type_name("SECONDS")
+      ->check(CLI::Range(0, 24 * 3600));
+  app.add_option("--stall-check-shutdown-time-seconds", options.stall_shutdown_s,
+                 "End the job, naming the stalled ranks, when a collective has waited this long "
+                 "(default 0: never, or TRAINRUN_STALL_SHUTDOWN_TIME_SECONDS).")
+      ->type_name("SECONDS")
+      ->check(CLI::Range(0, 24 * 3600));
+  app.add_flag("--no-stall-check", options.no_stall_check,
+               "Turn the stall warning off (as --stall-check-warning-time-seconds 0).");
   app.add_option("--start-timeout", options.start_timeout_s,
                  "Seconds allowed for connecting to hosts and starting every rank.")
       ->type_name("SECONDS")
@@ -176,10 +194,90 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
       ->type_name("PATH");
   // horovodrun users type --gloo to avoid MPI; trainrun never uses MPI, so it changes nothing.
   remote->add_flag("--gloo", "Accepted for horovodrun compatibility; trainrun never uses MPI.");
+
+  // horovodrun's tuning flags: those trainrun has a knob for set it; the others are accepted and
+  // say, once, why they change nothing.
+  CLI::Option_group* horovod = app.add_option_group("horovodrun compatibility");
+  horovod
+      ->add_option("--fusion-threshold-mb", options.fusion_threshold_mb,
+                   "Tensor fusion buffer in MB (sets TRAINRUN_FUSION_BYTES for the ranks).")
+      ->type_name("MB")
+      ->check(CLI::Range(0.0, 1024.0 * 1024));
+  horovod->add_flag("--tcp", options.tcp,
+                    "Use TCP between every pair of ranks, also within a host (sets "
+                    "TRAINRUN_TRANSPORT=tcp).");
+  struct Inert {
+    const char* name;
+    bool takes_value;
+    const char* why;
+  };
+  static constexpr Inert kInert[] = {
+      {"--cycle-time-ms", true,
+       "trainrun has no background cycle: each collective starts when every rank calls it"},
+      {"--cache-capacity", true, "trainrun has no response cache: there is no coordinator"},
+      {"--disable-cache", false, "trainrun has no response cache: there is no coordinator"},
+      {"--hierarchical-allreduce", false,
+       "trainrun picks its allreduce algorithm by itself (shared memory within a host)"},
+      {"--hierarchical-allgather", false,
+       "trainrun picks its allgather algorithm by itself (shared memory within a host)"},
+      {"--log-hide-timestamp", false, "trainrun's own log lines carry no timestamp"},
+  };
+  for (const Inert& inert : kInert) {
+    const std::string note = absl::StrCat(
+        inert.name, " is accepted for horovodrun compatibility and changes nothing: ", inert.why);
+    if (inert.takes_value) {
+      horovod
+          ->add_option_function<std::string>(
+              inert.name, [&options, note](const std::string&) { options.notes.push_back(note); },
+              "Accepted for horovodrun compatibility; changes nothing.")
+          ->type_name("N");
+    } else {
+      horovod->add_flag_callback(
+          inert.name, [&options, note] { options.notes.push_back(note); },
+          "Accepted for horovodrun compatibility; changes nothing.");
+    }
+  }
+  // horovodrun's MPI and jsrun launchers: trainrun replaces them; one clear line instead.
+  for (const char* mpi : {"--mpi", "--jsrun", "--mpi-args"}) {
+    auto refuse = [mpi](auto&&...) {
+      throw CLI::ValidationError(absl::StrCat(
+          mpi,
+          ": trainrun needs no MPI or jsrun; it starts the ranks itself (over SSH for other "
+          "hosts): drop the flag, and give mpirun's -H, -x or --bind-to to trainrun directly"));
+    };
+    if (std::string(mpi) == "--mpi-args") {
+      horovod->add_option_function<std::string>(mpi, refuse, "Refused: trainrun needs no MPI.")
+          ->type_name("ARGS");
+    } else {
+      horovod->add_flag_callback(mpi, refuse, "Refused: trainrun needs no MPI.");
+    }
+  }
 }
 
 absl::StatusOr<ParseOutcome> ParseRunArgs(CLI::App& app, std::vector<std::string> args,
                                           RunOptions& options) {
+  // mpirun spellings CLI11 would misread (-np2 as -n p2; -npernode as -n pernode): one sentence
+  // that says what to type instead.
+  bool after_flag = false;  // a word after a flag may be its value; two plain words: the command
+  for (const std::string& arg : args) {
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-') {
+      if (!after_flag) break;
+      after_flag = false;
+      continue;
+    }
+    after_flag = true;
+    if (arg.size() > 3 && absl::StartsWith(arg, "-np") &&
+        std::all_of(arg.begin() + 3, arg.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", arg, "': write -np ", arg.substr(3), " (the number after a space)"));
+    }
+    if (arg == "-npernode" || arg == "--npernode" || absl::StartsWith(arg, "-npernode=")) {
+      return absl::InvalidArgumentError(
+          "-npernode is mpirun's; give each host's ranks as -H host1:N,host2:N (or a hostfile "
+          "with slots=N), and -np for the total");
+    }
+  }
   args = RewriteSingleDashAliases(app, std::move(args));
   std::reverse(args.begin(), args.end());  // CLI11 takes the vector back to front
   try {
@@ -190,6 +288,13 @@ absl::StatusOr<ParseOutcome> ParseRunArgs(CLI::App& app, std::vector<std::string
     return ParseOutcome::kHelp;
   } catch (const CLI::CallForVersion&) {
     return ParseOutcome::kVersion;
+  } catch (const CLI::ValidationError& e) {
+    // Our own refusals (--mpi) are whole sentences already.
+    std::string what = e.what();
+    if (absl::StartsWith(what, "--mpi") || absl::StartsWith(what, "--jsrun")) {
+      return absl::InvalidArgumentError(what);
+    }
+    return absl::InvalidArgumentError(absl::StrCat(what, "; see trainrun --help"));
   } catch (const CLI::ParseError& e) {
     return absl::InvalidArgumentError(absl::StrCat(e.what(), "; see trainrun --help"));
   }

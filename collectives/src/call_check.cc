@@ -9,10 +9,6 @@
 namespace trainrun::collectives::internal {
 using ::trainrun::internal::MakeMessage;
 
-namespace {
-
-constexpr uint32_t kJoinedKind = static_cast<uint32_t>(CollectiveKind::kJoin);
-
 const char* KindName(uint32_t kind) {
   switch (static_cast<CollectiveKind>(kind)) {
     case CollectiveKind::kAllreduce:
@@ -32,6 +28,10 @@ const char* KindName(uint32_t kind) {
   }
   return "an unknown collective";
 }
+
+namespace {
+
+constexpr uint32_t kJoinedKind = static_cast<uint32_t>(CollectiveKind::kJoin);
 
 bool HasOp(uint32_t kind) {
   return kind == static_cast<uint32_t>(CollectiveKind::kAllreduce) ||

@@ -34,6 +34,9 @@ enum class CollectiveKind : uint32_t {
   kJoin = 7,
 };
 
+// KindName is a collective kind's name in messages ("allreduce", "join", ...).
+const char* KindName(uint32_t kind);
+
 // CallRecord is what one rank says about its call. Plain bytes: it travels as is between ranks of
 // one job (same build, same byte order).
 struct CallRecord {

@@ -1,6 +1,9 @@
 #include "trainrun/collectives/communicator.h"
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "algorithms.h"
@@ -16,12 +19,97 @@ namespace trainrun::collectives {
 
 using ::trainrun::internal::MakeMessage;
 
+namespace {
+
+// StallWatch publishes, through the rendezvous, a collective that has waited longer than the stall
+// warning time (env::kStallWarningSeconds), so that the launcher can say which ranks wait in which
+// collective and which have not joined it; and clears it when the collective completes.
+class StallWatch {
+ public:
+  StallWatch(rendezvous::Store& store, int rank, std::string communicator)
+      : store_(store),
+        key_(MakeMessage(env::kStallKeyPrefix, rank)),
+        communicator_(std::move(communicator)),
+        warning_(std::chrono::seconds(std::max<int64_t>(0, env::kStallWarningSeconds.Get()))) {}
+  ~StallWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void Enter(const char* op) {
+    if (warning_.count() == 0) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { Watch(); });
+    op_ = MakeMessage(op, " #", ++sequence_,
+                      communicator_.empty() || communicator_ == "world"
+                          ? ""
+                          : MakeMessage(" of '", communicator_, "'"));
+    since_ = std::chrono::steady_clock::now();
+    in_collective_ = true;
+    wake_.notify_all();
+  }
+
+  void Leave() {
+    if (warning_.count() == 0) return;
+    bool clear = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      in_collective_ = false;
+      clear = published_;
+      published_ = false;
+    }
+    if (clear) (void)store_.Set(key_, "");
+  }
+
+ private:
+  void Watch() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      if (!in_collective_ || published_) {
+        wake_.wait_for(lock, std::chrono::seconds(1));
+        continue;
+      }
+      auto due = since_ + warning_;
+      if (std::chrono::steady_clock::now() < due) {
+        wake_.wait_until(lock, due);
+        continue;
+      }
+      published_ = true;
+      std::string value = op_;
+      lock.unlock();
+      (void)store_.Set(key_, value);
+      lock.lock();
+    }
+  }
+
+  rendezvous::Store& store_;
+  const std::string key_;
+  const std::string communicator_;
+  const std::chrono::seconds warning_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::thread thread_;
+  bool stop_ = false;
+  bool in_collective_ = false;
+  bool published_ = false;
+  uint64_t sequence_ = 0;
+  std::string op_;
+  std::chrono::steady_clock::time_point since_;
+};
+
+}  // namespace
+
 class Communicator::Impl {
  public:
   Impl(std::shared_ptr<rendezvous::Store> store, const RankInfo& info,
        const CommunicatorOptions& options)
       : store_(std::move(store)), info_(info), job_rank_(info.rank) {
     if (store_ == nullptr) throw InvalidArgumentError("a communicator needs a store (got null)");
+    stall_watch_ = std::make_unique<StallWatch>(*store_, info_.rank, options.name);
     if (info_.size < 1 || info_.rank < 0 || info_.rank >= info_.size) {
       throw InvalidArgumentError(MakeMessage("rank ", info_.rank, " is not in [0, ", info_.size,
                                              "); pass a rank below the communicator's size"));
@@ -81,6 +169,7 @@ class Communicator::Impl {
     info_.local_rank = me;
     info_.local_size = info_.size;
     transport_ = std::make_shared<internal::SubsetTransport>(parent.transport_, ranks, me);
+    stall_watch_ = std::make_unique<StallWatch>(*store_, job_rank_, set_name_);
   }
 
   const RankInfo& info() const { return info_; }
@@ -96,7 +185,7 @@ class Communicator::Impl {
     const bool traced = timeline_->enabled();
     const int64_t start = traced ? internal::Timeline::Now() : 0;
     int64_t agreed = start;
-    Guard([&](internal::AlgorithmContext& ctx) {
+    Guard(internal::KindName(call.kind), [&](internal::AlgorithmContext& ctx) {
       if (check_calls_ && info_.size > 1) {
         internal::CheckAgreement(internal::ExchangeRecords(ctx, call), set_name_);
       }
@@ -119,7 +208,7 @@ class Communicator::Impl {
           "TRAINRUN_CHECK_SHAPES=0");
     }
     int last = -1;
-    Guard([&](internal::AlgorithmContext& ctx) {
+    Guard("join", [&](internal::AlgorithmContext& ctx) {
       for (int round = 0; last < 0; ++round) {
         auto records = internal::ExchangeRecords(
             ctx, internal::DescribeCall(internal::CollectiveKind::kJoin, DataType::kUInt8, 0, round,
@@ -172,15 +261,18 @@ class Communicator::Impl {
   // included) breaks the communicator, tells the peers and the rendezvous who is to blame, and
   // propagates.
   template <typename F>
-  void Guard(F&& body) {
+  void Guard(const char* op, F&& body) {
     if (!broken_.empty()) {
       throw IoError(MakeMessage("rank ", job_rank_, ": this communicator failed earlier (", broken_,
                                 "); it cannot be used again"));
     }
     internal::AlgorithmContext ctx{*transport_, segment_bytes_, small_bytes_, scratch_};
+    stall_watch_->Enter(op);
     try {
       body(ctx);
+      stall_watch_->Leave();
     } catch (const Error& e) {
+      stall_watch_->Leave();
       if (dynamic_cast<const InvalidArgumentError*>(&e) != nullptr) throw;  // mismatch included
       broken_ = e.what();
       const int peer = transport_->failed_peer();
@@ -210,6 +302,7 @@ class Communicator::Impl {
   bool check_calls_ = true;
   std::shared_ptr<internal::Timeline> timeline_;  // shared with subsets
   std::string broken_;
+  std::unique_ptr<StallWatch> stall_watch_;  // after transport_: stopped before it is destroyed
 };
 
 namespace {

@@ -114,7 +114,10 @@ absl::StatusOr<JobEnvironment> JobEnvironment::Create(const LaunchSpec& spec,
   job.job_id_ = id->substr(0, kJobIdDigits);
   job.token_ = *std::move(token);
   job.master_port_ = *port;
-  job.assign_gpus_ = env::kAssignGpus.Get() != 0;
+  if (!job.forced_.count(env::kStallWarningSeconds.name)) {
+    job.forced_[env::kStallWarningSeconds.name] = absl::StrCat(spec.stall_warning.count());
+  }
+  job.assign_gpus_ = spec.assign_gpus || env::kAssignGpus.Get() != 0;
   return job;
 }
 
@@ -152,6 +155,7 @@ std::vector<std::string> JobEnvironment::ForRank(int rank, const HostView& host_
   if (a.local_size > 1 && !vars.count(env::kOmpNumThreads) && !forced_.count(env::kOmpNumThreads)) {
     set(env::kOmpNumThreads, "1");
   }
+  if (!vars.count(env::kPythonUnbuffered)) set(env::kPythonUnbuffered, "1");
   for (const auto& [name, value] : forced_) vars[name] = value;
 
   // One GPU per local rank (gpu_assignment.h); a CUDA_VISIBLE_DEVICES the user set, in trainrun's

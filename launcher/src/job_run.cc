@@ -5,11 +5,13 @@
 
 #include <boost/asio/post.hpp>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "trainrun/launcher/gpu_assignment.h"
 #include "trainrun/launcher/local_host.h"
 #include "trainrun/launcher/logging.h"
+#include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::launcher {
 namespace {
@@ -47,7 +49,9 @@ JobRun::JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& out
                        supervisor_->OnStartFailure(rank, std::move(message));
                      }}),
       all_ranks_({&local_ranks_, &remote_ranks_}),
-      signals_(io_, SIGINT, SIGTERM, SIGHUP) {
+      signals_(io_, SIGINT, SIGTERM, SIGHUP),
+      stall_inspector_(spec.plan.size(), spec.stall_warning, spec.stall_shutdown),
+      stall_timer_(io_) {
   SupervisorOptions options;
   options.command = spec.command[0];
   options.grace_period = spec.grace_period;
@@ -102,8 +106,8 @@ absl::Status JobRun::ServeRendezvous() {
   // A rank's "I failed because of peer P" arrives on a gRPC thread and is posted to the supervisor,
   // which then blames P rather than the rank that reported it.
   options.on_peer_failure = [this](const rendezvous::PeerFailure& f) {
-    boost::asio::post(io_, [this, rank = f.rank, peer = f.peer_rank] {
-      supervisor_->ReportPeerFailure(rank, peer);
+    boost::asio::post(io_, [this, rank = f.rank, peer = f.peer_rank, message = f.message] {
+      supervisor_->ReportPeerFailure(rank, peer, message);
     });
   };
   // A rank that exited 0 without ever joining while joined ranks still run: the job cannot
@@ -172,6 +176,7 @@ void JobRun::StartRanks(const StartDeadline& deadline) {
       job.cwd = CurrentDirectory();
       job.argv = spec_.command;
       job.grace_period_ms = static_cast<uint32_t>(spec_.grace_period.count());
+      job.stdout_pty = spec_.stdout_pty;
       for (const hostfile::RankAssignment& a : spec_.plan.ranks) {
         if (a.host_index != host_index) continue;
         job.ranks.push_back(
@@ -197,6 +202,7 @@ void JobRun::StartLocalRanks() {
     process.argv = spec_.command;
     process.env = plan_.environment.ForRank(a.rank, views_[a.host_index]);
     process.stdin_fd = a.rank == 0 ? stdin_forwarder_->rank_stdin() : -1;
+    process.stdout_pty = spec_.stdout_pty;
     if (absl::Status started = local_ranks_.Start(a.rank, process); !started.ok()) {
       supervisor_->OnStartFailure(a.rank, std::string(started.message()));
       return;
@@ -206,7 +212,31 @@ void JobRun::StartLocalRanks() {
   }
 }
 
+void JobRun::InspectStalls() {
+  if (spec_.stall_warning.count() <= 0) return;
+  stall_timer_.expires_after(std::chrono::seconds(1));
+  stall_timer_.async_wait([this](const boost::system::error_code& error) {
+    if (error || supervisor_->done() || !server_) return;
+    std::map<int, std::string> waiting;
+    const std::string prefix = env::kStallKeyPrefix;
+    for (const auto& [key, value] : server_->ValuesWithPrefix(prefix)) {
+      int rank = -1;
+      if (absl::SimpleAtoi(key.substr(prefix.size()), &rank)) waiting[rank] = value;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (std::string warning = stall_inspector_.Update(waiting, now); !warning.empty()) {
+      Logger().warn("{}", warning);
+    }
+    if (stall_inspector_.ShutdownDue(now)) {
+      supervisor_->OnStall(stall_inspector_.Stalled(), stall_inspector_.Describe(now));
+      return;
+    }
+    InspectStalls();
+  });
+}
+
 void JobRun::Supervise() {
+  InspectStalls();
   if (!supervisor_->done()) io_.run();
 }
 

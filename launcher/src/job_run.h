@@ -12,6 +12,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "trainrun/launcher/launch_spec.h"
 #include "trainrun/launcher/output_forwarder.h"
 #include "trainrun/launcher/process_set.h"
+#include "trainrun/launcher/stall_inspector.h"
 #include "trainrun/rendezvous/server.h"
 
 namespace trainrun::launcher {
@@ -57,6 +59,8 @@ class JobRun {
   std::vector<HostView> HostViews(const std::string& bind_address) const;
   void StartLocalRanks();
   void WaitForSignal();
+  // InspectStalls reads the ranks' stall reports once a second (StallInspector).
+  void InspectStalls();
   void OnOutput(int rank, OutputStream stream, std::string_view bytes);
   void OnExit(int rank, const ExitInfo& exit);
 
@@ -74,6 +78,8 @@ class JobRun {
   remote::AllRanks all_ranks_;
   boost::asio::signal_set signals_;
   std::unique_ptr<internal::StdinForwarder> stdin_forwarder_;
+  StallInspector stall_inspector_;
+  boost::asio::steady_timer stall_timer_;
 };
 
 }  // namespace trainrun::launcher

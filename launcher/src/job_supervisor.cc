@@ -84,7 +84,21 @@ void JobSupervisor::OnSignal(int signal) {
   }
 }
 
-void JobSupervisor::ReportPeerFailure(int rank, int peer) { peer_failures_.emplace(rank, peer); }
+void JobSupervisor::ReportPeerFailure(int rank, int peer, std::string message) {
+  peer_failures_.emplace(rank, peer);
+  if (!message.empty()) peer_messages_.emplace(rank, std::move(message));
+}
+
+void JobSupervisor::OnStall(std::vector<int> stalled, std::string description) {
+  if (teardown_started_.has_value() || done_) return;
+  stall_ = Stall{std::move(stalled), std::move(description)};
+  StartTeardown();
+}
+
+bool IsStallDiagnosis(std::string_view message) {
+  return message.find("no progress from rank") != std::string_view::npos ||
+         message.find("moved no data") != std::string_view::npos;
+}
 
 void JobSupervisor::OnExitBeforeJoin(int rank) {
   if (teardown_started_.has_value() || rank < 0 || rank >= plan_.size()) return;
@@ -164,7 +178,7 @@ int JobSupervisor::exit_code() const {
     return exits_.at(*blamed).ExitCode();
   if (exited_before_join_.has_value()) return 1;
   if (signal_.has_value()) return 128 + *signal_;
-  if (start_failure_.has_value()) return 1;
+  if (start_failure_.has_value() || stall_.has_value()) return 1;
   for (const auto& [rank, exit] : exits_) {
     if (!exit.ok()) return exit.ExitCode();  // only reachable for failures during a teardown
   }
@@ -187,7 +201,7 @@ void JobSupervisor::AppendStderrTail(int rank, std::vector<std::string>& lines) 
 std::string JobSupervisor::Summary() const {
   std::optional<int> blamed = Blamed();
   if (!blamed.has_value() && !signal_.has_value() && !start_failure_.has_value() &&
-      !exited_before_join_.has_value()) {
+      !exited_before_join_.has_value() && !stall_.has_value()) {
     bool all_ok =
         std::all_of(exits_.begin(), exits_.end(), [](const auto& e) { return e.second.ok(); });
     if (all_ok) return "";
@@ -203,10 +217,23 @@ std::string JobSupervisor::Summary() const {
     const int peer = *root_peer;
     auto exit = exits_.find(peer);
     accounted.insert(peer);
-    lines.push_back(absl::StrCat(
-        "rank ", peer, " on ", plan_.HostOf(peer).host,
-        " failed first: its peers lost their connections to it, so the job was stopped; rank ",
-        peer, " then ", exit != exits_.end() ? exit->second.Describe() : "could not be reaped"));
+    // The rank that waited on the root peer itself (the end of the chain of reports), if its
+    // diagnosis says the peer was alive but made no progress.
+    auto diagnosis = std::find_if(peer_messages_.begin(), peer_messages_.end(), [&](const auto& m) {
+      return peer_failures_.at(m.first) == peer && IsStallDiagnosis(m.second);
+    });
+    if (diagnosis != peer_messages_.end()) {
+      // The peer was alive and waited on: stalled, in the words of the rank that waited for it.
+      lines.push_back(absl::StrCat(
+          "rank ", peer, " on ", plan_.HostOf(peer).host, " stalled: rank ", diagnosis->first,
+          " waited for it and reported \"", diagnosis->second, "\"; so the job was stopped; rank ",
+          peer, " then ", exit != exits_.end() ? exit->second.Describe() : "could not be reaped"));
+    } else {
+      lines.push_back(absl::StrCat(
+          "rank ", peer, " on ", plan_.HostOf(peer).host,
+          " failed first: its peers lost their connections to it, so the job was stopped; rank ",
+          peer, " then ", exit != exits_.end() ? exit->second.Describe() : "could not be reaped"));
+    }
     AppendStderrTail(peer, lines);
   } else if (blamed.has_value()) {
     const ExitInfo& exit = exits_.at(*blamed);
@@ -230,6 +257,18 @@ std::string JobSupervisor::Summary() const {
         "job was stopped (does rank ",
         rank, " skip the collectives' setup, or end before it?)"));
     AppendStderrTail(rank, lines);
+  } else if (stall_.has_value()) {
+    std::vector<std::string> names;
+    for (int rank : stall_->ranks) {
+      accounted.insert(rank);
+      names.push_back(absl::StrCat(rank, " on ", plan_.HostOf(rank).host));
+    }
+    lines.push_back(absl::StrCat(stall_->ranks.size() == 1 ? "rank " : "ranks ",
+                                 absl::StrJoin(names, ", "), " stalled: ", stall_->description,
+                                 "; the job was stopped (--stall-check-shutdown-time-seconds)"));
+    for (const auto& [rank, message] : peer_messages_) {
+      if (IsStallDiagnosis(message)) lines.push_back(absl::StrCat("  rank ", rank, ": ", message));
+    }
   } else if (signal_.has_value()) {
     lines.push_back(absl::StrCat("interrupted by ", SignalName(*signal_), "; the job was stopped"));
   } else if (start_failure_.has_value()) {

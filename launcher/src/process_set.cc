@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <array>
@@ -68,6 +70,30 @@ absl::Status MakePipe(UniqueFd& read_end, UniqueFd& write_end) {
   return absl::OkStatus();
 }
 
+// MakePty opens a pseudo-terminal for a rank's stdout: the master end for trainrun to read, the
+// slave end (raw: no echo, no output processing, so bytes pass unaltered) for the rank. The slave
+// is opened with O_NOCTTY: it never becomes anyone's controlling terminal, so no job-control
+// signal (SIGTTOU, SIGHUP) can reach the rank through it.
+absl::Status MakePty(UniqueFd& master, UniqueFd& slave) {
+  auto fail = [](const char* what) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot create a pseudo-terminal (", what,
+                                                     "): ", std::strerror(errno),
+                                                     "; --no-pty gives ranks a pipe instead"));
+  };
+  master.Reset(posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC));
+  if (master.get() < 0) return fail("posix_openpt");
+  if (grantpt(master.get()) != 0 || unlockpt(master.get()) != 0) return fail("unlockpt");
+  char name[128];
+  if (ptsname_r(master.get(), name, sizeof(name)) != 0) return fail("ptsname");
+  slave.Reset(open(name, O_RDWR | O_NOCTTY | O_CLOEXEC));
+  if (slave.get() < 0) return fail(name);
+  termios mode{};
+  if (tcgetattr(slave.get(), &mode) != 0) return fail("tcgetattr");
+  cfmakeraw(&mode);
+  if (tcsetattr(slave.get(), TCSANOW, &mode) != 0) return fail("tcsetattr");
+  return absl::OkStatus();
+}
+
 // null-terminated char* array over strings that outlive it.
 std::vector<char*> CStrings(const std::vector<std::string>& strings) {
   std::vector<char*> out;
@@ -109,7 +135,11 @@ RankProcessSet::~RankProcessSet() {
 
 absl::Status RankProcessSet::Start(int rank_index, const ProcessSpec& spec) {
   UniqueFd out_read, out_write, err_read, err_write, status_read, status_write;
-  if (absl::Status s = MakePipe(out_read, out_write); !s.ok()) return s;
+  if (absl::Status s =
+          spec.stdout_pty ? MakePty(out_read, out_write) : MakePipe(out_read, out_write);
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s = MakePipe(err_read, err_write); !s.ok()) return s;
   if (absl::Status s = MakePipe(status_read, status_write); !s.ok()) return s;
   UniqueFd dev_null;

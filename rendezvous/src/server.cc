@@ -74,6 +74,7 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
   void NoteRankExit(int rank, const std::string& how, bool success);
   std::vector<RankState> Ranks() const;
   std::vector<PeerFailure> PeerFailures() const;
+  std::map<std::string, std::string> ValuesWithPrefix(const std::string& prefix) const;
   size_t WaitingCalls() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return waiter_count_;
@@ -730,6 +731,15 @@ std::vector<PeerFailure> Server::Impl::PeerFailures() const {
   return peer_failures_;
 }
 
+std::map<std::string, std::string> Server::Impl::ValuesWithPrefix(const std::string& prefix) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::map<std::string, std::string> out;
+  for (const auto& [key, value] : values_) {
+    if (key.compare(0, prefix.size(), prefix) == 0) out[key] = value;
+  }
+  return out;
+}
+
 // --- Server ------------------------------------------------------------------------------------
 
 absl::StatusOr<std::string> RandomToken() {
@@ -792,6 +802,9 @@ std::vector<int> Server::JoinedRanks() const {
   return joined;
 }
 std::vector<PeerFailure> Server::PeerFailures() const { return impl_->PeerFailures(); }
+std::map<std::string, std::string> Server::ValuesWithPrefix(const std::string& prefix) const {
+  return impl_->ValuesWithPrefix(prefix);
+}
 size_t Server::WaitingCalls() const { return impl_->WaitingCalls(); }
 void Server::Shutdown() { impl_->Shutdown(); }
 

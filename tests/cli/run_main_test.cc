@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -112,6 +113,15 @@ TEST_CASE_METHOD(TrainrunFixture, "bad input: one error line, exit 2, nothing st
       {{"python", "train.py"}, "give -np (ranks on this host) or hosts"},
       {{"--bogus", "-np", "2", "python"}, "unknown flag '--bogus'"},
       {{"-np", "two", "python"}, "Could not convert: --num-proc = two"},
+      {{"-np2", "python"}, "'-np2': write -np 2 (the number after a space)"},
+      {{"-H", "a:1", "-np4", "python"}, "'-np4': write -np 4"},
+      {{"-npernode", "1", "python"}, "-npernode is mpirun's; give each host's ranks as -H"},
+      {{"--mpi", "-np", "2", "python"}, "--mpi: trainrun needs no MPI or jsrun"},
+      {{"--jsrun", "-np", "2", "python"}, "--jsrun: trainrun needs no MPI or jsrun"},
+      {{"--mpi-args=-mca x", "-np", "2", "python"}, "--mpi-args: trainrun needs no MPI"},
+      {{"--stall-check-shutdown-time-seconds", "5", "--stall-check-warning-time-seconds", "10",
+        "-np", "2", "python"},
+       "--stall-check-shutdown-time-seconds 5 is less than the warning time 10"},
   }));
   CAPTURE(c.args);
   CHECK(Run(c.args) == 2);
@@ -251,6 +261,52 @@ TEST_CASE("ExitCodeFor is the one mapping from errors to exit codes", "[cli]") {
   CHECK(ExitCodeFor(absl::DeadlineExceededError("x")) == 124);
   CHECK(ExitCodeFor(absl::InternalError("x")) == 1);
   CHECK(ExitCodeFor(absl::UnavailableError("x")) == 1);
+}
+
+TEST_CASE_METHOD(TrainrunFixture, "the first hour's flags reach the spec", "[cli][compat]") {
+  // Defaults: a pty for stdout, CUDA_VISIBLE_DEVICES left alone, a 60 s stall warning.
+  REQUIRE(Run({"-np", "2", "python", "t.py"}) == 0);
+  CHECK(launches_[0].stdout_pty);
+  CHECK_FALSE(launches_[0].assign_gpus);
+  CHECK(launches_[0].stall_warning == std::chrono::seconds(60));
+  CHECK(launches_[0].stall_shutdown == std::chrono::seconds(0));
+  CHECK(launches_[0].exported.empty());
+  CHECK(LogLines().empty());
+
+  REQUIRE(Run({"--no-pty", "--assign-gpus", "--stall-check-warning-time-seconds", "5",
+               "--stall-check-shutdown-time-seconds", "9", "--timestamp-output", "--tcp",
+               "--fusion-threshold-mb", "64", "-np", "2", "python", "t.py"}) == 0);
+  const launcher::LaunchSpec& spec = launches_[0];
+  CHECK_FALSE(spec.stdout_pty);
+  CHECK(spec.assign_gpus);
+  CHECK(spec.prefix_timestamp);
+  CHECK(spec.stall_warning == std::chrono::seconds(5));
+  CHECK(spec.stall_shutdown == std::chrono::seconds(9));
+  REQUIRE(spec.exported.size() == 2);
+  CHECK(spec.exported[0].name == "TRAINRUN_FUSION_BYTES");
+  CHECK(spec.exported[0].value == std::to_string(64 << 20));
+  CHECK(spec.exported[1].name == "TRAINRUN_TRANSPORT");
+  CHECK(spec.exported[1].value == "tcp");
+
+  // The variables, when no flag is given; --no-stall-check turns the warning off.
+  env_["TRAINRUN_STALL_CHECK_TIME_SECONDS"] = "7";
+  env_["TRAINRUN_ASSIGN_GPUS"] = "1";
+  REQUIRE(Run({"-np", "2", "python", "t.py"}) == 0);
+  CHECK(launches_[0].stall_warning == std::chrono::seconds(7));
+  REQUIRE(Run({"--no-stall-check", "-np", "2", "python", "t.py"}) == 0);
+  CHECK(launches_[0].stall_warning == std::chrono::seconds(0));
+
+  // horovodrun's knobs trainrun has no use for: accepted, one line each saying why.
+  REQUIRE(Run({"--cycle-time-ms", "5", "--cache-capacity", "1024", "--disable-cache",
+               "--hierarchical-allreduce", "--hierarchical-allgather", "--log-hide-timestamp",
+               "-np", "2", "python", "t.py"}) == 0);
+  std::vector<std::string> lines = LogLines();
+  REQUIRE(lines.size() == 6);
+  for (const std::string& line : lines) {
+    CHECK_THAT(line, Catch::Contains("is accepted for horovodrun compatibility and changes "
+                                     "nothing: trainrun"));
+  }
+  CHECK(launches_[0].command == Words{"python", "t.py"});
 }
 
 }  // namespace

@@ -1,12 +1,14 @@
 // A worker for tests/integration: joins its job through trainrun's rendezvous, runs STEPS
 // allreduces of 1M+3 float32 and checks every result, then prints "rank R: ok".
 //
-//   collective_job_worker STEPS [FAIL_RANK FAIL_STEP kill|close|stop|exit0|exit3]
+//   collective_job_worker STEPS [FAIL_RANK FAIL_STEP kill|close|stop|skip|exit0|exit3]
 //
 // With a failure given, rank FAIL_RANK at step FAIL_STEP SIGKILLs itself ("kill"), closes its
 // connections and then idles until it is stopped ("close": a rank that broke off without
-// failing), SIGSTOPs itself ("stop": a stalled rank), or exits with code 0 or 3. FAIL_STEP -1 is
-// before joining the job. Any other rank whose collective raises prints the error and exits 1.
+// failing), SIGSTOPs itself ("stop": a stalled rank), stays alive and connected but never calls
+// the collective ("skip": a rank stuck outside the collectives), or exits with code 0 or 3.
+// FAIL_STEP -1 is before joining the job. Any other rank whose collective raises prints the error
+// and exits 1.
 #include <signal.h>
 #include <unistd.h>
 
@@ -26,7 +28,7 @@ using trainrun::collectives::ReduceOp;
 
 int main(int argc, char** argv) {
   if (argc != 2 && argc != 5) {
-    std::fprintf(stderr, "usage: %s STEPS [FAIL_RANK FAIL_STEP kill|close]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s STEPS [FAIL_RANK FAIL_STEP kill|close|skip]\n", argv[0]);
     return 2;
   }
   const int steps = std::atoi(argv[1]);
@@ -52,6 +54,9 @@ int main(int argc, char** argv) {
     for (int step = 0; step < steps; ++step) {
       if (rank == fail_rank && step == fail_step) {
         fail();
+        if (how == "skip") {
+          for (;;) pause();
+        }
         if (how == "close") {
           comm.reset();  // closes every connection; the peers see it at once
           for (;;) pause();

@@ -97,7 +97,40 @@ TEST_CASE("a stalled rank (SIGSTOP) is blamed, and ended by SIGTERM", "[integrat
   JobResult job = RunJob("-x TRAINRUN_TIMEOUT=2 -np 4 " + kWorker + " 1000 1 3 stop");
   INFO(job.output);
   CHECK(job.exit_code == 1);
-  CHECK(job.output.find("rank 1 on localhost failed first") != std::string::npos);
+  // A stopped rank is named stalled (issue 15's wording), with the peer's report that blames it.
+  CHECK(job.output.find("rank 1 on localhost stalled: rank 2 waited for it") != std::string::npos);
   CHECK(job.output.find("rank 1 then was killed by SIGTERM") != std::string::npos);
   CHECK(job.seconds < 10);
+}
+
+TEST_CASE("a rank that skips a collective: a stall warning, then a summary naming it stalled",
+          "[integration][stall]") {
+  JobResult job =
+      RunJob("--stall-check-warning-time-seconds 1 --stall-check-shutdown-time-seconds 4 -np 3 " +
+             kWorker + " 1000 0 2 skip");
+  INFO(job.output);
+  CHECK(job.exit_code == 1);
+  // At the warning time: who waits in which collective, and who has not joined it.
+  CHECK(std::regex_search(job.output, std::regex(R"(stall: ranks 1-2 have waited [0-9]+ s in )"
+                                                 R"(allreduce #3, which rank 0 has not joined)")));
+  // At the shutdown time: rank 0 named as stalled, not as failed.
+  CHECK(std::regex_search(
+      job.output, std::regex(R"(rank 0 on localhost stalled: ranks 1-2 have waited [4-9] s )"
+                             R"(in allreduce #3, which rank 0 has not joined; the job was )"
+                             R"(stopped)")));
+  CHECK(job.output.find("failed first") == std::string::npos);
+  CHECK(job.seconds < 15);
+}
+
+TEST_CASE(
+    "a rank that skips a collective until its peers time out is named stalled, in their words",
+    "[integration][stall]") {
+  JobResult job = RunJob("-x TRAINRUN_TIMEOUT=3 -np 2 " + kWorker + " 1000 0 2 skip");
+  INFO(job.output);
+  CHECK(job.exit_code == 1);
+  CHECK(job.output.find("rank 0 on localhost stalled: rank 1 waited for it and reported") !=
+        std::string::npos);
+  CHECK(job.output.find("no progress from rank 0 for 3 s") != std::string::npos);
+  CHECK(job.output.find("failed first") == std::string::npos);
+  CHECK(job.seconds < 15);
 }

@@ -5,10 +5,13 @@
 
 #include <catch2/catch.hpp>
 
+#include "trainrun/launcher/stall_inspector.h"
+
 namespace {
 
 using trainrun::launcher::ExitInfo;
 using trainrun::launcher::JobSupervisor;
+using trainrun::launcher::StallInspector;
 using trainrun::launcher::SupervisorOptions;
 
 class FakeRanks : public trainrun::launcher::RankControl {
@@ -162,4 +165,28 @@ TEST_CASE("peer reports that form a loop end where the loop closes", "[launcher]
   CHECK(f.done);
   CHECK(f.supervisor.exit_code() == 1);
   CHECK(f.supervisor.Summary().rfind("rank 1 on localhost failed first", 0) == 0);
+}
+
+TEST_CASE("the stall inspector: who waits where, who has not joined, and when to shut down",
+          "[launcher][stall]") {
+  using std::chrono::seconds;
+  StallInspector inspector(4, seconds(60), seconds(120));
+  const auto t0 = StallInspector::Clock::now();
+  CHECK(inspector.Update({}, t0).empty());
+  std::string warning =
+      inspector.Update({{1, "allreduce #7"}, {2, "allreduce #7"}, {3, "barrier #7"}}, t0);
+  CHECK(warning ==
+        "stall: ranks 1-2 have waited 60 s in allreduce #7, which ranks 0,3 have not joined; rank "
+        "3 waits in barrier #7 instead; the job ends if it lasts 120 s "
+        "(--stall-check-shutdown-time-seconds)");
+  // The same reports again: nothing new to say.
+  CHECK(inspector
+            .Update({{1, "allreduce #7"}, {2, "allreduce #7"}, {3, "barrier #7"}}, t0 + seconds(5))
+            .empty());
+  CHECK_FALSE(inspector.ShutdownDue(t0 + seconds(59)));
+  CHECK(inspector.ShutdownDue(t0 + seconds(60)));
+  CHECK(inspector.Stalled() == std::vector<int>{0, 3});
+  // The collective completes: its reports are cleared, and the clock starts again.
+  CHECK(inspector.Update({{1, ""}, {2, ""}}, t0 + seconds(61)).empty());
+  CHECK_FALSE(inspector.ShutdownDue(t0 + seconds(200)));
 }

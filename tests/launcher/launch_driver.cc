@@ -1,7 +1,8 @@
 // launch_driver: a LaunchSpec from argv, then Launch — the launcher's tests (and its timing) run
 // real jobs through this instead of the `trainrun` binary, which the cli module builds.
 //
-//   launch_driver [-np N] [-H host:slots,...] [--no-tag] [--timestamp] [--output-filename DIR]
+//   launch_driver [-np N] [-H host:slots,...] [--no-tag] [--no-pty] [--timestamp]
+//   [--output-filename DIR]
 //                 [--grace-ms MS] [-x NAME[=VALUE]]... [--verbose] COMMAND ARGS...
 #include <cstdio>
 #include <cstdlib>
@@ -68,6 +69,8 @@ int main(int argc, char** argv) {
       }
     } else if (arg == "--no-tag") {
       spec.tag_output = false;
+    } else if (arg == "--no-pty") {
+      spec.stdout_pty = false;
     } else if (arg == "--timestamp") {
       spec.prefix_timestamp = true;
     } else if (arg == "--output-filename" && i + 1 < argc) {

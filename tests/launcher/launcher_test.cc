@@ -433,3 +433,58 @@ TEST_CASE("rank_info prints every variable", "[launcher]") {
   CHECK(Count(out, "MASTER_PORT=") == 2);
   CHECK(Count(out, "(64 hex digits, not shown)") == 2);
 }
+
+// LiveOutput runs `worker` (which prints "step 1", sleeps 4 s, prints "step 2") and returns
+// whether "step 1" reached the launcher's stdout while the worker still slept.
+bool StepOneArrivesDuringSleep(std::vector<std::string> args, std::string* out) {
+  unsetenv("PYTHONUNBUFFERED");
+  Driver driver(std::move(args));
+  bool live = WaitUntil([&] { return driver.Out().find("step 1") != std::string::npos; },
+                        milliseconds(3000));
+  bool still_sleeping = driver.Out().find("step 2") == std::string::npos;
+  CHECK(driver.Wait() == 0);
+  *out = driver.Out();
+  return live && still_sleeping;
+}
+
+TEST_CASE("a rank's stdout is live: Python print and C printf arrive before the sleep ends",
+          "[launcher][live]") {
+  std::string out;
+  // Python with PYTHONUNBUFFERED unset in trainrun's environment: trainrun sets it, and stdout is
+  // a terminal anyway.
+  CHECK(StepOneArrivesDuringSleep(
+      {"-np", "1", "/usr/bin/python3", "-c",
+       "import os, sys, time\nprint('step 1', os.environ.get('PYTHONUNBUFFERED'), "
+       "sys.stdout.isatty())\ntime.sleep(4)\nprint('step 2')"},
+      &out));
+  CHECK(out == "[0]<stdout>:step 1 1 True\n[0]<stdout>:step 2\n");
+  // Python with PYTHONUNBUFFERED removed again in the worker: the pty alone makes it line by line.
+  CHECK(StepOneArrivesDuringSleep(
+      {"-np", "1", "env", "-u", "PYTHONUNBUFFERED", "/usr/bin/python3", "-c",
+       "import time\nprint('step 1')\ntime.sleep(4)\nprint('step 2')"},
+      &out));
+  // C stdio without fflush.
+  CHECK(StepOneArrivesDuringSleep({"-np", "2", TRAINRUN_PRINT_THEN_SLEEP, "4"}, &out));
+  CHECK(Count(out, "<stdout>:step 1 isatty=1\n") == 2);
+  CHECK(Count(out, "<stdout>:step 2\n") == 2);
+}
+
+TEST_CASE("with --no-pty a rank gets a pipe: C stdio then holds its lines until exit",
+          "[launcher][live]") {
+  std::string out;
+  CHECK_FALSE(
+      StepOneArrivesDuringSleep({"--no-pty", "-np", "1", TRAINRUN_PRINT_THEN_SLEEP, "4"}, &out));
+  CHECK(out == "[0]<stdout>:step 1 isatty=0\n[0]<stdout>:step 2\n");
+}
+
+TEST_CASE("a pty changes no byte: \\n stays \\n, no echo of stdin, stdout closed early",
+          "[launcher][live]") {
+  // Rank 0's stdin is trainrun's: what it reads is not echoed into its output.
+  Driver driver({"-np", "1", "sh", "-c",
+                 "read line; printf 'got %s\\n\\001\\n' \"$line\"; "
+                 "exec 1>&-; sleep 0.3; echo after >&2"},
+                "file:hello\n");
+  REQUIRE(driver.Wait() == 0);
+  CHECK(driver.Out() == "[0]<stdout>:got hello\n[0]<stdout>:\001\n");
+  CHECK(driver.Err() == "[0]<stderr>:after\n");
+}

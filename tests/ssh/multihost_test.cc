@@ -390,11 +390,22 @@ TEST_CASE("multihost: a remote host's ranks get GPUs by that host's count, from 
                                   "/proc/driver/nvidia/gpus/0000:02:00.0 && exec ",
                                   TRAINRUN_BIN, " --agent'\n"));
   std::string out;
+  // By default CUDA_VISIBLE_DEVICES is left alone, as horovodrun and torchrun do.
   int status = RunTrainrun(world, cluster,
                            {"--remote-trainrun", agent, "-np", "3", "-H",
                             "localhost:1," + cluster.host_address(1) + ":2", "sh", "-c",
                             "echo gpu=${CUDA_VISIBLE_DEVICES-none}"},
                            &out);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK(out.find("[1]<stdout>:gpu=none") != std::string::npos);
+  CHECK(out.find("[2]<stdout>:gpu=none") != std::string::npos);
+  // --assign-gpus: one GPU per local rank, from each host's own count.
+  status = RunTrainrun(world, cluster,
+                       {"--assign-gpus", "--remote-trainrun", agent, "-np", "3", "-H",
+                        "localhost:1," + cluster.host_address(1) + ":2", "sh", "-c",
+                        "echo gpu=${CUDA_VISIBLE_DEVICES-none}"},
+                       &out);
   INFO(out);
   CHECK(status == 0);
   CHECK(out.find("[0]<stdout>:gpu=none") != std::string::npos);  // this machine: no GPU
@@ -672,6 +683,56 @@ TEST_CASE("multihost bench: -np 8 on two SSH hosts vs one host", "[.][bench]") {
   WARN("runs " << kRuns << ": two SSH hosts x4: median " << Median(remote) << " s (min "
                << remote.front() << ", max " << remote.back() << "); one host -np 8: median "
                << Median(local) << " s (min " << local.front() << ", max " << local.back() << ")");
+}
+
+}  // namespace
+}  // namespace trainrun::testing
+
+namespace trainrun::testing {
+namespace {
+// Seconds of the day of each "[rank]<stdout>:" line that contains `needle`, from
+// --prefix-timestamp's "YYYY-MM-DD HH:MM:SS" (the time trainrun received the line).
+int ArrivalSecond(const std::string& out, const std::string& needle) {
+  size_t at = out.find(needle);
+  if (at == std::string::npos) return -1;
+  size_t line = out.rfind('\n', at);
+  line = line == std::string::npos ? 0 : line + 1;
+  const std::string text = out.substr(line, at - line);
+  size_t colon = text.find(':');
+  if (colon == std::string::npos || colon < 2 || colon + 5 > text.size()) return -1;
+  return std::stoi(text.substr(colon - 2, 2)) * 3600 + std::stoi(text.substr(colon + 1, 2)) * 60 +
+         std::stoi(text.substr(colon + 4, 2));
+}
+
+TEST_CASE("multihost: a remote rank's lines arrive as it prints them (Python and C stdio)",
+          "[ssh][netns][live]") {
+  if (!CanUseNetns()) {
+    WARN("skipped: needs root and iproute2");
+    return;
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  for (const std::vector<std::string>& worker :
+       {std::vector<std::string>{"env", "-u", "PYTHONUNBUFFERED", "/usr/bin/python3", "-c",
+                                 "import os,time\nprint('step 1', os.environ.get("
+                                 "'PYTHONUNBUFFERED'))\ntime.sleep(3)\nprint('step 2')"},
+        std::vector<std::string>{TRAINRUN_PRINT_THEN_SLEEP, "3"}}) {
+    std::vector<std::string> args = {"--prefix-timestamp", "-np", "1", "-H",
+                                     cluster.host_address(1) + ":1"};
+    args.insert(args.end(), worker.begin(), worker.end());
+    std::string out;
+    int status = RunTrainrun(world, cluster, args, &out);
+    INFO(out);
+    CHECK(status == 0);
+    int first = ArrivalSecond(out, "]<stdout>:step 1");
+    int second = ArrivalSecond(out, "]<stdout>:step 2");
+    REQUIRE(first >= 0);
+    REQUIRE(second >= 0);
+    // Printed 3 s apart: received at least 2 s apart (whole seconds), not together at exit.
+    CHECK((second - first + 86400) % 86400 >= 2);
+  }
+  INFO("left behind:" << Processes(cluster));
+  CHECK(HostsEmpty(cluster));
 }
 
 }  // namespace

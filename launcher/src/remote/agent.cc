@@ -166,6 +166,7 @@ class Agent {
       ProcessSpec spec;
       spec.argv = job->argv;
       spec.env = rank.env;
+      spec.stdout_pty = job->stdout_pty;
       // A name found nowhere is passed as it is: its exec failure reaches the launcher as the
       // rank's Exit.
       spec.executable =

@@ -49,6 +49,7 @@ class Reader {
     in_.remove_prefix(n);
     return s;
   }
+  bool AtEnd() const { return in_.empty(); }
   std::vector<std::string> List() {
     uint32_t n = U32();
     std::vector<std::string> list;
@@ -99,6 +100,7 @@ std::string EncodeJob(const Job& job) {
   Writer w;
   w.Bytes(job.cwd).List(job.argv).U32(job.grace_period_ms).U32(job.ranks.size());
   for (const RankJob& r : job.ranks) w.U32(r.rank).List(r.env);
+  w.U32(job.stdout_pty ? 1 : 0);
   return EncodeFrame(MessageType::kJob, w.Take());
 }
 
@@ -151,6 +153,8 @@ absl::StatusOr<Job> DecodeJob(absl::string_view payload) {
     rank.env = r.List();
     job.ranks.push_back(std::move(rank));
   }
+  // Added after version 2's first release: a Job without it keeps the pty (the default).
+  if (!r.AtEnd()) job.stdout_pty = r.U32() != 0;
   return r.Finish(job, "Job");
 }
 

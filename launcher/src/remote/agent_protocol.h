@@ -9,7 +9,7 @@
 //   launcher                                agent
 //      ──────────── (ssh exec: trainrun --agent) ──▶
 //      ◀─ Hello{version, host, pid, ssh_client_address, gpu_count, release}
-//      ── Job{cwd, executable, argv, ranks[{rank, env}], grace} ─▶
+//      ── Job{cwd, executable, argv, ranks[{rank, env}], grace, pty} ─▶
 //      ◀─ Started{rank} / Output{rank, stream, bytes} / Exit{rank, ...}
 //      ── Terminate / Kill ─▶        (the job is ending elsewhere)
 //      ◀─ Done                        (every rank of this host has exited)
@@ -69,6 +69,7 @@ struct Job {
   std::vector<std::string> argv;  // the command as typed; the agent resolves argv[0] on its PATH
   std::vector<RankJob> ranks;
   uint32_t grace_period_ms = static_cast<uint32_t>(kDefaultGracePeriod.count());
+  bool stdout_pty = true;  // each rank's stdout is a pseudo-terminal (LaunchSpec::stdout_pty)
 };
 
 struct RankExit {

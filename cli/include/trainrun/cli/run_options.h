@@ -31,7 +31,16 @@ struct RunOptions {
   std::optional<std::string> output_filename;  // --output-filename DIR
   bool tag_output = true;                      // --tag-output / --no-tag-output
   bool prefix_timestamp = false;               // --prefix-timestamp
-  int start_timeout_s =                        // --start-timeout SECONDS
+  bool pty = true;                             // --pty / --no-pty
+  bool assign_gpus = false;                    // --assign-gpus
+  std::optional<int> stall_warning_s;          // --stall-check-warning-time-seconds
+  std::optional<int> stall_shutdown_s;         // --stall-check-shutdown-time-seconds
+  bool no_stall_check = false;                 // --no-stall-check
+  std::optional<double> fusion_threshold_mb;   // --fusion-threshold-mb (horovodrun)
+  bool tcp = false;                            // --tcp (horovodrun): TCP even within a host
+  // horovodrun's flags that trainrun accepts but that change nothing here: one line each, why.
+  std::vector<std::string> notes;
+  int start_timeout_s =  // --start-timeout SECONDS
       static_cast<int>(launcher::kDefaultStartTimeout.count());
   bool verbose = false;                          // --verbose
   std::optional<std::string> log_level;          // --log-level

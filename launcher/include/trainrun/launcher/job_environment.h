@@ -62,7 +62,7 @@ class JobEnvironment {
   std::string job_id_;
   std::string token_;
   int master_port_ = 0;
-  bool assign_gpus_ = true;  // TRAINRUN_ASSIGN_GPUS
+  bool assign_gpus_ = false;  // --assign-gpus or TRAINRUN_ASSIGN_GPUS=1
 };
 
 }  // namespace trainrun::launcher

@@ -37,6 +37,10 @@ struct SupervisorOptions {
   int stderr_tail_lines = 10;  // lines of the failed rank's stderr in the summary
 };
 
+// IsStallDiagnosis: `message` is a waiting rank's timeout ("no progress from rank 0 ...", "rank 0
+// moved no data ..."): its peer was alive but stalled, not failed.
+bool IsStallDiagnosis(std::string_view message);
+
 class JobSupervisor {
  public:
   // `on_done` runs once, when every started rank has exited (or the kill timeout passed).
@@ -58,11 +62,16 @@ class JobSupervisor {
   void OnSignal(int signal);
   // ReportPeerFailure: rank `rank` says it failed because peer `peer` failed (through the
   // rendezvous). Such a rank is never blamed while another failure can be.
-  void ReportPeerFailure(int rank, int peer);
+  // `message` is the rank's own diagnosis ("no progress from rank 0 for 3 s ..."): a stall
+  // diagnosis (IsStallDiagnosis) makes the summary name the peer as stalled, quoting it.
+  void ReportPeerFailure(int rank, int peer, std::string message = "");
   // OnExitBeforeJoin: rank `rank` exited 0 without joining the rendezvous while other ranks had
   // joined (the rendezvous server tells). They would wait for it until their timeout: the job
   // ends now, naming it, and trainrun exits 1 unless a rank failed before.
   void OnExitBeforeJoin(int rank);
+  // OnStall ends the job because a collective waited past the stall shutdown time: `stalled` are
+  // the ranks that never joined it, `description` says who waited where (StallInspector).
+  void OnStall(std::vector<int> stalled, std::string description);
 
   bool done() const { return done_; }
   // exit_code is what trainrun exits with: the blamed rank's code, 128+N after signal N, 1 when a
@@ -94,7 +103,13 @@ class JobSupervisor {
   bool starts_complete_ = false;
   std::map<int, ExitInfo> exits_;
   std::map<int, std::string> stderr_tail_;
-  std::map<int, int> peer_failures_;  // rank → the peer it blamed
+  std::map<int, int> peer_failures_;          // rank → the peer it blamed
+  std::map<int, std::string> peer_messages_;  // rank → its diagnosis, when it gave one
+  struct Stall {
+    std::vector<int> ranks;
+    std::string description;
+  };
+  std::optional<Stall> stall_;
   std::optional<std::string> start_failure_;
   std::optional<int> signal_;
   std::optional<int> exited_before_join_;

@@ -34,6 +34,9 @@ inline constexpr std::chrono::seconds kDefaultStartTimeout{30};
 inline constexpr std::chrono::milliseconds kDefaultGracePeriod{3000};
 inline constexpr SshClient kDefaultSshClient = SshClient::kLibssh2;
 inline constexpr HostKeyPolicy kDefaultHostKeyPolicy = HostKeyPolicy::kAcceptNew;
+// Stall inspection (env::kStallWarningSeconds, env::kStallShutdownSeconds), as Horovod's.
+inline constexpr std::chrono::seconds kDefaultStallWarning{60};
+inline constexpr std::chrono::seconds kDefaultStallShutdown{0};  // never
 
 // ParseSshClient reads "libssh2" / "openssh"; ParseHostKeyPolicy reads "yes" / "accept-new" / "no"
 // (and OpenSSH's synonyms "true", "false", "off"). Anything else is an InvalidArgument naming the
@@ -63,12 +66,25 @@ struct LaunchSpec {
   std::optional<std::string> output_dir;
   // Prefix worker lines with "[rank]<stdout>:" / "[rank]<stderr>:".
   bool tag_output = true;
+  // Each rank's stdout is a pseudo-terminal, so that C stdio and Python flush it line by line and
+  // output is live (as Open MPI does); stderr stays a pipe. --no-pty: a pipe, as before.
+  bool stdout_pty = true;
+  // --assign-gpus: one GPU per local rank through CUDA_VISIBLE_DEVICES (TRAINRUN_ASSIGN_GPUS=1
+  // does the same). Off: CUDA_VISIBLE_DEVICES is left as it is, as horovodrun and torchrun do,
+  // so that torch.cuda.set_device(local_rank) works.
+  bool assign_gpus = false;
   // Prefix worker lines with the time they arrived.
   bool prefix_timestamp = false;
   // --start-timeout: one deadline from the first connection to a host to the last rank's start.
   std::chrono::seconds start_timeout = kDefaultStartTimeout;
   // Between SIGTERM and SIGKILL when the job is torn down.
   std::chrono::milliseconds grace_period = kDefaultGracePeriod;
+  // --stall-check-warning-time-seconds: a collective that waits this long is reported (which ranks
+  // wait in it, which have not joined); 0: off. Passed to the ranks as
+  // TRAINRUN_STALL_CHECK_TIME_SECONDS. --stall-check-shutdown-time-seconds: the job is ended as
+  // stalled at this wait; 0: never.
+  std::chrono::seconds stall_warning = kDefaultStallWarning;
+  std::chrono::seconds stall_shutdown = kDefaultStallShutdown;
   // Print the plan, start nothing (the CLI prints it; Launch is not called).
   bool dry_run = false;
   bool verbose = false;

@@ -39,6 +39,10 @@ struct ProcessSpec {
   std::vector<std::string> argv;  // argv[0] included
   std::vector<std::string> env;   // "NAME=value", the whole environment
   int stdin_fd = -1;              // becomes the process's fd 0 (the set dups it); -1: /dev/null
+  // fd 1 is a pseudo-terminal in raw mode (no echo, no "\n" -> "\r\n", every byte unaltered), so
+  // that stdio line-buffers it and a rank's lines arrive as it writes them; false: a pipe. fd 2
+  // is a pipe either way, so stdout and stderr stay apart.
+  bool stdout_pty = true;
 };
 
 // RankControl is how a job's policy stops ranks, wherever they run.

@@ -113,9 +113,13 @@ inline constexpr RankVariable kRankVariables[] = {
 // Set to 1 when several ranks share a host and the user left it unset (as torchrun does).
 inline constexpr char kOmpNumThreads[] = "OMP_NUM_THREADS";
 
-// CUDA's own: the GPUs a process may use. The launcher sets it to one GPU per local rank when the
-// host has GPUs (launcher/gpu_assignment.h); a value the user set is respected (each rank gets one
-// of its entries). Not set when kAssignGpus is 0.
+// Set to 1 when the user left it unset, so that a Python worker's output is live even where its
+// stdout is a pipe (--no-pty, or stderr).
+inline constexpr char kPythonUnbuffered[] = "PYTHONUNBUFFERED";
+
+// CUDA's own: the GPUs a process may use. Left alone by default; with --assign-gpus (kAssignGpus
+// 1) the launcher sets it to one GPU per local rank when the host has GPUs
+// (launcher/gpu_assignment.h), and a value the user set is the list the ranks share out.
 inline constexpr char kCudaVisibleDevices[] = "CUDA_VISIBLE_DEVICES";
 
 // --- Read by trainrun from its own environment ------------------------------------------------
@@ -166,11 +170,29 @@ struct StringParam {
 inline constexpr EnvParam kTimeoutSeconds{"TRAINRUN_TIMEOUT", 300,
                                           "seconds any single wait may take before it fails"};
 
+// Stall inspection, as Horovod's stall inspector (--stall-check-warning-time-seconds and
+// --stall-check-shutdown-time-seconds set them; the launcher passes the warning time on to every
+// rank). A rank whose collective has waited this long publishes it under kStallKeyPrefix<rank>
+// ("allreduce #17"), and the launcher warns which ranks wait in which collective and which have
+// not joined it; 0 turns it off.
+inline constexpr EnvParam kStallWarningSeconds{
+    "TRAINRUN_STALL_CHECK_TIME_SECONDS", 60,
+    "seconds a collective may wait before trainrun warns which ranks have not joined it (0: off)"};
+// Read by trainrun: seconds a collective may wait before the job is ended as stalled (0: never;
+// TRAINRUN_TIMEOUT still ends the wait).
+inline constexpr EnvParam kStallShutdownSeconds{
+    "TRAINRUN_STALL_SHUTDOWN_TIME_SECONDS", 0,
+    "seconds a collective may wait before trainrun ends the job as stalled (0: never)"};
+// The rendezvous key under which a rank publishes the collective it has waited in too long ("" when
+// that collective completed).
+inline constexpr char kStallKeyPrefix[] = "trainrun/stall/";
+
 // Whether the launcher gives each local rank its own GPU through CUDA_VISIBLE_DEVICES (1) or
 // leaves CUDA_VISIBLE_DEVICES alone (0), e.g. when the workers pick devices themselves.
 inline constexpr EnvParam kAssignGpus{
-    "TRAINRUN_ASSIGN_GPUS", 1,
-    "1: one GPU per local rank via CUDA_VISIBLE_DEVICES when the host has GPUs; 0: leave it alone"};
+    "TRAINRUN_ASSIGN_GPUS", 0,
+    "1 (or --assign-gpus): one GPU per local rank via CUDA_VISIBLE_DEVICES when the host has "
+    "GPUs; 0 (default): leave CUDA_VISIBLE_DEVICES alone, as horovodrun and torchrun do"};
 
 // Network interface (e.g. eth0) whose address workers listen on and the rendezvous binds.
 inline constexpr StringParam kNetworkInterface{"TRAINRUN_NETWORK_INTERFACE", "",

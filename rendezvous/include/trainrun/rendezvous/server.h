@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -121,6 +122,9 @@ class Server {
   std::vector<int> JoinedRanks() const;
   // PeerFailures lists the "failed because of peer P" reports, in arrival order.
   std::vector<PeerFailure> PeerFailures() const;
+  // ValuesWithPrefix returns the stored keys that start with `prefix`, with their values (the
+  // launcher reads the ranks' stall reports, env::kStallKeyPrefix, this way).
+  std::map<std::string, std::string> ValuesWithPrefix(const std::string& prefix) const;
 
   // WaitingCalls is the number of Get and Barrier calls waiting now.
   size_t WaitingCalls() const;

@@ -1,0 +1,124 @@
+#include "trainrun/launcher/stall_inspector.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace trainrun::launcher {
+namespace {
+
+// "rank 3", "ranks 0-2,5"
+std::string Ranks(const std::vector<int>& ranks) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    parts.push_back(i == j ? absl::StrCat(ranks[i]) : absl::StrCat(ranks[i], "-", ranks[j]));
+    i = j + 1;
+  }
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(parts, ","));
+}
+
+}  // namespace
+
+StallInspector::StallInspector(int size, std::chrono::seconds warning,
+                               std::chrono::seconds shutdown)
+    : size_(size), warning_(warning), shutdown_(shutdown) {}
+
+std::string StallInspector::Update(const std::map<int, std::string>& waiting,
+                                   Clock::time_point now) {
+  std::map<int, std::string> current;
+  for (const auto& [rank, op] : waiting) {
+    if (!op.empty() && rank >= 0 && rank < size_) current[rank] = op;
+  }
+  if (current == waiting_) return "";
+  for (auto it = seen_.begin(); it != seen_.end();) {
+    auto now_op = current.find(it->first);
+    if (now_op == current.end() || now_op->second != waiting_[it->first]) {
+      it = seen_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const auto& [rank, op] : current) seen_.emplace(rank, now);
+  waiting_ = std::move(current);
+  if (waiting_.empty()) return "";
+  std::string line = absl::StrCat("stall: ", Describe(now));
+  if (shutdown_.count() > 0) {
+    absl::StrAppend(&line, "; the job ends if it lasts ", shutdown_.count(),
+                    " s (--stall-check-shutdown-time-seconds)");
+  }
+  return line;
+}
+
+std::string StallInspector::Collective() const {
+  std::map<std::string, int> count;
+  for (const auto& [rank, op] : waiting_) ++count[op];
+  std::string best;
+  int most = 0;
+  for (const auto& [op, n] : count) {
+    if (n > most) most = n, best = op;
+  }
+  return best;
+}
+
+std::chrono::seconds StallInspector::Waited(int rank, Clock::time_point now) const {
+  auto it = seen_.find(rank);
+  if (it == seen_.end()) return std::chrono::seconds(0);
+  return warning_ + std::chrono::duration_cast<std::chrono::seconds>(now - it->second);
+}
+
+bool StallInspector::ShutdownDue(Clock::time_point now) const {
+  if (shutdown_.count() <= 0) return false;
+  for (const auto& [rank, op] : waiting_) {
+    if (Waited(rank, now) >= shutdown_) return true;
+  }
+  return false;
+}
+
+std::vector<int> StallInspector::Stalled() const {
+  const std::string collective = Collective();
+  std::vector<int> stalled;
+  for (int rank = 0; rank < size_; ++rank) {
+    auto it = waiting_.find(rank);
+    if (it == waiting_.end() || it->second != collective) stalled.push_back(rank);
+  }
+  return stalled;
+}
+
+std::string StallInspector::Describe(Clock::time_point now) const {
+  const std::string collective = Collective();
+  std::vector<int> in_it, absent;
+  std::map<std::string, std::vector<int>> elsewhere;
+  std::chrono::seconds longest(0);
+  for (int rank = 0; rank < size_; ++rank) {
+    auto it = waiting_.find(rank);
+    if (it == waiting_.end()) {
+      absent.push_back(rank);
+    } else if (it->second == collective) {
+      in_it.push_back(rank);
+      longest = std::max(longest, Waited(rank, now));
+    } else {
+      elsewhere[it->second].push_back(rank);
+    }
+  }
+  std::string text = absl::StrCat(Ranks(in_it), in_it.size() == 1 ? " has" : " have", " waited ",
+                                  longest.count(), " s in ", collective);
+  std::vector<int> not_joined = absent;
+  for (const auto& [op, ranks] : elsewhere) {
+    not_joined.insert(not_joined.end(), ranks.begin(), ranks.end());
+  }
+  std::sort(not_joined.begin(), not_joined.end());
+  if (!not_joined.empty()) {
+    absl::StrAppend(&text, ", which ", Ranks(not_joined), not_joined.size() == 1 ? " has" : " have",
+                    " not joined");
+  }
+  for (const auto& [op, ranks] : elsewhere) {
+    absl::StrAppend(&text, "; ", Ranks(ranks), ranks.size() == 1 ? " waits" : " wait", " in ", op,
+                    " instead");
+  }
+  return text;
+}
+
+}  // namespace trainrun::launcher
