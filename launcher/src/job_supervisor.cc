@@ -100,6 +100,11 @@ bool IsStallDiagnosis(std::string_view message) {
          message.find("moved no data") != std::string_view::npos;
 }
 
+bool JobSupervisor::AnyStallDiagnosis() const {
+  return std::any_of(peer_messages_.begin(), peer_messages_.end(),
+                     [](const auto& m) { return IsStallDiagnosis(m.second); });
+}
+
 void JobSupervisor::OnExitBeforeJoin(int rank) {
   if (teardown_started_.has_value() || rank < 0 || rank >= plan_.size()) return;
   exited_before_join_ = rank;
@@ -159,18 +164,45 @@ std::optional<int> JobSupervisor::Blamed() const {
 std::optional<int> JobSupervisor::RootPeer(int rank) const {
   // Follow "rank R failed because of peer P" from `rank` to a rank that reported nothing: timeouts
   // ripple around a ring, each rank naming the neighbour it waited on, and only the end of that
-  // chain (a stalled rank, say) failed on its own. A chain that loops ends where it closes.
+  // chain (a stalled rank, say) failed on its own.
   std::set<int> seen = {rank};
   std::optional<int> root;
+  bool looped = false;
   for (int current = rank;;) {
     auto it = peer_failures_.find(current);
     if (it == peer_failures_.end()) break;
     const int peer = it->second;
-    if (peer < 0 || peer >= plan_.size() || !seen.insert(peer).second) break;
+    if (peer < 0 || peer >= plan_.size()) break;
+    if (!seen.insert(peer).second) {
+      looped = true;
+      break;
+    }
     root = peer;
     current = peer;
   }
+  if (!looped) return root;
+  // A chain that loops has no end: the timeouts raced around the ring and each rank named a
+  // neighbour that was itself waiting. When they timed out (rather than lost connections), the
+  // rank that stalled them is the one that neither reported nor failed while the rest did; when
+  // exactly one rank is so, it is the root. Otherwise the chain ends where it closes.
+  if (AnyStallDiagnosis()) {
+    if (std::optional<int> silent = SilentRank(); silent.has_value()) return silent;
+  }
   return root;
+}
+
+std::optional<int> JobSupervisor::SilentRank() const {
+  std::optional<int> silent;
+  for (int rank = 0; rank < plan_.size(); ++rank) {
+    if (peer_failures_.count(rank) > 0) continue;
+    auto exit = exits_.find(rank);
+    const bool alive_at_teardown = exit == exits_.end() || !teardown_started_.has_value() ||
+                                   exit->second.time >= *teardown_started_;
+    if (!alive_at_teardown) continue;
+    if (silent.has_value()) return std::nullopt;  // more than one: no answer
+    silent = rank;
+  }
+  return silent;
 }
 
 int JobSupervisor::exit_code() const {
@@ -228,6 +260,16 @@ std::string JobSupervisor::Summary() const {
           "rank ", peer, " on ", plan_.HostOf(peer).host, " stalled: rank ", diagnosis->first,
           " waited for it and reported \"", diagnosis->second, "\"; so the job was stopped; rank ",
           peer, " then ", exit != exits_.end() ? exit->second.Describe() : "could not be reaped"));
+    } else if (peer_failures_.count(peer) == 0 && AnyStallDiagnosis() &&
+               (exit == exits_.end() || !teardown_started_.has_value() ||
+                exit->second.time >= *teardown_started_)) {
+      // The peer's neighbours timed out on each other, and it alone said nothing and ran on.
+      lines.push_back(absl::StrCat("rank ", peer, " on ", plan_.HostOf(peer).host,
+                                   " stalled: its peers timed out waiting in a collective, and it "
+                                   "alone neither reported nor failed; so the job was stopped; rank ",
+                                   peer, " then ",
+                                   exit != exits_.end() ? exit->second.Describe()
+                                                        : "could not be reaped"));
     } else {
       lines.push_back(absl::StrCat(
           "rank ", peer, " on ", plan_.HostOf(peer).host,

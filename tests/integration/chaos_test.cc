@@ -89,8 +89,9 @@ Expected Expect(const std::string& how, int victim) {
   if (how == "kill") return {137, rank + "was killed by SIGKILL; it failed first", 5};
   if (how == "exit3") return {3, rank + "exited with code 3; it failed first", 5};
   if (how == "exit0") return {1, rank + "exited with code 0 without joining the job", 5};
-  // stop: the others time out after TRAINRUN_TIMEOUT (2 s), name it, and it ends on SIGTERM.
-  return {1, rank + "failed first", 9};
+  // stop: the others time out after TRAINRUN_TIMEOUT (2 s), name it stalled, and it ends on
+  // SIGTERM.
+  return {1, rank + "stalled", 9};
 }
 
 }  // namespace

@@ -167,6 +167,31 @@ TEST_CASE("peer reports that form a loop end where the loop closes", "[launcher]
   CHECK(f.supervisor.Summary().rfind("rank 1 on localhost failed first", 0) == 0);
 }
 
+TEST_CASE("timeouts that race around the ring blame the one rank that said nothing",
+          "[launcher][supervisor]") {
+  // Rank 1 is stopped mid-allreduce over TCP. Rank 3 times out on rank 2 and rank 0 on rank 3
+  // before rank 2 times out on rank 1; rank 2 then learns of rank 3's report first and names it.
+  // The reports loop (3 -> 2 -> 3) and rank 1, the only rank that neither reported nor failed, is
+  // the stalled one (seen in CI: the summary blamed rank 3).
+  Fixture f(4);
+  auto t0 = std::chrono::steady_clock::now() - std::chrono::milliseconds(50);
+  f.supervisor.ReportPeerFailure(3, 2, "rank 3: rank 2 moved no data for 2000 ms: stalled");
+  f.supervisor.ReportPeerFailure(0, 3, "rank 0: rank 3 moved no data for 2000 ms: stalled");
+  f.supervisor.ReportPeerFailure(2, 3);
+  f.supervisor.OnRankExit(3, Exit(1, t0));
+  f.supervisor.OnRankExit(2, Exit(1, t0 + std::chrono::milliseconds(1)));
+  f.supervisor.OnRankExit(0, Exit(1, t0 + std::chrono::milliseconds(2)));
+  f.supervisor.OnRankExit(
+      1, Exit(0, std::chrono::steady_clock::now() + std::chrono::seconds(1), SIGTERM));
+  CHECK(f.done);
+  CHECK(f.supervisor.exit_code() == 1);
+  std::string summary = f.supervisor.Summary();
+  INFO(summary);
+  CHECK(summary.rfind("rank 1 on localhost stalled: its peers timed out waiting in a collective, "
+                      "and it alone neither reported nor failed",
+                      0) == 0);
+}
+
 TEST_CASE("the stall inspector: who waits where, who has not joined, and when to shut down",
           "[launcher][stall]") {
   using std::chrono::seconds;

@@ -134,7 +134,7 @@ TEST_CASE("chaos: an agent killed, a host link down, a rank killed or stopped on
             "rank", 0, host, 0, "true");
         const std::string rank_host = cluster.host_address(victim / 2);
         expected = {absl::StrCat("rank ", victim, " on ", rank_host,
-                                 scenario == "kill" ? " was killed by SIGKILL" : " failed first")};
+                                 scenario == "kill" ? " was killed by SIGKILL" : " stalled")};
         expected_status = scenario == "kill" ? 137 : 1;
       }
       const bool clean = OnlySshdLeft(cluster, std::chrono::seconds(10));

@@ -90,6 +90,11 @@ class JobSupervisor {
   // RootPeer follows the peer-failure reports from `rank` to the rank at the end of the chain
   // (one that reported nothing); nullopt when `rank` reported no peer.
   std::optional<int> RootPeer(int rank) const;
+  // SilentRank is the one rank that made no peer-failure report and was still running when the
+  // teardown began; none when no rank or several are so.
+  std::optional<int> SilentRank() const;
+  // AnyStallDiagnosis: some rank reported a peer that was alive but moved no data.
+  bool AnyStallDiagnosis() const;
   // AppendStderrTail adds the last lines of `rank`'s stderr, if any, to `lines`.
   void AppendStderrTail(int rank, std::vector<std::string>& lines) const;
 
