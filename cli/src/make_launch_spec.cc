@@ -1,6 +1,9 @@
 #include "trainrun/cli/make_launch_spec.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -30,6 +33,26 @@ struct Hosts {
   std::string source;  // "" for -H/--hostfile, whose messages already name themselves
 };
 
+// SlotsFromSlurmGpus: in an allocation with GPUs per node (SLURM_GPUS_ON_NODE=G) and one task per
+// node (no --ntasks-per-node), each node gets G slots, one rank per GPU; a count of tasks the user
+// asked for is kept as it is.
+absl::Status SlotsFromSlurmGpus(const EnvironmentLookup& env, std::vector<HostSpec>& hosts) {
+  std::optional<std::string> gpus = env(env::kSlurmGpusOnNode);
+  if (!gpus || gpus->empty() || env(env::kSlurmNtasksPerNode)) return absl::OkStatus();
+  int count = 0;
+  if (!absl::SimpleAtoi(*gpus, &count) || count < 0 || count > hostfile::kMaxSlotsPerHost) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("in this Slurm allocation: ", env::kSlurmGpusOnNode, "='", *gpus,
+                     "' is not a GPU count from 0 to ", hostfile::kMaxSlotsPerHost));
+  }
+  const bool one_task_each =
+      std::all_of(hosts.begin(), hosts.end(), [](const HostSpec& h) { return h.slots == 1; });
+  if (count > 1 && one_task_each) {
+    for (HostSpec& host : hosts) host.slots = count;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Hosts> ResolveHosts(const RunOptions& options, const EnvironmentLookup& env) {
   if (options.hosts && options.hostfile) {
     return absl::InvalidArgumentError("give either -H or --hostfile, not both");
@@ -51,6 +74,7 @@ absl::StatusOr<Hosts> ResolveHosts(const RunOptions& options, const EnvironmentL
     auto hosts = hostfile::SlurmHosts(
         *nodelist, tasks ? std::optional<absl::string_view>(*tasks) : std::nullopt);
     if (!hosts.ok()) return BadInput("in this Slurm allocation: ", hosts.status());
+    if (absl::Status gpus = SlotsFromSlurmGpus(env, *hosts); !gpus.ok()) return gpus;
     return Hosts{*std::move(hosts), absl::StrCat("in this Slurm allocation (",
                                                  env::kSlurmJobNodelist, "=", *nodelist, "): ")};
   }

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "remote/host_access.h"
 #include "trainrun/launcher/gpu_assignment.h"
 #include "trainrun/launcher/local_host.h"
 #include "trainrun/launcher/logging.h"
@@ -244,6 +245,12 @@ int JobRun::Summarize() {
   server_->Shutdown();
   output_.EndLines();
   if (std::string summary = supervisor_->Summary(); !summary.empty()) {
+    // Slurm ends every step of an allocation past its time limit, on scancel or when a node fails:
+    // what the ranks did then is its consequence, and the summary says so first.
+    if (std::string why = remote::SchedulerEnded(spec_);
+        !why.empty() && summary.find(why) == std::string::npos) {
+      summary = absl::StrCat(why, ", which ended the job; what trainrun saw then:\n", summary);
+    }
     Logger().error("{}", absl::StrReplaceAll(summary, {{"\n", "\n  "}}));
   }
   return supervisor_->exit_code();

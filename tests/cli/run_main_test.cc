@@ -183,6 +183,37 @@ TEST_CASE_METHOD(TrainrunFixture, "a Slurm allocation gives the hosts", "[cli][s
           "trainrun: error: in this Slurm allocation (SLURM_JOB_NODELIST=node[01-02],gpu5): -np 6 "
           "asks for more processes than the 5 slots on 3 hosts; lower -np or add slots (host:N)");
   }
+  SECTION("GPUs per node and one task each: one rank per GPU") {
+    env_["SLURM_TASKS_PER_NODE"] = "1(x3)";
+    env_["SLURM_GPUS_ON_NODE"] = "4";
+    CHECK(Run({"python"}) == 0);
+    REQUIRE(launches_.size() == 1);
+    const hostfile::SlotPlan& plan = launches_[0].plan;
+    REQUIRE(plan.size() == 12);
+    CHECK(plan.HostOf(3).host == "node01");
+    CHECK(plan.HostOf(4).host == "node02");
+    CHECK(plan.ranks[11].local_rank == 3);
+  }
+  SECTION("GPUs per node with tasks the user asked for: the tasks count") {
+    env_["SLURM_GPUS_ON_NODE"] = "4";
+    CHECK(Run({"python"}) == 0);
+    REQUIRE(launches_.size() == 1);
+    CHECK(launches_[0].plan.size() == 5);
+    env_["SLURM_TASKS_PER_NODE"] = "1(x3)";
+    env_["SLURM_NTASKS_PER_NODE"] = "1";
+    CHECK(Run({"python"}) == 0);
+    REQUIRE(!launches_.empty());
+    CHECK(launches_.back().plan.size() == 3);
+  }
+  SECTION("a GPU count that is not one") {
+    env_["SLURM_GPUS_ON_NODE"] = "4x";
+    CHECK(Run({"python"}) == 2);
+    REQUIRE(LogLines().size() == 1);
+    CHECK(LogLines()[0] ==
+          "trainrun: error: in this Slurm allocation: SLURM_GPUS_ON_NODE='4x' is "
+          "not a GPU count from 0 to " +
+              std::to_string(hostfile::kMaxSlotsPerHost));
+  }
   SECTION("a malformed node list") {
     env_["SLURM_JOB_NODELIST"] = "node[01-02";
     CHECK(Run({"python"}) == 2);

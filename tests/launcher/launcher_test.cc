@@ -324,12 +324,14 @@ TEST_CASE("a rank that ignores SIGTERM is killed after the grace period", "[laun
 TEST_CASE("a stopped rank ends at once on SIGTERM, not at the grace period's SIGKILL",
           "[launcher]") {
   // SIGTERM stays pending on a stopped process; the launcher follows it with SIGCONT.
-  Driver driver({"-np", "3", "sh", "-c", "echo pid $$; exec sleep 30"});
-  REQUIRE(WaitUntil([&] { return Pids(driver.Out(), "pid").size() == 3; }, milliseconds(5000)));
-  std::vector<pid_t> pids = Pids(driver.Out(), "pid");
-  REQUIRE(kill(pids[1], SIGSTOP) == 0);
+  // The lines come in any order: each names its rank.
+  Driver driver({"-np", "3", "sh", "-c", "echo pid-of-rank-$TRAINRUN_RANK $$; exec sleep 30"});
+  REQUIRE(WaitUntil([&] { return Pids(driver.Out(), "pid-of-rank-[0-9]").size() == 3; },
+                    milliseconds(5000)));
+  std::vector<pid_t> pids = Pids(driver.Out(), "pid-of-rank-[0-9]");
+  REQUIRE(kill(Pids(driver.Out(), "pid-of-rank-1").at(0), SIGSTOP) == 0);
   auto killed_at = Clock::now();
-  REQUIRE(kill(pids[2], SIGKILL) == 0);
+  REQUIRE(kill(Pids(driver.Out(), "pid-of-rank-2").at(0), SIGKILL) == 0);
   CHECK(driver.Wait(milliseconds(10000)) == 137);
   CHECK(Clock::now() - killed_at < milliseconds(1500));  // the grace period is 3 s
   for (pid_t pid : pids) CHECK_FALSE(Alive(pid));

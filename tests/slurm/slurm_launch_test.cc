@@ -1,9 +1,11 @@
 // trainrun inside a Slurm allocation of the test cluster (slurm_fixture.h): the hosts come from the
 // allocation and are reached through Slurm, one `srun` step per node carrying the agent protocol;
 // the nodes run no sshd. A barrier and a checked allreduce on 2 nodes x 2 tasks, a rank killed on
-// node 2, scancel, and trainrun.run(fn) from Python; nothing may be left on any node.
+// node 2, scancel, a node failure, the time limit, and trainrun.run(fn) from Python; nothing may be
+// left on any node.
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -104,7 +106,42 @@ TEST_CASE("slurm: trainrun reaches an allocation's nodes through srun", "[slurm]
         &out, 90);
     INFO(out);
     CHECK(status != 0);
+    CHECK(out.find(" was cancelled (scancel)") != std::string::npos);
     CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
+  }
+
+  SECTION("a node fails (everything on node 2 killed, slurmd too): the job ends naming it") {
+    auto start = std::chrono::steady_clock::now();
+    int status = RunCommand(
+        cluster.Command(
+            {"sh", "-c",
+             absl::StrCat("salloc -Q -N 2 --ntasks-per-node 2 ", TRAINRUN_BIN,
+                          " sh -c 'exec sleep 300' & ",
+                          "until [ $(ps -e -o comm= | grep -c '^sleep$') -ge 4 ]; do sleep 0.1; "
+                          "done; ip netns pids ",
+                          n2, " | xargs kill -9; wait $!")}),
+        &out, 120);
+    INFO(out);
+    CHECK(status != 0);
+    // Slurm's own word first (the controller's job state), whichever way trainrun noticed.
+    CHECK(std::regex_search(
+        out, std::regex("trainrun: error: (host " + n2 +
+                        R"(: lost its agent before its ranks ended \()?a node of Slurm job )"
+                        R"([0-9]+ failed)")));
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
+  }
+
+  SECTION("the allocation's time limit ends the job, saying so") {
+    auto start = std::chrono::steady_clock::now();
+    // Slurm's limits are in whole minutes: -t 0:05 is one minute.
+    int status =
+        RunCommand(cluster.Command({"salloc", "-Q", "-N", "2", "--ntasks-per-node", "2", "-t",
+                                    "0:05", TRAINRUN_BIN, "sh", "-c", "exec sleep 300"}),
+                   &out, 150);
+    INFO(out);
+    CHECK(status != 0);
+    CHECK(out.find("reached its time limit (TimeLimit=00:01:00)") != std::string::npos);
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(100));
   }
 
   SECTION("trainrun.run(fn) inside salloc -N 2 returns every rank's value") {

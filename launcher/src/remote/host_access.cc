@@ -56,6 +56,10 @@ std::unique_ptr<channel::HostChannel> MakeHostChannel(const LaunchSpec& spec) {
   return ssh::MakeSshHostChannel(SshOptionsFor(spec));
 }
 
+std::string SchedulerEnded(const LaunchSpec& spec) {
+  return UsesSlurm(spec) ? slurm::AllocationEnded() : "";
+}
+
 }  // namespace remote
 
 std::string DescribeHostAccess(const LaunchSpec& spec, const hostfile::HostSpec& host) {

@@ -18,6 +18,11 @@ std::unique_ptr<channel::HostChannel> MakeHostChannel(const LaunchSpec& spec);
 // UsesSlurm: --launcher slurm, or auto with the hosts from the Slurm allocation and srun on PATH.
 bool UsesSlurm(const LaunchSpec& spec);
 
+// SchedulerEnded says why the scheduler ended the job's allocation, when `spec` launched through
+// one and it did (slurm::AllocationEnded); "" otherwise. The summary of a failed job starts with
+// it.
+std::string SchedulerEnded(const LaunchSpec& spec);
+
 // SshOptionsFor turns the job's SSH flags (-p, -i, --ssh-client, --ssh-strict-host-key-checking,
 // --start-timeout) into SshOptions.
 ssh::SshOptions SshOptionsFor(const LaunchSpec& spec);

@@ -66,6 +66,8 @@ std::vector<absl::StatusOr<std::string>> ProbeTrainrun(channel::HostChannel& cha
     std::mutex mu;
     std::condition_variable changed;
     std::vector<std::optional<absl::StatusOr<std::string>>> results;
+    std::vector<std::thread> readers;
+    bool collected = false;  // the readers were joined: a later one (past the deadline) detaches
     int running = 0;
   };
   auto shared = std::make_shared<Shared>();
@@ -78,18 +80,38 @@ std::vector<absl::StatusOr<std::string>> ProbeTrainrun(channel::HostChannel& cha
     shared->changed.notify_all();
   };
   channel.Start(hosts, absl::StrCat(ShellQuote(trainrun), " --version"), deadline,
-                [finish, hosts, trainrun, deadline](
+                [shared, finish, hosts, trainrun, deadline](
                     int i, absl::StatusOr<std::unique_ptr<channel::HostStream>> stream) {
                   if (!stream.ok()) return finish(i, stream.status());
-                  std::thread([finish, i, name = hosts[i].host, trainrun, deadline,
-                               stream = *std::move(stream)] {
-                    finish(i, ReadVersion(name, trainrun, *stream, deadline));
-                  }).detach();
+                  // The stream is closed before the result is told: a stream outliving the
+                  // channel that made it (destroyed when this call returns) would use freed
+                  // memory, as a detached reader once did at trainrun's exit.
+                  std::thread reader([finish, i, name = hosts[i].host, trainrun, deadline,
+                                      stream = *std::move(stream)]() mutable {
+                    absl::StatusOr<std::string> result =
+                        ReadVersion(name, trainrun, *stream, deadline);
+                    stream.reset();
+                    finish(i, std::move(result));
+                  });
+                  std::lock_guard<std::mutex> lock(shared->mu);
+                  if (shared->collected) {
+                    reader.detach();
+                  } else {
+                    shared->readers.push_back(std::move(reader));
+                  }
                 });
   std::unique_lock<std::mutex> lock(shared->mu);
   // Every attempt ends by the deadline; the margin covers its last read and EndStatus.
   shared->changed.wait_until(lock, absl::ToChronoTime(deadline + absl::Seconds(3)),
                              [&] { return shared->running == 0; });
+  // The readers end by then (each read is bounded by the deadline): join them, so none runs on
+  // after the channel is gone.
+  std::vector<std::thread> readers = std::move(shared->readers);
+  shared->readers.clear();
+  shared->collected = true;
+  lock.unlock();
+  for (std::thread& reader : readers) reader.join();
+  lock.lock();
   std::vector<absl::StatusOr<std::string>> results;
   for (size_t i = 0; i < hosts.size(); ++i) {
     results.push_back(shared->results[i] ? *shared->results[i]

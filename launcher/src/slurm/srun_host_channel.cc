@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -24,6 +25,7 @@
 #include "absl/strings/strip.h"
 #include "posix/unique_fd.h"
 #include "ssh/tcp_connect.h"
+#include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::launcher::slurm {
 namespace {
@@ -176,6 +178,10 @@ class SrunStream final : public channel::HostStream {
     }
     int status = *exit_status_;
     if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+      if (std::string why = AllocationEnded(); !why.empty()) {
+        return absl::AbortedError(
+            absl::StrCat("host ", host_, ": ", why, ", so its job step (srun) ended"));
+      }
       return absl::AbortedError(absl::StrCat("host ", host_, ": the agent's job step (srun) ",
                                              "ended with status ", WEXITSTATUS(status),
                                              tail.empty() ? "" : ": ", tail));
@@ -288,6 +294,38 @@ class SrunHostChannel final : public channel::HostChannel {
 
 std::unique_ptr<channel::HostChannel> MakeSrunHostChannel() {
   return std::make_unique<SrunHostChannel>();
+}
+
+// A step killed by the time limit, scancel or a node failure ends with status 143 like any other;
+// only the controller knows which it was.
+std::string AllocationEnded() {
+  std::optional<std::string> job = env::Lookup(env::kSlurmJobId);
+  if (!job || job->empty() ||
+      !std::all_of(job->begin(), job->end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return "";
+  }
+  std::string command = absl::StrCat("timeout 2 scontrol show job -o ", *job, " 2>/dev/null");
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return "";
+  std::string out;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, n);
+  ::pclose(pipe);
+  auto field = [&](absl::string_view name) -> std::string {
+    size_t at = out.find(absl::StrCat(" ", name, "="));
+    if (at == std::string::npos) return "";
+    at += name.size() + 2;
+    return out.substr(at, out.find_first_of(" \n", at) - at);
+  };
+  const std::string state = field("JobState");
+  if (state == "TIMEOUT") {
+    return absl::StrCat("Slurm job ", *job,
+                        " reached its time limit (TimeLimit=", field("TimeLimit"), ")");
+  }
+  if (state == "CANCELLED") return absl::StrCat("Slurm job ", *job, " was cancelled (scancel)");
+  if (state == "NODE_FAIL") return absl::StrCat("a node of Slurm job ", *job, " failed");
+  if (state == "PREEMPTED") return absl::StrCat("Slurm job ", *job, " was preempted");
+  return "";
 }
 
 }  // namespace trainrun::launcher::slurm

@@ -11,11 +11,17 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "channel/host_channel.h"
 
 namespace trainrun::launcher::slurm {
 
 std::unique_ptr<channel::HostChannel> MakeSrunHostChannel();
+
+// AllocationEnded says why this Slurm allocation (SLURM_JOB_ID) ended, when it did: "Slurm job 7
+// reached its time limit (TimeLimit=00:01:00)", "... was cancelled (scancel)", "a node of Slurm job
+// 7 failed"; "" while it runs, outside Slurm, or when scontrol cannot tell within 2 s.
+std::string AllocationEnded();
 
 }  // namespace trainrun::launcher::slurm

@@ -236,6 +236,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """Waits until every gradient is averaged across ranks (launching any bucket not yet
         launched, with zeros for parameters that got no gradient)."""
         if self._solo:
+            if self._process_set.included():
+                # As Horovod at size 1: a parameter that got no gradient gets zeros, as it would
+                # after an allreduce.
+                for group in self.param_groups:
+                    for p in group["params"]:
+                        if p.requires_grad and p.grad is None:
+                            p.grad = torch.zeros_like(p)
             self._synchronized = True
             return
         while self._next_launch < len(self._buckets):

@@ -128,6 +128,13 @@ inline constexpr char kCudaVisibleDevices[] = "CUDA_VISIBLE_DEVICES";
 // compressed node list (`node[01-03],gpu5`) and the tasks per node (`2(x3),1`).
 inline constexpr char kSlurmJobNodelist[] = "SLURM_JOB_NODELIST";
 inline constexpr char kSlurmTasksPerNode[] = "SLURM_TASKS_PER_NODE";
+// An allocation made with GPUs per node (`--gpus-per-node=G`, `--gres=gpu:G`) and no
+// `--ntasks-per-node` has one task per node: then each node gets G slots, one rank per GPU.
+inline constexpr char kSlurmGpusOnNode[] = "SLURM_GPUS_ON_NODE";
+inline constexpr char kSlurmNtasksPerNode[] = "SLURM_NTASKS_PER_NODE";
+// The allocation's id: when a job step ends badly, the Slurm channel asks `scontrol show job` why
+// (the time limit, scancel, a node failure) for the summary.
+inline constexpr char kSlurmJobId[] = "SLURM_JOB_ID";
 // Set by Slurm inside a job step: the agent accepts a pty as stdout there (`srun -u` gives one).
 inline constexpr char kSlurmStepId[] = "SLURM_STEP_ID";
 
