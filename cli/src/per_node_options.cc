@@ -47,8 +47,8 @@ absl::Status ParseEndpoint(const std::string& text, launcher::PerNodeSpec& spec)
   if (!port.empty() || text.back() == ':') {
     int value = 0;
     if (!absl::SimpleAtoi(port, &value) || value < 1 || value > 65535) {
-      return Bad(absl::StrCat("--rdzv-endpoint '", text,
-                              "': the port must be a number from 1 to 65535"));
+      return Bad(
+          absl::StrCat("--rdzv-endpoint '", text, "': the port must be a number from 1 to 65535"));
     }
     spec.endpoint_port = value;
   }
@@ -101,8 +101,9 @@ void SetupPerNodeOptions(CLI::App& app, PerNodeOptions& options) {
                    "Node 0's HOST:PORT: node 0 listens there, the others dial it (port default "
                    "29400).")
       ->type_name("HOST:PORT");
-  group->add_option("--rdzv-id,--rdzv_id", options.rdzv_id,
-                    "The job's id; every node must give the same (default: none).")
+  group
+      ->add_option("--rdzv-id,--rdzv_id", options.rdzv_id,
+                   "The job's id; every node must give the same (default: none).")
       ->type_name("ID");
   group
       ->add_option("--rdzv-token,--rdzv_token", options.rdzv_token,
@@ -118,8 +119,9 @@ void SetupPerNodeOptions(CLI::App& app, PerNodeOptions& options) {
                    "Accepted for torchrun compatibility: c10d or static (trainrun's own "
                    "rendezvous either way).")
       ->type_name("NAME");
-  group->add_option("--master-addr,--master_addr", options.master_addr,
-                    "Node 0's address (with --master-port: instead of --rdzv-endpoint).")
+  group
+      ->add_option("--master-addr,--master_addr", options.master_addr,
+                   "Node 0's address (with --master-port: instead of --rdzv-endpoint).")
       ->type_name("HOST");
   group
       ->add_option("--master-port,--master_port", options.master_port,
@@ -134,8 +136,9 @@ absl::StatusOr<PerNodeResult> MakePerNodeSpec(const PerNodeOptions& options,
   result.num_proc = facts.num_proc;
   if (options.rdzv_backend && *options.rdzv_backend != "c10d" &&
       *options.rdzv_backend != "static") {
-    return Bad(absl::StrCat("--rdzv-backend ", *options.rdzv_backend,
-                            ": trainrun serves its own rendezvous; give c10d or static, or drop it"));
+    return Bad(
+        absl::StrCat("--rdzv-backend ", *options.rdzv_backend,
+                     ": trainrun serves its own rendezvous; give c10d or static, or drop it"));
   }
   if (!options.nnodes) {
     // Flags that only mean something with --nnodes.
@@ -150,8 +153,9 @@ absl::StatusOr<PerNodeResult> MakePerNodeSpec(const PerNodeOptions& options,
     };
     for (const auto& [given, flag] : needs_nnodes) {
       if (given) {
-        return Bad(absl::StrCat(flag, " is for per-node mode; give --nnodes too (the job's number "
-                                      "of nodes)"));
+        return Bad(absl::StrCat(flag,
+                                " is for per-node mode; give --nnodes too (the job's number "
+                                "of nodes)"));
       }
     }
     if (options.nproc_per_node) {
@@ -174,12 +178,14 @@ absl::StatusOr<PerNodeResult> MakePerNodeSpec(const PerNodeOptions& options,
     return Bad(absl::StrCat("--nnodes ", *options.nnodes, " must be from 1 to 65536"));
   }
   if (facts.hosts_given) {
-    return Bad("--nnodes starts this node's ranks here and -H/--hostfile name hosts for trainrun "
-               "to reach: give one or the other");
+    return Bad(
+        "--nnodes starts this node's ranks here and -H/--hostfile name hosts for trainrun "
+        "to reach: give one or the other");
   }
   if (facts.rendezvous_given) {
-    return Bad("--rendezvous-port and --rendezvous-addr are not used with --nnodes: the job's "
-               "rendezvous is node 0's --rdzv-endpoint");
+    return Bad(
+        "--rendezvous-port and --rendezvous-addr are not used with --nnodes: the job's "
+        "rendezvous is node 0's --rdzv-endpoint");
   }
   if (facts.launcher != "auto") {
     return Bad(absl::StrCat("--launcher ", facts.launcher,
@@ -215,8 +221,8 @@ absl::StatusOr<PerNodeResult> MakePerNodeSpec(const PerNodeOptions& options,
     return result;
   }
   if (!options.node_rank) {
-    return Bad(absl::StrCat("--nnodes ", spec.nnodes, " needs --node-rank (this node's index, 0 to ",
-                            spec.nnodes - 1, ")"));
+    return Bad(absl::StrCat("--nnodes ", spec.nnodes,
+                            " needs --node-rank (this node's index, 0 to ", spec.nnodes - 1, ")"));
   }
   spec.node_rank = *options.node_rank;
   if (spec.node_rank < 0 || spec.node_rank >= spec.nnodes) {

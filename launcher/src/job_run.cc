@@ -243,9 +243,10 @@ void JobRun::Supervise() {
 int JobRun::Summarize() {
   server_->Shutdown();
   output_.EndLines();
-  if (std::string summary = supervisor_->Summary(); !summary.empty()) {
-    Logger().error("{}", absl::StrReplaceAll(summary, {{"\n", "\n  "}}));
-  }
+  const std::string summary = supervisor_->Summary();
+  if (!summary.empty()) Logger().error("{}", absl::StrReplaceAll(summary, {{"\n", "\n  "}}));
+  // Per-node mode: every joined node's trainrun prints the same summary and exits the same way.
+  if (spec_.per_node) remote_ranks_.EndJob({supervisor_->exit_code(), summary});
   return supervisor_->exit_code();
 }
 

@@ -70,8 +70,8 @@ TEST_CASE_METHOD(PerNodeApp, "per-node mode: torchrun's flags make the whole job
 
 TEST_CASE_METHOD(PerNodeApp, "per-node mode: underscore spellings and --master-addr/--master-port",
                  "[cli][per_node]") {
-  auto spec = Spec({"--nnodes=3", "--node_rank=2", "--master_addr", "head", "--master_port",
-                    "1234", "--nproc_per_node", "2", "--rdzv_id", "job7", "-np", "6", "prog"});
+  auto spec = Spec({"--nnodes=3", "--node_rank=2", "--master_addr", "head", "--master_port", "1234",
+                    "--nproc_per_node", "2", "--rdzv_id", "job7", "-np", "6", "prog"});
   INFO((spec.ok() ? "" : std::string(spec.status().message())));
   REQUIRE(spec.ok());
   REQUIRE(spec->per_node.has_value());
@@ -83,7 +83,8 @@ TEST_CASE_METHOD(PerNodeApp, "per-node mode: underscore spellings and --master-a
   CHECK(spec->plan.size() == 6);
 }
 
-TEST_CASE_METHOD(PerNodeApp, "per-node mode: the endpoint's port defaults to 29400; IPv6 in brackets",
+TEST_CASE_METHOD(PerNodeApp,
+                 "per-node mode: the endpoint's port defaults to 29400; IPv6 in brackets",
                  "[cli][per_node]") {
   auto spec = Spec({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "head",
                     "--nproc-per-node", "1", "prog"});
@@ -106,8 +107,8 @@ TEST_CASE_METHOD(PerNodeApp, "--nproc-per-node without --nnodes is -np on this h
 
 TEST_CASE_METHOD(PerNodeApp, "per-node mode: the token from the flag, a file or the environment",
                  "[cli][per_node]") {
-  const Words base = {"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1",
-                      "--nproc-per-node", "1"};
+  const Words base = {"--nnodes",        "2",   "--node-rank",      "0",
+                      "--rdzv-endpoint", "h:1", "--nproc-per-node", "1"};
   SECTION("flag") {
     Words args = base;
     args.insert(args.end(), {"--rdzv-token", "s3cret", "prog"});
@@ -153,11 +154,11 @@ TEST_CASE_METHOD(PerNodeApp, "per-node mode: each bad combination is one sentenc
                     "--nproc-per-node", "4", "-np", "6", "prog"}),
              Catch::Contains("-np 6 is the job's total, but --nnodes 2 x --nproc-per-node 4 "
                              "makes 8"));
-  CHECK_THAT(Error({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1",
-                    "--master-addr", "h", "--nproc-per-node", "1", "prog"}),
+  CHECK_THAT(Error({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1", "--master-addr",
+                    "h", "--nproc-per-node", "1", "prog"}),
              Catch::Contains("either --rdzv-endpoint or --master-addr/--master-port"));
-  CHECK_THAT(Error({"--nnodes", "2", "--node-rank", "0", "--master-port", "1",
-                    "--nproc-per-node", "1", "prog"}),
+  CHECK_THAT(Error({"--nnodes", "2", "--node-rank", "0", "--master-port", "1", "--nproc-per-node",
+                    "1", "prog"}),
              Catch::Contains("--master-port needs --master-addr"));
   CHECK_THAT(Error({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:x",
                     "--nproc-per-node", "1", "prog"}),
@@ -171,10 +172,10 @@ TEST_CASE_METHOD(PerNodeApp, "per-node mode: each bad combination is one sentenc
   CHECK_THAT(Error({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1",
                     "--nproc-per-node", "1", "--rendezvous-port", "5", "prog"}),
              Catch::Contains("--rendezvous-port and --rendezvous-addr are not used with --nnodes"));
-  CHECK_THAT(Error({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1",
-                    "--nproc-per-node", "1", "--rdzv-token", "a", "--rdzv-token-file", "f",
-                    "prog"}),
-             Catch::Contains("either --rdzv-token or --rdzv-token-file"));
+  CHECK_THAT(
+      Error({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1", "--nproc-per-node", "1",
+             "--rdzv-token", "a", "--rdzv-token-file", "f", "prog"}),
+      Catch::Contains("either --rdzv-token or --rdzv-token-file"));
   CHECK_THAT(Error({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1",
                     "--nproc-per-node", "1", "--rdzv-token-file", "/nonexistent/t", "prog"}),
              Catch::Contains("--rdzv-token-file /nonexistent/t: cannot read it"));

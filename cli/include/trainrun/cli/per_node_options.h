@@ -42,8 +42,8 @@ void SetupPerNodeOptions(CLI::App& app, PerNodeOptions& options);
 // PerNodeFacts is what MakePerNodeSpec needs besides per-node flags: the other flags it must agree
 // with, and trainrun's environment.
 struct PerNodeFacts {
-  std::optional<int> num_proc;  // -np: the job's total
-  bool hosts_given = false;     // -H or --hostfile
+  std::optional<int> num_proc;    // -np: the job's total
+  bool hosts_given = false;       // -H or --hostfile
   bool rendezvous_given = false;  // --rendezvous-port or --rendezvous-addr
   std::string launcher = "auto";  // --launcher
   std::function<std::optional<std::string>(const std::string& name)> env;
