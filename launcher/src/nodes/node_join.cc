@@ -98,13 +98,13 @@ absl::StatusOr<posix::UniqueFd> Listen(int port) {
     }
     if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&address), length) != 0) {
       if (errno == EAFNOSUPPORT || errno == EADDRNOTAVAIL) continue;
-      return absl::UnavailableError(
-          absl::StrCat("cannot listen at port ", port, " for the other nodes: ",
-                       std::strerror(errno), " (--rdzv-endpoint's port must be free on node 0)"));
+      return absl::UnavailableError(absl::StrCat(
+          "cannot listen at port ", port, " for the other nodes: ", std::strerror(errno),
+          " (--rdzv-endpoint's port must be free on node 0)"));
     }
     if (::listen(fd.get(), 128) != 0) {
-      return absl::UnavailableError(absl::StrCat("cannot listen at port ", port, ": ",
-                                                 std::strerror(errno)));
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen at port ", port, ": ", std::strerror(errno)));
     }
     return fd;
   }
@@ -122,9 +122,9 @@ class NodeJoinChannel : public channel::HostChannel {
   }
 
   std::string Describe(const hostfile::HostSpec& host, const std::string&) const override {
-    return absl::StrCat("joins by dialling this node at port ", spec_.endpoint_port, " (", host.host,
-                        "'s own trainrun --nnodes ", spec_.nnodes, " --node-rank N --rdzv-endpoint ",
-                        EndpointText(spec_), ")");
+    return absl::StrCat("joins by dialling this node at port ", spec_.endpoint_port, " (",
+                        host.host, "'s own trainrun --nnodes ", spec_.nnodes,
+                        " --node-rank N --rdzv-endpoint ", EndpointText(spec_), ")");
   }
 
   void Start(const std::vector<hostfile::HostSpec>& hosts, const std::string&, absl::Time deadline,
@@ -247,11 +247,12 @@ absl::StatusOr<JoinRequest> DecodeJoinRequest(absl::string_view line) {
     return absl::InvalidArgumentError("it is not a trainrun node (no join request)");
   }
   if (version != kJoinVersion) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "it speaks node-join version ", version, ", this trainrun ", kJoinVersion,
-        "; run the same trainrun release on every node"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("it speaks node-join version ", version, ", this trainrun ", kJoinVersion,
+                     "; run the same trainrun release on every node"));
   }
-  if (!absl::SimpleAtoi(words[3], &request.node_rank) || !absl::SimpleAtoi(words[4], &request.nproc)) {
+  if (!absl::SimpleAtoi(words[3], &request.node_rank) ||
+      !absl::SimpleAtoi(words[4], &request.nproc)) {
     return absl::InvalidArgumentError("its join request is garbled");
   }
   request.rdzv_id = words[2];
@@ -269,14 +270,13 @@ absl::Status CheckJoin(const PerNodeSpec& spec, const JoinRequest& request,
               "(or TRAINRUN_RDZV_TOKEN)");
   }
   if (request.rdzv_id != spec.rdzv_id) {
-    return absl::FailedPreconditionError(absl::StrCat("its --rdzv-id '", request.rdzv_id,
-                                                      "' differs from node 0's '", spec.rdzv_id,
-                                                      "'"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "its --rdzv-id '", request.rdzv_id, "' differs from node 0's '", spec.rdzv_id, "'"));
   }
   if (request.node_rank < 1 || request.node_rank >= spec.nnodes) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "its --node-rank ", request.node_rank, " is not one of 1 to ", spec.nnodes - 1,
-        " (node 0 has --nnodes ", spec.nnodes, ")"));
+    return absl::FailedPreconditionError(absl::StrCat("its --node-rank ", request.node_rank,
+                                                      " is not one of 1 to ", spec.nnodes - 1,
+                                                      " (node 0 has --nnodes ", spec.nnodes, ")"));
   }
   if (joined[request.node_rank]) {
     return absl::AlreadyExistsError(absl::StrCat("node ", request.node_rank,
@@ -284,9 +284,9 @@ absl::Status CheckJoin(const PerNodeSpec& spec, const JoinRequest& request,
                                                  "--node-rank"));
   }
   if (request.nproc != spec.nproc_per_node) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "its --nproc-per-node ", request.nproc, " differs from node 0's ", spec.nproc_per_node,
-        "; every node runs the same count of ranks"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("its --nproc-per-node ", request.nproc, " differs from node 0's ",
+                     spec.nproc_per_node, "; every node runs the same count of ranks"));
   }
   return absl::OkStatus();
 }
@@ -301,7 +301,8 @@ absl::StatusOr<posix::UniqueFd> DialNodeZero(const PerNodeSpec& spec, absl::Time
   const std::string endpoint = EndpointText(spec);
   std::string why;
   // Node 0 may start after this node: dial again until the deadline.
-  for (absl::Duration pause = absl::Milliseconds(50);; pause = std::min(pause * 2, absl::Seconds(1))) {
+  for (absl::Duration pause = absl::Milliseconds(50);;
+       pause = std::min(pause * 2, absl::Seconds(1))) {
     absl::StatusOr<posix::UniqueFd> fd = Connect(spec.endpoint_host, spec.endpoint_port);
     if (fd.ok()) {
       const JoinRequest request{spec.rdzv_id, spec.node_rank, spec.nproc_per_node, spec.token};
@@ -315,8 +316,7 @@ absl::StatusOr<posix::UniqueFd> DialNodeZero(const PerNodeSpec& spec, absl::Time
       if (answer.ok() && absl::StartsWith(*answer, "refused ")) {
         return absl::PermissionDeniedError(absl::StrCat("node 0 at ", endpoint,
                                                         " refused this node (--node-rank ",
-                                                        spec.node_rank, "): ",
-                                                        answer->substr(8)));
+                                                        spec.node_rank, "): ", answer->substr(8)));
       }
       why = answer.ok() ? absl::StrCat("it answered '", *answer, "'")
                         : std::string(answer.status().message());

@@ -91,8 +91,8 @@ absl::StatusOr<size_t> SocketStream::Read(char* buffer, size_t size, absl::Durat
     return 0;
   }
   if (errno == EAGAIN || errno == EINTR) return absl::DeadlineExceededError("nothing to read");
-  end_ = absl::UnavailableError(absl::StrCat(name_, ": the connection failed: ",
-                                             std::strerror(errno)));
+  end_ = absl::UnavailableError(
+      absl::StrCat(name_, ": the connection failed: ", std::strerror(errno)));
   return end_;
 }
 

@@ -19,8 +19,7 @@ std::string NumericAddress(int fd, bool peer);
 class SocketStream : public channel::HostStream {
  public:
   // Takes the connected socket `fd`; `name` names the other side in errors ("node 1").
-  static absl::StatusOr<std::unique_ptr<SocketStream>> Create(posix::UniqueFd fd,
-                                                              std::string name);
+  static absl::StatusOr<std::unique_ptr<SocketStream>> Create(posix::UniqueFd fd, std::string name);
 
   absl::Status Write(absl::string_view data, absl::Duration timeout) override;
   absl::StatusOr<size_t> Read(char* buffer, size_t size, absl::Duration timeout) override;
