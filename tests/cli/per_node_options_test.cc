@@ -4,9 +4,11 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "trainrun/cli/dry_run.h"
 #include "trainrun/cli/make_launch_spec.h"
 #include "trainrun/cli/run_options.h"
 
@@ -184,6 +186,18 @@ TEST_CASE_METHOD(PerNodeApp, "per-node mode: each bad combination is one sentenc
   CHECK_THAT(Error({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1",
                     "--nproc-per-node", "1", "--launcher", "ssh", "prog"}),
              Catch::Contains("--launcher ssh does not go with --nnodes"));
+}
+
+TEST_CASE_METHOD(PerNodeApp, "per-node mode: the dry run says which node this is, asking no host",
+                 "[cli][per_node]") {
+  auto spec = Spec({"--dry-run", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint",
+                    "10.0.0.1:29500", "--nproc-per-node", "2", "true"});
+  REQUIRE(spec.ok());
+  std::ostringstream out;
+  PrintPlan(*spec, out);
+  CHECK_THAT(out.str(), Catch::Contains("node1     3     1           1           true"));
+  CHECK_THAT(out.str(), Catch::Contains("per-node mode: this is node 1 of 2 (ranks 2 to 3); it "
+                                        "joins node 0 at 10.0.0.1:29500"));
 }
 
 }  // namespace

@@ -8,9 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,13 +34,19 @@ struct NodeRun {
 std::vector<std::string> NodeArgv(const NetnsCluster& cluster, int node,
                                   const std::vector<std::string>& flags,
                                   const std::vector<std::string>& command) {
-  std::vector<std::string> argv = {"ip",         "netns",
-                                   "exec",       cluster.host_ns(node),
-                                   TRAINRUN_BIN, "--nnodes",
-                                   "2",          "--node-rank",
-                                   std::to_string(node), "--rdzv-endpoint",
+  std::vector<std::string> argv = {"ip",
+                                   "netns",
+                                   "exec",
+                                   cluster.host_ns(node),
+                                   TRAINRUN_BIN,
+                                   "--nnodes",
+                                   "2",
+                                   "--node-rank",
+                                   std::to_string(node),
+                                   "--rdzv-endpoint",
                                    absl::StrCat(cluster.host_address(0), ":", kPort),
-                                   "--nproc-per-node", "2"};
+                                   "--nproc-per-node",
+                                   "2"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   argv.insert(argv.end(), command.begin(), command.end());
   return argv;
@@ -56,8 +62,8 @@ std::vector<NodeRun> RunNodes(const NetnsCluster& cluster,
   for (int node : {1, 0}) {
     threads.emplace_back([&, node] {
       auto start = std::chrono::steady_clock::now();
-      runs[node].status = RunCommand(NodeArgv(cluster, node, flags[node], command),
-                                     &runs[node].out, 60);
+      runs[node].status =
+          RunCommand(NodeArgv(cluster, node, flags[node], command), &runs[node].out, 60);
       runs[node].seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     });
@@ -81,9 +87,10 @@ std::string Processes(const NetnsCluster& cluster) {
   std::string list;
   for (int i = 0; i < 2; ++i) {
     for (pid_t pid : cluster.HostProcesses(i)) {
-      list += absl::StrCat(" ", pid, ":",
-                           absl::StrReplaceAll(ReadFileText(absl::StrCat("/proc/", pid, "/cmdline")),
-                                               {{std::string(1, '\0'), " "}}));
+      list +=
+          absl::StrCat(" ", pid, ":",
+                       absl::StrReplaceAll(ReadFileText(absl::StrCat("/proc/", pid, "/cmdline")),
+                                           {{std::string(1, '\0'), " "}}));
     }
   }
   return list;
@@ -135,19 +142,20 @@ TEST_CASE("per-node: a wrong token is refused; a node that never arrives is name
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
-  std::vector<NodeRun> runs =
-      RunNodes(cluster,
-               {{"--rdzv-token", "right", "--start-timeout", "3"},
-                {"--rdzv-token", "wrong", "--start-timeout", "3"}},
-               {TRAINRUN_JOB_WORKER, "1"});
+  std::vector<NodeRun> runs = RunNodes(cluster,
+                                       {{"--rdzv-token", "right", "--start-timeout", "3"},
+                                        {"--rdzv-token", "wrong", "--start-timeout", "3"}},
+                                       {TRAINRUN_JOB_WORKER, "1"});
   INFO("node 0:\n" << runs[0].out << "\nnode 1:\n" << runs[1].out);
   CHECK(runs[1].status != 0);
-  CHECK(Contains(runs[1].out, "refused this node (--node-rank 1): its --rdzv-token does not "
-                              "match node 0's"));
+  CHECK(Contains(runs[1].out,
+                 "refused this node (--node-rank 1): its --rdzv-token does not "
+                 "match node 0's"));
   CHECK(runs[0].status != 0);
   CHECK(Contains(runs[0].out, "refused 10.213.1.12: its --rdzv-token does not match"));
-  CHECK(Contains(runs[0].out, "node 1 of --nnodes 2 never joined at port 29400 within "
-                              "--start-timeout 3 s"));
+  CHECK(Contains(runs[0].out,
+                 "node 1 of --nnodes 2 never joined at port 29400 within "
+                 "--start-timeout 3 s"));
   INFO("left behind:" << Processes(cluster));
   CHECK(HostsEmpty(cluster));
 
@@ -156,8 +164,9 @@ TEST_CASE("per-node: a wrong token is refused; a node that never arrives is name
   alone.status = RunCommand(NodeArgv(cluster, 0, {"--start-timeout", "2"}, {"true"}), &alone.out);
   INFO(alone.out);
   CHECK(alone.status != 0);
-  CHECK(Contains(alone.out, "no --rdzv-token (nor TRAINRUN_RDZV_TOKEN): any host that reaches "
-                            "10.213.1.11:29400 may join this job as a node, as with torchrun"));
+  CHECK(Contains(alone.out,
+                 "no --rdzv-token (nor TRAINRUN_RDZV_TOKEN): any host that reaches "
+                 "10.213.1.11:29400 may join this job as a node, as with torchrun"));
   CHECK(Contains(alone.out, "node 1 of --nnodes 2 never joined"));
 }
 
@@ -224,8 +233,9 @@ TEST_CASE("per-node: node 0's trainrun killed ends node 1's ranks with a clear l
   head.join();
   INFO("node 0:\n" << runs[0].out << "\nnode 1:\n" << runs[1].out);
   CHECK(runs[1].status != 0);
-  CHECK(Contains(runs[1].out, "lost node 0's trainrun at 10.213.1.11:29400 before the job "
-                              "ended; this node's ranks (node 1) were ended"));
+  CHECK(Contains(runs[1].out,
+                 "lost node 0's trainrun at 10.213.1.11:29400 before the job "
+                 "ended; this node's ranks (node 1) were ended"));
   INFO("left behind:" << Processes(cluster));
   CHECK(HostsEmpty(cluster));
 }
