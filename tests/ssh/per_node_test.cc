@@ -240,5 +240,48 @@ TEST_CASE("per-node: node 0's trainrun killed ends node 1's ranks with a clear l
   CHECK(HostsEmpty(cluster));
 }
 
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// The start-time benchmark (hidden: run as `per_node_netns_test "[.bench]"`): 2 nodes x 2 ranks of
+// the barrier example, per-node (the slower node's trainrun, both started at once) and over SSH
+// from the client namespace (-H h0:2,h1:2), median of 5 each.
+TEST_CASE("per-node: start time next to an SSH launch", "[.bench][netns][per_node]") {
+  if (!CanUseNetns()) {
+    WARN("skipped: needs root and iproute2");
+    return;
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  std::vector<double> per_node, ssh;
+  for (int i = 0; i < 5; ++i) {
+    std::vector<NodeRun> runs =
+        RunNodes(cluster, {{"--rdzv-token", "t"}, {"--rdzv-token", "t"}}, {TRAINRUN_BARRIER, "-v"});
+    INFO(runs[0].out << runs[1].out);
+    REQUIRE(runs[0].status == 0);
+    REQUIRE(runs[1].status == 0);
+    REQUIRE(Contains(runs[0].out, "passed the barrier"));
+    per_node.push_back(std::max(runs[0].seconds, runs[1].seconds));
+    REQUIRE(HostsEmpty(cluster));
+
+    std::string out;
+    auto start = std::chrono::steady_clock::now();
+    int status = RunCommand(
+        {"ip", "netns", "exec", cluster.client_ns(), "env", "HOME=" + world.dir() + "/home",
+         TRAINRUN_BIN, "-i", world.user_ed25519(), "-np", "4", "-H",
+         absl::StrCat(cluster.host_address(0), ":2,", cluster.host_address(1), ":2"),
+         TRAINRUN_BARRIER, "-v"},
+        &out, 60);
+    INFO(out);
+    REQUIRE(status == 0);
+    ssh.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    REQUIRE(HostsEmpty(cluster));
+  }
+  WARN("start time, 2 nodes x 2 ranks, barrier example, median of 5: per-node "
+       << Median(per_node) << " s (slower node's trainrun), SSH launch " << Median(ssh) << " s");
+}
+
 }  // namespace
 }  // namespace trainrun::testing
