@@ -3,6 +3,10 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -14,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -26,6 +31,8 @@ namespace trainrun::launcher::nodes {
 namespace {
 
 constexpr char kJoinWord[] = "trainrun-node-join";
+constexpr char kChallengeWord[] = "trainrun-node-challenge";
+constexpr size_t kNonceBytes = 32;
 constexpr int kJoinVersion = 1;
 // A connection that has not sent its whole request line by then is dropped (a stranger, a port
 // scanner); the line is short.
@@ -65,11 +72,27 @@ bool SendAll(int fd, const std::string& text) {
   return true;
 }
 
-// Compares secrets in time independent of where they differ.
-bool SameSecret(const std::string& a, const std::string& b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) diff |= a[i] ^ b[i];
-  return diff == 0;
+// Compares proofs in time independent of where they differ.
+bool SameProof(const std::string& a, const std::string& b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+// Nonce is a fresh challenge, hex.
+std::string Nonce() {
+  unsigned char bytes[kNonceBytes];
+  if (RAND_bytes(bytes, sizeof bytes) != 1) return "";
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof bytes));
+}
+
+// Hmac is HMAC-SHA256(token, text), hex; "-" without a token.
+std::string Hmac(const std::string& token, const std::string& text) {
+  if (token.empty()) return "-";
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
+       reinterpret_cast<const unsigned char*>(text.data()), text.size(), mac, &length);
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(mac), length));
 }
 
 // Listen binds the endpoint's port on every interface (IPv6 with IPv4 mapped, else IPv4).
@@ -152,6 +175,11 @@ class NodeJoinChannel : public channel::HostChannel {
       int one = 1;
       ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       const std::string from = NumericAddress(fd.get(), true);
+      const std::string challenge = Nonce();
+      if (challenge.empty() || !SendAll(fd.get(), absl::StrCat(kChallengeWord, " ", kJoinVersion,
+                                                               " ", challenge, "\n"))) {
+        continue;
+      }
       absl::StatusOr<std::string> line = ReadLine(fd.get(), absl::Now() + kRequestTimeout);
       if (!line.ok()) {
         Logger().warn("per-node join: dropped a connection from {} that sent no join request ({})",
@@ -159,13 +187,17 @@ class NodeJoinChannel : public channel::HostChannel {
         continue;
       }
       absl::StatusOr<JoinRequest> request = DecodeJoinRequest(*line);
-      absl::Status verdict = request.ok() ? CheckJoin(spec_, *request, joined) : request.status();
+      absl::Status verdict =
+          request.ok() ? CheckJoin(spec_, challenge, *request, joined) : request.status();
       if (!verdict.ok()) {
         Logger().warn("per-node join: refused {}: {}", from, std::string(verdict.message()));
         SendAll(fd.get(), absl::StrCat("refused ", verdict.message(), "\n"));
         continue;
       }
-      if (!SendAll(fd.get(), "ok\n")) continue;
+      if (!SendAll(fd.get(),
+                   absl::StrCat("ok ", NodeZeroProof(spec_.token, challenge, *request), "\n"))) {
+        continue;
+      }
       const int node = request->node_rank;
       absl::StatusOr<std::unique_ptr<SocketStream>> stream =
           SocketStream::Create(std::move(fd), absl::StrCat("node ", node));
@@ -233,17 +265,27 @@ std::string EndpointText(const PerNodeSpec& spec) {
              : absl::StrCat(spec.endpoint_host, ":", spec.endpoint_port);
 }
 
+std::string JoinProof(const std::string& token, const std::string& challenge,
+                      const JoinRequest& request) {
+  return Hmac(token, absl::StrCat("join|", challenge, "|", request.rdzv_id, "|", request.node_rank,
+                                  "|", request.nproc, "|", request.nonce));
+}
+
+std::string NodeZeroProof(const std::string& token, const std::string& challenge,
+                          const JoinRequest& request) {
+  return Hmac(token, absl::StrCat("node0|", request.nonce, "|", challenge));
+}
+
 std::string EncodeJoinRequest(const JoinRequest& request) {
   return absl::StrCat(kJoinWord, " ", kJoinVersion, " ", request.rdzv_id, " ", request.node_rank,
-                      " ", request.nproc, " ",
-                      request.token.empty() ? "-" : absl::BytesToHexString(request.token), "\n");
+                      " ", request.nproc, " ", request.nonce, " ", request.proof, "\n");
 }
 
 absl::StatusOr<JoinRequest> DecodeJoinRequest(absl::string_view line) {
   std::vector<std::string> words = absl::StrSplit(line, ' ');
   JoinRequest request;
   int version = 0;
-  if (words.size() != 6 || words[0] != kJoinWord || !absl::SimpleAtoi(words[1], &version)) {
+  if (words.size() != 7 || words[0] != kJoinWord || !absl::SimpleAtoi(words[1], &version)) {
     return absl::InvalidArgumentError("it is not a trainrun node (no join request)");
   }
   if (version != kJoinVersion) {
@@ -256,18 +298,26 @@ absl::StatusOr<JoinRequest> DecodeJoinRequest(absl::string_view line) {
     return absl::InvalidArgumentError("its join request is garbled");
   }
   request.rdzv_id = words[2];
-  if (words[5] != "-") request.token = absl::HexStringToBytes(words[5]);
+  request.nonce = words[5];
+  request.proof = words[6];
   return request;
 }
 
-absl::Status CheckJoin(const PerNodeSpec& spec, const JoinRequest& request,
-                       const std::vector<bool>& joined) {
-  if (!SameSecret(request.token, spec.token)) {
+absl::Status CheckJoin(const PerNodeSpec& spec, const std::string& challenge,
+                       const JoinRequest& request, const std::vector<bool>& joined) {
+  if (spec.token.empty() && request.proof != "-") {
     return absl::PermissionDeniedError(
-        spec.token.empty()
-            ? "it gives an --rdzv-token but node 0 has none; give every node the same token"
-            : "its --rdzv-token does not match node 0's; give every node the same --rdzv-token "
-              "(or TRAINRUN_RDZV_TOKEN)");
+        "it gives an --rdzv-token but node 0 has none; give every node the same token");
+  }
+  if (!spec.token.empty() && request.proof == "-") {
+    return absl::PermissionDeniedError(
+        "it gives no --rdzv-token but node 0 has one; give every node the same --rdzv-token (or "
+        "TRAINRUN_RDZV_TOKEN)");
+  }
+  if (!SameProof(request.proof, JoinProof(spec.token, challenge, request))) {
+    return absl::PermissionDeniedError(
+        "its --rdzv-token does not match node 0's; give every node the same --rdzv-token "
+        "(or TRAINRUN_RDZV_TOKEN)");
   }
   if (request.rdzv_id != spec.rdzv_id) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -305,21 +355,36 @@ absl::StatusOr<posix::UniqueFd> DialNodeZero(const PerNodeSpec& spec, absl::Time
        pause = std::min(pause * 2, absl::Seconds(1))) {
     absl::StatusOr<posix::UniqueFd> fd = Connect(spec.endpoint_host, spec.endpoint_port);
     if (fd.ok()) {
-      const JoinRequest request{spec.rdzv_id, spec.node_rank, spec.nproc_per_node, spec.token};
-      absl::StatusOr<std::string> answer;
-      if (!SendAll(fd->get(), EncodeJoinRequest(request))) {
-        answer = absl::UnavailableError("the connection was closed");
-      } else {
-        answer = ReadLine(fd->get(), deadline);
+      JoinRequest request{spec.rdzv_id, spec.node_rank, spec.nproc_per_node, Nonce(), ""};
+      absl::StatusOr<std::string> answer = ReadLine(fd->get(), deadline);
+      const std::string challenge_prefix = absl::StrCat(kChallengeWord, " ", kJoinVersion, " ");
+      if (answer.ok() && absl::StartsWith(*answer, challenge_prefix)) {
+        const std::string challenge = answer->substr(challenge_prefix.size());
+        request.proof = JoinProof(spec.token, challenge, request);
+        if (!SendAll(fd->get(), EncodeJoinRequest(request))) {
+          answer = absl::UnavailableError("the connection was closed");
+        } else {
+          answer = ReadLine(fd->get(), deadline);
+        }
+        if (answer.ok() && absl::StartsWith(*answer, "ok ")) {
+          if (SameProof(answer->substr(3), NodeZeroProof(spec.token, challenge, request))) {
+            return fd;
+          }
+          return absl::PermissionDeniedError(absl::StrCat(
+              "the trainrun at ", endpoint,
+              " could not prove it knows this node's --rdzv-token: it is not this job's node 0 "
+              "(or its token differs); nothing was run"));
+        }
+      } else if (answer.ok()) {
+        answer =
+            absl::StrCat("it is not a trainrun node 0 (it said '", answer->substr(0, 60), "')");
       }
-      if (answer.ok() && *answer == "ok") return fd;
       if (answer.ok() && absl::StartsWith(*answer, "refused ")) {
         return absl::PermissionDeniedError(absl::StrCat("node 0 at ", endpoint,
                                                         " refused this node (--node-rank ",
                                                         spec.node_rank, "): ", answer->substr(8)));
       }
-      why = answer.ok() ? absl::StrCat("it answered '", *answer, "'")
-                        : std::string(answer.status().message());
+      why = answer.ok() ? *answer : std::string(answer.status().message());
     } else {
       why = std::string(fd.status().message());
     }

@@ -9,9 +9,15 @@
 //   node 1:  trainrun --nnodes 2 --node-rank 1 --rdzv-endpoint head:29400 --nproc-per-node 4 CMD
 //              DialNodeZero → "ok" → runs the agent over the socket until the job ends
 //
-// The join is one line each way before the agent protocol begins:
-//   node K → node 0:  trainrun-node-join 1 <rdzv-id> <node-rank> <nproc> <token in hex, or ->\n
-//   node 0 → node K:  ok\n   or   refused <one sentence>\n
+// The join is a mutual challenge-response keyed by the shared secret (--rdzv-token), one line
+// each way, before the agent protocol begins; the secret never crosses the wire:
+//   node 0 → node K:  trainrun-node-challenge 1 <nonce0>\n
+//   node K → node 0:  trainrun-node-join 1 <rdzv-id> <node-rank> <nproc> <nonceK> <proofK>\n
+//   node 0 → node K:  ok <proof0>\n   or   refused <one sentence>\n
+// proofK = HMAC-SHA256(secret, "join" | nonce0 | rdzv-id | node-rank | nproc | nonceK) proves
+// node K to node 0; proof0 = HMAC-SHA256(secret, "node0" | nonceK | nonce0) proves node 0 to node K
+// (which will run whatever node 0 sends). Without a secret both proofs are "-": anyone may join,
+// and node K trusts whoever answers at the endpoint, as with torchrun.
 #pragma once
 
 #include <chrono>
@@ -31,17 +37,25 @@ struct JoinRequest {
   std::string rdzv_id;
   int node_rank = 0;
   int nproc = 0;
-  std::string token;  // "" when the node has none
+  std::string nonce;  // the joining node's challenge to node 0 (hex)
+  std::string proof;  // HMAC over node 0's challenge and the fields above (hex); "-": no secret
 };
+
+// JoinProof is proofK for `request` answering `challenge` with `token` ("-" without a token).
+std::string JoinProof(const std::string& token, const std::string& challenge,
+                      const JoinRequest& request);
+// NodeZeroProof is proof0 ("-" without a token).
+std::string NodeZeroProof(const std::string& token, const std::string& challenge,
+                          const JoinRequest& request);
 
 std::string EncodeJoinRequest(const JoinRequest& request);
 // DecodeJoinRequest reads one request line (without its '\n'); InvalidArgument when it is not one.
 absl::StatusOr<JoinRequest> DecodeJoinRequest(absl::string_view line);
 
-// CheckJoin says why node 0 (`spec`) refuses `request` (one sentence naming the flag that
-// differs), or OK. `joined[k]`: node k has joined already.
-absl::Status CheckJoin(const PerNodeSpec& spec, const JoinRequest& request,
-                       const std::vector<bool>& joined);
+// CheckJoin says why node 0 (`spec`), which sent `challenge`, refuses `request` (one sentence
+// naming the flag that differs), or OK. `joined[k]`: node k has joined already.
+absl::Status CheckJoin(const PerNodeSpec& spec, const std::string& challenge,
+                       const JoinRequest& request, const std::vector<bool>& joined);
 
 // MakeNodeJoinChannel is node 0's HostChannel: Start listens at the endpoint's port, on every
 // interface, and hands host i (node i+1) its stream once that node has joined; nodes that have not
