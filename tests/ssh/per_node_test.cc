@@ -128,6 +128,10 @@ TEST_CASE("per-node: two independently started nodes run a checked allreduce",
   for (int rank = 0; rank < 4; ++rank) {
     CHECK(Contains(runs[0].out, absl::StrCat("[", rank, "]<stdout>:rank ", rank, ": ok")));
   }
+  // Node 1's console shows its own ranks' lines too.
+  CHECK(Contains(runs[1].out, "[2]<stdout>:rank 2: ok"));
+  CHECK(Contains(runs[1].out, "[3]<stdout>:rank 3: ok"));
+  CHECK_FALSE(Contains(runs[1].out, "[0]<stdout>"));
   // With a token, no warning about strangers.
   CHECK_FALSE(Contains(runs[0].out + runs[1].out, "any host that reaches"));
   INFO("left behind:" << Processes(cluster));

@@ -96,6 +96,7 @@ class Agent {
   RankProcessSet::Callbacks Callbacks() {
     RankProcessSet::Callbacks callbacks;
     callbacks.on_output = [this](int rank, OutputStream stream, std::string_view bytes) {
+      if (options_.on_output) options_.on_output(rank, stream, bytes);
       Send(EncodeOutput({static_cast<uint32_t>(rank),
                          static_cast<uint8_t>(stream == OutputStream::kStderr ? 1 : 0),
                          std::string(bytes)}));

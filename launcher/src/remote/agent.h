@@ -9,10 +9,13 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "remote/agent_protocol.h"
+#include "trainrun/launcher/process_set.h"
 
 namespace trainrun::launcher::remote {
 
@@ -31,6 +34,9 @@ struct AgentOptions {
   bool await_job_end = false;
   // The SSH session is the agent's parent: its death ends the agent (PR_SET_PDEATHSIG).
   bool watch_parent = true;
+  // Also given each piece of the ranks' output (a per-node agent shows its own ranks' lines on
+  // its node's console as well); may be empty.
+  std::function<void(int rank, OutputStream stream, std::string_view bytes)> on_output;
 };
 
 // AgentOutcome is how an agent's session ended.
