@@ -86,7 +86,7 @@ TEST_CASE_METHOD(PerNodeApp, "per-node mode: underscore spellings and --master-a
 }
 
 TEST_CASE_METHOD(PerNodeApp,
-                 "per-node mode: the endpoint's port defaults to 29400; IPv6 in brackets",
+                 "per-node mode: the endpoint's port defaults to 29400, IPv6 goes in brackets",
                  "[cli][per_node]") {
   auto spec = Spec({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "head",
                     "--nproc-per-node", "1", "prog"});
@@ -99,7 +99,8 @@ TEST_CASE_METHOD(PerNodeApp,
   CHECK(v6->per_node->endpoint_port == 5000);
 }
 
-TEST_CASE_METHOD(PerNodeApp, "--nproc-per-node without --nnodes is -np on this host",
+TEST_CASE_METHOD(PerNodeApp,
+                 "per-node flags: --nproc-per-node without --nnodes is -np on this host",
                  "[cli][per_node]") {
   auto spec = Spec({"--nproc-per-node", "3", "prog"});
   REQUIRE(spec.ok());
