@@ -243,10 +243,11 @@ void JobRun::Supervise() {
 int JobRun::Summarize() {
   server_->Shutdown();
   output_.EndLines();
-  const std::string summary = supervisor_->Summary();
-  if (!summary.empty()) Logger().error("{}", absl::StrReplaceAll(summary, {{"\n", "\n  "}}));
+  if (std::string summary = supervisor_->Summary(); !summary.empty()) {
+    Logger().error("{}", absl::StrReplaceAll(summary, {{"\n", "\n  "}}));
+  }
   // Per-node mode: every joined node's trainrun prints the same summary and exits the same way.
-  if (spec_.per_node) remote_ranks_.EndJob({supervisor_->exit_code(), summary});
+  if (spec_.per_node) remote_ranks_.EndJob({supervisor_->exit_code(), supervisor_->Summary()});
   return supervisor_->exit_code();
 }
 
