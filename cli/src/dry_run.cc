@@ -12,6 +12,26 @@
 #include "trainrun/launcher/shell_quote.h"
 
 namespace trainrun::cli {
+namespace {
+
+// Per-node mode: which node this is and where it meets the others; no host is asked anything (the
+// other nodes start their own trainrun).
+void PrintPerNode(const launcher::PerNodeSpec& node, std::ostream& out) {
+  const std::string endpoint = node.endpoint_host.find(':') != std::string::npos
+                                   ? absl::StrCat("[", node.endpoint_host, "]:", node.endpoint_port)
+                                   : absl::StrCat(node.endpoint_host, ":", node.endpoint_port);
+  out << "per-node mode: this is node " << node.node_rank << " of " << node.nnodes << " (ranks "
+      << node.node_rank * node.nproc_per_node << " to "
+      << (node.node_rank + 1) * node.nproc_per_node - 1 << "); "
+      << (node.node_rank == 0 ? absl::StrCat("the other nodes join it at port ", node.endpoint_port,
+                                             ", where it then serves the rendezvous")
+                              : absl::StrCat("it joins node 0 at ", endpoint))
+      << "; --rdzv-id " << node.rdzv_id << ", "
+      << (node.token.empty() ? "no token (any node that reaches it may join)" : "a token") << "\n";
+}
+
+}  // namespace
+
 void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out) {
   const hostfile::SlotPlan& plan = spec.plan;
   out << absl::StrFormat("trainrun: dry run: %d %s on %d %s; nothing is started\n", plan.size(),
@@ -37,6 +57,7 @@ void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out) {
         << "\n";
   }
   if (spec.output_dir) out << "output: " << *spec.output_dir << "/rank.<N>/{stdout,stderr}\n";
+  if (spec.per_node) return PrintPerNode(*spec.per_node, out);
   // How each host is reached, when any is not this machine.
   bool any_remote = false;
   for (const hostfile::HostSpec& host : plan.hosts) any_remote |= !launcher::IsLocalHost(host.host);

@@ -132,10 +132,24 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
     return absl::InvalidArgumentError(
         "no command to run; put it after the flags, e.g. trainrun -np 4 python train.py");
   }
-  absl::StatusOr<Hosts> hosts = ResolveHosts(options, env);
-  if (!hosts.ok()) return hosts.status();
-  absl::StatusOr<hostfile::SlotPlan> plan = hostfile::PlanSlots(hosts->hosts, options.num_proc);
-  if (!plan.ok()) return BadInput(hosts->source, plan.status());
+  // Per-node mode first: it decides the plan (the whole job's), and --nproc-per-node alone is -np.
+  PerNodeFacts facts{options.num_proc, options.hosts || options.hostfile,
+                     options.rendezvous_port != 0 || !options.rendezvous_addr.empty(),
+                     options.launcher, env};
+  absl::StatusOr<PerNodeResult> per_node = MakePerNodeSpec(options.per_node, facts);
+  if (!per_node.ok()) return per_node.status();
+  absl::StatusOr<hostfile::SlotPlan> plan;
+  if (per_node->spec) {
+    plan = PerNodePlan(*per_node->spec);
+    if (!plan.ok()) return plan.status();
+  } else {
+    RunOptions planned = options;
+    planned.num_proc = per_node->num_proc;
+    absl::StatusOr<Hosts> hosts = ResolveHosts(planned, env);
+    if (!hosts.ok()) return hosts.status();
+    plan = hostfile::PlanSlots(hosts->hosts, planned.num_proc);
+    if (!plan.ok()) return BadInput(hosts->source, plan.status());
+  }
   absl::StatusOr<std::vector<launcher::ExportedVariable>> exported = ParseExports(options.exports);
   if (!exported.ok()) return exported.status();
   if (options.output_filename && options.output_filename->empty()) {
@@ -216,8 +230,14 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
   absl::StatusOr<launcher::Launcher> how = launcher::ParseLauncher(options.launcher);
   if (!how.ok()) return how.status();
   spec.launcher = *how;
-  spec.hosts_from_slurm = !options.hosts && !options.hostfile && options.launcher != "local" &&
-                          env(env::kSlurmJobNodelist).has_value();
+  if (per_node->spec) {
+    // Node 0 serves the job's rendezvous at the endpoint's port, on every interface.
+    spec.per_node = per_node->spec;
+    spec.rendezvous_addr = "0.0.0.0";
+    spec.rendezvous_port = per_node->spec->endpoint_port;
+  }
+  spec.hosts_from_slurm = !per_node->spec && !options.hosts && !options.hostfile &&
+                          options.launcher != "local" && env(env::kSlurmJobNodelist).has_value();
   if (spec.launcher == launcher::Launcher::kLocal) {
     for (const HostSpec& host : spec.plan.hosts) {
       if (!launcher::IsLocalHost(host.host)) {

@@ -195,6 +195,9 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
   // horovodrun users type --gloo to avoid MPI; trainrun never uses MPI, so it changes nothing.
   remote->add_flag("--gloo", "Accepted for horovodrun compatibility; trainrun never uses MPI.");
 
+  // torchrun's per-node mode: its own group and rules (per_node_options.h).
+  SetupPerNodeOptions(app, options.per_node);
+
   // horovodrun's tuning flags: those trainrun has a knob for set it; the others are accepted and
   // say, once, why they change nothing.
   CLI::Option_group* horovod = app.add_option_group("horovodrun compatibility");

@@ -26,7 +26,9 @@ absl::StatusOr<JobPlan> PlanJob(const LaunchSpec& spec) {
   if (spec.plan.size() == 0) return absl::InvalidArgumentError("the slot plan has no ranks");
   std::vector<int> remote_hosts;
   for (size_t i = 0; i < spec.plan.hosts.size(); ++i) {
-    if (!IsLocalHost(spec.plan.hosts[i].host)) remote_hosts.push_back(static_cast<int>(i));
+    // Per-node mode: host 0 is this node (node 0); the others join it (nodes/node_join.h).
+    const bool remote = spec.per_node ? i > 0 : !IsLocalHost(spec.plan.hosts[i].host);
+    if (remote) remote_hosts.push_back(static_cast<int>(i));
   }
   std::vector<bool> rank_is_local(spec.plan.size(), true);
   for (const hostfile::RankAssignment& a : spec.plan.ranks) {

@@ -253,6 +253,8 @@ int JobRun::Summarize() {
     }
     Logger().error("{}", absl::StrReplaceAll(summary, {{"\n", "\n  "}}));
   }
+  // Per-node mode: every joined node's trainrun prints the same summary and exits the same way.
+  if (spec_.per_node) remote_ranks_.EndJob({supervisor_->exit_code(), supervisor_->Summary()});
   return supervisor_->exit_code();
 }
 

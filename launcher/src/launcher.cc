@@ -4,8 +4,11 @@
 
 #include "job_plan.h"
 #include "job_run.h"
+#include "node_joiner.h"
+#include "nodes/node_join.h"
 #include "reach_hosts.h"
 #include "start_deadline.h"
+#include "trainrun/launcher/logging.h"
 #include "trainrun/launcher/output_forwarder.h"
 
 namespace trainrun::launcher {
@@ -40,6 +43,16 @@ absl::StatusOr<std::unique_ptr<OutputForwarder>> OpenOutput(const LaunchSpec& sp
 // A job is a pipeline: plan, reach the hosts, serve the rendezvous, start the ranks, supervise
 // them, summarize. Each phase is named in job_plan.h, reach_hosts.h and job_run.h.
 absl::StatusOr<int> Launch(const LaunchSpec& spec) {
+  if (spec.per_node) {
+    if (spec.per_node->token.empty()) {
+      Logger().warn(
+          "no --rdzv-token (nor TRAINRUN_RDZV_TOKEN): any host that reaches {} may join this job "
+          "as a node, as with torchrun",
+          nodes::EndpointText(*spec.per_node));
+    }
+    // Per-node mode: node 0 runs the pipeline below, with the other nodes as its agents.
+    if (spec.per_node->node_rank != 0) return RunJoinedNode(spec);
+  }
   absl::StatusOr<JobPlan> plan = PlanJob(spec);
   if (!plan.ok()) return plan.status();
   absl::StatusOr<std::unique_ptr<OutputForwarder>> output = OpenOutput(spec);

@@ -2,9 +2,10 @@
 // the job pipeline and a way of reaching hosts. A HostChannel starts the agent (`trainrun --agent`)
 // on N hosts and gives back one byte stream per host, connected to that agent's stdin and stdout;
 // everything above it (the agent protocol, supervision, the job's environment) is the same however
-// the hosts were reached. SSH implements it today (ssh/ssh_host_channel.h: libssh2 in-process, or
-// the system `ssh`); `srun` (one step over an allocation's nodes) and per-node joins (agents that
-// dial the launcher) are the next ones, and need nothing more than this:
+// the hosts were reached. Three implement it: SSH (ssh/ssh_host_channel.h: libssh2 in-process, or
+// the system `ssh`), Slurm (slurm/: one `srun` step per node) and per-node mode (nodes/: each
+// node's own trainrun dials node 0's and serves as its agent), and they need nothing more than
+// this:
 //
 //   std::unique_ptr<HostChannel> channel = ssh::MakeSshHostChannel(options);
 //   channel->Start(hosts, "/usr/bin/trainrun --agent", deadline,

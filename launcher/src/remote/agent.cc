@@ -59,14 +59,15 @@ std::string Hostname() {
 
 class Agent {
  public:
-  explicit Agent(std::string release)
+  Agent(std::string release, const AgentOptions& options)
       : release_(std::move(release)),
-        input_(io_, ::dup(0)),
+        options_(options),
+        input_(io_, ::dup(options.in_fd)),
         silence_(io_),
         grace_(io_),
         ranks_(io_, Callbacks()) {}
 
-  int Run() {
+  AgentOutcome Run() {
     Hello hello;
     hello.release = release_;
     hello.hostname = Hostname();
@@ -76,17 +77,26 @@ class Agent {
             ::trainrun::env::Lookup(::trainrun::env::kSshConnection)) {
       hello.ssh_client_address = connection->substr(0, connection->find(' '));
     }
-    if (!Send(EncodeHello(hello))) return 1;
+    AgentOutcome outcome;
+    if (!Send(EncodeHello(hello))) {
+      outcome.exit_code = 1;
+      outcome.launcher_gone = true;
+      return outcome;
+    }
     ReadMore();
-    ArmSilence();
+    ArmSilence(options_.first_silence);
     io_.run();
-    return failed_ ? 1 : 0;
+    outcome.exit_code = failed_ ? 1 : 0;
+    outcome.job_end = job_end_;
+    outcome.launcher_gone = launcher_gone_ && !job_end_;
+    return outcome;
   }
 
  private:
   RankProcessSet::Callbacks Callbacks() {
     RankProcessSet::Callbacks callbacks;
     callbacks.on_output = [this](int rank, OutputStream stream, std::string_view bytes) {
+      if (options_.on_output) options_.on_output(rank, stream, bytes);
       Send(EncodeOutput({static_cast<uint32_t>(rank),
                          static_cast<uint8_t>(stream == OutputStream::kStderr ? 1 : 0),
                          std::string(bytes)}));
@@ -101,7 +111,7 @@ class Agent {
 
   bool Send(const std::string& frame) {
     if (launcher_gone_) return false;
-    if (!WriteAll(1, frame)) {
+    if (!WriteAll(options_.out_fd, frame)) {
       LauncherGone();
       return false;
     }
@@ -143,6 +153,11 @@ class Agent {
         case MessageType::kHeartbeat:
           Send(EncodeFrame(MessageType::kHeartbeat));
           break;
+        case MessageType::kJobEnd:
+          if (auto end = DecodeJobEnd((*frame)->payload); end.ok()) job_end_ = *end;
+          ranks_.KillAll();  // nothing should run by now; never leave a rank behind
+          Finish();
+          return false;
         default:
           break;
       }
@@ -205,21 +220,25 @@ class Agent {
   void MaybeDone() {
     if (ranks_.running() > 0) return;
     if (launcher_gone_ || job_received_) {
+      if (done_sent_) return;
+      done_sent_ = true;
       Send(EncodeFrame(MessageType::kDone));
-      Finish();
+      // A per-node agent stays for the job's outcome, which its trainrun prints.
+      if (launcher_gone_ || !options_.await_job_end) Finish();
     }
   }
 
   void Finish() { io_.stop(); }
 
-  void ArmSilence() {
-    silence_.expires_after(kSilenceLimit);
+  void ArmSilence(std::chrono::seconds limit = kSilenceLimit) {
+    silence_.expires_after(limit);
     silence_.async_wait([this](const boost::system::error_code& error) {
       if (!error) LauncherGone();
     });
   }
 
   const std::string release_;
+  const AgentOptions options_;
   boost::asio::io_context io_;
   boost::asio::posix::stream_descriptor input_;
   boost::asio::steady_timer silence_;
@@ -232,6 +251,8 @@ class Agent {
   bool job_received_ = false;
   bool launcher_gone_ = false;
   bool failed_ = false;
+  bool done_sent_ = false;
+  std::optional<JobEnd> job_end_;
 };
 
 }  // namespace
@@ -240,13 +261,23 @@ class Agent {
 int RunAgent() { return RunAgent(remote::TrainrunRelease()); }
 
 int RunAgent(const std::string& release) {
-  // The SSH session (our parent) ending means the connection is gone.
-  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-  if (::getppid() == 1) return 1;
+  return remote::RunAgentOn(release, remote::AgentOptions{}).exit_code;
+}
+
+namespace remote {
+
+AgentOutcome RunAgentOn(const std::string& release, const AgentOptions& options) {
+  if (options.watch_parent) {
+    // The SSH session (our parent) ending means the connection is gone.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() == 1) return AgentOutcome{1, std::nullopt, true};
+  }
   // A broken pipe to the launcher is an error from write(), handled as "launcher gone".
   ::signal(SIGPIPE, SIG_IGN);
-  remote::Agent agent(release);
+  Agent agent(release, options);
   return agent.Run();
 }
+
+}  // namespace remote
 
 }  // namespace trainrun::launcher

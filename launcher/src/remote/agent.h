@@ -9,6 +9,13 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "remote/agent_protocol.h"
+#include "trainrun/launcher/process_set.h"
 
 namespace trainrun::launcher::remote {
 
@@ -16,5 +23,30 @@ namespace trainrun::launcher::remote {
 // frame.
 inline constexpr std::chrono::seconds kHeartbeatInterval{5};
 inline constexpr std::chrono::seconds kSilenceLimit{30};
+
+// AgentOptions: how RunAgentOn talks to its launcher. The defaults are `trainrun --agent`'s.
+struct AgentOptions {
+  int in_fd = 0;   // the launcher's frames arrive here
+  int out_fd = 1;  // the agent's frames go here (may be in_fd: a socket)
+  // Silence allowed before the Job arrives (a per-node agent waits while other nodes join).
+  std::chrono::seconds first_silence = kSilenceLimit;
+  // Per-node mode: after Done, wait for the launcher's JobEnd (or the connection's end).
+  bool await_job_end = false;
+  // The SSH session is the agent's parent: its death ends the agent (PR_SET_PDEATHSIG).
+  bool watch_parent = true;
+  // Also given each piece of the ranks' output (a per-node agent shows its own ranks' lines on
+  // its node's console as well); may be empty.
+  std::function<void(int rank, OutputStream stream, std::string_view bytes)> on_output;
+};
+
+// AgentOutcome is how an agent's session ended.
+struct AgentOutcome {
+  int exit_code = 0;              // 0 when every rank exited 0
+  std::optional<JobEnd> job_end;  // the launcher's JobEnd, when it sent one
+  bool launcher_gone = false;     // the connection ended (or fell silent) before the job did
+};
+
+// RunAgentOn runs the agent over `options`' descriptors until its session ends.
+AgentOutcome RunAgentOn(const std::string& release, const AgentOptions& options);
 
 }  // namespace trainrun::launcher::remote

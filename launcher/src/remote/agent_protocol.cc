@@ -126,6 +126,19 @@ std::string EncodeError(absl::string_view message) {
   return EncodeFrame(MessageType::kError, Writer().Bytes(message).Take());
 }
 
+std::string EncodeJobEnd(const JobEnd& end) {
+  return EncodeFrame(MessageType::kJobEnd,
+                     Writer().U32(static_cast<uint32_t>(end.exit_code)).Bytes(end.summary).Take());
+}
+
+absl::StatusOr<JobEnd> DecodeJobEnd(absl::string_view payload) {
+  Reader r(payload);
+  JobEnd end;
+  end.exit_code = static_cast<int32_t>(r.U32());
+  end.summary = r.Bytes();
+  return r.Finish(end, "JobEnd");
+}
+
 absl::StatusOr<Hello> DecodeHello(absl::string_view payload) {
   Reader r(payload);
   Hello h;

@@ -14,6 +14,8 @@
 //      ── Terminate / Kill ─▶        (the job is ending elsewhere)
 //      ◀─ Done                        (every rank of this host has exited)
 //      ◀─▶ Heartbeat                  (each side ends the job when the other falls silent)
+//      ── JobEnd{exit_code, summary} ─▶  (per-node mode only: the job's outcome, which a joined
+//                                         node's trainrun prints and exits with)
 //   End of file on the agent's stdin means the launcher is gone: the agent kills its ranks.
 #pragma once
 
@@ -45,6 +47,9 @@ enum class MessageType : uint8_t {
   kDone = 8,
   kHeartbeat = 9,
   kError = 10,
+  // Sent only to per-node agents (nodes/node_join.h), whose trainrun prints the job's summary;
+  // an agent of an older release ignores an unknown type, so the version stays.
+  kJobEnd = 11,
 };
 
 struct Hello {
@@ -79,6 +84,13 @@ struct RankExit {
   int32_t exec_errno = 0;
 };
 
+// JobEnd is the job's outcome as node 0's trainrun decided it: its exit code and the one summary
+// ("" when every rank succeeded).
+struct JobEnd {
+  int32_t exit_code = 0;
+  std::string summary;
+};
+
 struct RankOutput {
   uint32_t rank = 0;
   uint8_t stream = 0;  // 0 stdout, 1 stderr
@@ -100,6 +112,7 @@ std::string EncodeStarted(uint32_t rank);
 std::string EncodeOutput(const RankOutput& output);
 std::string EncodeExit(const RankExit& exit);
 std::string EncodeError(absl::string_view message);
+std::string EncodeJobEnd(const JobEnd& end);
 
 // Decode* read a frame's payload; a malformed payload is an InvalidArgument.
 absl::StatusOr<Hello> DecodeHello(absl::string_view payload);
@@ -108,6 +121,7 @@ absl::StatusOr<uint32_t> DecodeStarted(absl::string_view payload);
 absl::StatusOr<RankOutput> DecodeOutput(absl::string_view payload);
 absl::StatusOr<RankExit> DecodeExit(absl::string_view payload);
 absl::StatusOr<std::string> DecodeError(absl::string_view payload);
+absl::StatusOr<JobEnd> DecodeJobEnd(absl::string_view payload);
 
 // FrameReader cuts a byte stream into frames: Append what arrived, then Next until it is empty.
 class FrameReader {

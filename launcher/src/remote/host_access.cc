@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "nodes/node_join.h"
 #include "posix/resolve_on_path.h"
 #include "remote/agent_connector.h"
 #include "remote/host_access.h"
@@ -52,6 +53,7 @@ bool UsesSlurm(const LaunchSpec& spec) {
 }
 
 std::unique_ptr<channel::HostChannel> MakeHostChannel(const LaunchSpec& spec) {
+  if (spec.per_node) return nodes::MakeNodeJoinChannel(*spec.per_node, spec.start_timeout);
   if (UsesSlurm(spec)) return slurm::MakeSrunHostChannel();
   return ssh::MakeSshHostChannel(SshOptionsFor(spec));
 }

@@ -93,6 +93,11 @@ void RemoteRanks::KillAll() {
   for (auto& host : hosts_) Send(*host, EncodeFrame(MessageType::kKill));
 }
 
+void RemoteRanks::EndJob(const JobEnd& end) {
+  const std::string frame = EncodeJobEnd(end);
+  for (auto& host : hosts_) Send(*host, frame);
+}
+
 void RemoteRanks::Send(Host& host, const std::string& frame) {
   if (host.ended || stopping_) return;
   absl::Status written = host.agent->stream->Write(frame, kWriteTimeout);

@@ -59,6 +59,10 @@ class RemoteRanks : public RankControl {
   void TerminateAll() override;
   void KillAll() override;
 
+  // EndJob tells every agent still connected the job's outcome (per-node mode: a joined node's
+  // trainrun prints the summary and exits with the code).
+  void EndJob(const JobEnd& end);
+
  private:
   struct Host;
 

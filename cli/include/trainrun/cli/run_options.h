@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "trainrun/cli/per_node_options.h"
 #include "trainrun/launcher/launch_spec.h"
 
 namespace trainrun::cli {
@@ -57,6 +58,9 @@ struct RunOptions {
   std::string remote_trainrun;       // --remote-trainrun PATH
   std::string launcher = "auto";     // --launcher auto|ssh|slurm|local
   std::vector<std::string> command;  // the worker command and its arguments
+
+  // Per-node mode (--nnodes, --node-rank, --rdzv-endpoint, ...): per_node_options.h.
+  PerNodeOptions per_node;
 };
 
 // SetupRunOptions declares trainrun's flags, help text and examples on `app`, bound to `options`

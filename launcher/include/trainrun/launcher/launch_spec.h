@@ -51,6 +51,28 @@ absl::StatusOr<HostKeyPolicy> ParseHostKeyPolicy(absl::string_view text);
 absl::string_view SshClientName(SshClient client);
 absl::string_view HostKeyPolicyName(HostKeyPolicy policy);
 
+// Per-node mode (torchrun's model): node 0's rendezvous port when --rdzv-endpoint gives none
+// (torchrun's default), and the job id when --rdzv-id gives none.
+inline constexpr int kDefaultRdzvPort = 29400;
+inline constexpr char kDefaultRdzvId[] = "none";
+
+// PerNodeSpec is per-node mode: trainrun started once on each node (`--nnodes 2 --node-rank K
+// --rdzv-endpoint HOST:PORT --nproc-per-node N`). Node 0's trainrun is the job's launcher: it
+// listens at the endpoint's port, where the other nodes' trainruns dial in and serve as its agents
+// (launcher/src/nodes/), then serves the job's rendezvous there. Every node runs the same count of
+// ranks; ranks are numbered by node rank, then local rank.
+struct PerNodeSpec {
+  int nnodes = 1;
+  int node_rank = 0;
+  int nproc_per_node = 1;
+  std::string endpoint_host;  // node 0 as every node dials it (--rdzv-endpoint, --master-addr)
+  int endpoint_port = kDefaultRdzvPort;
+  std::string rdzv_id = kDefaultRdzvId;  // must be the same on every node
+  // --rdzv-token (TRAINRUN_RDZV_TOKEN, --rdzv-token-file): the secret a node proves to join;
+  // "": any node that reaches the endpoint is accepted, as with torchrun.
+  std::string token;
+};
+
 // ExportedVariable is one `-x NAME` (value taken from trainrun's environment) or `-x NAME=value`.
 struct ExportedVariable {
   std::string name;
@@ -111,6 +133,11 @@ struct LaunchSpec {
   // --launcher, and whether the hosts came from the Slurm allocation (SLURM_JOB_NODELIST).
   Launcher launcher = Launcher::kAuto;
   bool hosts_from_slurm = false;
+
+  // Per-node mode (--nnodes, --node-rank, --rdzv-endpoint): unset for a job this trainrun starts
+  // on every host itself. In this mode `plan` is the whole job's: host 0 is node 0 (named by the
+  // endpoint's host), host K is "node<K>".
+  std::optional<PerNodeSpec> per_node;
 };
 
 }  // namespace trainrun::launcher

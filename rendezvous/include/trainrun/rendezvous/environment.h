@@ -149,6 +149,10 @@ inline constexpr char kSshAuthSock[] = "SSH_AUTH_SOCK";
 // first word is how that host sees the launcher.
 inline constexpr char kSshConnection[] = "SSH_CONNECTION";
 
+// Per-node mode: the secret every node's trainrun proves to join the job (--rdzv-token; also
+// --rdzv-token-file). Unset: any node that reaches node 0's endpoint is accepted.
+inline constexpr char kRdzvToken[] = "TRAINRUN_RDZV_TOKEN";
+
 // The search path of the worker command (a rank's own PATH: trainrun's, or -x PATH=...).
 inline constexpr char kPath[] = "PATH";
 

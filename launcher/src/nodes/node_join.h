@@ -1,0 +1,77 @@
+// Per-node mode's join (torchrun's model: trainrun started once on each node). Node 0's trainrun
+// is the job's launcher; every other node's trainrun dials node 0's endpoint, proves the shared
+// secret, and then serves as that node's agent over the same connection (the agent protocol,
+// remote/agent_protocol.h), so that one supervisor, one summary and one rendezvous serve the job:
+//
+//   node 0:  trainrun --nnodes 2 --node-rank 0 --rdzv-endpoint head:29400 --nproc-per-node 4 CMD
+//              listens at :29400 (NodeJoinChannel, a HostChannel), greets node 1's agent, then
+//              serves the job's rendezvous at :29400 and starts every node's ranks
+//   node 1:  trainrun --nnodes 2 --node-rank 1 --rdzv-endpoint head:29400 --nproc-per-node 4 CMD
+//              DialNodeZero → "ok" → runs the agent over the socket until the job ends
+//
+// The join is a mutual challenge-response keyed by the shared secret (--rdzv-token), one line
+// each way, before the agent protocol begins; the secret never crosses the wire:
+//   node 0 → node K:  trainrun-node-challenge 1 <nonce0>\n
+//   node K → node 0:  trainrun-node-join 1 <rdzv-id> <node-rank> <nproc> <nonceK> <proofK>\n
+//   node 0 → node K:  ok <proof0>\n   or   refused <one sentence>\n
+// proofK = HMAC-SHA256(secret, "join" | nonce0 | rdzv-id | node-rank | nproc | nonceK) proves
+// node K to node 0; proof0 = HMAC-SHA256(secret, "node0" | nonceK | nonce0) proves node 0 to node K
+// (which will run whatever node 0 sends). Without a secret both proofs are "-": anyone may join,
+// and node K trusts whoever answers at the endpoint, as with torchrun.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "channel/host_channel.h"
+#include "posix/unique_fd.h"
+#include "trainrun/launcher/launch_spec.h"
+
+namespace trainrun::launcher::nodes {
+
+// JoinRequest is what a node says when it dials node 0.
+struct JoinRequest {
+  std::string rdzv_id;
+  int node_rank = 0;
+  int nproc = 0;
+  std::string nonce;  // the joining node's challenge to node 0 (hex)
+  std::string proof;  // HMAC over node 0's challenge and the fields above (hex); "-": no secret
+};
+
+// JoinProof is proofK for `request` answering `challenge` with `token` ("-" without a token).
+std::string JoinProof(const std::string& token, const std::string& challenge,
+                      const JoinRequest& request);
+// NodeZeroProof is proof0 ("-" without a token).
+std::string NodeZeroProof(const std::string& token, const std::string& challenge,
+                          const JoinRequest& request);
+
+std::string EncodeJoinRequest(const JoinRequest& request);
+// DecodeJoinRequest reads one request line (without its '\n'); InvalidArgument when it is not one.
+absl::StatusOr<JoinRequest> DecodeJoinRequest(absl::string_view line);
+
+// CheckJoin says why node 0 (`spec`), which sent `challenge`, refuses `request` (one sentence
+// naming the flag that differs), or OK. `joined[k]`: node k has joined already.
+absl::Status CheckJoin(const PerNodeSpec& spec, const std::string& challenge,
+                       const JoinRequest& request, const std::vector<bool>& joined);
+
+// MakeNodeJoinChannel is node 0's HostChannel: Start listens at the endpoint's port, on every
+// interface, and hands host i (node i+1) its stream once that node has joined; nodes that have not
+// joined by the deadline get one error naming them all. The listening socket is closed once every
+// node has joined (or the deadline passed), so the job's rendezvous server can bind the port next.
+std::unique_ptr<channel::HostChannel> MakeNodeJoinChannel(const PerNodeSpec& spec,
+                                                          std::chrono::seconds start_timeout);
+
+// DialNodeZero is a joining node's side: it dials node 0's endpoint until `deadline` (node 0 may
+// start later), sends its JoinRequest and reads the answer. Returns the connected socket, ready
+// for the agent protocol. Errors, one sentence: node 0 never answered (DeadlineExceeded, naming
+// the endpoint and --start-timeout), node 0 refused this node (PermissionDenied, with its reason).
+absl::StatusOr<posix::UniqueFd> DialNodeZero(const PerNodeSpec& spec, absl::Time deadline,
+                                             std::chrono::seconds start_timeout);
+
+// EndpointText is "HOST:PORT" as the user would write it ("[v6]:PORT" for IPv6).
+std::string EndpointText(const PerNodeSpec& spec);
+
+}  // namespace trainrun::launcher::nodes

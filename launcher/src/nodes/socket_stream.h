@@ -1,0 +1,44 @@
+// SocketStream: a HostStream over a connected TCP socket — per-node mode's connection between
+// node 0's trainrun (the launcher) and a joining node's trainrun (its agent), which dialled in.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "channel/host_channel.h"
+#include "posix/unique_fd.h"
+
+namespace trainrun::launcher::nodes {
+
+// NumericAddress is the address of a socket's own end (`peer` false) or the other end, without
+// the port; "" when unknown.
+std::string NumericAddress(int fd, bool peer);
+
+class SocketStream : public channel::HostStream {
+ public:
+  // Takes the connected socket `fd`; `name` names the other side in errors ("node 1").
+  static absl::StatusOr<std::unique_ptr<SocketStream>> Create(posix::UniqueFd fd, std::string name);
+
+  absl::Status Write(absl::string_view data, absl::Duration timeout) override;
+  absl::StatusOr<size_t> Read(char* buffer, size_t size, absl::Duration timeout) override;
+  void Interrupt() override;
+  void CloseStdin() override;
+  absl::Status EndStatus() override;
+  std::string LocalAddress() const override;
+  std::string RemoteAddress() const override;
+
+ private:
+  SocketStream(posix::UniqueFd fd, posix::UniqueFd wake_read, posix::UniqueFd wake_write,
+               std::string name);
+
+  posix::UniqueFd fd_;
+  posix::UniqueFd wake_read_;  // a pipe: Interrupt writes, a blocked Read wakes
+  posix::UniqueFd wake_write_;
+  const std::string name_;
+  std::atomic<bool> interrupted_{false};
+  absl::Status end_;
+};
+
+}  // namespace trainrun::launcher::nodes

@@ -1,0 +1,291 @@
+// Per-node mode end to end (torchrun's model): the real `trainrun` started once in each of two
+// network-namespace hosts of a NetnsCluster, independently, as Kubernetes or a person would start
+// it on each node: node 0 (10.213.1.11) serves the rendezvous at --rdzv-endpoint, node 1 joins it.
+// No SSH is used (the fixture's sshds are never dialled). Checks a checked allreduce across both,
+// the token, a node that never arrives, a failure on one node ending both, node 0's loss, and that
+// nothing is left running on either host.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "sshd_fixture.h"
+
+namespace trainrun::testing {
+namespace {
+
+constexpr int kPort = 29400;
+
+struct NodeRun {
+  int status = -1;
+  std::string out;
+  double seconds = 0;
+};
+
+// The argv that runs trainrun as node `node` of 2 in host namespace `node`.
+std::vector<std::string> NodeArgv(const NetnsCluster& cluster, int node,
+                                  const std::vector<std::string>& flags,
+                                  const std::vector<std::string>& command) {
+  std::vector<std::string> argv = {"ip",
+                                   "netns",
+                                   "exec",
+                                   cluster.host_ns(node),
+                                   TRAINRUN_BIN,
+                                   "--nnodes",
+                                   "2",
+                                   "--node-rank",
+                                   std::to_string(node),
+                                   "--rdzv-endpoint",
+                                   absl::StrCat(cluster.host_address(0), ":", kPort),
+                                   "--nproc-per-node",
+                                   "2"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.insert(argv.end(), command.begin(), command.end());
+  return argv;
+}
+
+// Starts both nodes' trainruns at once (node 1 first: it waits for node 0), each with its own
+// flags, and waits for both.
+std::vector<NodeRun> RunNodes(const NetnsCluster& cluster,
+                              const std::vector<std::vector<std::string>>& flags,
+                              const std::vector<std::string>& command) {
+  std::vector<NodeRun> runs(2);
+  std::vector<std::thread> threads;
+  for (int node : {1, 0}) {
+    threads.emplace_back([&, node] {
+      auto start = std::chrono::steady_clock::now();
+      runs[node].status =
+          RunCommand(NodeArgv(cluster, node, flags[node], command), &runs[node].out, 60);
+      runs[node].seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return runs;
+}
+
+// Waits up to `timeout` for both hosts to have nothing but their sshd listener.
+bool HostsEmpty(const NetnsCluster& cluster,
+                std::chrono::seconds timeout = std::chrono::seconds(5)) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (cluster.HostProcesses(0).empty() && cluster.HostProcesses(1).empty()) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+std::string Processes(const NetnsCluster& cluster) {
+  std::string list;
+  for (int i = 0; i < 2; ++i) {
+    for (pid_t pid : cluster.HostProcesses(i)) {
+      list +=
+          absl::StrCat(" ", pid, ":",
+                       absl::StrReplaceAll(ReadFileText(absl::StrCat("/proc/", pid, "/cmdline")),
+                                           {{std::string(1, '\0'), " "}}));
+    }
+  }
+  return list;
+}
+
+pid_t ParentOf(pid_t pid) {
+  const std::string stat = ReadFileText(absl::StrCat("/proc/", pid, "/stat"));
+  // "pid (comm) state ppid ...": comm may hold spaces, so read after its ')'.
+  size_t close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  int ppid = -1;
+  char state = 0;
+  std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid);
+  return ppid;
+}
+
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST_CASE("per-node: two independently started nodes run a checked allreduce",
+          "[netns][per_node][allreduce]") {
+  if (!CanUseNetns()) {
+    WARN("skipped: needs root and iproute2");
+    return;
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  const std::vector<std::string> token = {"--rdzv-token", "s3cret", "--start-timeout", "20"};
+  std::vector<NodeRun> runs = RunNodes(cluster, {token, token}, {TRAINRUN_JOB_WORKER, "3"});
+  INFO("node 0:\n" << runs[0].out << "\nnode 1:\n" << runs[1].out);
+  CHECK(runs[0].status == 0);
+  CHECK(runs[1].status == 0);
+  // Node 0's trainrun is the job's launcher: every rank's output arrives there, tagged.
+  for (int rank = 0; rank < 4; ++rank) {
+    CHECK(Contains(runs[0].out, absl::StrCat("[", rank, "]<stdout>:rank ", rank, ": ok")));
+  }
+  // Node 1's console shows its own ranks' lines too.
+  CHECK(Contains(runs[1].out, "[2]<stdout>:rank 2: ok"));
+  CHECK(Contains(runs[1].out, "[3]<stdout>:rank 3: ok"));
+  CHECK_FALSE(Contains(runs[1].out, "[0]<stdout>"));
+  // With a token, no warning about strangers.
+  CHECK_FALSE(Contains(runs[0].out + runs[1].out, "any host that reaches"));
+  INFO("left behind:" << Processes(cluster));
+  CHECK(HostsEmpty(cluster));
+}
+
+TEST_CASE("per-node: a wrong token is refused; a node that never arrives is named",
+          "[netns][per_node][token]") {
+  if (!CanUseNetns()) {
+    WARN("skipped: needs root and iproute2");
+    return;
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  std::vector<NodeRun> runs = RunNodes(cluster,
+                                       {{"--rdzv-token", "right", "--start-timeout", "3"},
+                                        {"--rdzv-token", "wrong", "--start-timeout", "3"}},
+                                       {TRAINRUN_JOB_WORKER, "1"});
+  INFO("node 0:\n" << runs[0].out << "\nnode 1:\n" << runs[1].out);
+  CHECK(runs[1].status != 0);
+  CHECK(Contains(runs[1].out,
+                 "refused this node (--node-rank 1): its --rdzv-token does not "
+                 "match node 0's"));
+  CHECK(runs[0].status != 0);
+  CHECK(Contains(runs[0].out, "refused 10.213.1.12: its --rdzv-token does not match"));
+  CHECK(Contains(runs[0].out,
+                 "node 1 of --nnodes 2 never joined at port 29400 within "
+                 "--start-timeout 3 s"));
+  INFO("left behind:" << Processes(cluster));
+  CHECK(HostsEmpty(cluster));
+
+  // Without a token, one warning line says any joiner is accepted; node 1 never started.
+  NodeRun alone;
+  alone.status = RunCommand(NodeArgv(cluster, 0, {"--start-timeout", "2"}, {"true"}), &alone.out);
+  INFO(alone.out);
+  CHECK(alone.status != 0);
+  CHECK(Contains(alone.out,
+                 "no --rdzv-token (nor TRAINRUN_RDZV_TOKEN): any host that reaches "
+                 "10.213.1.11:29400 may join this job as a node, as with torchrun"));
+  CHECK(Contains(alone.out, "node 1 of --nnodes 2 never joined"));
+}
+
+TEST_CASE("per-node: a rank killed on node 1 ends both nodes with the same summary",
+          "[netns][per_node][failure]") {
+  if (!CanUseNetns()) {
+    WARN("skipped: needs root and iproute2");
+    return;
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  const std::vector<std::string> flags = {"--rdzv-token", "t", "--start-timeout", "20"};
+  std::vector<NodeRun> runs =
+      RunNodes(cluster, {flags, flags}, {TRAINRUN_JOB_WORKER, "50", "3", "2", "kill"});
+  INFO("node 0:\n" << runs[0].out << "\nnode 1:\n" << runs[1].out);
+  CHECK(runs[0].status == 128 + SIGKILL);
+  CHECK(runs[1].status == 128 + SIGKILL);
+  const std::string summary = "rank 3 on node1 was killed by SIGKILL; it failed first";
+  CHECK(Contains(runs[0].out, summary));
+  CHECK(Contains(runs[1].out, summary));
+  INFO("left behind:" << Processes(cluster));
+  CHECK(HostsEmpty(cluster));
+}
+
+TEST_CASE("per-node: node 0's trainrun killed ends node 1's ranks with a clear line",
+          "[netns][per_node][node0_lost]") {
+  if (!CanUseNetns()) {
+    WARN("skipped: needs root and iproute2");
+    return;
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  const std::vector<std::string> flags = {"--rdzv-token", "t", "--start-timeout", "20"};
+  std::vector<NodeRun> runs(2);
+  std::thread joiner([&] {
+    runs[1].status = RunCommand(NodeArgv(cluster, 1, flags, {TRAINRUN_PRINT_THEN_SLEEP, "30"}),
+                                &runs[1].out, 60);
+  });
+  std::thread head([&] {
+    runs[0].status = RunCommand(NodeArgv(cluster, 0, flags, {TRAINRUN_PRINT_THEN_SLEEP, "30"}),
+                                &runs[0].out, 60);
+  });
+  // Once node 1's two ranks run, kill node 0's trainrun.
+  pid_t head_trainrun = -1;
+  for (int i = 0; i < 100 && head_trainrun < 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    int sleepers = 0;
+    for (pid_t pid : cluster.HostProcesses(1)) {
+      if (Contains(ReadFileText(absl::StrCat("/proc/", pid, "/cmdline")), "print_then_sleep")) {
+        ++sleepers;
+      }
+    }
+    if (sleepers < 2) continue;
+    for (pid_t pid : cluster.HostProcesses(0)) {
+      const std::string cmdline = ReadFileText(absl::StrCat("/proc/", pid, "/cmdline"));
+      // Node 0's trainrun itself (`ip netns exec` became it, so this test is its parent), not
+      // one of its rank shims (forks of it, with the same command line).
+      if (cmdline.rfind(TRAINRUN_BIN, 0) == 0 && ParentOf(pid) == ::getpid()) head_trainrun = pid;
+    }
+  }
+  REQUIRE(head_trainrun > 0);
+  ::kill(head_trainrun, SIGKILL);
+  joiner.join();
+  head.join();
+  INFO("node 0:\n" << runs[0].out << "\nnode 1:\n" << runs[1].out);
+  CHECK(runs[1].status != 0);
+  CHECK(Contains(runs[1].out,
+                 "lost node 0's trainrun at 10.213.1.11:29400 before the job "
+                 "ended; this node's ranks (node 1) were ended"));
+  INFO("left behind:" << Processes(cluster));
+  CHECK(HostsEmpty(cluster));
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// The start-time benchmark (hidden: run as `per_node_netns_test "[.bench]"`): 2 nodes x 2 ranks of
+// the barrier example, per-node (the slower node's trainrun, both started at once) and over SSH
+// from the client namespace (-H h0:2,h1:2), median of 5 each.
+TEST_CASE("per-node: start time next to an SSH launch", "[.bench][netns][per_node]") {
+  if (!CanUseNetns()) {
+    WARN("skipped: needs root and iproute2");
+    return;
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  std::vector<double> per_node, ssh;
+  for (int i = 0; i < 5; ++i) {
+    std::vector<NodeRun> runs =
+        RunNodes(cluster, {{"--rdzv-token", "t"}, {"--rdzv-token", "t"}}, {TRAINRUN_BARRIER, "-v"});
+    INFO(runs[0].out << runs[1].out);
+    REQUIRE(runs[0].status == 0);
+    REQUIRE(runs[1].status == 0);
+    REQUIRE(Contains(runs[0].out, "passed the barrier"));
+    per_node.push_back(std::max(runs[0].seconds, runs[1].seconds));
+    REQUIRE(HostsEmpty(cluster));
+
+    std::string out;
+    auto start = std::chrono::steady_clock::now();
+    int status = RunCommand(
+        {"ip", "netns", "exec", cluster.client_ns(), "env", "HOME=" + world.dir() + "/home",
+         TRAINRUN_BIN, "-i", world.user_ed25519(), "-np", "4", "-H",
+         absl::StrCat(cluster.host_address(0), ":2,", cluster.host_address(1), ":2"),
+         TRAINRUN_BARRIER, "-v"},
+        &out, 60);
+    INFO(out);
+    REQUIRE(status == 0);
+    ssh.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    REQUIRE(HostsEmpty(cluster));
+  }
+  WARN("start time, 2 nodes x 2 ranks, barrier example, median of 5: per-node "
+       << Median(per_node) << " s (slower node's trainrun), SSH launch " << Median(ssh) << " s");
+}
+
+}  // namespace
+}  // namespace trainrun::testing
