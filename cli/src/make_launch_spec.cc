@@ -1,6 +1,7 @@
 #include "trainrun/cli/make_launch_spec.h"
 
 #include <cstdlib>
+#include <filesystem>
 #include <utility>
 #include <vector>
 
@@ -88,6 +89,39 @@ absl::StatusOr<std::vector<launcher::ExportedVariable>> ParseExports(
   return variables;
 }
 
+// mpirun's --bind-to, --map-by, --report-bindings, --oversubscribe and -wdir.
+absl::Status ApplyPlacement(const RunOptions& options, launcher::LaunchSpec& spec) {
+  if (options.map_by) {
+    // Open MPI's modifiers (":PE=2", ":SPAN") and its other units are not trainrun's.
+    const std::string unit = absl::AsciiStrToLower(*options.map_by);
+    if (unit == "core" || unit == "socket" || unit == "package") {
+      spec.bind_to = *launcher::ParseBindTo(unit);  // Open MPI binds to the mapping unit
+    } else if (unit == "node") {
+      return absl::InvalidArgumentError(
+          "--map-by node: trainrun fills each host's slots in order (rank 0..N-1 on the first "
+          "host); to spread ranks over hosts give each fewer slots, e.g. -H a:1,b:1");
+    } else if (unit != "slot") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--map-by ", *options.map_by,
+                       " is not one of slot, core, socket (trainrun maps by "
+                       "slot; core and socket bind each rank to one)"));
+    }
+  }
+  if (options.bind_to) {
+    absl::StatusOr<launcher::BindTo> bind_to = launcher::ParseBindTo(*options.bind_to);
+    if (!bind_to.ok()) return bind_to.status();
+    spec.bind_to = *bind_to;
+  }
+  spec.report_bindings = options.report_bindings;
+  spec.oversubscribe = options.oversubscribe;
+  if (options.wdir) {
+    if (options.wdir->empty()) return absl::InvalidArgumentError("-wdir needs a directory name");
+    // Relative to trainrun's directory, and the same path on every host.
+    spec.working_dir = std::filesystem::absolute(*options.wdir).lexically_normal().string();
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 EnvironmentLookup ProcessEnvironment() {
@@ -173,6 +207,7 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
       spec.stall_warning = spec.stall_shutdown;
     }
   }
+  if (absl::Status placed = ApplyPlacement(options, spec); !placed.ok()) return placed;
   spec.start_timeout = std::chrono::seconds(options.start_timeout_s);
   spec.dry_run = options.dry_run;
   spec.verbose = options.verbose;

@@ -84,6 +84,11 @@ int RunMain(const std::vector<std::string>& args, const LaunchFunction& launch,
     PrintPlan(*spec, out);
     return 0;
   }
+  if (options.display_map) {
+    // Before the ranks write to the same stdout.
+    PrintPlan(*spec, out);
+    out << std::flush;
+  }
   absl::StatusOr<int> exit_code = launch(*spec);
   if (!exit_code.ok()) return Fail(exit_code.status());
   return *exit_code;

@@ -34,6 +34,14 @@ constexpr SingleDashAlias kSingleDashAliases[] = {
     {"-np", "--num-proc"},
     {"-hostfile", "--hostfile"},
     {"-prefix-timestamp", "--prefix-timestamp"},
+    // mpirun's
+    {"-wdir", "--wdir"},
+    {"-wd", "--wdir"},
+    {"-bind-to", "--bind-to"},
+    {"-map-by", "--map-by"},
+    {"-report-bindings", "--report-bindings"},
+    {"-display-map", "--display-map"},
+    {"-oversubscribe", "--oversubscribe"},
 };
 
 // Rewrites aliases among trainrun's own flags, stopping where the worker command begins, so that
@@ -194,6 +202,31 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
       ->type_name("PATH");
   // horovodrun users type --gloo to avoid MPI; trainrun never uses MPI, so it changes nothing.
   remote->add_flag("--gloo", "Accepted for horovodrun compatibility; trainrun never uses MPI.");
+
+  // mpirun's placement flags: where each local rank runs, and in which directory.
+  CLI::Option_group* mpirun = app.add_option_group("mpirun compatibility");
+  mpirun
+      ->add_option("--bind-to", options.bind_to,
+                   "Pin each local rank to CPUs: core (one core each, disjoint while ranks <= "
+                   "cores), socket (one socket each), none (default: as trainrun's affinity).")
+      ->type_name("WHAT")
+      ->transform(CLI::IsMember({"core", "socket", "none"}, CLI::ignore_case));
+  mpirun
+      ->add_option("--map-by", options.map_by,
+                   "slot (ranks fill each host's slots in order, as always); core or socket "
+                   "also bind to that unit unless --bind-to says otherwise.")
+      ->type_name("WHAT");
+  mpirun->add_flag("--report-bindings", options.report_bindings,
+                   "Print one line per rank with the CPUs it is bound to.");
+  mpirun
+      ->add_option("--wdir", options.wdir,
+                   "The ranks' working directory on every host (also -wdir, -wd; default: "
+                   "trainrun's own).")
+      ->type_name("DIR");
+  mpirun->add_flag("--oversubscribe", options.oversubscribe,
+                   "More ranks than cores on a host is intended: no warning.");
+  mpirun->add_flag("--display-map", options.display_map,
+                   "Print the plan (as --dry-run), then run the job.");
 
   // horovodrun's tuning flags: those trainrun has a knob for set it; the others are accepted and
   // say, once, why they change nothing.

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "trainrun/launcher/cpu_binding.h"
 #include "trainrun/launcher/gpu_assignment.h"
 #include "trainrun/launcher/local_host.h"
 #include "trainrun/launcher/logging.h"
@@ -47,6 +48,12 @@ JobRun::JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& out
                      [this](int rank, const ExitInfo& exit) { OnExit(rank, exit); },
                      [this](int rank, std::string message) {
                        supervisor_->OnStartFailure(rank, std::move(message));
+                     },
+                     [this](int rank, const std::string& binding) {
+                       if (spec_.report_bindings) {
+                         Logger().info("rank {} on {} bound {}", rank, spec_.plan.HostOf(rank).host,
+                                       binding);
+                       }
                      }}),
       all_ranks_({&local_ranks_, &remote_ranks_}),
       signals_(io_, SIGINT, SIGTERM, SIGHUP),
@@ -173,7 +180,8 @@ void JobRun::StartRanks(const StartDeadline& deadline) {
     std::vector<remote::Job> jobs;
     for (int host_index : plan_.remote_hosts) {
       remote::Job job;
-      job.cwd = CurrentDirectory();
+      job.cwd = plan_.working_dir.empty() ? CurrentDirectory() : plan_.working_dir;
+      job.bind_to = static_cast<uint32_t>(spec_.bind_to);
       job.argv = spec_.command;
       job.grace_period_ms = static_cast<uint32_t>(spec_.grace_period.count());
       job.stdout_pty = spec_.stdout_pty;
@@ -195,9 +203,16 @@ void JobRun::StartRanks(const StartDeadline& deadline) {
 }
 
 void JobRun::StartLocalRanks() {
+  WarnIfOversubscribed();
   for (const hostfile::RankAssignment& a : spec_.plan.ranks) {
     if (!plan_.rank_is_local[a.rank]) continue;
     ProcessSpec process;
+    process.cpus = CpusForRank(plan_.cpus, spec_.bind_to, a.local_rank, a.local_size);
+    process.cwd = plan_.working_dir;
+    if (spec_.report_bindings) {
+      Logger().info("rank {} on {} bound {}", a.rank, spec_.plan.hosts[a.host_index].host,
+                    DescribeBinding(plan_.cpus, spec_.bind_to, a.local_rank, a.local_size));
+    }
     process.executable = plan_.executable.path;
     process.argv = spec_.command;
     process.env = plan_.environment.ForRank(a.rank, views_[a.host_index]);
@@ -210,6 +225,17 @@ void JobRun::StartLocalRanks() {
     supervisor_->OnRankStarted(a.rank);
     if (a.rank == 0) stdin_forwarder_->RankStarted();
   }
+}
+
+void JobRun::WarnIfOversubscribed() const {
+  int local = 0;
+  for (bool is_local : plan_.rank_is_local) local += is_local ? 1 : 0;
+  const int cores = static_cast<int>(plan_.cpus.cores.size());
+  if (spec_.oversubscribe || cores == 0 || local <= cores) return;
+  Logger().warn(
+      "{} ranks on this host, which has {} {} for them: ranks share cores and each runs slower "
+      "(--oversubscribe says this is intended and turns this warning off)",
+      local, cores, cores == 1 ? "core" : "cores");
 }
 
 void JobRun::InspectStalls() {

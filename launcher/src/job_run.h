@@ -58,6 +58,9 @@ class JobRun {
   // The host view of every host of the plan, by host index.
   std::vector<HostView> HostViews(const std::string& bind_address) const;
   void StartLocalRanks();
+  // WarnIfOversubscribed warns when this host runs more ranks than it has cores, unless
+  // --oversubscribe.
+  void WarnIfOversubscribed() const;
   void WaitForSignal();
   // InspectStalls reads the ranks' stall reports once a second (StallInspector).
   void InspectStalls();

@@ -264,12 +264,11 @@ std::string JobSupervisor::Summary() const {
                (exit == exits_.end() || !teardown_started_.has_value() ||
                 exit->second.time >= *teardown_started_)) {
       // The peer's neighbours timed out on each other, and it alone said nothing and ran on.
-      lines.push_back(absl::StrCat("rank ", peer, " on ", plan_.HostOf(peer).host,
-                                   " stalled: its peers timed out waiting in a collective, and it "
-                                   "alone neither reported nor failed; so the job was stopped; rank ",
-                                   peer, " then ",
-                                   exit != exits_.end() ? exit->second.Describe()
-                                                        : "could not be reaped"));
+      lines.push_back(absl::StrCat(
+          "rank ", peer, " on ", plan_.HostOf(peer).host,
+          " stalled: its peers timed out waiting in a collective, and it "
+          "alone neither reported nor failed; so the job was stopped; rank ",
+          peer, " then ", exit != exits_.end() ? exit->second.Describe() : "could not be reaped"));
     } else {
       lines.push_back(absl::StrCat(
           "rank ", peer, " on ", plan_.HostOf(peer).host,

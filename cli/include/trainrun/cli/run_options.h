@@ -38,6 +38,14 @@ struct RunOptions {
   bool no_stall_check = false;                 // --no-stall-check
   std::optional<double> fusion_threshold_mb;   // --fusion-threshold-mb (horovodrun)
   bool tcp = false;                            // --tcp (horovodrun): TCP even within a host
+  // mpirun's placement flags (--bind-to, --map-by, --report-bindings, -wdir, --oversubscribe,
+  // --display-map).
+  std::optional<std::string> bind_to;  // --bind-to core|socket|none
+  std::optional<std::string> map_by;   // --map-by slot|core|socket
+  bool report_bindings = false;        // --report-bindings
+  std::optional<std::string> wdir;     // -wdir/--wdir DIR
+  bool oversubscribe = false;          // --oversubscribe
+  bool display_map = false;            // --display-map: the plan, then the job
   // horovodrun's flags that trainrun accepts but that change nothing here: one line each, why.
   std::vector<std::string> notes;
   int start_timeout_s =  // --start-timeout SECONDS

@@ -48,6 +48,11 @@ absl::StatusOr<SshClient> ParseSshClient(absl::string_view text);
 enum class Launcher { kAuto, kSsh, kSlurm, kLocal };
 absl::StatusOr<Launcher> ParseLauncher(absl::string_view text);
 absl::StatusOr<HostKeyPolicy> ParseHostKeyPolicy(absl::string_view text);
+// BindTo is mpirun's --bind-to: the CPUs each local rank may run on (cpu_binding.h). kNone, the
+// default, leaves the affinity trainrun has, as horovodrun (with Gloo) and torchrun do.
+enum class BindTo { kNone, kCore, kSocket };
+absl::StatusOr<BindTo> ParseBindTo(absl::string_view text);
+absl::string_view BindToName(BindTo bind_to);
 absl::string_view SshClientName(SshClient client);
 absl::string_view HostKeyPolicyName(HostKeyPolicy policy);
 
@@ -75,6 +80,14 @@ struct LaunchSpec {
   bool assign_gpus = false;
   // Prefix worker lines with the time they arrived.
   bool prefix_timestamp = false;
+  // mpirun's placement flags. --bind-to (or --map-by core|socket): each local rank's CPUs, applied
+  // by its shim before exec, here and on remote hosts. --report-bindings: one line per rank saying
+  // its CPUs. --oversubscribe: more ranks than cores on a host without a warning.
+  BindTo bind_to = BindTo::kNone;
+  bool report_bindings = false;
+  bool oversubscribe = false;
+  // -wdir/--wdir: the ranks' working directory on every host; empty: trainrun's own directory.
+  std::string working_dir;
   // --start-timeout: one deadline from the first connection to a host to the last rank's start.
   std::chrono::seconds start_timeout = kDefaultStartTimeout;
   // Between SIGTERM and SIGKILL when the job is torn down.
