@@ -34,8 +34,8 @@ CpuTopology ReadCpuTopology() {
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
   if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return topology;
-  std::map<int, int> socket_index;                  // physical_package_id -> index
-  std::map<std::pair<int, int>, int> core_index;    // (package, core_id) -> index
+  std::map<int, int> socket_index;                // physical_package_id -> index
+  std::map<std::pair<int, int>, int> core_index;  // (package, core_id) -> index
   for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
     if (!CPU_ISSET(cpu, &allowed)) continue;
     const int package = ReadSysfsInt(cpu, "physical_package_id");

@@ -106,7 +106,8 @@ TEST_CASE("bind-to core pins local ranks to disjoint cores; report-bindings says
   INFO(job.out << job.err);
   REQUIRE(job.exit_code == 0);
   auto allowed = ByRank(job.out, R"(\[(\d+)\]<stdout>:Cpus_allowed_list:\s*([0-9,-]+))");
-  auto reported = ByRank(job.err, R"(rank (\d+) on localhost bound to core \d+ \(cpus ([0-9,-]+)\))");
+  auto reported =
+      ByRank(job.err, R"(rank (\d+) on localhost bound to core \d+ \(cpus ([0-9,-]+)\))");
   REQUIRE(allowed.size() == 2);
   REQUIRE(reported.size() == 2);
   for (int rank = 0; rank < 2; ++rank) CHECK(allowed[rank] == reported[rank]);

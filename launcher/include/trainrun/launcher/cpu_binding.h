@@ -44,8 +44,8 @@ std::vector<int> CpusForRank(const CpuTopology& topology, BindTo bind_to, int lo
 // CpuListString writes CPUs as Linux writes Cpus_allowed_list: "0-3,8,10-11".
 std::string CpuListString(std::vector<int> cpus);
 
-// DescribeBinding is --report-bindings' words for one rank: "to core 1 (cpus 1)", "to socket 0 (cpus
-// 0-7)", or "to nothing (any cpu this host allows: 0-15)" for kNone.
+// DescribeBinding is --report-bindings' words for one rank: "to core 1 (cpus 1)", "to socket 0
+// (cpus 0-7)", or "to nothing (any cpu this host allows: 0-15)" for kNone.
 std::string DescribeBinding(const CpuTopology& topology, BindTo bind_to, int local_rank,
                             int local_size);
 
