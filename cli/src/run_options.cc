@@ -67,6 +67,56 @@ std::vector<std::string> RewriteSingleDashAliases(const CLI::App& app,
   return args;
 }
 
+// mpirun's placement flags: where each local rank runs, and in which directory.
+void SetupMpirunPlacement(CLI::App& app, RunOptions& options) {
+  CLI::Option_group* mpirun = app.add_option_group("mpirun compatibility");
+  mpirun
+      ->add_option("--bind-to", options.bind_to,
+                   "Pin each local rank to CPUs: core (one core each, disjoint while ranks <= "
+                   "cores), socket (one socket each), none (default: as trainrun's affinity).")
+      ->type_name("WHAT")
+      ->transform(CLI::IsMember({"core", "socket", "none"}, CLI::ignore_case));
+  mpirun
+      ->add_option("--map-by", options.map_by,
+                   "slot (ranks fill each host's slots in order, as always); core or socket "
+                   "also bind to that unit unless --bind-to says otherwise.")
+      ->type_name("WHAT");
+  mpirun->add_flag("--report-bindings", options.report_bindings,
+                   "Print one line per rank with the CPUs it is bound to.");
+  mpirun
+      ->add_option("--wdir", options.wdir,
+                   "The ranks' working directory on every host (also -wdir, -wd; default: "
+                   "trainrun's own).")
+      ->type_name("DIR");
+  mpirun->add_flag("--oversubscribe", options.oversubscribe,
+                   "More ranks than cores on a host is intended: no warning.");
+  mpirun->add_flag("--display-map", options.display_map,
+                   "Print the plan (as --dry-run), then run the job.");
+}
+
+// torchrun's output flags (--no-python, --log-dir, --tee, --redirects). torchrun's per-node flags
+// (--nproc-per-node, --nnodes, --rdzv-*) are declared elsewhere, not here.
+void SetupTorchrunOutput(CLI::App& app, RunOptions& options) {
+  CLI::Option_group* torchrun = app.add_option_group("torchrun compatibility");
+  torchrun->add_flag("--no-python,--no_python", options.no_python,
+                     "Run the command as given (a .py is not run with python3).");
+  torchrun
+      ->add_option("--log-dir,--log_dir", options.log_dir,
+                   "Write each rank's output to DIR/<rank>/stdout.log and stderr.log (both "
+                   "streams, also on the console, unless --tee or --redirects say otherwise).")
+      ->type_name("DIR");
+  torchrun
+      ->add_option("-t,--tee", options.tee,
+                   "Streams to write to --log-dir's files and the console: 0 none, 1 stdout, 2 "
+                   "stderr, 3 both.")
+      ->type_name("0-3");
+  torchrun
+      ->add_option("-r,--redirects", options.redirects,
+                   "Streams to write to --log-dir's files only, not the console: 0 none, 1 "
+                   "stdout, 2 stderr, 3 both.")
+      ->type_name("0-3");
+}
+
 }  // namespace
 
 void SetupRunOptions(CLI::App& app, RunOptions& options) {
@@ -203,30 +253,8 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
   // horovodrun users type --gloo to avoid MPI; trainrun never uses MPI, so it changes nothing.
   remote->add_flag("--gloo", "Accepted for horovodrun compatibility; trainrun never uses MPI.");
 
-  // mpirun's placement flags: where each local rank runs, and in which directory.
-  CLI::Option_group* mpirun = app.add_option_group("mpirun compatibility");
-  mpirun
-      ->add_option("--bind-to", options.bind_to,
-                   "Pin each local rank to CPUs: core (one core each, disjoint while ranks <= "
-                   "cores), socket (one socket each), none (default: as trainrun's affinity).")
-      ->type_name("WHAT")
-      ->transform(CLI::IsMember({"core", "socket", "none"}, CLI::ignore_case));
-  mpirun
-      ->add_option("--map-by", options.map_by,
-                   "slot (ranks fill each host's slots in order, as always); core or socket "
-                   "also bind to that unit unless --bind-to says otherwise.")
-      ->type_name("WHAT");
-  mpirun->add_flag("--report-bindings", options.report_bindings,
-                   "Print one line per rank with the CPUs it is bound to.");
-  mpirun
-      ->add_option("--wdir", options.wdir,
-                   "The ranks' working directory on every host (also -wdir, -wd; default: "
-                   "trainrun's own).")
-      ->type_name("DIR");
-  mpirun->add_flag("--oversubscribe", options.oversubscribe,
-                   "More ranks than cores on a host is intended: no warning.");
-  mpirun->add_flag("--display-map", options.display_map,
-                   "Print the plan (as --dry-run), then run the job.");
+  SetupMpirunPlacement(app, options);
+  SetupTorchrunOutput(app, options);
 
   // horovodrun's tuning flags: those trainrun has a knob for set it; the others are accepted and
   // say, once, why they change nothing.

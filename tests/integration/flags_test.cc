@@ -47,10 +47,11 @@ class TempDir {
   std::string path_;
 };
 
-// RunJob runs `trainrun ARGS` through the shell (from `cwd` when given).
-JobResult RunJob(const std::string& args, const std::string& cwd = "") {
+// RunJob runs `trainrun ARGS` through the shell, after the shell commands `setup` when given
+// ("cd DIR").
+JobResult RunJob(const std::string& args, const std::string& setup = "") {
   TempDir dir;
-  const std::string command = (cwd.empty() ? "" : "cd " + cwd + " && ") + "timeout -s KILL 60 " +
+  const std::string command = (setup.empty() ? "" : setup + " && ") + "timeout -s KILL 60 " +
                               TRAINRUN_EXECUTABLE + " " + args + " >" + dir.path() + "/out 2>" +
                               dir.path() + "/err </dev/null";
   int status = std::system(command.c_str());
@@ -156,14 +157,14 @@ TEST_CASE("wdir: every rank starts there, and a relative command is found there"
   TempDir work, elsewhere;
   std::ofstream(work.path() + "/where.sh") << "#!/bin/sh\npwd\n";
   REQUIRE(::chmod((work.path() + "/where.sh").c_str(), 0755) == 0);
-  JobResult job = RunJob("-np 2 -wdir " + work.path() + " ./where.sh", elsewhere.path());
+  JobResult job = RunJob("-np 2 -wdir " + work.path() + " ./where.sh", "cd " + elsewhere.path());
   INFO(job.out << job.err);
   CHECK(job.exit_code == 0);
   auto pwd = ByRank(job.out, R"(\[(\d+)\]<stdout>:(\S+))");
   CHECK(pwd == std::map<int, std::string>{{0, work.path()}, {1, work.path()}});
   // --wdir relative to trainrun's directory.
   ::mkdir((elsewhere.path() + "/sub").c_str(), 0755);
-  JobResult relative = RunJob("-np 1 --wdir sub pwd", elsewhere.path());
+  JobResult relative = RunJob("-np 1 --wdir sub pwd", "cd " + elsewhere.path());
   CHECK(relative.out == "[0]<stdout>:" + elsewhere.path() + "/sub\n");
   JobResult missing = RunJob("-np 1 -wdir " + work.path() + "/nope pwd");
   CHECK(missing.exit_code == 2);
@@ -197,4 +198,88 @@ TEST_CASE("display-map prints the plan, then runs the job", "[integration][flags
   CHECK(job.out.find("[0]<stdout>:hi\n") != std::string::npos);
   CHECK(job.out.find("[1]<stdout>:hi\n") != std::string::npos);
   CHECK(job.out.find("[0]<stdout>:hi") > job.out.find("localhost  1 "));
+}
+
+TEST_CASE("a .py that is not executable runs with the job's first python3, said once",
+          "[integration][flags][torchrun]") {
+  TempDir dir;
+  // A python3 of our own first on PATH: the one trainrun must pick.
+  ::mkdir((dir.path() + "/bin").c_str(), 0755);
+  REQUIRE(::symlink("/usr/bin/python3", (dir.path() + "/bin/python3").c_str()) == 0);
+  std::ofstream(dir.path() + "/train.py") << "import sys\nprint('python', sys.executable)\n";
+  JobResult job = RunJob("-np 2 train.py", "PATH=" + dir.path() + "/bin:$PATH; cd " + dir.path());
+  INFO(job.out << job.err);
+  CHECK(job.exit_code == 0);
+  CHECK(job.out.find("[0]<stdout>:python " + dir.path() + "/bin/python3\n") != std::string::npos);
+  CHECK(job.out.find("[1]<stdout>:python " + dir.path() + "/bin/python3\n") != std::string::npos);
+  CHECK(job.err ==
+        "trainrun: info: train.py is not executable: running it as `python3 train.py` (the first "
+        "python3 on the job's PATH), as torchrun does; --no-python runs the command as given\n");
+  // --no-python: as given, so it cannot be executed.
+  JobResult as_given = RunJob("--no-python -np 1 ./train.py", "cd " + dir.path());
+  CHECK(as_given.exit_code == 127);  // trainrun's one code for a command it cannot execute
+  CHECK(as_given.err.find("cannot execute './train.py': Permission denied") != std::string::npos);
+  CHECK(as_given.err.find("python3") == std::string::npos);
+}
+
+// The files of --log-dir: rank → stdout.log, stderr.log ("" when absent).
+std::map<int, std::pair<std::string, std::string>> LogFiles(const std::string& dir, int ranks) {
+  std::map<int, std::pair<std::string, std::string>> files;
+  for (int rank = 0; rank < ranks; ++rank) {
+    std::string base = dir + "/" + std::to_string(rank);
+    files[rank] = {ReadFile(base + "/stdout.log"), ReadFile(base + "/stderr.log")};
+  }
+  return files;
+}
+
+TEST_CASE("log-dir, tee and redirects: per-rank files, and the console as torchrun has it",
+          "[integration][flags][torchrun]") {
+  TempDir dir;
+  const std::string rank_says = " sh -c 'echo out $RANK; echo err $RANK >&2'";
+  // --log-dir alone: both streams to the files and the console.
+  JobResult both = RunJob("-np 2 --log-dir " + dir.path() + "/a" + rank_says);
+  INFO(both.out << both.err);
+  CHECK(both.exit_code == 0);
+  auto files = LogFiles(dir.path() + "/a", 2);
+  CHECK(files[0] == std::make_pair(std::string("out 0\n"), std::string("err 0\n")));
+  CHECK(files[1] == std::make_pair(std::string("out 1\n"), std::string("err 1\n")));
+  CHECK(both.out.find("[1]<stdout>:out 1\n") != std::string::npos);
+  CHECK(both.err.find("[1]<stderr>:err 1\n") != std::string::npos);
+
+  // --redirects 3: to the files only; the console has none of the ranks' lines.
+  JobResult redirected = RunJob("-np 2 --log-dir " + dir.path() + "/b --redirects 3" + rank_says);
+  CHECK(redirected.exit_code == 0);
+  CHECK(redirected.out.empty());
+  CHECK(redirected.err.find("<stderr>") == std::string::npos);
+  CHECK(LogFiles(dir.path() + "/b", 2)[1] ==
+        std::make_pair(std::string("out 1\n"), std::string("err 1\n")));
+
+  // -r 1 -t 2: stdout to its file only; stderr to its file and the console.
+  JobResult mixed = RunJob("-np 1 --log_dir " + dir.path() + "/c -r 1 -t 2" + rank_says);
+  CHECK(mixed.exit_code == 0);
+  CHECK(mixed.out.empty());
+  CHECK(mixed.err.find("[0]<stderr>:err 0\n") != std::string::npos);
+  CHECK(LogFiles(dir.path() + "/c", 1)[0] ==
+        std::make_pair(std::string("out 0\n"), std::string("err 0\n")));
+
+  // --tee 1: only stdout gets a file; both stay on the console.
+  JobResult tee = RunJob("-np 1 --log-dir " + dir.path() + "/d --tee 1" + rank_says);
+  CHECK(tee.out == "[0]<stdout>:out 0\n");
+  CHECK(LogFiles(dir.path() + "/d", 1)[0] == std::make_pair(std::string("out 0\n"), std::string()));
+  CHECK(::access((dir.path() + "/d/0/stderr.log").c_str(), F_OK) != 0);
+}
+
+TEST_CASE("tee and redirects: bad values get one sentence", "[integration][flags][torchrun]") {
+  JobResult four = RunJob("-np 1 --log-dir /tmp --tee 4 true");
+  CHECK(four.exit_code == 2);
+  CHECK(four.err ==
+        "trainrun: error: --tee 4 is not one of 0 (none), 1 (stdout), 2 (stderr), 3 (both)\n");
+  JobResult mapping = RunJob("-np 1 --log-dir /tmp --redirects 0:1,1:2 true");
+  CHECK(mapping.err ==
+        "trainrun: error: --redirects 0:1,1:2: per-local-rank values are torchrun's; trainrun "
+        "takes one value for every rank: 0 none, 1 stdout, 2 stderr, 3 both\n");
+  JobResult no_dir = RunJob("-np 1 --redirects 3 true");
+  CHECK(no_dir.err ==
+        "trainrun: error: --redirects writes the ranks' output to files: give --log-dir DIR for "
+        "them\n");
 }

@@ -46,6 +46,11 @@ struct RunOptions {
   std::optional<std::string> wdir;     // -wdir/--wdir DIR
   bool oversubscribe = false;          // --oversubscribe
   bool display_map = false;            // --display-map: the plan, then the job
+  // torchrun's output flags (--no-python, --log-dir, --tee, --redirects), as typed.
+  bool no_python = false;                // --no-python
+  std::optional<std::string> log_dir;    // --log-dir DIR
+  std::optional<std::string> tee;        // --tee 0-3
+  std::optional<std::string> redirects;  // --redirects 0-3
   // horovodrun's flags that trainrun accepts but that change nothing here: one line each, why.
   std::vector<std::string> notes;
   int start_timeout_s =  // --start-timeout SECONDS

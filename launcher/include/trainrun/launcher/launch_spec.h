@@ -69,6 +69,12 @@ struct LaunchSpec {
   std::vector<ExportedVariable> exported;
   // --output-filename DIR: each rank's output also goes to DIR/rank.<N>/{stdout,stderr}.
   std::optional<std::string> output_dir;
+  // torchrun's --log-dir DIR: DIR/<rank>/stdout.log and stderr.log. --tee: the streams (torchrun's
+  // Std: 0 none, 1 stdout, 2 stderr, 3 both) that go to those files and the console; --redirects:
+  // the streams that go to the files only.
+  std::optional<std::string> log_dir;
+  int tee = 0;
+  int redirects = 0;
   // Prefix worker lines with "[rank]<stdout>:" / "[rank]<stderr>:".
   bool tag_output = true;
   // Each rank's stdout is a pseudo-terminal, so that C stdio and Python flush it line by line and
