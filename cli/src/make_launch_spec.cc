@@ -216,7 +216,8 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
   launcher::LaunchSpec spec;
   spec.plan = *std::move(plan);
   spec.command = options.command;
-  if (std::string note = RunPythonScriptWithPython(options, spec.command); !note.empty()) {
+  if (std::string note = RunPythonScriptWithPython(options, spec.command);
+      !note.empty() && !options.quiet) {
     spdlog::info("{}", note);
   }
   if (absl::Status output = ApplyTorchrunOutput(options, spec); !output.ok()) return output;
@@ -276,6 +277,7 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
   spec.start_timeout = std::chrono::seconds(options.start_timeout_s);
   spec.dry_run = options.dry_run;
   spec.verbose = options.verbose;
+  spec.quiet = options.quiet;
   spec.network_interfaces = options.network_interfaces;
   spec.rendezvous_port = options.rendezvous_port;
   spec.rendezvous_addr = options.rendezvous_addr;

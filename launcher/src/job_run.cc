@@ -49,12 +49,7 @@ JobRun::JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& out
                      [this](int rank, std::string message) {
                        supervisor_->OnStartFailure(rank, std::move(message));
                      },
-                     [this](int rank, const std::string& binding) {
-                       if (spec_.report_bindings) {
-                         Logger().info("rank {} on {} bound {}", rank, spec_.plan.HostOf(rank).host,
-                                       binding);
-                       }
-                     }}),
+                     [this](int rank, const std::string& binding) { OnStarted(rank, binding); }}),
       all_ranks_({&local_ranks_, &remote_ranks_}),
       signals_(io_, SIGINT, SIGTERM, SIGHUP),
       stall_inspector_(spec.plan.size(), spec.stall_warning, spec.stall_shutdown),
@@ -80,6 +75,18 @@ void JobRun::OnOutput(int rank, OutputStream stream, std::string_view bytes) {
 void JobRun::OnExit(int rank, const ExitInfo& exit) {
   if (server_) server_->NoteRankExit(rank, exit.Describe(), exit.ok());
   supervisor_->OnRankExit(rank, exit);
+}
+
+void JobRun::OnStarted(int rank, const std::string& binding) {
+  if (spec_.report_bindings) {
+    Logger().info("rank {} on {} bound {}", rank, spec_.plan.HostOf(rank).host, binding);
+  }
+  if (++started_ != spec_.plan.size() || spec_.quiet || supervisor_->done()) return;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - launched_).count();
+  const int hosts = static_cast<int>(spec_.plan.hosts.size());
+  Logger().info("{} {} on {} {} started in {:.2f} s", started_, started_ == 1 ? "rank" : "ranks",
+                hosts, hosts == 1 ? "host" : "hosts", seconds);
 }
 
 void JobRun::WaitForSignal() {
@@ -176,6 +183,7 @@ std::vector<HostView> JobRun::HostViews(const std::string& bind_address) const {
 }
 
 void JobRun::StartRanks(const StartDeadline& deadline) {
+  launched_ = deadline.when - deadline.timeout;
   if (!plan_.remote_hosts.empty()) {
     std::vector<remote::Job> jobs;
     for (int host_index : plan_.remote_hosts) {
@@ -209,10 +217,6 @@ void JobRun::StartLocalRanks() {
     ProcessSpec process;
     process.cpus = CpusForRank(plan_.cpus, spec_.bind_to, a.local_rank, a.local_size);
     process.cwd = plan_.working_dir;
-    if (spec_.report_bindings) {
-      Logger().info("rank {} on {} bound {}", a.rank, spec_.plan.hosts[a.host_index].host,
-                    DescribeBinding(plan_.cpus, spec_.bind_to, a.local_rank, a.local_size));
-    }
     process.executable = plan_.executable.path;
     process.argv = spec_.command;
     process.env = plan_.environment.ForRank(a.rank, views_[a.host_index]);
@@ -223,6 +227,7 @@ void JobRun::StartLocalRanks() {
       return;
     }
     supervisor_->OnRankStarted(a.rank);
+    OnStarted(a.rank, DescribeBinding(plan_.cpus, spec_.bind_to, a.local_rank, a.local_size));
     if (a.rank == 0) stdin_forwarder_->RankStarted();
   }
 }

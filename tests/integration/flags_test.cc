@@ -97,7 +97,7 @@ const char kShowCpus[] = "sh -c 'grep Cpus_allowed_list /proc/self/status'";
 
 }  // namespace
 
-TEST_CASE("bind-to core pins local ranks to disjoint cores; report-bindings says which",
+TEST_CASE("bind-to core pins local ranks to disjoint cores, and report-bindings says which",
           "[integration][flags]") {
   if (UsableCpus() < 2) {
     WARN("one usable CPU: disjoint cores cannot be shown here");
@@ -120,7 +120,7 @@ TEST_CASE("bind-to core pins local ranks to disjoint cores; report-bindings says
   CHECK(ByRank(dash.out, R"(\[(\d+)\]<stdout>:Cpus_allowed_list:\s*([0-9,-]+))") == allowed);
 }
 
-TEST_CASE("without bind-to a rank keeps trainrun's CPUs; bind-to socket gives a whole socket",
+TEST_CASE("without bind-to a rank keeps trainrun's CPUs, and bind-to socket gives a whole socket",
           "[integration][flags]") {
   JobResult free = RunJob(std::string("-np 1 --report-bindings ") + kShowCpus);
   INFO(free.out << free.err);
@@ -212,9 +212,11 @@ TEST_CASE("a .py that is not executable runs with the job's first python3, said 
   CHECK(job.exit_code == 0);
   CHECK(job.out.find("[0]<stdout>:python " + dir.path() + "/bin/python3\n") != std::string::npos);
   CHECK(job.out.find("[1]<stdout>:python " + dir.path() + "/bin/python3\n") != std::string::npos);
-  CHECK(job.err ==
-        "trainrun: info: train.py is not executable: running it as `python3 train.py` (the first "
-        "python3 on the job's PATH), as torchrun does; --no-python runs the command as given\n");
+  CHECK(std::regex_match(
+      job.err, std::regex("trainrun: info: train.py is not executable: running it as `python3 "
+                          "train.py` \\(the first python3 on the job's PATH\\), as torchrun does; "
+                          "--no-python runs the command as given\n"
+                          "trainrun: info: 2 ranks on 1 host started in [0-9.]+ s\n")));
   // --no-python: as given, so it cannot be executed.
   JobResult as_given = RunJob("--no-python -np 1 ./train.py", "cd " + dir.path());
   CHECK(as_given.exit_code == 127);  // trainrun's one code for a command it cannot execute
@@ -282,4 +284,129 @@ TEST_CASE("tee and redirects: bad values get one sentence", "[integration][flags
   CHECK(no_dir.err ==
         "trainrun: error: --redirects writes the ranks' output to files: give --log-dir DIR for "
         "them\n");
+}
+
+TEST_CASE("help: the usage names the command, and no CLI11 internals show",
+          "[integration][flags]") {
+  JobResult help = RunJob("--help");
+  CHECK(help.exit_code == 0);
+  CHECK(help.out.find("\nUsage: trainrun [OPTIONS] COMMAND [ARGS...]\n") != std::string::npos);
+  for (const char* internal : {"{false}", "{true}", ":INT", ":FLOAT", " in [", "TEXT", ":FILE"}) {
+    INFO(internal);
+    CHECK(help.out.find(internal) == std::string::npos);
+  }
+  CHECK(help.out.find("--pty,--no-pty ") != std::string::npos);
+  CHECK(help.out.find("--bind-to WHAT:{core,socket,none}") != std::string::npos);
+}
+
+TEST_CASE("a start line when every rank has started, which --quiet turns off",
+          "[integration][flags]") {
+  JobResult job = RunJob("-np 2 true");
+  CHECK(job.exit_code == 0);
+  CHECK(std::regex_match(
+      job.err, std::regex("trainrun: info: 2 ranks on 1 host started in [0-9]+\\.[0-9]{2} "
+                          "s\n")));
+  JobResult quiet = RunJob("--quiet -np 2 true");
+  CHECK(quiet.exit_code == 0);
+  CHECK(quiet.err.empty());
+  // A job that cannot start has no start line.
+  JobResult failed = RunJob("-np 2 /nonexistent/worker");
+  CHECK(failed.err.find("started in") == std::string::npos);
+}
+
+TEST_CASE("gRPC's own log lines never reach the console, and --verbose shows them as debug lines",
+          "[integration][flags]") {
+  // GRPC_VERBOSITY=DEBUG makes gRPC log at every start (its experiments list, its poller).
+  JobResult job = RunJob("-q -np 1 true", "export GRPC_VERBOSITY=DEBUG");
+  CHECK(job.exit_code == 0);
+  CHECK(job.err.empty());
+  JobResult bad_address =
+      RunJob("--rendezvous-addr 10.9.9.9 -np 1 true", "export GRPC_VERBOSITY=DEBUG");
+  CHECK(bad_address.exit_code != 0);
+  CHECK(bad_address.err ==
+        "trainrun: error: cannot start the job's rendezvous server: the rendezvous server cannot "
+        "listen on 10.9.9.9:0; check --rendezvous-addr\n");
+  JobResult verbose = RunJob("--verbose -np 1 true", "export GRPC_VERBOSITY=DEBUG");
+  CHECK(verbose.err.find("trainrun: debug: grpc: ") != std::string::npos);
+  CHECK_FALSE(std::regex_search(verbose.err, std::regex("(^|\n)[DIEW][0-9]{4} ")));
+}
+
+TEST_CASE("config-file: a job file gives hosts, processes per host, environment and command",
+          "[integration][flags][config]") {
+  TempDir dir;
+  std::ofstream(dir.path() + "/job.yaml") << R"(# a RiseML-style job file
+hosts:
+  - localhost
+processes_per_host: 2
+environment:
+  GREETING: "hello there"   # quoted, with a space
+command: sh -c 'echo $GREETING $RANK of $WORLD_SIZE'
+)";
+  JobResult job = RunJob("-q --config-file job.yaml", "cd " + dir.path());
+  INFO(job.out << job.err);
+  CHECK(job.exit_code == 0);
+  CHECK(job.out.find("[0]<stdout>:hello there 0 of 2\n") != std::string::npos);
+  CHECK(job.out.find("[1]<stdout>:hello there 1 of 2\n") != std::string::npos);
+  // The command line overrides the file: its -np, its -x, its command.
+  JobResult overridden = RunJob(
+      "-q --config-file job.yaml -np 1 -x GREETING=hi sh -c 'echo $GREETING'", "cd " + dir.path());
+  CHECK(overridden.out == "[0]<stdout>:hi\n");
+}
+
+TEST_CASE("config-file: horovodrun's keys act as its flags, and the command line wins",
+          "[integration][flags][config]") {
+  TempDir dir;
+  std::ofstream(dir.path() + "/horovod.yaml") << R"(controller: gloo
+params:
+  fusion_threshold_mb: 32
+  hierarchical_allreduce: true
+autotune:
+  enabled: true
+stall_check:
+  enabled: true
+  warning_time_seconds: 120
+library_options:
+  gloo_timeout_seconds: 60
+)";
+  const std::string show =
+      " -np 1 sh -c 'echo $TRAINRUN_FUSION_BYTES $TRAINRUN_TIMEOUT "
+      "$TRAINRUN_STALL_CHECK_TIME_SECONDS'";
+  JobResult job = RunJob("--config-file horovod.yaml" + show, "cd " + dir.path());
+  INFO(job.out << job.err);
+  CHECK(job.exit_code == 0);
+  CHECK(job.out == "[0]<stdout>:33554432 60 120\n");
+  CHECK(job.err.find("trainrun: info: horovod.yaml: autotune.enabled is accepted for horovodrun "
+                     "compatibility and changes nothing: ") != std::string::npos);
+  CHECK(job.err.find("--hierarchical-allreduce is accepted for horovodrun compatibility") !=
+        std::string::npos);
+  JobResult overridden = RunJob(
+      "--config-file horovod.yaml --stall-check-warning-time-seconds 7 --fusion-threshold-mb 1" +
+          show,
+      "cd " + dir.path());
+  CHECK(overridden.out == "[0]<stdout>:1048576 60 7\n");
+}
+
+TEST_CASE("config-file: a bad key, value or file gets one sentence naming file, line and key",
+          "[integration][flags][config]") {
+  TempDir dir;
+  std::ofstream(dir.path() + "/typo.yaml") << "params:\n  fusion_thresold_mb: 32\n";
+  JobResult typo = RunJob("--config-file typo.yaml -np 1 true", "cd " + dir.path());
+  CHECK(typo.exit_code == 2);
+  CHECK(typo.err ==
+        "trainrun: error: typo.yaml line 2: 'params.fusion_thresold_mb' is not a key trainrun "
+        "knows (horovodrun's params, autotune, timeline, stall_check, library_options and logging "
+        "keys, or a job file's hosts, processes_per_host, num_proc, environment, command)\n");
+  std::ofstream(dir.path() + "/value.yaml") << "# ok\nstall_check:\n  enabled: maybe\n";
+  JobResult value = RunJob("--config-file value.yaml -np 1 true", "cd " + dir.path());
+  CHECK(value.err ==
+        "trainrun: error: value.yaml line 3: stall_check.enabled: 'maybe' is not true or false\n");
+  std::ofstream(dir.path() + "/mpi.yaml") << "controller: mpi\n";
+  JobResult mpi = RunJob("--config-file mpi.yaml -np 1 true", "cd " + dir.path());
+  CHECK(
+      mpi.err ==
+      "trainrun: error: mpi.yaml line 1: controller: mpi: trainrun needs no MPI; remove the key\n");
+  JobResult missing = RunJob("--config-file nope.yaml -np 1 true", "cd " + dir.path());
+  CHECK(missing.exit_code == 2);
+  CHECK(missing.err ==
+        "trainrun: error: --config-file nope.yaml: cannot read it: No such file or directory\n");
 }

@@ -38,6 +38,7 @@ struct RunOptions {
   bool no_stall_check = false;                 // --no-stall-check
   std::optional<double> fusion_threshold_mb;   // --fusion-threshold-mb (horovodrun)
   bool tcp = false;                            // --tcp (horovodrun): TCP even within a host
+  std::optional<std::string> config_file;      // --config-file (horovodrun's YAML, a job file)
   // mpirun's placement flags (--bind-to, --map-by, --report-bindings, -wdir, --oversubscribe,
   // --display-map).
   std::optional<std::string> bind_to;  // --bind-to core|socket|none
@@ -56,6 +57,7 @@ struct RunOptions {
   int start_timeout_s =  // --start-timeout SECONDS
       static_cast<int>(launcher::kDefaultStartTimeout.count());
   bool verbose = false;                          // --verbose
+  bool quiet = false;                            // -q/--quiet: no start line, no notes
   std::optional<std::string> log_level;          // --log-level
   bool dry_run = false;                          // --dry-run
   int rendezvous_port = 0;                       // --rendezvous-port

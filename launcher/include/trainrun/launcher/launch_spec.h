@@ -107,6 +107,8 @@ struct LaunchSpec {
   // Print the plan, start nothing (the CLI prints it; Launch is not called).
   bool dry_run = false;
   bool verbose = false;
+  // --quiet: no start line ("8 ranks on 2 hosts started in 0.41 s") when every rank has started.
+  bool quiet = false;
 
   // The job's rendezvous server (rendezvous/server.h). --rendezvous-port: the port it listens on;
   // 0 lets the kernel choose. --rendezvous-addr: the address it binds and workers dial; empty:
