@@ -259,7 +259,8 @@ absl::StatusOr<ConfigFile> ParseConfigFile(absl::string_view text, const std::st
       if (!value.ok()) return value.status();
       int n = 0;
       if (!absl::SimpleAtoi(*value, &n) || n < 1) {
-        return reader.Error(e.line, absl::StrCat(e.path, ": '", *value, "' is not a count (1 or more)"));
+        return reader.Error(e.line,
+                            absl::StrCat(e.path, ": '", *value, "' is not a count (1 or more)"));
       }
       if (e.path == "num_proc") {
         config.flags.push_back({"--num-proc", *value});
@@ -270,7 +271,8 @@ absl::StatusOr<ConfigFile> ParseConfigFile(absl::string_view text, const std::st
       continue;
     }
     if (e.path == "environment") {
-      for (const auto& [name, value] : e.mapping) config.flags.push_back({"-x", name + "=" + value});
+      for (const auto& [name, value] : e.mapping)
+        config.flags.push_back({"-x", name + "=" + value});
       for (const std::string& item : e.list) config.flags.push_back({"-x", item});
       continue;
     }
@@ -279,9 +281,9 @@ absl::StatusOr<ConfigFile> ParseConfigFile(absl::string_view text, const std::st
       continue;
     }
     // A section's keys come as entries of their own; the section itself does nothing.
-    if (is_section && (e.path == "params" || e.path == "autotune" || e.path == "timeline" ||
-                       e.path == "stall_check" || e.path == "library_options" ||
-                       e.path == "logging")) {
+    if (is_section &&
+        (e.path == "params" || e.path == "autotune" || e.path == "timeline" ||
+         e.path == "stall_check" || e.path == "library_options" || e.path == "logging")) {
       continue;
     }
     if (absl::StartsWith(e.path, "environment.")) continue;  // read with its section
@@ -313,14 +315,16 @@ absl::StatusOr<ConfigFile> ParseConfigFile(absl::string_view text, const std::st
         break;
       }
       case Kind::kText:
-        config.flags.push_back(
-            {key->flag_or_note, e.path == "logging.level" ? absl::AsciiStrToLower(*value) : *value});
+        config.flags.push_back({key->flag_or_note, e.path == "logging.level"
+                                                       ? absl::AsciiStrToLower(*value)
+                                                       : *value});
         break;
       case Kind::kFlagIfTrue:
       case Kind::kFlagIfFalse: {
         std::optional<bool> on = ParseBool(*value);
         if (!on) {
-          return reader.Error(e.line, absl::StrCat(e.path, ": '", *value, "' is not true or false"));
+          return reader.Error(e.line,
+                              absl::StrCat(e.path, ": '", *value, "' is not true or false"));
         }
         if (*on == (key->kind == Kind::kFlagIfTrue)) config.flags.push_back({key->flag_or_note});
         break;
