@@ -294,7 +294,8 @@ def man_page(help, readme, version):
             text = " ".join(l.strip() for l in body)
             out.append(roff_text(text))
     sections = [("OUTPUT", ["Output"]), ("FAILURES", ["Failures"]),
-                ("ENVIRONMENT", ["What a worker sees", "Tunables"])]
+                ("ENVIRONMENT", ["What a worker sees", "Tunables"]),
+                ("COMPATIBILITY", ["Placement", "Per-rank log files", "Config files"])]
     for title, leads in sections:
         found = readme_section(paragraphs, leads)
         if not found:

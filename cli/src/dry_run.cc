@@ -34,9 +34,10 @@ void PrintPerNode(const launcher::PerNodeSpec& node, std::ostream& out) {
 
 void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out) {
   const hostfile::SlotPlan& plan = spec.plan;
-  out << absl::StrFormat("trainrun: dry run: %d %s on %d %s; nothing is started\n", plan.size(),
-                         plan.size() == 1 ? "rank" : "ranks", plan.hosts.size(),
-                         plan.hosts.size() == 1 ? "host" : "hosts");
+  out << absl::StrFormat("trainrun: %s: %d %s on %d %s%s\n", spec.dry_run ? "dry run" : "job map",
+                         plan.size(), plan.size() == 1 ? "rank" : "ranks", plan.hosts.size(),
+                         plan.hosts.size() == 1 ? "host" : "hosts",
+                         spec.dry_run ? "; nothing is started" : "");
   size_t host_width = 4;
   for (const hostfile::HostSpec& host : plan.hosts) {
     host_width = std::max(host_width, hostfile::HostLabel(host).size());
@@ -57,6 +58,10 @@ void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out) {
         << "\n";
   }
   if (spec.output_dir) out << "output: " << *spec.output_dir << "/rank.<N>/{stdout,stderr}\n";
+  if (!spec.working_dir.empty()) out << "working directory: " << spec.working_dir << "\n";
+  if (spec.bind_to != launcher::BindTo::kNone) {
+    out << "bound to: one " << launcher::BindToName(spec.bind_to) << " per local rank\n";
+  }
   if (spec.per_node) return PrintPerNode(*spec.per_node, out);
   // How each host is reached, when any is not this machine.
   bool any_remote = false;
@@ -67,7 +72,10 @@ void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out) {
       out << "  " << hostfile::HostLabel(host) << ": " << launcher::DescribeHostAccess(spec, host)
           << "\n";
     }
-    // The plan is out before the hosts are asked, which may take up to --start-timeout.
+    // The plan is out before the hosts are asked, which may take up to --start-timeout; a job
+    // (--display-map) learns the same when it reaches them.
+    out << std::flush;
+    if (!spec.dry_run) return;
     out << "trainrun on the hosts:" << std::endl;
     for (const std::string& line : launcher::ProbeRemoteTrainrun(spec)) out << "  " << line << "\n";
   }

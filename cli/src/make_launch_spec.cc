@@ -1,13 +1,19 @@
 #include "trainrun/cli/make_launch_spec.h"
 
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "trainrun/hostfile/host_list.h"
@@ -112,6 +118,95 @@ absl::StatusOr<std::vector<launcher::ExportedVariable>> ParseExports(
   return variables;
 }
 
+// mpirun's --bind-to, --map-by, --report-bindings, --oversubscribe and -wdir.
+absl::Status ApplyPlacement(const RunOptions& options, launcher::LaunchSpec& spec) {
+  if (options.map_by) {
+    // Open MPI's modifiers (":PE=2", ":SPAN") and its other units are not trainrun's.
+    const std::string unit = absl::AsciiStrToLower(*options.map_by);
+    if (unit == "core" || unit == "socket" || unit == "package") {
+      spec.bind_to = *launcher::ParseBindTo(unit);  // Open MPI binds to the mapping unit
+    } else if (unit == "node") {
+      return absl::InvalidArgumentError(
+          "--map-by node: trainrun fills each host's slots in order (rank 0..N-1 on the first "
+          "host); to spread ranks over hosts give each fewer slots, e.g. -H a:1,b:1");
+    } else if (unit != "slot") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--map-by ", *options.map_by,
+                       " is not one of slot, core, socket (trainrun maps by "
+                       "slot; core and socket bind each rank to one)"));
+    }
+  }
+  if (options.bind_to) {
+    absl::StatusOr<launcher::BindTo> bind_to = launcher::ParseBindTo(*options.bind_to);
+    if (!bind_to.ok()) return bind_to.status();
+    spec.bind_to = *bind_to;
+  }
+  spec.report_bindings = options.report_bindings;
+  spec.oversubscribe = options.oversubscribe;
+  if (options.wdir) {
+    if (options.wdir->empty()) return absl::InvalidArgumentError("-wdir needs a directory name");
+    // Relative to trainrun's directory, and the same path on every host.
+    spec.working_dir = std::filesystem::absolute(*options.wdir).lexically_normal().string();
+  }
+  return absl::OkStatus();
+}
+
+// torchrun's Std value (0 none, 1 stdout, 2 stderr, 3 both) of --tee or --redirects.
+absl::StatusOr<int> ParseStd(const char* flag, const std::optional<std::string>& text) {
+  if (!text) return 0;
+  int value = -1;
+  if (absl::SimpleAtoi(*text, &value) && value >= 0 && value <= 3) return value;
+  if (text->find(':') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", *text,
+                     ": per-local-rank values are torchrun's; trainrun takes one value for "
+                     "every rank: 0 none, 1 stdout, 2 stderr, 3 both"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(flag, " ", *text, " is not one of 0 (none), 1 (stdout), 2 (stderr), 3 (both)"));
+}
+
+// torchrun's --log-dir, --tee and --redirects.
+absl::Status ApplyTorchrunOutput(const RunOptions& options, launcher::LaunchSpec& spec) {
+  absl::StatusOr<int> tee = ParseStd("--tee", options.tee);
+  if (!tee.ok()) return tee.status();
+  absl::StatusOr<int> redirects = ParseStd("--redirects", options.redirects);
+  if (!redirects.ok()) return redirects.status();
+  if (!options.log_dir) {
+    if (*tee != 0 || *redirects != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(*tee != 0 ? "--tee" : "--redirects",
+                       " writes the ranks' output to files: give --log-dir DIR for them"));
+    }
+    return absl::OkStatus();
+  }
+  if (options.log_dir->empty()) return absl::InvalidArgumentError("--log-dir needs a directory");
+  spec.log_dir = std::filesystem::absolute(*options.log_dir).lexically_normal().string();
+  // --log-dir alone: both streams to the files and the console.
+  spec.tee = options.tee || options.redirects ? *tee : 3;
+  spec.redirects = *redirects;
+  return absl::OkStatus();
+}
+
+// A .py that is not executable runs with python3, as torchrun does (unless --no-python): the
+// command becomes `python3 train.py ...`, and python3 is looked up on the job's PATH like any
+// command. Returns the note to print, or "".
+std::string RunPythonScriptWithPython(const RunOptions& options,
+                                      std::vector<std::string>& command) {
+  if (options.no_python || command.empty() || !absl::EndsWith(command[0], ".py")) return "";
+  std::filesystem::path script = command[0];
+  if (options.wdir && script.is_relative()) script = std::filesystem::path(*options.wdir) / script;
+  struct stat st {};
+  if (::stat(script.c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
+      ::access(script.c_str(), X_OK) == 0) {
+    return "";  // not here (another host's, or a typo the exec reports), or executable
+  }
+  command.insert(command.begin(), "python3");
+  return absl::StrCat(command[1], " is not executable: running it as `python3 ", command[1],
+                      "` (the first python3 on the job's PATH), as torchrun does; --no-python "
+                      "runs the command as given");
+}
+
 }  // namespace
 
 EnvironmentLookup ProcessEnvironment() {
@@ -159,6 +254,11 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
   launcher::LaunchSpec spec;
   spec.plan = *std::move(plan);
   spec.command = options.command;
+  if (std::string note = RunPythonScriptWithPython(options, spec.command);
+      !note.empty() && !options.quiet) {
+    spdlog::info("{}", note);
+  }
+  if (absl::Status output = ApplyTorchrunOutput(options, spec); !output.ok()) return output;
   spec.exported = *std::move(exported);
   spec.output_dir = options.output_filename;
   spec.tag_output = options.tag_output;
@@ -211,9 +311,11 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
       spec.stall_warning = spec.stall_shutdown;
     }
   }
+  if (absl::Status placed = ApplyPlacement(options, spec); !placed.ok()) return placed;
   spec.start_timeout = std::chrono::seconds(options.start_timeout_s);
   spec.dry_run = options.dry_run;
   spec.verbose = options.verbose;
+  spec.quiet = options.quiet;
   spec.network_interfaces = options.network_interfaces;
   spec.rendezvous_port = options.rendezvous_port;
   spec.rendezvous_addr = options.rendezvous_addr;

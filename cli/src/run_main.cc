@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "trainrun/cli/dry_run.h"
 #include "trainrun/cli/run_options.h"
+#include "trainrun/rendezvous/grpc_log.h"
 
 namespace trainrun::cli {
 namespace {
@@ -16,6 +17,15 @@ namespace {
 int Fail(const absl::Status& status) {
   spdlog::error("{}", std::string(status.message()));
   return ExitCodeFor(status);
+}
+
+// The gRPC library's own log lines (its rendezvous server runs in this process) are trainrun's
+// debug lines: --verbose shows them; nobody else sees a raw "chttp2_server.cc" line.
+void RouteGrpcLogsToDebug() {
+  rendezvous::RouteGrpcLogs(
+      [](rendezvous::GrpcLogSeverity, const char* file, int line, const char* message) {
+        spdlog::debug("grpc: {}:{}: {}", file, line, message);
+      });
 }
 
 void ApplyLogLevel(const RunOptions& options) {
@@ -60,6 +70,7 @@ std::vector<std::string> Arguments(int argc, char** argv) {
 
 int RunMain(const std::vector<std::string>& args, const LaunchFunction& launch,
             const EnvironmentLookup& env, std::ostream& out) {
+  RouteGrpcLogsToDebug();
   CLI::App app;
   RunOptions options;
   SetupRunOptions(app, options);
@@ -76,13 +87,20 @@ int RunMain(const std::vector<std::string>& args, const LaunchFunction& launch,
       break;
   }
   ApplyLogLevel(options);
-  for (const std::string& note : options.notes) spdlog::info("{}", note);
+  if (!options.quiet) {
+    for (const std::string& note : options.notes) spdlog::info("{}", note);
+  }
 
   absl::StatusOr<launcher::LaunchSpec> spec = MakeLaunchSpec(options, env);
   if (!spec.ok()) return Fail(spec.status());
   if (spec->dry_run) {
     PrintPlan(*spec, out);
     return 0;
+  }
+  if (options.display_map) {
+    // Before the ranks write to the same stdout.
+    PrintPlan(*spec, out);
+    out << std::flush;
   }
   absl::StatusOr<int> exit_code = launch(*spec);
   if (!exit_code.ok()) return Fail(exit_code.status());

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "trainrun/cli/config_file.h"
 
 namespace trainrun::cli {
 namespace {
@@ -34,6 +35,14 @@ constexpr SingleDashAlias kSingleDashAliases[] = {
     {"-np", "--num-proc"},
     {"-hostfile", "--hostfile"},
     {"-prefix-timestamp", "--prefix-timestamp"},
+    // mpirun's
+    {"-wdir", "--wdir"},
+    {"-wd", "--wdir"},
+    {"-bind-to", "--bind-to"},
+    {"-map-by", "--map-by"},
+    {"-report-bindings", "--report-bindings"},
+    {"-display-map", "--display-map"},
+    {"-oversubscribe", "--oversubscribe"},
 };
 
 // Rewrites aliases among trainrun's own flags, stopping where the worker command begins, so that
@@ -59,13 +68,174 @@ std::vector<std::string> RewriteSingleDashAliases(const CLI::App& app,
   return args;
 }
 
+// mpirun's placement flags: where each local rank runs, and in which directory.
+void SetupMpirunPlacement(CLI::App& app, RunOptions& options) {
+  CLI::Option_group* mpirun = app.add_option_group("mpirun compatibility");
+  mpirun
+      ->add_option("--bind-to", options.bind_to,
+                   "Pin each local rank to CPUs: core (one core each, disjoint while ranks <= "
+                   "cores), socket (one socket each), none (default: as trainrun's affinity).")
+      ->type_name("WHAT")
+      ->transform(CLI::IsMember({"core", "socket", "none"}, CLI::ignore_case));
+  mpirun
+      ->add_option("--map-by", options.map_by,
+                   "slot (ranks fill each host's slots in order, as always); core or socket "
+                   "also bind to that unit unless --bind-to says otherwise.")
+      ->type_name("WHAT");
+  mpirun->add_flag("--report-bindings", options.report_bindings,
+                   "Print one line per rank with the CPUs it is bound to.");
+  mpirun
+      ->add_option("--wdir", options.wdir,
+                   "The ranks' working directory on every host (also -wdir, -wd; default: "
+                   "trainrun's own).")
+      ->type_name("DIR");
+  mpirun->add_flag("--oversubscribe", options.oversubscribe,
+                   "More ranks than cores on a host is intended: no warning.");
+  mpirun->add_flag("--display-map", options.display_map,
+                   "Print the plan (as --dry-run), then run the job.");
+}
+
+// torchrun's output flags (--no-python, --log-dir, --tee, --redirects). torchrun's per-node flags
+// (--nproc-per-node, --nnodes, --rdzv-*) are declared elsewhere, not here.
+void SetupTorchrunOutput(CLI::App& app, RunOptions& options) {
+  CLI::Option_group* torchrun = app.add_option_group("torchrun compatibility");
+  torchrun->add_flag("--no-python,--no_python", options.no_python,
+                     "Run the command as given (a .py is not run with python3).");
+  torchrun
+      ->add_option("--log-dir,--log_dir", options.log_dir,
+                   "Write each rank's output to DIR/<rank>/stdout.log and stderr.log (both "
+                   "streams, also on the console, unless --tee or --redirects say otherwise).")
+      ->type_name("DIR");
+  torchrun
+      ->add_option("-t,--tee", options.tee,
+                   "Streams to write to --log-dir's files and the console: 0 none, 1 stdout, 2 "
+                   "stderr, 3 both.")
+      ->type_name("0-3");
+  torchrun
+      ->add_option("-r,--redirects", options.redirects,
+                   "Streams to write to --log-dir's files only, not the console: 0 none, 1 "
+                   "stdout, 2 stderr, 3 both.")
+      ->type_name("0-3");
+}
+
+// HelpFormatter is CLI11's help without its internals: the usage line names the command
+// (`trainrun [OPTIONS] COMMAND [ARGS...]`), a negatable flag is not shown with its "{false}",
+// and a value's range check ("SECONDS:INT in [0 - 86400]") is left to the description. Choices
+// ("WHAT:{core,socket,none}") stay: they are what the value may be (and what completion offers).
+class HelpFormatter : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App* app, std::string name) const override {
+    (void)app;
+    return absl::StrCat(get_label("Usage"), ": ", name, " [OPTIONS] COMMAND [ARGS...]\n");
+  }
+  std::string make_option_name(const CLI::Option* option, bool positional) const override {
+    std::string name = CLI::Formatter::make_option_name(option, positional);
+    for (const char* internal : {"{false}", "{true}"}) {
+      for (size_t at; (at = name.find(internal)) != std::string::npos;) {
+        name.erase(at, std::string(internal).size());
+      }
+    }
+    return name;
+  }
+  std::string make_option_opts(const CLI::Option* option) const override {
+    std::string opts = CLI::Formatter::make_option_opts(option);
+    // ":INT in [0 - 86400]", ":FLOAT in [...]", ":POSITIVE": a check, not the value's name.
+    size_t colon = opts.find(':');
+    if (colon != std::string::npos && colon + 1 < opts.size() && opts[colon + 1] != '{') {
+      size_t end = opts.find_first_of("=", colon);
+      if (end == std::string::npos) end = opts.find(" ...", colon);
+      opts.erase(colon, end == std::string::npos ? std::string::npos : end - colon);
+    }
+    return opts;
+  }
+};
+
+// ParseOnce parses `args` (aliases rewritten) into `options`; the command may come out empty.
+absl::StatusOr<ParseOutcome> ParseOnce(CLI::App& app, std::vector<std::string> args,
+                                       RunOptions& options) {
+  std::reverse(args.begin(), args.end());  // CLI11 takes the vector back to front
+  try {
+    app.parse(args);
+  } catch (const CLI::CallForHelp&) {
+    return ParseOutcome::kHelp;
+  } catch (const CLI::CallForAllHelp&) {
+    return ParseOutcome::kHelp;
+  } catch (const CLI::CallForVersion&) {
+    return ParseOutcome::kVersion;
+  } catch (const CLI::ValidationError& e) {
+    // Our own refusals (--mpi) are whole sentences already.
+    std::string what = e.what();
+    if (absl::StartsWith(what, "--mpi") || absl::StartsWith(what, "--jsrun")) {
+      return absl::InvalidArgumentError(what);
+    }
+    return absl::InvalidArgumentError(absl::StrCat(what, "; see trainrun --help"));
+  } catch (const CLI::ParseError& e) {
+    return absl::InvalidArgumentError(absl::StrCat(e.what(), "; see trainrun --help"));
+  }
+
+  // prefix_command leaves everything from the first word it does not know: the command, after
+  // an explicit `--` if the user wrote one. An unknown flag before the command lands here too.
+  std::vector<std::string> command = app.remaining();
+  bool explicit_separator = !command.empty() && command.front() == "--";
+  if (explicit_separator) command.erase(command.begin());
+  if (!explicit_separator && !command.empty() && command.front().size() > 1 &&
+      command.front()[0] == '-') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown flag '", command.front(),
+        "'; see trainrun --help (a worker command that starts with '-' goes after --)"));
+  }
+  options.command = std::move(command);
+  return ParseOutcome::kRun;
+}
+
+// MergeConfigFile parses again with --config-file's flags before the command line's (`args`, as
+// parsed into `options` already): a flag given on the command line overrides the file's (-x
+// adds to it); the file's command is used when the command line has none.
+absl::StatusOr<ParseOutcome> MergeConfigFile(CLI::App& app, const std::vector<std::string>& args,
+                                             RunOptions& options) {
+  absl::StatusOr<ConfigFile> config = ReadConfigFile(*options.config_file);
+  if (!config.ok()) return config.status();
+  auto given = [&app](const std::string& flag) {
+    const CLI::Option* option = app.get_option_no_throw(flag);
+    return option != nullptr && option->count() > 0;
+  };
+  std::vector<std::string> merged;
+  for (const std::vector<std::string>& flag : config->flags) {
+    if (flag[0] != "-x" && given(flag[0])) continue;
+    if (flag[0] == "--hosts" && given("--hostfile")) continue;
+    merged.insert(merged.end(), flag.begin(), flag.end());
+  }
+  const bool command_given = !options.command.empty();
+  std::vector<std::string> notes = config->notes;
+  // The command line's flags (without its command), then the command.
+  std::vector<std::string> flags = args;
+  flags.resize(flags.size() - std::min(flags.size(), options.command.size()));
+  if (!flags.empty() && flags.back() == "--") flags.pop_back();
+  merged.insert(merged.end(), flags.begin(), flags.end());
+  merged.push_back("--");
+  if (command_given) {
+    merged.insert(merged.end(), options.command.begin(), options.command.end());
+  } else {
+    merged.insert(merged.end(), config->command.begin(), config->command.end());
+  }
+  app.clear();
+  options = RunOptions{};
+  absl::StatusOr<ParseOutcome> outcome = ParseOnce(app, merged, options);
+  if (!outcome.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(outcome.status().message(), " (with --config-file's flags)"));
+  }
+  options.notes.insert(options.notes.begin(), notes.begin(), notes.end());
+  return outcome;
+}
+
 }  // namespace
 
 void SetupRunOptions(CLI::App& app, RunOptions& options) {
   app.name("trainrun");
   app.description(
-      "Start a distributed training job, one worker process per slot, and supervise it:\n"
-      "  trainrun [OPTIONS] COMMAND [ARGS...]");
+      "Start a distributed training job, one worker process per slot, and supervise it.");
+  app.formatter(std::make_shared<HelpFormatter>());
   app.footer(kFooter);
   app.prefix_command();
   app.set_version_flag("-v,--version", absl::StrCat("trainrun ", TRAINRUN_VERSION));
@@ -126,6 +296,9 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
       ->check(CLI::Range(1, 24 * 3600))
       ->capture_default_str();
   app.add_flag("--verbose", options.verbose, "Print what trainrun does (log level debug).");
+  app.add_flag("-q,--quiet", options.quiet,
+               "No start line (\"8 ranks on 2 hosts started in 0.41 s\") and no notes; warnings "
+               "and errors still print.");
   app.add_option("--log-level", options.log_level, "trainrun's own log level.")
       ->type_name("LEVEL")
       ->transform(CLI::IsMember({"trace", "debug", "info", "warning", "error", "critical", "off"},
@@ -195,6 +368,8 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
   // horovodrun users type --gloo to avoid MPI; trainrun never uses MPI, so it changes nothing.
   remote->add_flag("--gloo", "Accepted for horovodrun compatibility; trainrun never uses MPI.");
 
+  SetupMpirunPlacement(app, options);
+  SetupTorchrunOutput(app, options);
   // torchrun's per-node mode: its own group and rules (per_node_options.h).
   SetupPerNodeOptions(app, options.per_node);
 
@@ -206,6 +381,12 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
                    "Tensor fusion buffer in MB (sets TRAINRUN_FUSION_BYTES for the ranks).")
       ->type_name("MB")
       ->check(CLI::Range(0.0, 1024.0 * 1024));
+  horovod
+      ->add_option("--config-file", options.config_file,
+                   "horovodrun's YAML config (params, timeline, stall_check, ... as the flags of "
+                   "the same names) or a job file (hosts, processes_per_host, num_proc, "
+                   "environment, command); flags on the command line override it.")
+      ->type_name("FILE");
   horovod->add_flag("--tcp", options.tcp,
                     "Use TCP between every pair of ranks, also within a host (sets "
                     "TRAINRUN_TRANSPORT=tcp).");
@@ -282,42 +463,16 @@ absl::StatusOr<ParseOutcome> ParseRunArgs(CLI::App& app, std::vector<std::string
     }
   }
   args = RewriteSingleDashAliases(app, std::move(args));
-  std::reverse(args.begin(), args.end());  // CLI11 takes the vector back to front
-  try {
-    app.parse(args);
-  } catch (const CLI::CallForHelp&) {
-    return ParseOutcome::kHelp;
-  } catch (const CLI::CallForAllHelp&) {
-    return ParseOutcome::kHelp;
-  } catch (const CLI::CallForVersion&) {
-    return ParseOutcome::kVersion;
-  } catch (const CLI::ValidationError& e) {
-    // Our own refusals (--mpi) are whole sentences already.
-    std::string what = e.what();
-    if (absl::StartsWith(what, "--mpi") || absl::StartsWith(what, "--jsrun")) {
-      return absl::InvalidArgumentError(what);
-    }
-    return absl::InvalidArgumentError(absl::StrCat(what, "; see trainrun --help"));
-  } catch (const CLI::ParseError& e) {
-    return absl::InvalidArgumentError(absl::StrCat(e.what(), "; see trainrun --help"));
+  absl::StatusOr<ParseOutcome> outcome = ParseOnce(app, args, options);
+  if (!outcome.ok() || *outcome != ParseOutcome::kRun) return outcome;
+  if (options.config_file) {
+    outcome = MergeConfigFile(app, args, options);
+    if (!outcome.ok()) return outcome;
   }
-
-  // prefix_command leaves everything from the first word it does not know: the command, after
-  // an explicit `--` if the user wrote one. An unknown flag before the command lands here too.
-  std::vector<std::string> command = app.remaining();
-  bool explicit_separator = !command.empty() && command.front() == "--";
-  if (explicit_separator) command.erase(command.begin());
-  if (!explicit_separator && !command.empty() && command.front().size() > 1 &&
-      command.front()[0] == '-') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown flag '", command.front(),
-        "'; see trainrun --help (a worker command that starts with '-' goes after --)"));
-  }
-  if (command.empty()) {
+  if (options.command.empty()) {
     return absl::InvalidArgumentError(
         "no command to run; put it after the flags, e.g. trainrun -np 4 python train.py");
   }
-  options.command = std::move(command);
   return ParseOutcome::kRun;
 }
 

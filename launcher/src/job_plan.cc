@@ -1,6 +1,9 @@
 #include "job_plan.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -53,10 +56,25 @@ absl::StatusOr<JobPlan> PlanJob(const LaunchSpec& spec) {
   absl::StatusOr<JobEnvironment> environment =
       JobEnvironment::Create(job_spec, CurrentEnvironment());
   if (!environment.ok()) return environment.status();
-  posix::Executable executable = posix::ResolveOnPath(
-      spec.command[0], environment->Lookup(env::kPath).value_or(posix::kDefaultPath));
-  JobPlan plan{std::move(remote_hosts), std::move(rank_is_local), *std::move(environment),
-               std::move(executable), std::move(interface_address)};
+  std::string command = spec.command[0];
+  if (!spec.working_dir.empty() && command.find('/') != std::string::npos && command[0] != '/') {
+    command = absl::StrCat(spec.working_dir, "/", command);
+  }
+  posix::Executable executable =
+      posix::ResolveOnPath(command, environment->Lookup(env::kPath).value_or(posix::kDefaultPath));
+  JobPlan plan{std::move(remote_hosts), std::move(rank_is_local),     *std::move(environment),
+               std::move(executable),   std::move(interface_address), ReadCpuTopology(),
+               spec.working_dir};
+  if (!plan.working_dir.empty() && plan.any_local()) {
+    struct stat st {};
+    const char* problem = ::stat(plan.working_dir.c_str(), &st) != 0 ? std::strerror(errno)
+                          : !S_ISDIR(st.st_mode)                     ? "not a directory"
+                                                                     : nullptr;
+    if (problem != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("-wdir ", plan.working_dir, ": ", problem,
+                                                     "; give an existing directory for the ranks"));
+    }
+  }
   if (plan.executable.error != 0 && plan.any_local()) {
     // Reported once, before anything starts; trainrun exits 127 through ExitCodeFor, as a shell.
     return absl::NotFoundError(absl::StrCat("cannot execute '", spec.command[0],

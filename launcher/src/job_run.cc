@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "remote/host_access.h"
+#include "trainrun/launcher/cpu_binding.h"
 #include "trainrun/launcher/gpu_assignment.h"
 #include "trainrun/launcher/local_host.h"
 #include "trainrun/launcher/logging.h"
@@ -48,7 +49,8 @@ JobRun::JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& out
                      [this](int rank, const ExitInfo& exit) { OnExit(rank, exit); },
                      [this](int rank, std::string message) {
                        supervisor_->OnStartFailure(rank, std::move(message));
-                     }}),
+                     },
+                     [this](int rank, const std::string& binding) { OnStarted(rank, binding); }}),
       all_ranks_({&local_ranks_, &remote_ranks_}),
       signals_(io_, SIGINT, SIGTERM, SIGHUP),
       stall_inspector_(spec.plan.size(), spec.stall_warning, spec.stall_shutdown),
@@ -74,6 +76,18 @@ void JobRun::OnOutput(int rank, OutputStream stream, std::string_view bytes) {
 void JobRun::OnExit(int rank, const ExitInfo& exit) {
   if (server_) server_->NoteRankExit(rank, exit.Describe(), exit.ok());
   supervisor_->OnRankExit(rank, exit);
+}
+
+void JobRun::OnStarted(int rank, const std::string& binding) {
+  if (spec_.report_bindings) {
+    Logger().info("rank {} on {} bound {}", rank, spec_.plan.HostOf(rank).host, binding);
+  }
+  if (++started_ != spec_.plan.size() || spec_.quiet || supervisor_->done()) return;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - launched_).count();
+  const int hosts = static_cast<int>(spec_.plan.hosts.size());
+  Logger().info("{} {} on {} {} started in {:.2f} s", started_, started_ == 1 ? "rank" : "ranks",
+                hosts, hosts == 1 ? "host" : "hosts", seconds);
 }
 
 void JobRun::WaitForSignal() {
@@ -170,11 +184,13 @@ std::vector<HostView> JobRun::HostViews(const std::string& bind_address) const {
 }
 
 void JobRun::StartRanks(const StartDeadline& deadline) {
+  launched_ = deadline.when - deadline.timeout;
   if (!plan_.remote_hosts.empty()) {
     std::vector<remote::Job> jobs;
     for (int host_index : plan_.remote_hosts) {
       remote::Job job;
-      job.cwd = CurrentDirectory();
+      job.cwd = plan_.working_dir.empty() ? CurrentDirectory() : plan_.working_dir;
+      job.bind_to = static_cast<uint32_t>(spec_.bind_to);
       job.argv = spec_.command;
       job.grace_period_ms = static_cast<uint32_t>(spec_.grace_period.count());
       job.stdout_pty = spec_.stdout_pty;
@@ -196,9 +212,12 @@ void JobRun::StartRanks(const StartDeadline& deadline) {
 }
 
 void JobRun::StartLocalRanks() {
+  WarnIfOversubscribed();
   for (const hostfile::RankAssignment& a : spec_.plan.ranks) {
     if (!plan_.rank_is_local[a.rank]) continue;
     ProcessSpec process;
+    process.cpus = CpusForRank(plan_.cpus, spec_.bind_to, a.local_rank, a.local_size);
+    process.cwd = plan_.working_dir;
     process.executable = plan_.executable.path;
     process.argv = spec_.command;
     process.env = plan_.environment.ForRank(a.rank, views_[a.host_index]);
@@ -209,8 +228,20 @@ void JobRun::StartLocalRanks() {
       return;
     }
     supervisor_->OnRankStarted(a.rank);
+    OnStarted(a.rank, DescribeBinding(plan_.cpus, spec_.bind_to, a.local_rank, a.local_size));
     if (a.rank == 0) stdin_forwarder_->RankStarted();
   }
+}
+
+void JobRun::WarnIfOversubscribed() const {
+  int local = 0;
+  for (bool is_local : plan_.rank_is_local) local += is_local ? 1 : 0;
+  const int cores = static_cast<int>(plan_.cpus.cores.size());
+  if (spec_.oversubscribe || cores == 0 || local <= cores) return;
+  Logger().warn(
+      "{} ranks on this host, which has {} {} for them: ranks share cores and each runs slower "
+      "(--oversubscribe says this is intended and turns this warning off)",
+      local, cores, cores == 1 ? "core" : "cores");
 }
 
 void JobRun::InspectStalls() {

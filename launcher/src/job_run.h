@@ -58,13 +58,22 @@ class JobRun {
   // The host view of every host of the plan, by host index.
   std::vector<HostView> HostViews(const std::string& bind_address) const;
   void StartLocalRanks();
+  // WarnIfOversubscribed warns when this host runs more ranks than it has cores, unless
+  // --oversubscribe.
+  void WarnIfOversubscribed() const;
   void WaitForSignal();
   // InspectStalls reads the ranks' stall reports once a second (StallInspector).
   void InspectStalls();
   void OnOutput(int rank, OutputStream stream, std::string_view bytes);
   void OnExit(int rank, const ExitInfo& exit);
+  // OnStarted counts a started rank (local or remote, with its binding's words); the last one
+  // prints the start line unless --quiet.
+  void OnStarted(int rank, const std::string& binding);
 
   const LaunchSpec& spec_;
+  std::chrono::steady_clock::time_point
+      launched_;  // when Launch began (the start deadline's clock)
+  int started_ = 0;
   const JobPlan& plan_;
   OutputForwarder& output_;
   std::vector<HostView> views_;

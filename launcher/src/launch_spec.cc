@@ -45,6 +45,27 @@ absl::StatusOr<Launcher> ParseLauncher(absl::string_view text) {
       absl::StrCat("--launcher '", text, "' is not one of auto, ssh, slurm, local"));
 }
 
+absl::StatusOr<BindTo> ParseBindTo(absl::string_view text) {
+  std::string lower = absl::AsciiStrToLower(text);
+  if (lower == "none") return BindTo::kNone;
+  if (lower == "core") return BindTo::kCore;
+  if (lower == "socket" || lower == "package") return BindTo::kSocket;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--bind-to '", text, "' is not one of core, socket, none"));
+}
+
+absl::string_view BindToName(BindTo bind_to) {
+  switch (bind_to) {
+    case BindTo::kNone:
+      return "none";
+    case BindTo::kCore:
+      return "core";
+    case BindTo::kSocket:
+      return "socket";
+  }
+  return "?";
+}
+
 absl::string_view SshClientName(SshClient client) {
   return client == SshClient::kOpenssh ? "openssh" : "libssh2";
 }

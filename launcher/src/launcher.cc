@@ -35,6 +35,9 @@ absl::StatusOr<std::unique_ptr<OutputForwarder>> OpenOutput(const LaunchSpec& sp
   options.prefix_timestamp = spec.prefix_timestamp;
   options.output_dir = spec.output_dir;
   options.world_size = spec.plan.size();
+  options.log_dir = spec.log_dir;
+  options.log_streams = spec.tee | spec.redirects;
+  options.console_off = spec.redirects & ~spec.tee;
   return OutputForwarder::Create(options);
 }
 

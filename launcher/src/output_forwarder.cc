@@ -35,19 +35,38 @@ std::string Timestamp() {
   return absl::StrFormat("%s.%03d ", text, static_cast<int>(ms));
 }
 
-absl::StatusOr<int> MakeDirectory(const std::string& path) {
+absl::StatusOr<int> MakeDirectory(const std::string& path, const char* flag = "--output-filename") {
   if (mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--output-filename: cannot create directory '", path, "': ", std::strerror(errno)));
+    return absl::FailedPreconditionError(
+        absl::StrCat(flag, ": cannot create directory '", path, "': ", std::strerror(errno)));
   }
   return 0;
 }
+
+int StreamBit(OutputStream stream) { return stream == OutputStream::kStdout ? 1 : 2; }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<OutputForwarder>> OutputForwarder::Create(
     const OutputOptions& options) {
   std::unique_ptr<OutputForwarder> forwarder(new OutputForwarder(options));
+  if (options.log_dir.has_value() && options.log_streams != 0) {
+    if (auto made = MakeDirectory(*options.log_dir, "--log-dir"); !made.ok()) return made.status();
+    for (int rank = 0; rank < options.world_size; ++rank) {
+      std::string dir = absl::StrCat(*options.log_dir, "/", rank);
+      if (auto made = MakeDirectory(dir, "--log-dir"); !made.ok()) return made.status();
+      for (OutputStream stream : {OutputStream::kStdout, OutputStream::kStderr}) {
+        if ((options.log_streams & StreamBit(stream)) == 0) continue;
+        std::string path = dir + (stream == OutputStream::kStdout ? "/stdout.log" : "/stderr.log");
+        int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("--log-dir: cannot create '", path, "': ", std::strerror(errno)));
+        }
+        forwarder->log_files_[{rank, stream}] = fd;
+      }
+    }
+  }
   if (!options.output_dir.has_value()) return forwarder;
   if (auto made = MakeDirectory(*options.output_dir); !made.ok()) return made.status();
   const int width = static_cast<int>(absl::StrCat(std::max(options.world_size - 1, 0)).size());
@@ -76,6 +95,7 @@ OutputForwarder::OutputForwarder(const OutputOptions& options)
 OutputForwarder::~OutputForwarder() {
   EndLines();
   for (const auto& [key, fd] : files_) close(fd);
+  for (const auto& [key, fd] : log_files_) close(fd);
 }
 
 OutputForwarder::Console& OutputForwarder::ConsoleFor(OutputStream stream) {
@@ -85,6 +105,10 @@ OutputForwarder::Console& OutputForwarder::ConsoleFor(OutputStream stream) {
 void OutputForwarder::Write(int rank, OutputStream stream, std::string_view bytes) {
   if (bytes.empty()) return;
   if (auto it = files_.find({rank, stream}); it != files_.end()) WriteAll(it->second, bytes);
+  if (auto it = log_files_.find({rank, stream}); it != log_files_.end()) {
+    WriteAll(it->second, bytes);
+  }
+  if ((options_.console_off & StreamBit(stream)) != 0) return;
 
   Console& console = ConsoleFor(stream);
   const int fd = stream == OutputStream::kStdout ? options_.stdout_fd : options_.stderr_fd;

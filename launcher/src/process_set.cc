@@ -150,8 +150,21 @@ absl::Status RankProcessSet::Start(int rank_index, const ProcessSpec& spec) {
   }
   std::vector<char*> argv = CStrings(spec.argv);
   std::vector<char*> envp = CStrings(spec.env);
-  internal::ShimArgs args{spec.executable.c_str(), argv.data(),     envp.data(),        stdin_fd,
-                          out_write.get(),         err_write.get(), status_write.get(), getpid()};
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  for (int cpu : spec.cpus) {
+    if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, &cpus);
+  }
+  internal::ShimArgs args{spec.executable.c_str(),
+                          argv.data(),
+                          envp.data(),
+                          stdin_fd,
+                          out_write.get(),
+                          err_write.get(),
+                          status_write.get(),
+                          getpid(),
+                          spec.cpus.empty() ? nullptr : &cpus,
+                          spec.cwd.empty() ? nullptr : spec.cwd.c_str()};
 
   // Block every signal across fork(): the shim must not run this process's handlers (Asio's
   // would write to its signal pipe, which the shim shares until it closes its fds).

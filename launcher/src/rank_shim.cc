@@ -150,8 +150,14 @@ pid_t StartCommand(const ShimArgs& args, pid_t shim) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    execve(args.executable, args.argv, args.envp);
-    int error = errno;
+    // --bind-to and --wdir; a failure is reported as the exec's (the launcher checked both).
+    int error = 0;
+    if (args.cpus != nullptr && sched_setaffinity(0, sizeof(cpu_set_t), args.cpus) != 0) {
+      error = errno;
+    }
+    if (error == 0 && args.cwd != nullptr && chdir(args.cwd) != 0) error = errno;
+    if (error == 0) execve(args.executable, args.argv, args.envp);
+    if (error == 0) error = errno;
     while (write(exec_error[1], &error, sizeof(error)) < 0 && errno == EINTR) {
     }
     _exit(127);

@@ -18,6 +18,7 @@
 // uses only async-signal-safe system calls; everything it needs is prepared before the fork.
 #pragma once
 
+#include <sched.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -42,6 +43,8 @@ struct ShimArgs {
   int stderr_fd;  // becomes fd 2
   int status_fd;  // ShimRecords go here
   pid_t parent;   // trainrun's pid, to detect that it died before PR_SET_PDEATHSIG took effect
+  const cpu_set_t* cpus;  // the command's CPU affinity (--bind-to); nullptr: inherited
+  const char* cwd;        // the command's working directory (--wdir); nullptr: inherited
 };
 
 // The signal trainrun sends a shim to end its rank at once (and the shim's PDEATHSIG).

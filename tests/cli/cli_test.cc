@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "trainrun/cli/config_file.h"
 #include "trainrun/cli/run_options.h"
 
 namespace trainrun::cli {
@@ -132,6 +133,52 @@ TEST_CASE_METHOD(TApp, "flag errors are one sentence naming the flag", "[cli]") 
   CHECK(outcome.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(outcome.status().message()), Catch::Contains(c.message_part));
   CHECK(std::string(outcome.status().message()).find('\n') == std::string::npos);
+}
+
+}  // namespace
+}  // namespace trainrun::cli
+
+namespace trainrun::cli {
+namespace {
+
+using Flags = std::vector<std::vector<std::string>>;
+
+TEST_CASE("config file: the YAML subset, hosts with processes_per_host, lists", "[cli][config]") {
+  auto config = ParseConfigFile(
+      "---\n"
+      "hosts: [a, 'b:8', \"[::1]\", user@c]   # flow list\n"
+      "processes_per_host: 2\n"
+      "environment:\n"
+      "  A: '1 # not a comment'\n"
+      "command:\n"
+      "  - python3\n"
+      "  - train.py\n"
+      "timeline:\n"
+      "  mark_cycles: false\n"
+      "logging:\n"
+      "  level: INFO\n",
+      "job.yaml");
+  INFO((config.ok() ? "" : std::string(config.status().message())));
+  REQUIRE(config.ok());
+  CHECK(config->flags == Flags{{"-x", "A=1 # not a comment"},
+                               {"--log-level", "info"},
+                               {"--hosts", "a:2,b:8,[::1]:2,user@c:2"}});
+  CHECK(config->command == Words{"python3", "train.py"});
+  CHECK(config->notes.empty());
+}
+
+TEST_CASE("config file: YAML outside the subset is one sentence with the line", "[cli][config]") {
+  CHECK(ParseConfigFile("params:\n\tcycle_time_ms: 1\n", "f.yaml").status().message() ==
+        "f.yaml line 2: indent with spaces, not tabs");
+  CHECK(ParseConfigFile("hosts: a\n  - b\n", "f.yaml").status().message() ==
+        "f.yaml line 2: a list item with no key above it");
+  CHECK(ParseConfigFile("# hosts\nx y\n", "f.yaml").status().message() ==
+        "f.yaml line 2: 'x y' is not `key: value`");
+  CHECK(ParseConfigFile("params: {a: 1}\n", "f.yaml").status().message() ==
+        "f.yaml line 1: '{a: 1}' is YAML that trainrun's config files do not use; write a plain "
+        "value, a list or `key: value` lines");
+  CHECK(ParseConfigFile("processes_per_host: 2\n", "f.yaml").status().message() ==
+        "f.yaml line 1: processes_per_host needs hosts: in the same file");
 }
 
 }  // namespace

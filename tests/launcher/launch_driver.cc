@@ -1,7 +1,7 @@
 // launch_driver: a LaunchSpec from argv, then Launch — the launcher's tests (and its timing) run
 // real jobs through this instead of the `trainrun` binary, which the cli module builds.
 //
-//   launch_driver [-np N] [-H host:slots,...] [--no-tag] [--no-pty] [--timestamp]
+//   launch_driver [-np N] [-H host:slots,...] [--no-tag] [--no-pty] [--timestamp] [--oversubscribe]
 //   [--output-filename DIR]
 //                 [--grace-ms MS] [-x NAME[=VALUE]]... [--verbose] COMMAND ARGS...
 #include <cstdio>
@@ -71,6 +71,8 @@ int main(int argc, char** argv) {
       spec.tag_output = false;
     } else if (arg == "--no-pty") {
       spec.stdout_pty = false;
+    } else if (arg == "--oversubscribe") {
+      spec.oversubscribe = true;
     } else if (arg == "--timestamp") {
       spec.prefix_timestamp = true;
     } else if (arg == "--output-filename" && i + 1 < argc) {

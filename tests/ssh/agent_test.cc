@@ -85,6 +85,45 @@ TEST_CASE("agent: runs its ranks and reports output and exits", "[ssh]") {
   CHECK(codes[3] == 3);
 }
 
+TEST_CASE("agent: --bind-to core pins the host's ranks to disjoint cores and says which",
+          "[ssh][flags]") {
+  if (std::thread::hardware_concurrency() < 2) {
+    WARN("one CPU: disjoint cores cannot be shown here");
+    return;
+  }
+  testing::SshWorld world;
+  ssh::SshOptions options = world.ClientOptions();
+  options.identity_file = world.user_ed25519();
+  options.port = world.sshd().port();
+  auto channel = ssh::MakeSshHostChannel(options);
+  auto agent = ConnectAgent(*channel, Host("127.0.0.1"), AgentCommand(TRAINRUN_TEST_AGENT),
+                            absl::Now() + absl::Seconds(10));
+  REQUIRE(agent.ok());
+  Job job;
+  job.argv = {"sh", "-c", "sed -n 's/^Cpus_allowed_list:\\s*//p' /proc/self/status"};
+  job.ranks = {{4, {"PATH=/usr/bin:/bin"}}, {5, {"PATH=/usr/bin:/bin"}}};
+  job.bind_to = static_cast<uint32_t>(BindTo::kCore);
+  REQUIRE(agent->stream->Write(EncodeJob(job), absl::Seconds(5)).ok());
+  std::map<int, std::string> output, binding;
+  for (const Frame& f : ReadUntilDone(*agent, absl::Seconds(10))) {
+    if (f.type == MessageType::kStarted) {
+      auto started = *DecodeStarted(f.payload);
+      binding[started.rank] = started.binding;
+    }
+    if (f.type == MessageType::kOutput) {
+      auto o = *DecodeOutput(f.payload);
+      output[o.rank] += o.bytes;
+    }
+  }
+  // Local ranks 0 and 1 of that host: cores 0 and 1, and the rank's own view agrees.
+  REQUIRE(output.size() == 2);
+  CHECK(output[4] != output[5]);
+  for (int rank : {4, 5}) {
+    std::string cpus = output[rank].substr(0, output[rank].find('\n'));
+    CHECK(binding[rank] == "to core " + std::to_string(rank - 4) + " (cpus " + cpus + ")");
+  }
+}
+
 TEST_CASE("agent: the connection closing kills its ranks", "[ssh]") {
   testing::SshWorld world;
   ssh::SshOptions options = world.ClientOptions();

@@ -740,5 +740,43 @@ TEST_CASE("multihost: a remote rank's lines arrive as it prints them (Python and
   CHECK(HostsEmpty(cluster));
 }
 
+TEST_CASE("multihost: --bind-to core, --report-bindings and -wdir on a remote host",
+          "[ssh][netns][placement]") {
+  if (!CanUseNetns()) {
+    WARN("skipped: needs root and iproute2");
+    return;
+  }
+  if (std::thread::hardware_concurrency() < 2) {
+    WARN("skipped: one CPU, disjoint cores cannot be shown");
+    return;
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  const std::string host = cluster.host_address(1);
+  std::string out;
+  int status = RunTrainrun(world, cluster,
+                           {"--bind-to", "core", "--report-bindings", "-wdir", world.dir(), "-H",
+                            host + ":2", "sh", "-c",
+                            "echo cwd=$(pwd) cpus=$(sed -n 's/^Cpus_allowed_list:\\s*//p' "
+                            "/proc/self/status)"},
+                           &out);
+  INFO(out);
+  CHECK(status == 0);
+  // Each remote rank runs in -wdir, on the core the agent bound it to, as reported.
+  std::string cpus[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string tag = "[" + std::to_string(rank) + "]<stdout>:cwd=" + world.dir() + " cpus=";
+    size_t at = out.find(tag);
+    REQUIRE(at != std::string::npos);
+    cpus[rank] = out.substr(at + tag.size(), out.find('\n', at) - at - tag.size());
+    CHECK(out.find("trainrun: info: rank " + std::to_string(rank) + " on " + host +
+                   " bound to core " + std::to_string(rank) + " (cpus " + cpus[rank] + ")") !=
+          std::string::npos);
+  }
+  CHECK(cpus[0] != cpus[1]);
+  INFO("left behind:" << Processes(cluster));
+  CHECK(HostsEmpty(cluster));
+}
+
 }  // namespace
 }  // namespace trainrun::testing

@@ -20,6 +20,7 @@
 #include "posix/resolve_on_path.h"
 #include "remote/agent_protocol.h"
 #include "trainrun/launcher/agent.h"
+#include "trainrun/launcher/cpu_binding.h"
 #include "trainrun/launcher/gpu_assignment.h"
 #include "trainrun/launcher/launch_spec.h"
 #include "trainrun/launcher/process_set.h"
@@ -177,8 +178,16 @@ class Agent {
                                     "; the job runs in the launcher's directory on every host")));
       return Finish();
     }
+    // --bind-to on this host's CPUs: the ranks arrive in local-rank order.
+    const CpuTopology cpus = ReadCpuTopology();
+    const BindTo bind_to = job->bind_to <= static_cast<uint32_t>(BindTo::kSocket)
+                               ? static_cast<BindTo>(job->bind_to)
+                               : BindTo::kNone;
+    const int local_size = static_cast<int>(job->ranks.size());
     for (const RankJob& rank : job->ranks) {
+      const int local_rank = started_;
       ProcessSpec spec;
+      spec.cpus = CpusForRank(cpus, bind_to, local_rank, local_size);
       spec.argv = job->argv;
       spec.env = rank.env;
       spec.stdout_pty = job->stdout_pty;
@@ -194,7 +203,7 @@ class Agent {
         break;
       }
       ++started_;
-      Send(EncodeStarted(rank.rank));
+      Send(EncodeStarted({rank.rank, DescribeBinding(cpus, bind_to, local_rank, local_size)}));
     }
     job_received_ = true;
     MaybeDone();

@@ -100,12 +100,13 @@ std::string EncodeJob(const Job& job) {
   Writer w;
   w.Bytes(job.cwd).List(job.argv).U32(job.grace_period_ms).U32(job.ranks.size());
   for (const RankJob& r : job.ranks) w.U32(r.rank).List(r.env);
-  w.U32(job.stdout_pty ? 1 : 0);
+  w.U32(job.stdout_pty ? 1 : 0).U32(job.bind_to);
   return EncodeFrame(MessageType::kJob, w.Take());
 }
 
-std::string EncodeStarted(uint32_t rank) {
-  return EncodeFrame(MessageType::kStarted, Writer().U32(rank).Take());
+std::string EncodeStarted(const Started& started) {
+  return EncodeFrame(MessageType::kStarted,
+                     Writer().U32(started.rank).Bytes(started.binding).Take());
 }
 
 std::string EncodeOutput(const RankOutput& o) {
@@ -168,13 +169,16 @@ absl::StatusOr<Job> DecodeJob(absl::string_view payload) {
   }
   // Added after version 2's first release: a Job without it keeps the pty (the default).
   if (!r.AtEnd()) job.stdout_pty = r.U32() != 0;
+  if (!r.AtEnd()) job.bind_to = r.U32();
   return r.Finish(job, "Job");
 }
 
-absl::StatusOr<uint32_t> DecodeStarted(absl::string_view payload) {
+absl::StatusOr<Started> DecodeStarted(absl::string_view payload) {
   Reader r(payload);
-  uint32_t rank = r.U32();
-  return r.Finish(rank, "Started");
+  Started started;
+  started.rank = r.U32();
+  started.binding = r.Bytes();
+  return r.Finish(started, "Started");
 }
 
 absl::StatusOr<RankOutput> DecodeOutput(absl::string_view payload) {

@@ -9,8 +9,8 @@
 //   launcher                                agent
 //      ──────────── (ssh exec: trainrun --agent) ──▶
 //      ◀─ Hello{version, host, pid, ssh_client_address, gpu_count, release}
-//      ── Job{cwd, executable, argv, ranks[{rank, env}], grace, pty} ─▶
-//      ◀─ Started{rank} / Output{rank, stream, bytes} / Exit{rank, ...}
+//      ── Job{cwd, executable, argv, ranks[{rank, env}], grace, pty, bind_to} ─▶
+//      ◀─ Started{rank, binding} / Output{rank, stream, bytes} / Exit{rank, ...}
 //      ── Terminate / Kill ─▶        (the job is ending elsewhere)
 //      ◀─ Done                        (every rank of this host has exited)
 //      ◀─▶ Heartbeat                  (each side ends the job when the other falls silent)
@@ -31,8 +31,9 @@
 namespace trainrun::launcher::remote {
 
 // Bumped when a message changes meaning; the launcher refuses an agent of another version.
-// 2: Hello carries gpu_count. 3: Hello carries the agent's trainrun release.
-inline constexpr uint32_t kProtocolVersion = 3;
+// 2: Hello carries gpu_count. 3: Hello carries the agent's trainrun release. 4: Job carries
+// bind_to, Started the rank's binding.
+inline constexpr uint32_t kProtocolVersion = 4;
 // Frames larger than this are a protocol error (output comes in pieces far below it).
 inline constexpr uint32_t kMaxFrameBytes = 64u << 20;
 
@@ -75,6 +76,14 @@ struct Job {
   std::vector<RankJob> ranks;
   uint32_t grace_period_ms = static_cast<uint32_t>(kDefaultGracePeriod.count());
   bool stdout_pty = true;  // each rank's stdout is a pseudo-terminal (LaunchSpec::stdout_pty)
+  uint32_t bind_to = 0;    // LaunchSpec::bind_to (BindTo's value): the agent binds on its CPUs
+};
+
+// Started says a rank's command runs, and the CPUs the agent bound it to (DescribeBinding's words,
+// for --report-bindings).
+struct Started {
+  uint32_t rank = 0;
+  std::string binding;
 };
 
 struct RankExit {
@@ -108,7 +117,7 @@ std::string EncodeFrame(MessageType type, absl::string_view payload = {});
 
 std::string EncodeHello(const Hello& hello);
 std::string EncodeJob(const Job& job);
-std::string EncodeStarted(uint32_t rank);
+std::string EncodeStarted(const Started& started);
 std::string EncodeOutput(const RankOutput& output);
 std::string EncodeExit(const RankExit& exit);
 std::string EncodeError(absl::string_view message);
@@ -117,7 +126,7 @@ std::string EncodeJobEnd(const JobEnd& end);
 // Decode* read a frame's payload; a malformed payload is an InvalidArgument.
 absl::StatusOr<Hello> DecodeHello(absl::string_view payload);
 absl::StatusOr<Job> DecodeJob(absl::string_view payload);
-absl::StatusOr<uint32_t> DecodeStarted(absl::string_view payload);
+absl::StatusOr<Started> DecodeStarted(absl::string_view payload);
 absl::StatusOr<RankOutput> DecodeOutput(absl::string_view payload);
 absl::StatusOr<RankExit> DecodeExit(absl::string_view payload);
 absl::StatusOr<std::string> DecodeError(absl::string_view payload);

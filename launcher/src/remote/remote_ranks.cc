@@ -158,9 +158,11 @@ void RemoteRanks::OnFrame(Host& host, const Frame& frame) {
                  frame.payload.size());
   switch (frame.type) {
     case MessageType::kStarted: {
-      auto rank = DecodeStarted(frame.payload);
-      if (rank.ok() && host.Owns(static_cast<int>(*rank)))
-        host.started.insert(static_cast<int>(*rank));
+      auto started = DecodeStarted(frame.payload);
+      if (started.ok() && host.Owns(static_cast<int>(started->rank)) &&
+          host.started.insert(static_cast<int>(started->rank)).second && events_.on_started) {
+        events_.on_started(static_cast<int>(started->rank), started->binding);
+      }
       break;
     }
     case MessageType::kOutput: {

@@ -37,6 +37,8 @@ struct RemoteEvents {
   std::function<void(int rank, const ExitInfo& exit)> on_exit;
   // A host-level failure (agent lost, silent, or unable to start its ranks), one line naming it.
   std::function<void(int first_rank, std::string message)> on_failure;
+  // A rank's command runs, bound to the CPUs `binding` describes (cpu_binding.h). Optional.
+  std::function<void(int rank, const std::string& binding)> on_started;
 };
 
 // RemoteRanks owns the agents' connections for the job's duration. Use it on the io_context's

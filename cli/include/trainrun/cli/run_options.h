@@ -39,11 +39,26 @@ struct RunOptions {
   bool no_stall_check = false;                 // --no-stall-check
   std::optional<double> fusion_threshold_mb;   // --fusion-threshold-mb (horovodrun)
   bool tcp = false;                            // --tcp (horovodrun): TCP even within a host
+  std::optional<std::string> config_file;      // --config-file (horovodrun's YAML, a job file)
+  // mpirun's placement flags (--bind-to, --map-by, --report-bindings, -wdir, --oversubscribe,
+  // --display-map).
+  std::optional<std::string> bind_to;  // --bind-to core|socket|none
+  std::optional<std::string> map_by;   // --map-by slot|core|socket
+  bool report_bindings = false;        // --report-bindings
+  std::optional<std::string> wdir;     // -wdir/--wdir DIR
+  bool oversubscribe = false;          // --oversubscribe
+  bool display_map = false;            // --display-map: the plan, then the job
+  // torchrun's output flags (--no-python, --log-dir, --tee, --redirects), as typed.
+  bool no_python = false;                // --no-python
+  std::optional<std::string> log_dir;    // --log-dir DIR
+  std::optional<std::string> tee;        // --tee 0-3
+  std::optional<std::string> redirects;  // --redirects 0-3
   // horovodrun's flags that trainrun accepts but that change nothing here: one line each, why.
   std::vector<std::string> notes;
   int start_timeout_s =  // --start-timeout SECONDS
       static_cast<int>(launcher::kDefaultStartTimeout.count());
   bool verbose = false;                          // --verbose
+  bool quiet = false;                            // -q/--quiet: no start line, no notes
   std::optional<std::string> log_level;          // --log-level
   bool dry_run = false;                          // --dry-run
   int rendezvous_port = 0;                       // --rendezvous-port

@@ -48,6 +48,11 @@ absl::StatusOr<SshClient> ParseSshClient(absl::string_view text);
 enum class Launcher { kAuto, kSsh, kSlurm, kLocal };
 absl::StatusOr<Launcher> ParseLauncher(absl::string_view text);
 absl::StatusOr<HostKeyPolicy> ParseHostKeyPolicy(absl::string_view text);
+// BindTo is mpirun's --bind-to: the CPUs each local rank may run on (cpu_binding.h). kNone, the
+// default, leaves the affinity trainrun has, as horovodrun (with Gloo) and torchrun do.
+enum class BindTo { kNone, kCore, kSocket };
+absl::StatusOr<BindTo> ParseBindTo(absl::string_view text);
+absl::string_view BindToName(BindTo bind_to);
 absl::string_view SshClientName(SshClient client);
 absl::string_view HostKeyPolicyName(HostKeyPolicy policy);
 
@@ -86,6 +91,12 @@ struct LaunchSpec {
   std::vector<ExportedVariable> exported;
   // --output-filename DIR: each rank's output also goes to DIR/rank.<N>/{stdout,stderr}.
   std::optional<std::string> output_dir;
+  // torchrun's --log-dir DIR: DIR/<rank>/stdout.log and stderr.log. --tee: the streams (torchrun's
+  // Std: 0 none, 1 stdout, 2 stderr, 3 both) that go to those files and the console; --redirects:
+  // the streams that go to the files only.
+  std::optional<std::string> log_dir;
+  int tee = 0;
+  int redirects = 0;
   // Prefix worker lines with "[rank]<stdout>:" / "[rank]<stderr>:".
   bool tag_output = true;
   // Each rank's stdout is a pseudo-terminal, so that C stdio and Python flush it line by line and
@@ -97,6 +108,14 @@ struct LaunchSpec {
   bool assign_gpus = false;
   // Prefix worker lines with the time they arrived.
   bool prefix_timestamp = false;
+  // mpirun's placement flags. --bind-to (or --map-by core|socket): each local rank's CPUs, applied
+  // by its shim before exec, here and on remote hosts. --report-bindings: one line per rank saying
+  // its CPUs. --oversubscribe: more ranks than cores on a host without a warning.
+  BindTo bind_to = BindTo::kNone;
+  bool report_bindings = false;
+  bool oversubscribe = false;
+  // -wdir/--wdir: the ranks' working directory on every host; empty: trainrun's own directory.
+  std::string working_dir;
   // --start-timeout: one deadline from the first connection to a host to the last rank's start.
   std::chrono::seconds start_timeout = kDefaultStartTimeout;
   // Between SIGTERM and SIGKILL when the job is torn down.
@@ -110,6 +129,8 @@ struct LaunchSpec {
   // Print the plan, start nothing (the CLI prints it; Launch is not called).
   bool dry_run = false;
   bool verbose = false;
+  // --quiet: no start line ("8 ranks on 2 hosts started in 0.41 s") when every rank has started.
+  bool quiet = false;
 
   // The job's rendezvous server (rendezvous/server.h). --rendezvous-port: the port it listens on;
   // 0 lets the kernel choose. --rendezvous-addr: the address it binds and workers dial; empty:

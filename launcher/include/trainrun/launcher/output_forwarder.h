@@ -28,6 +28,12 @@ struct OutputOptions {
   // world_size-1 as horovodrun does (rank.07 of 16), so the directories sort.
   std::optional<std::string> output_dir;
   int world_size = 1;
+  // torchrun's --log-dir: DIR/<rank>/stdout.log and DIR/<rank>/stderr.log get the streams in
+  // log_streams (bit 1 stdout, bit 2 stderr, as torchrun's Std: 1 OUT, 2 ERR, 3 ALL); the streams
+  // in console_off (--redirects without --tee) go to those files only, not to the console.
+  std::optional<std::string> log_dir;
+  int log_streams = 0;
+  int console_off = 0;
   int stdout_fd = 1;  // the console: where worker stdout goes
   int stderr_fd = 2;  // and worker stderr
 };
@@ -63,7 +69,8 @@ class OutputForwarder {
   Console stdout_;
   Console stderr_;
   Console* stderr_console_;  // &stdout_ when both fds are the same file (a terminal, usually)
-  std::map<std::pair<int, OutputStream>, int> files_;  // (rank, stream) → fd
+  std::map<std::pair<int, OutputStream>, int> files_;      // (rank, stream) → fd
+  std::map<std::pair<int, OutputStream>, int> log_files_;  // --log-dir's, the same way
 };
 
 }  // namespace trainrun::launcher

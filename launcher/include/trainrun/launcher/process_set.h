@@ -43,6 +43,10 @@ struct ProcessSpec {
   // that stdio line-buffers it and a rank's lines arrive as it writes them; false: a pipe. fd 2
   // is a pipe either way, so stdout and stderr stay apart.
   bool stdout_pty = true;
+  // The CPUs the command may run on (sched_setaffinity before exec); empty: as this process.
+  std::vector<int> cpus;
+  // The command's working directory (chdir before exec); empty: this process's.
+  std::string cwd;
 };
 
 // RankControl is how a job's policy stops ranks, wherever they run.
