@@ -4,23 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "rank_ranges.h"
 
 namespace trainrun::launcher {
-namespace {
-
-// "rank 3", "ranks 0-2,5"
-std::string Ranks(const std::vector<int>& ranks) {
-  std::vector<std::string> parts;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    parts.push_back(i == j ? absl::StrCat(ranks[i]) : absl::StrCat(ranks[i], "-", ranks[j]));
-    i = j + 1;
-  }
-  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(parts, ","));
-}
-
-}  // namespace
 
 StallInspector::StallInspector(int size, std::chrono::seconds warning,
                                std::chrono::seconds shutdown)
@@ -103,20 +89,20 @@ std::string StallInspector::Describe(Clock::time_point now) const {
       elsewhere[it->second].push_back(rank);
     }
   }
-  std::string text = absl::StrCat(Ranks(in_it), in_it.size() == 1 ? " has" : " have", " waited ",
-                                  longest.count(), " s in ", collective);
+  std::string text = absl::StrCat(RankRanges(in_it), in_it.size() == 1 ? " has" : " have",
+                                  " waited ", longest.count(), " s in ", collective);
   std::vector<int> not_joined = absent;
   for (const auto& [op, ranks] : elsewhere) {
     not_joined.insert(not_joined.end(), ranks.begin(), ranks.end());
   }
   std::sort(not_joined.begin(), not_joined.end());
   if (!not_joined.empty()) {
-    absl::StrAppend(&text, ", which ", Ranks(not_joined), not_joined.size() == 1 ? " has" : " have",
-                    " not joined");
+    absl::StrAppend(&text, ", which ", RankRanges(not_joined),
+                    not_joined.size() == 1 ? " has" : " have", " not joined");
   }
   for (const auto& [op, ranks] : elsewhere) {
-    absl::StrAppend(&text, "; ", Ranks(ranks), ranks.size() == 1 ? " waits" : " wait", " in ", op,
-                    " instead");
+    absl::StrAppend(&text, "; ", RankRanges(ranks), ranks.size() == 1 ? " waits" : " wait", " in ",
+                    op, " instead");
   }
   return text;
 }
