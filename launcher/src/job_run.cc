@@ -48,6 +48,7 @@ JobRun::JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& out
                      },
                      [this](int rank, const ExitInfo& exit) { OnExit(rank, exit); },
                      [this](int rank, std::string message) {
+                       host_failed_ = true;
                        supervisor_->OnStartFailure(rank, std::move(message));
                      },
                      [this](int rank, const std::string& binding) { OnStarted(rank, binding); }}),
@@ -278,7 +279,10 @@ int JobRun::Summarize() {
   if (std::string summary = supervisor_->Summary(); !summary.empty()) {
     // Slurm ends every step of an allocation past its time limit, on scancel or when a node fails:
     // what the ranks did then is its consequence, and the summary says so first.
-    if (std::string why = remote::SchedulerEnded(spec_);
+    // A lost host or a rank killed by a signal may be the scheduler's doing, which its controller
+    // records a moment after the steps end: then it is given up to 3 s to say so.
+    const bool maybe_scheduler = host_failed_ || supervisor_->exit_code() > 128;
+    if (std::string why = remote::SchedulerEnded(spec_, maybe_scheduler);
         !why.empty() && summary.find(why) == std::string::npos) {
       summary = absl::StrCat(why, ", which ended the job; what trainrun saw then:\n", summary);
     }

@@ -71,6 +71,7 @@ class JobRun {
   void OnStarted(int rank, const std::string& binding);
 
   const LaunchSpec& spec_;
+  bool host_failed_ = false;  // a remote host's agent failed or was lost
   std::chrono::steady_clock::time_point
       launched_;  // when Launch began (the start deadline's clock)
   int started_ = 0;

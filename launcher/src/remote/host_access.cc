@@ -58,8 +58,9 @@ std::unique_ptr<channel::HostChannel> MakeHostChannel(const LaunchSpec& spec) {
   return ssh::MakeSshHostChannel(SshOptionsFor(spec));
 }
 
-std::string SchedulerEnded(const LaunchSpec& spec) {
-  return UsesSlurm(spec) ? slurm::AllocationEnded() : "";
+std::string SchedulerEnded(const LaunchSpec& spec, bool settle) {
+  return UsesSlurm(spec) ? slurm::AllocationEnded(settle ? absl::Seconds(3) : absl::ZeroDuration())
+                         : "";
 }
 
 }  // namespace remote

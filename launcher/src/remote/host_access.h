@@ -20,8 +20,9 @@ bool UsesSlurm(const LaunchSpec& spec);
 
 // SchedulerEnded says why the scheduler ended the job's allocation, when `spec` launched through
 // one and it did (slurm::AllocationEnded); "" otherwise. The summary of a failed job starts with
+// it. `settle`: the failure may be the scheduler's, so wait up to 3 s for its controller to record
 // it.
-std::string SchedulerEnded(const LaunchSpec& spec);
+std::string SchedulerEnded(const LaunchSpec& spec, bool settle);
 
 // SshOptionsFor turns the job's SSH flags (-p, -i, --ssh-client, --ssh-strict-host-key-checking,
 // --start-timeout) into SshOptions.

@@ -298,12 +298,11 @@ std::unique_ptr<channel::HostChannel> MakeSrunHostChannel() {
 
 // A step killed by the time limit, scancel or a node failure ends with status 143 like any other;
 // only the controller knows which it was.
-std::string AllocationEnded() {
-  std::optional<std::string> job = env::Lookup(env::kSlurmJobId);
-  if (!job || job->empty() ||
-      !std::all_of(job->begin(), job->end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    return "";
-  }
+namespace {
+
+// AllocationState: why job `job_id` ended, as scontrol says it now ("" while it runs).
+std::string AllocationState(const std::string& job_id) {
+  const std::string* job = &job_id;
   std::string command = absl::StrCat("timeout 2 scontrol show job -o ", *job, " 2>/dev/null");
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) return "";
@@ -326,6 +325,22 @@ std::string AllocationEnded() {
   if (state == "NODE_FAIL") return absl::StrCat("a node of Slurm job ", *job, " failed");
   if (state == "PREEMPTED") return absl::StrCat("Slurm job ", *job, " was preempted");
   return "";
+}
+
+}  // namespace
+
+std::string AllocationEnded(absl::Duration settle) {
+  std::optional<std::string> job = env::Lookup(env::kSlurmJobId);
+  if (!job || job->empty() ||
+      !std::all_of(job->begin(), job->end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return "";
+  }
+  const absl::Time give_up = absl::Now() + settle;
+  for (;;) {
+    std::string why = AllocationState(*job);
+    if (!why.empty() || absl::Now() >= give_up) return why;
+    absl::SleepFor(absl::Milliseconds(250));
+  }
 }
 
 }  // namespace trainrun::launcher::slurm

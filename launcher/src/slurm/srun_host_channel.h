@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/time/time.h"
 #include "channel/host_channel.h"
 
 namespace trainrun::launcher::slurm {
@@ -21,7 +22,9 @@ std::unique_ptr<channel::HostChannel> MakeSrunHostChannel();
 
 // AllocationEnded says why this Slurm allocation (SLURM_JOB_ID) ended, when it did: "Slurm job 7
 // reached its time limit (TimeLimit=00:01:00)", "... was cancelled (scancel)", "a node of Slurm job
-// 7 failed"; "" while it runs, outside Slurm, or when scontrol cannot tell within 2 s.
-std::string AllocationEnded();
+// 7 failed"; "" while it runs, outside Slurm, or when scontrol cannot tell within 2 s. While the
+// job still runs, asks again every 250 ms for up to `settle` (the controller records a node's
+// failure a moment after the steps end).
+std::string AllocationEnded(absl::Duration settle = absl::ZeroDuration());
 
 }  // namespace trainrun::launcher::slurm
