@@ -2,6 +2,9 @@
 #include "ssh/ssh_config.h"
 
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 namespace trainrun::launcher::ssh {
 namespace {
@@ -76,6 +79,37 @@ TEST_CASE("ssh config: a bad Port names file and line", "[ssh]") {
   REQUIRE_FALSE(t.ok());
   CHECK(t.status().message().find("cfg:2: Port 'twenty' is not a port number") !=
         std::string::npos);
+}
+
+TEST_CASE("ssh config: Include reads matching files, passes over directories, refuses devices",
+          "[ssh]") {
+  char dir_template[] = "/tmp/trainrun-sshcfg-XXXXXX";
+  REQUIRE(mkdtemp(dir_template) != nullptr);
+  const std::filesystem::path home = dir_template;
+  std::filesystem::create_directories(home / ".ssh/config.d/subdir");
+  std::ofstream(home / ".ssh/config.d/10-cluster") << "Host gpu*\n  User alice\n  Port 2200\n";
+  std::ofstream(home / ".ssh/loop") << "Include loop\n";
+  SshOptions options;
+  options.ssh_dir = (home / ".ssh").string();
+  auto resolve = [&](const std::string& config) {
+    return ResolveSshTargetFromText(config, "cfg", "", "gpu1", options, home.string());
+  };
+
+  auto included = resolve("Include config.d/*\nHost *\n  User nobody\n");
+  REQUIRE(included.ok());
+  CHECK(included->user == "alice");
+  CHECK(included->port == 2200);
+
+  auto device = resolve("Host *\n  Include /dev/null /dev/zero\n");
+  REQUIRE_FALSE(device.ok());
+  CHECK(device.status().message().find(
+            "cfg:2: Include matched /dev/null, which is not a regular file") != std::string::npos);
+
+  auto loop = resolve("Include loop\n");
+  REQUIRE_FALSE(loop.ok());
+  CHECK(loop.status().message().find("Include nests too deeply") != std::string::npos);
+
+  std::filesystem::remove_all(home);
 }
 
 TEST_CASE("ssh config: host patterns", "[ssh]") {

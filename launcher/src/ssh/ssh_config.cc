@@ -2,6 +2,7 @@
 
 #include <glob.h>
 #include <pwd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -23,6 +24,8 @@ namespace {
 
 // Include may nest; OpenSSH stops at 16 levels, and so do we, to end a loop of Includes.
 constexpr int kMaxIncludeDepth = 16;
+// An included file larger than this is not an SSH config (a log, an image, a core file).
+constexpr off_t kMaxIncludedBytes = 1 << 20;
 
 std::string HomeDirectory() {
   if (std::optional<std::string> home = env::Lookup(env::kHome); home && !home->empty())
@@ -142,7 +145,7 @@ class ConfigReader {
       } else if (keyword == "include") {
         if (depth >= kMaxIncludeDepth) return Malformed(where(), "Include nests too deeply");
         for (const std::string& pattern : args) {
-          if (absl::Status s = Include(pattern, depth); !s.ok()) return s;
+          if (absl::Status s = Include(pattern, depth, where()); !s.ok()) return s;
         }
       } else if (keyword == "hostname" || keyword == "user" || keyword == "port" ||
                  keyword == "identityfile") {
@@ -175,24 +178,34 @@ class ConfigReader {
     return matched;
   }
 
-  absl::Status Include(const std::string& pattern, int depth) {
+  // Reads the files `pattern` matches, in glob order. A directory among them is passed over (a
+  // `config.d/*` that matches a subdirectory); a device, FIFO or socket, or a file over 1 MiB, is
+  // an error, as reading it could block or never end.
+  absl::Status Include(const std::string& pattern, int depth, const std::string& where) {
     std::string path = pattern;
     if (absl::StartsWith(path, "~")) path = home_ + path.substr(1);
     if (path.empty() || path[0] != '/') path = absl::StrCat(home_, "/.ssh/", path);
     glob_t found{};
+    absl::Status status;
     if (glob(path.c_str(), 0, nullptr, &found) == 0) {
-      for (size_t i = 0; i < found.gl_pathc; ++i) {
+      for (size_t i = 0; i < found.gl_pathc && status.ok(); ++i) {
         std::string file = found.gl_pathv[i];
-        if (std::optional<std::string> text = ReadFile(file)) {
-          if (absl::Status s = Read(*text, file, depth + 1); !s.ok()) {
-            globfree(&found);
-            return s;
-          }
+        struct stat st {};
+        if (stat(file.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) continue;
+        if (!S_ISREG(st.st_mode)) {
+          status = Malformed(
+              where, absl::StrCat("Include matched ", file, ", which is not a regular file"));
+        } else if (st.st_size > kMaxIncludedBytes) {
+          status =
+              Malformed(where, absl::StrCat("Include matched ", file, ", which is ", st.st_size,
+                                            " bytes (an SSH config is under 1 MiB)"));
+        } else if (std::optional<std::string> text = ReadFile(file)) {
+          status = Read(*text, file, depth + 1);
         }
       }
     }
     globfree(&found);
-    return absl::OkStatus();
+    return status;
   }
 
   absl::Status Set(const std::string& keyword, const std::string& value, const std::string& where) {
