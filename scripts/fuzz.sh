@@ -7,11 +7,14 @@
 #
 #   scripts/fuzz.sh 60                  # each fuzzer for 60 s
 #   FUZZERS="slurm_fuzzer" scripts/fuzz.sh 300
+#   FUZZ_SEED=1 scripts/fuzz.sh 20       # the same inputs every run (CI's gate); unset, random
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # llvm-symbolizer (package llvm-14) makes sanitizer reports name files and lines.
 export PATH="/usr/lib/llvm-14/bin:$PATH"
 seconds=${1:-60}
+seed_flag=()
+[[ -n "${FUZZ_SEED:-}" ]] && seed_flag=(-seed="$FUZZ_SEED")
 build_dir=${FUZZ_BUILD_DIR:-build-fuzz}
 all_fuzzers=(host_list_fuzzer hostfile_fuzzer slurm_fuzzer ssh_config_fuzzer agent_frame_fuzzer
              handshake_fuzzer)
@@ -39,6 +42,7 @@ for fuzzer in "${fuzzers[@]}"; do
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     "$build_dir/bin/$fuzzer" "$corpus" -max_total_time="$seconds" -timeout=10 \
       -rss_limit_mb=2048 -malloc_limit_mb=1024 -max_len=8192 -print_final_stats=1 \
+      "${seed_flag[@]}" \
       -artifact_prefix="$build_dir/artifacts/$fuzzer-" >"$log" 2>&1 || status=$?
   runs=$(sed -n 's/^Done \([0-9]*\) runs.*/\1/p' "$log" | tail -1)
   [[ -n "$runs" ]] || runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
