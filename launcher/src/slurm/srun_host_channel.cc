@@ -1,21 +1,10 @@
 #include "slurm/srun_host_channel.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <pthread.h>
-#include <signal.h>
-#include <sys/eventfd.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
-#include <mutex>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -23,36 +12,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "posix/unique_fd.h"
+#include "posix/piped_child.h"
 #include "ssh/tcp_connect.h"
 #include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::launcher::slurm {
 namespace {
 
-using posix::UniqueFd;
+using posix::PipedChild;
 using ssh::RouteAddresses;
-
-constexpr size_t kStderrTailBytes = 4096;
-
-// As ssh/openssh_channel.cc's (a reader gone is EPIPE, not a signal); to move to posix/.
-ssize_t WriteWithoutSigpipe(int fd, absl::string_view data) {
-  sigset_t pipe_set, old_set, pending;
-  sigemptyset(&pipe_set);
-  sigaddset(&pipe_set, SIGPIPE);
-  sigpending(&pending);
-  bool was_pending = sigismember(&pending, SIGPIPE);
-  pthread_sigmask(SIG_BLOCK, &pipe_set, &old_set);
-  ssize_t n = ::write(fd, data.data(), data.size());
-  int saved_errno = errno;
-  if (n < 0 && errno == EPIPE && !was_pending) {
-    timespec zero{};
-    sigtimedwait(&pipe_set, nullptr, &zero);
-  }
-  pthread_sigmask(SIG_SETMASK, &old_set, nullptr);
-  errno = saved_errno;
-  return n;
-}
 
 std::vector<std::string> SrunArguments(const std::string& host, const std::string& command) {
   return {"srun",
@@ -72,111 +40,29 @@ std::vector<std::string> SrunArguments(const std::string& host, const std::strin
 // One host's agent: the srun process, its stdin (the agent's) and stdout (the agent's).
 class SrunStream final : public channel::HostStream {
  public:
-  SrunStream(std::string host, pid_t pid, UniqueFd in, UniqueFd out, UniqueFd err,
-             RouteAddresses route)
-      : host_(std::move(host)),
-        pid_(pid),
-        stdin_(std::move(in)),
-        stdout_(std::move(out)),
-        stderr_(std::move(err)),
-        wake_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
-        route_(std::move(route)) {}
-
-  ~SrunStream() override {
-    {
-      std::lock_guard<std::mutex> lock(write_mu_);
-      stdin_.Reset();
-    }
-    if (!exit_status_) {
-      // SIGTERM makes srun cancel its step (the agent and its ranks with it).
-      ::kill(pid_, SIGTERM);
-      Reap(absl::Now() + absl::Seconds(5));
-      if (!exit_status_) {
-        ::kill(pid_, SIGKILL);
-        int status;
-        ::waitpid(pid_, &status, 0);
-      }
-    }
-  }
+  SrunStream(std::string host, std::unique_ptr<PipedChild> srun, RouteAddresses route)
+      : host_(std::move(host)), srun_(std::move(srun)), route_(std::move(route)) {}
 
   absl::Status Write(absl::string_view data, absl::Duration timeout) override {
-    absl::Time deadline = absl::Now() + timeout;
-    std::lock_guard<std::mutex> lock(write_mu_);
-    while (!data.empty()) {
-      if (!stdin_) return absl::FailedPreconditionError("stdin already closed");
-      ssize_t n = WriteWithoutSigpipe(stdin_.get(), data);
-      if (n > 0) {
-        data.remove_prefix(n);
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && errno != EAGAIN) {
-        return absl::UnavailableError(
-            absl::StrCat("host ", host_, ": srun stopped reading: ", std::strerror(errno)));
-      }
-      pollfd p{stdin_.get(), POLLOUT, 0};
-      int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-      if (ms <= 0 || ::poll(&p, 1, static_cast<int>(ms)) == 0) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("host ", host_, ": timed out sending to the agent's job step"));
-      }
-    }
-    return absl::OkStatus();
+    return srun_->Write(data, timeout);
   }
-
   absl::StatusOr<size_t> Read(char* buffer, size_t size, absl::Duration timeout) override {
-    absl::Time deadline = absl::Now() + timeout;
-    for (;;) {
-      if (interrupted_.load()) return absl::CancelledError("interrupted");
-      if (!stdout_) return size_t{0};
-      pollfd fds[3] = {{stdout_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}, {-1, POLLIN, 0}};
-      if (stderr_) fds[2].fd = stderr_.get();
-      int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-      if (ms <= 0) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("host ", host_, ": nothing received for ", absl::FormatDuration(timeout)));
-      }
-      int ready = ::poll(fds, 3, static_cast<int>(std::min<int64_t>(ms, 1 << 30)));
-      if (ready < 0 && errno != EINTR) return absl::InternalError(std::strerror(errno));
-      if (fds[2].revents != 0) DrainStderr();
-      if (fds[0].revents != 0) {
-        ssize_t n = ::read(stdout_.get(), buffer, size);
-        if (n > 0) return static_cast<size_t>(n);
-        if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-          stdout_.Reset();
-          return size_t{0};
-        }
-      }
-    }
+    return srun_->Read(buffer, size, timeout);
   }
-
-  void Interrupt() override {
-    interrupted_.store(true);
-    uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof one);
-  }
-
-  void CloseStdin() override {
-    std::lock_guard<std::mutex> lock(write_mu_);
-    stdin_.Reset();
-  }
+  void Interrupt() override { srun_->Interrupt(); }
+  void CloseStdin() override { srun_->CloseStdin(); }
 
   absl::Status EndStatus() override {
-    absl::Time deadline = absl::Now() + absl::Seconds(5);
-    while (stderr_ && absl::Now() < deadline) {
-      pollfd p{stderr_.get(), POLLIN, 0};
-      if (::poll(&p, 1, 100) > 0) DrainStderr();
-    }
-    Reap(deadline);
-    std::string tail(absl::StripTrailingAsciiWhitespace(stderr_tail_));
+    std::optional<int> exit_status = srun_->Finish();
+    std::string tail(absl::StripTrailingAsciiWhitespace(srun_->stderr_tail()));
     if (size_t newline = tail.rfind('\n'); newline != std::string::npos) {
       tail = tail.substr(newline + 1);
     }
-    if (!exit_status_) {
+    if (!exit_status) {
       return absl::UnavailableError(
           absl::StrCat("host ", host_, ": the agent's job step ended but srun did not exit"));
     }
-    int status = *exit_status_;
+    int status = *exit_status;
     if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
       if (std::string why = AllocationEnded(); !why.empty()) {
         return absl::AbortedError(
@@ -197,79 +83,28 @@ class SrunStream final : public channel::HostStream {
   std::string RemoteAddress() const override { return route_.remote; }
 
  private:
-  void DrainStderr() {
-    char chunk[1024];
-    ssize_t n = ::read(stderr_.get(), chunk, sizeof chunk);
-    if (n <= 0) {
-      if (n == 0 || (errno != EAGAIN && errno != EINTR)) stderr_.Reset();
-      return;
-    }
-    stderr_tail_.append(chunk, n);
-    if (stderr_tail_.size() > kStderrTailBytes) {
-      stderr_tail_.erase(0, stderr_tail_.size() - kStderrTailBytes);
-    }
-  }
-
-  void Reap(absl::Time deadline) {
-    while (!exit_status_) {
-      int status = 0;
-      pid_t r = ::waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) {
-        exit_status_ = status;
-        return;
-      }
-      if (r < 0 || absl::Now() >= deadline) return;
-      ::usleep(10000);
-    }
-  }
-
   const std::string host_;
-  const pid_t pid_;
-  std::mutex write_mu_;
-  UniqueFd stdin_;
-  UniqueFd stdout_;
-  UniqueFd stderr_;
-  UniqueFd wake_;
-  std::atomic<bool> interrupted_{false};
-  std::string stderr_tail_;
-  std::optional<int> exit_status_;
+  // Dropping it closes the agent's stdin and sends srun SIGTERM, which cancels its step (the
+  // agent and its ranks with it).
+  const std::unique_ptr<PipedChild> srun_;
   const RouteAddresses route_;
 };
 
 absl::StatusOr<std::unique_ptr<channel::HostStream>> StartStep(const std::string& host,
                                                                const std::string& command) {
-  std::vector<std::string> args = SrunArguments(host, command);
-  std::vector<char*> argv;
-  for (std::string& arg : args) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-  int in[2], out[2], err[2];
-  if (::pipe2(in, O_CLOEXEC) != 0) return absl::InternalError(std::strerror(errno));
-  UniqueFd in_read(in[0]), in_write(in[1]);
-  if (::pipe2(out, O_CLOEXEC) != 0) return absl::InternalError(std::strerror(errno));
-  UniqueFd out_read(out[0]), out_write(out[1]);
-  if (::pipe2(err, O_CLOEXEC) != 0) return absl::InternalError(std::strerror(errno));
-  UniqueFd err_read(err[0]), err_write(err[1]);
-  pid_t parent = ::getpid();
-  pid_t pid = ::fork();
-  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
-  if (pid == 0) {
-    // srun dies with the launcher, and its step with it.
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent) ::_exit(255);
-    ::dup2(in_read.get(), 0);
-    ::dup2(out_write.get(), 1);
-    ::dup2(err_write.get(), 2);
-    ::execvp(argv[0], argv.data());
-    const char message[] = "cannot execute srun (is Slurm's client on PATH?)\n";
-    [[maybe_unused]] ssize_t n = ::write(2, message, sizeof message - 1);
-    ::_exit(127);
-  }
-  ::fcntl(in_write.get(), F_SETFL, O_NONBLOCK);
-  ::fcntl(out_read.get(), F_SETFL, O_NONBLOCK);
-  ::fcntl(err_read.get(), F_SETFL, O_NONBLOCK);
+  PipedChild::Options options;
+  options.argv = SrunArguments(host, command);
+  options.exec_failure = "cannot execute srun (is Slurm's client on PATH?)";
+  options.exec_failure_status = 127;
+  options.where = absl::StrCat("host ", host);
+  options.program = "srun";
+  options.peer = "the agent's job step";
+  options.grace = absl::Seconds(5);
+  absl::StatusOr<std::unique_ptr<PipedChild>> srun = PipedChild::Start(std::move(options));
+  if (!srun.ok()) return srun.status();
   RouteAddresses route = ssh::RouteToHost(host, absl::Now() + absl::Seconds(2));
-  return std::unique_ptr<channel::HostStream>(std::make_unique<SrunStream>(
-      host, pid, std::move(in_write), std::move(out_read), std::move(err_read), std::move(route)));
+  return std::unique_ptr<channel::HostStream>(
+      std::make_unique<SrunStream>(host, *std::move(srun), std::move(route)));
 }
 
 class SrunHostChannel final : public channel::HostChannel {

@@ -3,35 +3,28 @@
 // keys with SHA-2 signatures); what we lose is an early, precise error: `ssh` connects in the
 // background, so a failure shows up as its exit (status 255) and what it printed, which EndStatus
 // turns into the same one-line reasons as the libssh2 client gives.
-#include <fcntl.h>
-#include <poll.h>
-#include <pthread.h>
 #include <pwd.h>
-#include <signal.h>
-#include <sys/eventfd.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <cerrno>
-#include <cstring>
-#include <mutex>
+#include <algorithm>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "posix/piped_child.h"
 #include "ssh/remote_channel.h"
 #include "ssh/tcp_connect.h"
 
 namespace trainrun::launcher::ssh {
 namespace {
 
-constexpr size_t kStderrTailBytes = 4096;
 constexpr int kServerAliveIntervalSeconds = 10;
 
 bool FileExists(const std::string& path) {
@@ -42,26 +35,6 @@ bool FileExists(const std::string& path) {
 std::string PasswdSshDirectory() {
   const passwd* pw = getpwuid(getuid());
   return pw != nullptr && pw->pw_dir != nullptr ? std::string(pw->pw_dir) + "/.ssh" : "";
-}
-
-// Writes to a pipe whose reader may be gone, getting EPIPE instead of a SIGPIPE that would end
-// trainrun: SIGPIPE is blocked in this thread for the write and a pending one taken back.
-ssize_t WriteWithoutSigpipe(int fd, absl::string_view data) {
-  sigset_t pipe_set, old_set, pending;
-  sigemptyset(&pipe_set);
-  sigaddset(&pipe_set, SIGPIPE);
-  sigpending(&pending);
-  bool was_pending = sigismember(&pending, SIGPIPE);
-  pthread_sigmask(SIG_BLOCK, &pipe_set, &old_set);
-  ssize_t n = ::write(fd, data.data(), data.size());
-  int saved_errno = errno;
-  if (n < 0 && errno == EPIPE && !was_pending) {
-    timespec zero{};
-    sigtimedwait(&pipe_set, nullptr, &zero);
-  }
-  pthread_sigmask(SIG_SETMASK, &old_set, nullptr);
-  errno = saved_errno;
-  return n;
 }
 
 std::vector<std::string> SshArguments(const SshTarget& target, const std::string& command,
@@ -153,111 +126,33 @@ absl::Status DescribeSshFailure(const SshTarget& target, const std::string& outp
 
 class OpensshChannel final : public RemoteChannel {
  public:
-  OpensshChannel(SshTarget target, pid_t pid, UniqueFd in, UniqueFd out, UniqueFd err,
+  OpensshChannel(SshTarget target, std::unique_ptr<posix::PipedChild> ssh,
                  std::string local_address, std::string remote_address)
       : target_(std::move(target)),
-        pid_(pid),
-        stdin_(std::move(in)),
-        stdout_(std::move(out)),
-        stderr_(std::move(err)),
-        wake_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
+        ssh_(std::move(ssh)),
         local_address_(std::move(local_address)),
         remote_address_(std::move(remote_address)) {}
 
-  ~OpensshChannel() override {
-    {
-      std::lock_guard<std::mutex> lock(write_mu_);
-      stdin_.Reset();
-    }
-    if (!exit_status_) {
-      ::kill(pid_, SIGTERM);
-      Reap(absl::Now() + absl::Seconds(2));
-      if (!exit_status_) {
-        ::kill(pid_, SIGKILL);
-        int status;
-        ::waitpid(pid_, &status, 0);
-      }
-    }
-  }
-
   absl::Status Write(absl::string_view data, absl::Duration timeout) override {
-    absl::Time deadline = absl::Now() + timeout;
-    std::lock_guard<std::mutex> lock(write_mu_);
-    while (!data.empty()) {
-      if (!stdin_) return absl::FailedPreconditionError("stdin already closed");
-      ssize_t n = WriteWithoutSigpipe(stdin_.get(), data);
-      if (n > 0) {
-        data.remove_prefix(n);
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && errno != EAGAIN) {
-        return absl::UnavailableError(
-            absl::StrCat("host ", target_.alias, ": ssh stopped reading: ", std::strerror(errno)));
-      }
-      pollfd p{stdin_.get(), POLLOUT, 0};
-      int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-      if (ms <= 0 || ::poll(&p, 1, static_cast<int>(ms)) == 0) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("host ", target_.alias, ": timed out sending to the remote command"));
-      }
-    }
-    return absl::OkStatus();
+    return ssh_->Write(data, timeout);
   }
-
   absl::StatusOr<size_t> Read(char* buffer, size_t size, absl::Duration timeout) override {
-    absl::Time deadline = absl::Now() + timeout;
-    for (;;) {
-      if (interrupted_.load()) return absl::CancelledError("interrupted");
-      if (!stdout_) return size_t{0};
-      pollfd fds[3] = {{stdout_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}, {-1, POLLIN, 0}};
-      if (stderr_) fds[2].fd = stderr_.get();
-      int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-      if (ms <= 0) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "host ", target_.alias, ": nothing received for ", absl::FormatDuration(timeout)));
-      }
-      int ready = ::poll(fds, 3, static_cast<int>(std::min<int64_t>(ms, 1 << 30)));
-      if (ready < 0 && errno != EINTR) return absl::InternalError(std::strerror(errno));
-      if (fds[2].revents != 0) DrainStderr();
-      if (fds[0].revents != 0) {
-        ssize_t n = ::read(stdout_.get(), buffer, size);
-        if (n > 0) return static_cast<size_t>(n);
-        if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-          stdout_.Reset();
-          return size_t{0};
-        }
-      }
-    }
+    return ssh_->Read(buffer, size, timeout);
   }
-
-  void Interrupt() override {
-    interrupted_.store(true);
-    uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof one);
-  }
-
-  void CloseStdin() override {
-    std::lock_guard<std::mutex> lock(write_mu_);
-    stdin_.Reset();
-  }
+  void Interrupt() override { ssh_->Interrupt(); }
+  void CloseStdin() override { ssh_->CloseStdin(); }
 
   absl::Status EndStatus() override {
     // ssh's stderr closes when it exits; collect the rest, then its status.
-    absl::Time deadline = absl::Now() + absl::Seconds(2);
-    while (stderr_ && absl::Now() < deadline) {
-      pollfd p{stderr_.get(), POLLIN, 0};
-      if (::poll(&p, 1, 100) > 0) DrainStderr();
-    }
-    Reap(deadline);
-    std::string tail(absl::StripTrailingAsciiWhitespace(stderr_tail_));
-    if (!exit_status_) {
+    std::optional<int> exit_status = ssh_->Finish();
+    std::string tail(absl::StripTrailingAsciiWhitespace(ssh_->stderr_tail()));
+    if (!exit_status) {
       return absl::UnavailableError(
           absl::StrCat("host ", target_.alias, ": the connection ended but ssh did not exit"));
     }
-    int status = *exit_status_;
+    int status = *exit_status;
     if (WIFEXITED(status) && WEXITSTATUS(status) == 255) {
-      return DescribeSshFailure(target_, stderr_tail_);
+      return DescribeSshFailure(target_, ssh_->stderr_tail());
     }
     if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
       return absl::AbortedError(absl::StrCat("host ", target_.alias,
@@ -275,42 +170,9 @@ class OpensshChannel final : public RemoteChannel {
   std::string RemoteAddress() const override { return remote_address_; }
 
  private:
-  void DrainStderr() {
-    char chunk[1024];
-    ssize_t n = ::read(stderr_.get(), chunk, sizeof chunk);
-    if (n <= 0) {
-      if (n == 0 || (errno != EAGAIN && errno != EINTR)) stderr_.Reset();
-      return;
-    }
-    stderr_tail_.append(chunk, n);
-    if (stderr_tail_.size() > kStderrTailBytes) {
-      stderr_tail_.erase(0, stderr_tail_.size() - kStderrTailBytes);
-    }
-  }
-
-  void Reap(absl::Time deadline) {
-    while (!exit_status_) {
-      int status = 0;
-      pid_t r = ::waitpid(pid_, &status, WNOHANG);
-      if (r == pid_) {
-        exit_status_ = status;
-        return;
-      }
-      if (r < 0 || absl::Now() >= deadline) return;
-      ::usleep(10000);
-    }
-  }
-
   const SshTarget target_;
-  const pid_t pid_;
-  std::mutex write_mu_;
-  UniqueFd stdin_;
-  UniqueFd stdout_;
-  UniqueFd stderr_;
-  UniqueFd wake_;
-  std::atomic<bool> interrupted_{false};
-  std::string stderr_tail_;
-  std::optional<int> exit_status_;
+  // Dropping it closes the remote command's stdin and ends ssh (SIGTERM, then SIGKILL).
+  const std::unique_ptr<posix::PipedChild> ssh_;
   const std::string local_address_;
   const std::string remote_address_;
 };
@@ -320,43 +182,21 @@ class OpensshChannel final : public RemoteChannel {
 absl::StatusOr<std::unique_ptr<RemoteChannel>> OpenOpensshCommand(const SshTarget& target,
                                                                   const std::string& command,
                                                                   const SshOptions& options) {
-  std::vector<std::string> args = SshArguments(target, command, options);
-  std::vector<char*> argv;
-  for (std::string& arg : args) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-
-  int in[2], out[2], err[2];
-  if (::pipe2(in, O_CLOEXEC) != 0) return absl::InternalError(std::strerror(errno));
-  UniqueFd in_read(in[0]), in_write(in[1]);
-  if (::pipe2(out, O_CLOEXEC) != 0) return absl::InternalError(std::strerror(errno));
-  UniqueFd out_read(out[0]), out_write(out[1]);
-  if (::pipe2(err, O_CLOEXEC) != 0) return absl::InternalError(std::strerror(errno));
-  UniqueFd err_read(err[0]), err_write(err[1]);
-  pid_t parent = ::getpid();
-
-  pid_t pid = ::fork();
-  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
-  if (pid == 0) {
-    // Only async-signal-safe calls until exec. ssh dies with us, so no connection outlives the
-    // launcher (the remote agent then sees end-of-file and tears its ranks down).
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent) ::_exit(255);
-    ::dup2(in_read.get(), 0);
-    ::dup2(out_write.get(), 1);
-    ::dup2(err_write.get(), 2);
-    ::execvp(argv[0], argv.data());
-    const char message[] = "ssh: cannot execute the ssh binary\n";
-    [[maybe_unused]] ssize_t n = ::write(2, message, sizeof message - 1);
-    ::_exit(255);
-  }
-  ::fcntl(in_write.get(), F_SETFL, O_NONBLOCK);
-  ::fcntl(out_read.get(), F_SETFL, O_NONBLOCK);
-  ::fcntl(err_read.get(), F_SETFL, O_NONBLOCK);
+  posix::PipedChild::Options child;
+  child.argv = SshArguments(target, command, options);
+  child.exec_failure = "ssh: cannot execute the ssh binary";
+  child.where = absl::StrCat("host ", target.alias);
+  child.program = "ssh";
+  child.peer = "the remote command";
+  // ssh dies with us, so no connection outlives the launcher (the remote agent then sees
+  // end-of-file and tears its ranks down).
+  absl::StatusOr<std::unique_ptr<posix::PipedChild>> ssh =
+      posix::PipedChild::Start(std::move(child));
+  if (!ssh.ok()) return ssh.status();
   // `ssh` connects on its own; the addresses are those of the route toward the config's HostName.
   RouteAddresses route = RouteToHost(target.hostname, absl::Now() + absl::Seconds(2));
   return std::unique_ptr<RemoteChannel>(std::make_unique<OpensshChannel>(
-      target, pid, std::move(in_write), std::move(out_read), std::move(err_read),
-      std::move(route.local), std::move(route.remote)));
+      target, *std::move(ssh), std::move(route.local), std::move(route.remote)));
 }
 
 }  // namespace trainrun::launcher::ssh
