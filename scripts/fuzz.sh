@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (tests/fuzz, clang-14 with ASan + UBSan) and runs each for SECONDS,
 # starting from its seed corpus in the tree. Fails on a crash, a sanitizer report, a leak, an
-# input that takes over 10 s (libFuzzer's timeout) or more CPU than its target allows (100 ms; the
-# Slurm one 1 s, see tests/fuzz/fuzz_budget.h and slurm_fuzzer.cc); the failing input is left
-# in $FUZZ_BUILD_DIR/artifacts/.
+# input that takes over 10 s (libFuzzer's timeout) or more user CPU than its target allows
+# (100 ms; the Slurm one 1 s, see tests/fuzz/fuzz_budget.h and slurm_fuzzer.cc); the failing
+# input is left in $FUZZ_BUILD_DIR/artifacts/.
 #
 #   scripts/fuzz.sh 60                  # each fuzzer for 60 s
 #   FUZZERS="slurm_fuzzer" scripts/fuzz.sh 300
