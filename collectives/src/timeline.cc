@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 
+#include "call_check.h"
 #include "trainrun/collectives/errors.h"
 
 namespace trainrun::collectives::internal {
@@ -29,26 +30,6 @@ std::string Escaped(const std::string& text) {
     }
   }
   return out;
-}
-
-const char* KindOf(const CallRecord& call) {
-  switch (static_cast<CollectiveKind>(call.kind)) {
-    case CollectiveKind::kAllreduce:
-      return "allreduce";
-    case CollectiveKind::kBroadcast:
-      return "broadcast";
-    case CollectiveKind::kAllgather:
-      return "allgather";
-    case CollectiveKind::kReduceScatter:
-      return "reducescatter";
-    case CollectiveKind::kBarrier:
-      return "barrier";
-    case CollectiveKind::kAlltoall:
-      return "alltoall";
-    case CollectiveKind::kJoin:
-      return "join";
-  }
-  return "collective";
 }
 
 }  // namespace
@@ -96,7 +77,8 @@ void Timeline::Record(const CallRecord& call, const std::string& set, int64_t st
                         static_cast<CollectiveKind>(call.kind) != CollectiveKind::kJoin;
   const auto type = static_cast<DataType>(call.dtype);
   const uint64_t bytes = has_type ? call.count * ElementSize(type) : 0;
-  const std::string title = name.empty() ? KindOf(call) : MakeMessage(KindOf(call), " ", name);
+  const std::string title =
+      name.empty() ? KindName(call.kind) : MakeMessage(KindName(call.kind), " ", name);
   // Thread 0 is the job; a process set gets a track of its own under the rank, numbered from its
   // name so that every rank numbers it alike.
   const int64_t tid =
@@ -106,7 +88,7 @@ void Timeline::Record(const CallRecord& call, const std::string& set, int64_t st
     lines += MakeMessage(R"({"name":"thread_name","ph":"M","pid":)", rank_, R"(,"tid":)", tid,
                          R"(,"args":{"name":")", Escaped(set), "\"}},\n");
   }
-  lines += MakeMessage(R"({"name":")", Escaped(title), R"(","cat":")", KindOf(call),
+  lines += MakeMessage(R"({"name":")", Escaped(title), R"(","cat":")", KindName(call.kind),
                        R"(","ph":"X","pid":)", rank_, R"(,"tid":)", tid, R"(,"ts":)", start,
                        R"(,"dur":)", end - start, R"(,"args":{"bytes":)", bytes, R"(,"count":)",
                        call.count, R"(,"dtype":")", has_type ? DataTypeName(type) : "none",

@@ -75,8 +75,8 @@ absl::StatusOr<std::unique_ptr<PipedChild>> PipedChild::Start(Options options) {
   ::fcntl(in_write.get(), F_SETFL, O_NONBLOCK);
   ::fcntl(out_read.get(), F_SETFL, O_NONBLOCK);
   ::fcntl(err_read.get(), F_SETFL, O_NONBLOCK);
-  return std::unique_ptr<PipedChild>(new PipedChild(
-      std::move(options), pid, std::move(in_write), std::move(out_read), std::move(err_read)));
+  return std::unique_ptr<PipedChild>(new PipedChild(std::move(options), pid, std::move(in_write),
+                                                    std::move(out_read), std::move(err_read)));
 }
 
 PipedChild::PipedChild(Options options, pid_t pid, UniqueFd in, UniqueFd out, UniqueFd err)
@@ -133,8 +133,8 @@ absl::StatusOr<size_t> PipedChild::Read(char* buffer, size_t size, absl::Duratio
     if (stderr_) fds[2].fd = stderr_.get();
     int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
     if (ms <= 0) {
-      return absl::DeadlineExceededError(absl::StrCat(options_.where, ": nothing received for ",
-                                                      absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat(options_.where, ": nothing received for ", absl::FormatDuration(timeout)));
     }
     int ready = ::poll(fds, 3, static_cast<int>(std::min<int64_t>(ms, 1 << 30)));
     if (ready < 0 && errno != EINTR) return absl::InternalError(std::strerror(errno));
