@@ -1,7 +1,9 @@
 #include "slurm_fixture.h"
 
+#include <chrono>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -52,6 +54,19 @@ std::vector<pid_t> SlurmCluster::NodeProcesses(int i) const {
     if (std::to_string(pid) != absl::StripAsciiWhitespace(slurmd)) pids.push_back(pid);
   }
   return pids;
+}
+
+bool SlurmCluster::NodesEmptyWithin(int seconds) const {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  for (;;) {
+    bool empty = true;
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      if (!NodeProcesses(static_cast<int>(i)).empty()) empty = false;
+    }
+    if (empty) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 }  // namespace trainrun::testing

@@ -7,6 +7,7 @@
 //   std::string out;
 //   int status = RunCommand(cluster.Command({"salloc", "-N", "2", "srun", "hostname"}), &out);
 //   CHECK(cluster.NodeProcesses(0).empty());   // nothing but slurmd left on node 0
+//   CHECK(cluster.NodesEmptyWithin());          // nor, within 10 s, on any node
 #pragma once
 
 #include <sys/types.h>
@@ -36,6 +37,9 @@ class SlurmCluster {
   std::vector<std::string> Command(const std::vector<std::string>& argv) const;
   // Pids in node i's network namespace other than its slurmd (a job's slurmstepd and tasks).
   std::vector<pid_t> NodeProcesses(int i) const;
+  // Whether every node's NodeProcesses is empty within `seconds` (a cancelled step takes a moment
+  // to end).
+  bool NodesEmptyWithin(int seconds = 10) const;
 
  private:
   TempDir dir_;

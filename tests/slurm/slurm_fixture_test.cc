@@ -4,27 +4,12 @@
 #include "slurm_fixture.h"
 
 #include <catch2/catch.hpp>
-#include <chrono>
 #include <string>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 
 namespace trainrun::testing {
 namespace {
-
-bool NodesEmpty(const SlurmCluster& cluster) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  for (;;) {
-    bool empty = true;
-    for (size_t i = 0; i < cluster.nodes().size(); ++i) {
-      if (!cluster.NodeProcesses(static_cast<int>(i)).empty()) empty = false;
-    }
-    if (empty) return true;
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-}
 
 TEST_CASE("slurm: scancel leaves nothing on any node; srun -u is byte-clean", "[slurm]") {
   if (std::string why = SlurmCluster::CannotRun(); !why.empty()) {
@@ -43,7 +28,7 @@ TEST_CASE("slurm: scancel leaves nothing on any node; srun -u is byte-clean", "[
   INFO(out);
   CHECK(status == 0);
   CHECK(out.find("CANCELLED") != std::string::npos);
-  CHECK(NodesEmpty(cluster));
+  CHECK(cluster.NodesEmptyWithin());
 
   // srun -u: the task's stdout is a pty, already raw: every byte value arrives as sent.
   status = RunCommand(

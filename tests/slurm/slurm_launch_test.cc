@@ -8,26 +8,12 @@
 #include <regex>
 #include <sstream>
 #include <string>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "slurm_fixture.h"
 
 namespace trainrun::testing {
 namespace {
-
-bool NodesEmpty(const SlurmCluster& cluster) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  for (;;) {
-    bool empty = true;
-    for (size_t i = 0; i < cluster.nodes().size(); ++i) {
-      if (!cluster.NodeProcesses(static_cast<int>(i)).empty()) empty = false;
-    }
-    if (empty) return true;
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-}
 
 // `salloc -N 2 --ntasks-per-node 2 trainrun ARGS...` on the cluster.
 int RunInAllocation(const SlurmCluster& cluster, const std::vector<std::string>& args,
@@ -161,7 +147,7 @@ TEST_CASE("slurm: trainrun reaches an allocation's nodes through srun", "[slurm]
     CHECK(out.find(absl::StrCat("values [(0, '", n1, "', 14.0), (1, '", n1, "', 14.0), (2, '", n2,
                                 "', 14.0), (3, '", n2, "', 14.0)]")) != std::string::npos);
   }
-  CHECK(NodesEmpty(cluster));
+  CHECK(cluster.NodesEmptyWithin());
 }
 
 }  // namespace
