@@ -14,7 +14,6 @@
 #include <random>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -22,23 +21,6 @@
 
 namespace trainrun::testing {
 namespace {
-
-// Waits up to `timeout` for both hosts to run nothing but sshd.
-bool OnlySshdLeft(const NetnsCluster& cluster, std::chrono::seconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    bool clean = true;
-    for (int i = 0; i < 2; ++i) {
-      for (pid_t pid : cluster.HostProcesses(i)) {
-        std::string cmdline = ReadFileText(absl::StrCat("/proc/", pid, "/cmdline"));
-        if (!cmdline.empty() && cmdline.rfind("sshd", 0) != 0) clean = false;
-      }
-    }
-    if (clean) return true;
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-}
 
 struct Outcome {
   int status = -1;  // trainrun's exit code, from "status N" printed by the script
@@ -137,7 +119,7 @@ TEST_CASE("chaos: an agent killed, a host link down, a rank killed or stopped on
                                  scenario == "kill" ? " was killed by SIGKILL" : " stalled")};
         expected_status = scenario == "kill" ? 137 : 1;
       }
-      const bool clean = OnlySshdLeft(cluster, std::chrono::seconds(10));
+      const bool clean = cluster.OnlySshdLeftWithin(std::chrono::seconds(10));
       bool ok = outcome.status == expected_status && outcome.seconds < max_seconds && clean;
       for (const std::string& text : expected)
         ok = ok && outcome.log.find(text) != std::string::npos;

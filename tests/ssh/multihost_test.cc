@@ -48,45 +48,6 @@ std::string Hosts(const NetnsCluster& cluster, int slots) {
                       slots);
 }
 
-// Waits up to `timeout` for both hosts to have no process but their sshd listener.
-bool HostsEmpty(const NetnsCluster& cluster,
-                std::chrono::seconds timeout = std::chrono::seconds(5)) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    if (cluster.HostProcesses(0).empty() && cluster.HostProcesses(1).empty()) return true;
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-}
-
-// Waits up to `timeout` for both hosts to have nothing but sshd processes: no agent, no rank. (An
-// sshd session whose client vanished from the network lingers until TCP gives up; it is sshd's.)
-bool OnlySshdLeft(const NetnsCluster& cluster, std::chrono::seconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    bool clean = true;
-    for (int i = 0; i < 2; ++i) {
-      for (pid_t pid : cluster.HostProcesses(i)) {
-        std::string cmdline = ReadFileText(absl::StrCat("/proc/", pid, "/cmdline"));
-        if (!cmdline.empty() && cmdline.rfind("sshd", 0) != 0) clean = false;
-      }
-    }
-    if (clean) return true;
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-}
-
-std::string Processes(const NetnsCluster& cluster) {
-  std::string list;
-  for (int i = 0; i < 2; ++i) {
-    for (pid_t pid : cluster.HostProcesses(i)) {
-      list += absl::StrCat(" ", pid, ":", ReadFileText(absl::StrCat("/proc/", pid, "/cmdline")));
-    }
-  }
-  return list;
-}
-
 TEST_CASE("multihost: -np 8 over two SSH hosts passes the rendezvous barrier",
           "[ssh][netns][barrier]") {
   if (!CanUseNetns()) {
@@ -104,8 +65,8 @@ TEST_CASE("multihost: -np 8 over two SSH hosts passes the rendezvous barrier",
     CHECK(out.find(absl::StrCat("[", rank, "]<stdout>:rank ", rank, " of 8")) != std::string::npos);
   }
   CHECK(out.find("passed the barrier") != std::string::npos);
-  INFO("left behind:" << Processes(cluster));
-  CHECK(HostsEmpty(cluster));
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
 
   // The same launch through the system `ssh` binary.
   status = RunTrainrun(
@@ -116,8 +77,8 @@ TEST_CASE("multihost: -np 8 over two SSH hosts passes the rendezvous barrier",
   CHECK(status == 0);
   CHECK(out.find("[3]<stdout>:rank 3 of 4") != std::string::npos);
   {
-    const bool empty = HostsEmpty(cluster);
-    INFO("left behind after the openssh launch:" << Processes(cluster));
+    const bool empty = cluster.HostsEmptyWithin();
+    INFO("left behind after the openssh launch:" << cluster.ProcessList());
     CHECK(empty);
   }
 
@@ -156,8 +117,8 @@ TEST_CASE("multihost: a remote rank's failure ends the job everywhere, naming ra
     CHECK(out.find("rank 3 on " + host1 + " exited with code 3") != std::string::npos);
     CHECK(out.find("| dying") != std::string::npos);
     CHECK(seconds < 15);
-    INFO("left behind:" << Processes(cluster));
-    CHECK(HostsEmpty(cluster));
+    INFO("left behind:" << cluster.ProcessList());
+    CHECK(cluster.HostsEmptyWithin());
   }
   SECTION("kill -9 of a remote rank") {
     std::string out;
@@ -169,8 +130,8 @@ TEST_CASE("multihost: a remote rank's failure ends the job everywhere, naming ra
     INFO(out);
     CHECK(status == 128 + SIGKILL);
     CHECK(out.find("rank 2 on " + host1 + " was killed by SIGKILL") != std::string::npos);
-    INFO("left behind:" << Processes(cluster));
-    CHECK(HostsEmpty(cluster));
+    INFO("left behind:" << cluster.ProcessList());
+    CHECK(cluster.HostsEmptyWithin());
   }
   SECTION("kill -9 of a host's agent") {
     std::string out;
@@ -183,8 +144,8 @@ TEST_CASE("multihost: a remote rank's failure ends the job everywhere, naming ra
     INFO(out);
     CHECK(status != 0);
     CHECK(out.find("host " + host1 + ": lost its agent") != std::string::npos);
-    INFO("left behind:" << Processes(cluster));
-    CHECK(HostsEmpty(cluster));
+    INFO("left behind:" << cluster.ProcessList());
+    CHECK(cluster.HostsEmptyWithin());
   }
 }
 
@@ -267,8 +228,8 @@ TEST_CASE("multihost: local and remote ranks in one job and an unreachable host 
   CHECK(status != 0);
   CHECK(out.find("host 10.213.1.99") != std::string::npos);
   CHECK(seconds < 6);
-  INFO("left behind:" << Processes(cluster));
-  CHECK(HostsEmpty(cluster));
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
 }
 
 TEST_CASE("multihost: each start failure in its own words, with nothing left on the other host",
@@ -334,8 +295,8 @@ TEST_CASE("multihost: each start failure in its own words, with nothing left on 
     INFO(out);
     CHECK(out.find("host " + cluster.host_address(0) + ": host key mismatch") != std::string::npos);
   }
-  INFO("left behind:" << Processes(cluster));
-  CHECK(HostsEmpty(cluster));
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
 }
 
 // Writes `text` to `path` and makes it executable.
@@ -376,8 +337,8 @@ TEST_CASE("multihost: an ~/.ssh/config alias reaches the workers as the address 
   INFO(out);
   CHECK(status == 0);
   CHECK(out.find("passed the barrier") != std::string::npos);
-  INFO("left behind:" << Processes(cluster));
-  CHECK(HostsEmpty(cluster));
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
 }
 
 TEST_CASE("multihost: a remote host's ranks get GPUs by that host's count, from its agent",
@@ -416,8 +377,8 @@ TEST_CASE("multihost: a remote host's ranks get GPUs by that host's count, from 
   CHECK(out.find("[0]<stdout>:gpu=none") != std::string::npos);  // this machine: no GPU
   CHECK(out.find("[1]<stdout>:gpu=0") != std::string::npos);
   CHECK(out.find("[2]<stdout>:gpu=1") != std::string::npos);
-  INFO("left behind:" << Processes(cluster));
-  CHECK(HostsEmpty(cluster));
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
 }
 
 TEST_CASE("multihost: --start-timeout is one deadline, from the first connection to the last start",
@@ -470,14 +431,14 @@ TEST_CASE("multihost: --start-timeout is one deadline, from the first connection
   CHECK(out.find("host " + cluster.host_address(1) +
                  ": only 0 of its 2 ranks started within 5 s") != std::string::npos);
   CHECK(seconds < 8);
-  INFO("left behind:" << Processes(cluster));
-  CHECK(HostsEmpty(cluster, std::chrono::seconds(10)));
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin(std::chrono::seconds(10)));
 
   // With room for both phases the same job starts.
   status = run("10", &out, &seconds);
   INFO(out);
   CHECK(status == 0);
-  CHECK(HostsEmpty(cluster, std::chrono::seconds(10)));
+  CHECK(cluster.HostsEmptyWithin(std::chrono::seconds(10)));
 }
 
 TEST_CASE("multihost: the dry run tells each host's trainrun; another release is one line at start",
@@ -541,8 +502,8 @@ TEST_CASE("multihost: the dry run tells each host's trainrun; another release is
   INFO(out);
   CHECK(status == 0);
   CHECK(out.find("warning") == std::string::npos);
-  INFO("left behind:" << Processes(cluster));
-  CHECK(HostsEmpty(cluster));
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
 }
 
 #ifdef TRAINRUN_ALLREDUCE_PERF
@@ -575,7 +536,7 @@ TEST_CASE("multihost: an allreduce across two SSH hosts gives the right result",
     CHECK(last == "0");
   }
   CHECK(sizes == 3);  // 1K, 32K, 1M
-  CHECK(HostsEmpty(cluster));
+  CHECK(cluster.HostsEmptyWithin());
 }
 #endif
 
@@ -609,8 +570,8 @@ TEST_CASE("multihost: a host that falls off the network fails the job, naming it
   CHECK(log.find("no word from its agent") != std::string::npos);
   CHECK(seconds < 60);
   // The agent there noticed the silence too and killed its ranks.
-  INFO("left behind:" << Processes(cluster));
-  CHECK(OnlySshdLeft(cluster, std::chrono::seconds(10)));
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.OnlySshdLeftWithin(std::chrono::seconds(10)));
 }
 
 TEST_CASE("multihost: kill -9 of trainrun leaves nothing running on the hosts",
@@ -636,8 +597,8 @@ TEST_CASE("multihost: kill -9 of trainrun leaves nothing running on the hosts",
   INFO(out << ReadFileText(world.dir() + "/bg.out"));
   CHECK(status == 0);
   CHECK(ReadFileText(world.dir() + "/bg.out").find("[3]<stdout>:up") != std::string::npos);
-  INFO("left behind:" << Processes(cluster));
-  CHECK(HostsEmpty(cluster, std::chrono::seconds(5)));
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin(std::chrono::seconds(5)));
 
   // Ctrl-C (SIGINT) reaches the remote ranks as a teardown, and trainrun exits 130.
   script = absl::StrCat(
@@ -650,7 +611,7 @@ TEST_CASE("multihost: kill -9 of trainrun leaves nothing running on the hosts",
   INFO(out << log);
   CHECK(out.find("status 130") != std::string::npos);
   CHECK(log.find("interrupted by SIGINT") != std::string::npos);
-  CHECK(HostsEmpty(cluster, std::chrono::seconds(5)));
+  CHECK(cluster.HostsEmptyWithin(std::chrono::seconds(5)));
 }
 
 }  // namespace
@@ -736,8 +697,8 @@ TEST_CASE("multihost: a remote rank's lines arrive as it prints them (Python and
     // Printed 3 s apart: received at least 2 s apart (whole seconds), not together at exit.
     CHECK((second - first + 86400) % 86400 >= 2);
   }
-  INFO("left behind:" << Processes(cluster));
-  CHECK(HostsEmpty(cluster));
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
 }
 
 TEST_CASE("multihost: --bind-to core, --report-bindings and -wdir on a remote host",
@@ -774,8 +735,8 @@ TEST_CASE("multihost: --bind-to core, --report-bindings and -wdir on a remote ho
           std::string::npos);
   }
   CHECK(cpus[0] != cpus[1]);
-  INFO("left behind:" << Processes(cluster));
-  CHECK(HostsEmpty(cluster));
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
 }
 
 }  // namespace

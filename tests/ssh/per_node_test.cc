@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "sshd_fixture.h"
 
 namespace trainrun::testing {
@@ -72,30 +71,6 @@ std::vector<NodeRun> RunNodes(const NetnsCluster& cluster,
   return runs;
 }
 
-// Waits up to `timeout` for both hosts to have nothing but their sshd listener.
-bool HostsEmpty(const NetnsCluster& cluster,
-                std::chrono::seconds timeout = std::chrono::seconds(5)) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    if (cluster.HostProcesses(0).empty() && cluster.HostProcesses(1).empty()) return true;
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-}
-
-std::string Processes(const NetnsCluster& cluster) {
-  std::string list;
-  for (int i = 0; i < 2; ++i) {
-    for (pid_t pid : cluster.HostProcesses(i)) {
-      list +=
-          absl::StrCat(" ", pid, ":",
-                       absl::StrReplaceAll(ReadFileText(absl::StrCat("/proc/", pid, "/cmdline")),
-                                           {{std::string(1, '\0'), " "}}));
-    }
-  }
-  return list;
-}
-
 pid_t ParentOf(pid_t pid) {
   const std::string stat = ReadFileText(absl::StrCat("/proc/", pid, "/stat"));
   // "pid (comm) state ppid ...": comm may hold spaces, so read after its ')'.
@@ -134,8 +109,8 @@ TEST_CASE("per-node: two independently started nodes run a checked allreduce",
   CHECK_FALSE(Contains(runs[1].out, "[0]<stdout>"));
   // With a token, no warning about strangers.
   CHECK_FALSE(Contains(runs[0].out + runs[1].out, "any host that reaches"));
-  INFO("left behind:" << Processes(cluster));
-  CHECK(HostsEmpty(cluster));
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
 }
 
 TEST_CASE("per-node: a wrong token is refused; a node that never arrives is named",
@@ -160,8 +135,8 @@ TEST_CASE("per-node: a wrong token is refused; a node that never arrives is name
   CHECK(Contains(runs[0].out,
                  "node 1 of --nnodes 2 never joined at port 29400 within "
                  "--start-timeout 3 s"));
-  INFO("left behind:" << Processes(cluster));
-  CHECK(HostsEmpty(cluster));
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
 
   // Without a token, one warning line says any joiner is accepted; node 1 never started.
   NodeRun alone;
@@ -191,8 +166,8 @@ TEST_CASE("per-node: a rank killed on node 1 ends both nodes with the same summa
   const std::string summary = "rank 3 on node1 was killed by SIGKILL; it failed first";
   CHECK(Contains(runs[0].out, summary));
   CHECK(Contains(runs[1].out, summary));
-  INFO("left behind:" << Processes(cluster));
-  CHECK(HostsEmpty(cluster));
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
 }
 
 TEST_CASE("per-node: node 0's trainrun killed ends node 1's ranks with a clear line",
@@ -240,8 +215,8 @@ TEST_CASE("per-node: node 0's trainrun killed ends node 1's ranks with a clear l
   CHECK(Contains(runs[1].out,
                  "lost node 0's trainrun at 10.213.1.11:29400 before the job "
                  "ended; this node's ranks (node 1) were ended"));
-  INFO("left behind:" << Processes(cluster));
-  CHECK(HostsEmpty(cluster));
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
 }
 
 double Median(std::vector<double> values) {
@@ -268,7 +243,7 @@ TEST_CASE("per-node: start time next to an SSH launch", "[.bench][netns][per_nod
     REQUIRE(runs[1].status == 0);
     REQUIRE(Contains(runs[0].out, "passed the barrier"));
     per_node.push_back(std::max(runs[0].seconds, runs[1].seconds));
-    REQUIRE(HostsEmpty(cluster));
+    REQUIRE(cluster.HostsEmptyWithin());
 
     std::string out;
     auto start = std::chrono::steady_clock::now();
@@ -281,7 +256,7 @@ TEST_CASE("per-node: start time next to an SSH launch", "[.bench][netns][per_nod
     INFO(out);
     REQUIRE(status == 0);
     ssh.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    REQUIRE(HostsEmpty(cluster));
+    REQUIRE(cluster.HostsEmptyWithin());
   }
   WARN("start time, 2 nodes x 2 ranks, barrier example, median of 5: per-node "
        << Median(per_node) << " s (slower node's trainrun), SSH launch " << Median(ssh) << " s");

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -298,6 +299,47 @@ std::vector<pid_t> NetnsCluster::HostProcesses(int i) const {
     if (pid != sshds_[i]->pid()) pids.push_back(pid);
   }
   return pids;
+}
+
+bool NetnsCluster::HostsEmptyWithin(std::chrono::seconds timeout) const {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    bool empty = true;
+    for (size_t i = 0; i < host_ns_.size(); ++i) {
+      if (!HostProcesses(static_cast<int>(i)).empty()) empty = false;
+    }
+    if (empty) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+bool NetnsCluster::OnlySshdLeftWithin(std::chrono::seconds timeout) const {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    bool clean = true;
+    for (size_t i = 0; i < host_ns_.size(); ++i) {
+      for (pid_t pid : HostProcesses(static_cast<int>(i))) {
+        std::string cmdline = ReadFileText(absl::StrCat("/proc/", pid, "/cmdline"));
+        if (!cmdline.empty() && cmdline.rfind("sshd", 0) != 0) clean = false;
+      }
+    }
+    if (clean) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+std::string NetnsCluster::ProcessList() const {
+  std::string list;
+  for (size_t i = 0; i < host_ns_.size(); ++i) {
+    for (pid_t pid : HostProcesses(static_cast<int>(i))) {
+      std::string cmdline = ReadFileText(absl::StrCat("/proc/", pid, "/cmdline"));
+      std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+      absl::StrAppend(&list, " ", pid, ":", cmdline);
+    }
+  }
+  return list;
 }
 
 NetnsCluster::~NetnsCluster() {

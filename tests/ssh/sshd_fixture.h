@@ -16,6 +16,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -116,6 +117,13 @@ class NetnsCluster {
   std::string host_address(int i) const;
   // Pids of the processes in host i's namespace, its sshd listener excepted.
   std::vector<pid_t> HostProcesses(int i) const;
+  // Whether every host's HostProcesses is empty within `timeout` (an ending job takes a moment).
+  bool HostsEmptyWithin(std::chrono::seconds timeout = std::chrono::seconds(5)) const;
+  // Whether every host runs nothing but sshd within `timeout`: no agent, no rank. (An sshd session
+  // whose client vanished from the network lingers until TCP gives up; it is sshd's.)
+  bool OnlySshdLeftWithin(std::chrono::seconds timeout) const;
+  // " pid:command line" for each of HostProcesses, every host: what a failed check left behind.
+  std::string ProcessList() const;
 
  private:
   std::vector<std::string> all_ns_;
