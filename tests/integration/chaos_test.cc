@@ -21,31 +21,9 @@
 #include <thread>
 #include <vector>
 
+#include "run_job.h"
+
 namespace {
-
-struct JobResult {
-  int exit_code = -1;
-  std::string output;
-  double seconds = 0;
-};
-
-JobResult RunJob(const std::string& args) {
-  const std::string command =
-      std::string("timeout -s KILL 60 ") + TRAINRUN_EXECUTABLE + " " + args + " 2>&1";
-  JobResult result;
-  auto start = std::chrono::steady_clock::now();
-  FILE* pipe = popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::array<char, 4096> buffer{};
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) {
-    result.output.append(buffer.data(), n);
-  }
-  int status = pclose(pipe);
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
-}
 
 // Survivors lists the processes whose environment holds `marker` (every rank of one trial has it).
 std::vector<int> Survivors(const std::string& marker) {

@@ -8,31 +8,9 @@
 #include <regex>
 #include <string>
 
+#include "run_job.h"
+
 namespace {
-
-struct JobResult {
-  int exit_code = -1;
-  std::string output;  // trainrun's stdout and stderr together
-  double seconds = 0;
-};
-
-// RunJob runs `trainrun ARGS` through the shell and collects everything it printed.
-JobResult RunJob(const std::string& args) {
-  const std::string command =
-      std::string("timeout -s KILL 60 ") + TRAINRUN_EXECUTABLE + " " + args + " 2>&1";
-  JobResult result;
-  auto start = std::chrono::steady_clock::now();
-  FILE* pipe = popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::array<char, 4096> buffer{};
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-    result.output.append(buffer.data(), n);
-  int status = pclose(pipe);
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
-}
 
 const std::string kWorker = TRAINRUN_JOB_WORKER;
 
