@@ -332,6 +332,13 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
   absl::StatusOr<launcher::Launcher> how = launcher::ParseLauncher(options.launcher);
   if (!how.ok()) return how.status();
   spec.launcher = *how;
+  spec.max_restarts = options.max_restarts;
+  if (per_node->spec && spec.max_restarts > 0) {
+    return absl::InvalidArgumentError(
+        "--max-restarts does not work with --nnodes yet: a restart would need every node's "
+        "trainrun to join again; restart the job from the scheduler, or run it from one trainrun "
+        "with -H");
+  }
   if (per_node->spec) {
     // Node 0 serves the job's rendezvous at the endpoint's port, on every interface.
     spec.per_node = per_node->spec;

@@ -295,6 +295,11 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
       ->type_name("SECONDS")
       ->check(CLI::Range(1, 24 * 3600))
       ->capture_default_str();
+  app.add_option("--max-restarts,--max_restarts", options.max_restarts,
+                 "When the job fails, start all of it again, up to N times (torchrun's flag); "
+                 "ranks see TRAINRUN_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT.")
+      ->type_name("N")
+      ->check(CLI::Range(0, 1000));
   app.add_flag("--verbose", options.verbose, "Print what trainrun does (log level debug).");
   app.add_flag("-q,--quiet", options.quiet,
                "No start line (\"8 ranks on 2 hosts started in 0.41 s\") and no notes; warnings "

@@ -293,4 +293,11 @@ int JobRun::Summarize() {
   return supervisor_->exit_code();
 }
 
+bool JobRun::interrupted() const { return supervisor_->interrupted(); }
+
+std::string JobRun::cause() const {
+  std::string summary = supervisor_->Summary();
+  return summary.substr(0, summary.find('\n'));
+}
+
 }  // namespace trainrun::launcher

@@ -53,6 +53,10 @@ class JobRun {
   void Supervise();
   // Summarize logs the one summary of a failed or interrupted job and returns trainrun's exit code.
   int Summarize();
+  // After Summarize: trainrun was told to stop (a signal), and the summary's first line ("" when
+  // the job succeeded).
+  bool interrupted() const;
+  std::string cause() const;
 
  private:
   // The host view of every host of the plan, by host index.

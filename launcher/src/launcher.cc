@@ -2,6 +2,11 @@
 
 #include <signal.h>
 
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "job_plan.h"
 #include "job_run.h"
 #include "node_joiner.h"
@@ -10,6 +15,7 @@
 #include "start_deadline.h"
 #include "trainrun/launcher/logging.h"
 #include "trainrun/launcher/output_forwarder.h"
+#include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::launcher {
 namespace {
@@ -41,6 +47,46 @@ absl::StatusOr<std::unique_ptr<OutputForwarder>> OpenOutput(const LaunchSpec& sp
   return OutputForwarder::Create(options);
 }
 
+// WithRestartCount is `spec` for start `restart` of the job (0 the first): its ranks are told which
+// (TRAINRUN_RESTART_COUNT, and torchrun's TORCHELASTIC_RESTART_COUNT) and how many may follow.
+LaunchSpec WithRestartCount(const LaunchSpec& spec, int restart) {
+  LaunchSpec attempt = spec;
+  for (const char* name : {env::kRestartCount, env::kTorchRestartCount}) {
+    attempt.exported.push_back({name, std::to_string(restart)});
+  }
+  for (const char* name : {env::kMaxRestarts, env::kTorchMaxRestarts}) {
+    attempt.exported.push_back({name, std::to_string(spec.max_restarts)});
+  }
+  return attempt;
+}
+
+struct Attempt {
+  int exit_code = 0;
+  bool interrupted = false;  // trainrun got SIGINT, SIGTERM or SIGHUP
+  std::string cause;         // the summary's first line; "" when the job succeeded
+};
+
+// RunOnce runs the job once: plan, reach the hosts, serve the rendezvous, start the ranks,
+// supervise them, summarize. A status is a failure before any rank started.
+absl::StatusOr<Attempt> RunOnce(const LaunchSpec& spec, OutputForwarder& output) {
+  absl::StatusOr<JobPlan> plan = PlanJob(spec);
+  if (!plan.ok()) return plan.status();
+  // --start-timeout: one deadline, from the first connection to the last rank's start.
+  const StartDeadline deadline = StartDeadline::From(spec.start_timeout);
+  absl::StatusOr<std::vector<remote::RemoteAgent>> agents = ReachHosts(spec, *plan, deadline);
+  if (!agents.ok()) return agents.status();
+
+  JobRun run(spec, *plan, output, *std::move(agents));
+  if (absl::Status served = run.ServeRendezvous(); !served.ok()) return served;
+  run.StartRanks(deadline);
+  run.Supervise();
+  Attempt attempt;
+  attempt.exit_code = run.Summarize();
+  attempt.interrupted = run.interrupted();
+  attempt.cause = run.cause();
+  return attempt;
+}
+
 }  // namespace
 
 // A job is a pipeline: plan, reach the hosts, serve the rendezvous, start the ranks, supervise
@@ -56,22 +102,38 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
     // Per-node mode: node 0 runs the pipeline below, with the other nodes as its agents.
     if (spec.per_node->node_rank != 0) return RunJoinedNode(spec);
   }
-  absl::StatusOr<JobPlan> plan = PlanJob(spec);
-  if (!plan.ok()) return plan.status();
   absl::StatusOr<std::unique_ptr<OutputForwarder>> output = OpenOutput(spec);
   if (!output.ok()) return output.status();
   IgnoreSigpipe ignore_sigpipe;
+  if (spec.max_restarts == 0) {
+    absl::StatusOr<Attempt> attempt = RunOnce(spec, **output);
+    if (!attempt.ok()) return attempt.status();
+    return attempt->exit_code;
+  }
 
-  // --start-timeout: one deadline, from the first connection to the last rank's start.
-  const StartDeadline deadline = StartDeadline::From(spec.start_timeout);
-  absl::StatusOr<std::vector<remote::RemoteAgent>> agents = ReachHosts(spec, *plan, deadline);
-  if (!agents.ok()) return agents.status();
-
-  JobRun run(spec, *plan, **output, *std::move(agents));
-  if (absl::Status served = run.ServeRendezvous(); !served.ok()) return served;
-  run.StartRanks(deadline);
-  run.Supervise();
-  return run.Summarize();
+  // --max-restarts: the whole job again, on the same hosts with a new rendezvous, until it
+  // succeeds, trainrun is told to stop, or the restarts are spent.
+  std::vector<std::string> causes;
+  for (int restart = 0;; ++restart) {
+    absl::StatusOr<Attempt> attempt = RunOnce(WithRestartCount(spec, restart), **output);
+    if (!attempt.ok()) return attempt.status();
+    if (attempt->exit_code == 0) {
+      if (restart > 0) {
+        Logger().info("the job succeeded on its restart {} of {}", restart, spec.max_restarts);
+      }
+      return 0;
+    }
+    causes.push_back(absl::StrCat("start ", restart + 1, ": ", attempt->cause));
+    if (attempt->interrupted || restart == spec.max_restarts) {
+      if (causes.size() > 1) {
+        Logger().error("the job failed {} times (--max-restarts {}):\n  {}", causes.size(),
+                       spec.max_restarts, absl::StrJoin(causes, "\n  "));
+      }
+      return attempt->exit_code;
+    }
+    Logger().warn("the job failed ({}); restarting it (restart {} of {})", attempt->cause,
+                  restart + 1, spec.max_restarts);
+  }
 }
 
 }  // namespace trainrun::launcher

@@ -170,6 +170,9 @@ TEST_CASE_METHOD(PerNodeApp, "per-node mode: each bad combination is one sentenc
                     "--nproc-per-node", "1", "prog"}),
              Catch::Contains("--nnodes 1:4: give one number of nodes"));
   CHECK_THAT(Error({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1",
+                    "--nproc-per-node", "1", "--max-restarts", "2", "prog"}),
+             Catch::Contains("--max-restarts does not work with --nnodes yet"));
+  CHECK_THAT(Error({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1",
                     "--nproc-per-node", "1", "-H", "a:1,b:1", "prog"}),
              Catch::Contains("give one or the other"));
   CHECK_THAT(Error({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1",

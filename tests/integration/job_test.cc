@@ -113,3 +113,66 @@ TEST_CASE(
   CHECK(job.output.find("failed first") == std::string::npos);
   CHECK(job.seconds < 15);
 }
+
+namespace {
+
+// --max-restarts (issue 17): the job's first start runs the worker with `first_start`'s arguments,
+// every later start with `later_starts`'; each rank first prints the restart counts it was given.
+std::string RestartingJob(const std::string& first_start, const std::string& later_starts) {
+  return "sh -c 'echo restart $TRAINRUN_RESTART_COUNT $TORCHELASTIC_RESTART_COUNT of "
+         "$TORCHELASTIC_MAX_RESTARTS; if [ $TRAINRUN_RESTART_COUNT = 0 ]; then exec " +
+         kWorker + " " + first_start + "; else exec " + kWorker + " " + later_starts + "; fi'";
+}
+
+}  // namespace
+
+TEST_CASE("max-restarts: a rank killed on the first start, and the job succeeds on the second",
+          "[integration][restart]") {
+  JobResult job = RunJob("--max-restarts 2 -np 3 " + RestartingJob("1000 1 3 kill", "5"));
+  INFO(job.output);
+  CHECK(job.exit_code == 0);
+  CHECK(job.output.find("rank 1 on localhost was killed by SIGKILL; it failed first") !=
+        std::string::npos);
+  CHECK(job.output.find("restarting it (restart 1 of 2)") != std::string::npos);
+  CHECK(job.output.find("the job succeeded on its restart 1 of 2") != std::string::npos);
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string tag = "[" + std::to_string(rank) + "]<stdout>:";
+    CHECK(job.output.find(tag + "restart 0 0 of 2") != std::string::npos);
+    CHECK(job.output.find(tag + "restart 1 1 of 2") != std::string::npos);
+    // The second start's allreduces, over its new rendezvous, are right on every rank.
+    CHECK(job.output.find(tag + "rank " + std::to_string(rank) + ": ok") != std::string::npos);
+  }
+  CHECK(job.output.find("restart 2 2") == std::string::npos);
+}
+
+TEST_CASE("max-restarts: out of restarts, the last failure's code and every start's cause",
+          "[integration][restart]") {
+  JobResult job =
+      RunJob("--max-restarts 1 -np 2 " + RestartingJob("1000 1 2 exit3", "1000 0 2 kill"));
+  INFO(job.output);
+  CHECK(job.exit_code == 137);
+  CHECK(job.output.find("trainrun: error: the job failed 2 times (--max-restarts 1):\n"
+                        "  start 1: rank 1 on localhost exited with code 3; it failed first, so "
+                        "the job was stopped\n"
+                        "  start 2: rank 0 on localhost was killed by SIGKILL; it failed first, so "
+                        "the job was stopped") != std::string::npos);
+}
+
+TEST_CASE("max-restarts: trainrun told to stop does not restart the job",
+          "[integration][restart]") {
+  // SIGTERM to trainrun after 2 s, while the first start's ranks sleep.
+  const std::string command = std::string("timeout -s TERM 2 ") + TRAINRUN_EXECUTABLE +
+                              " --max-restarts 3 -np 2 sleep 30 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::string output;
+  std::array<char, 4096> buffer{};
+  for (size_t n; (n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0;) {
+    output.append(buffer.data(), n);
+  }
+  int status = pclose(pipe);
+  INFO(output);
+  CHECK(WEXITSTATUS(status) == 124);  // timeout's code: trainrun ended on its SIGTERM
+  CHECK(output.find("restarting") == std::string::npos);
+  CHECK(output.find("started") == output.rfind("started"));
+}

@@ -57,6 +57,7 @@ struct RunOptions {
   std::vector<std::string> notes;
   int start_timeout_s =  // --start-timeout SECONDS
       static_cast<int>(launcher::kDefaultStartTimeout.count());
+  int max_restarts = 0;                          // --max-restarts N
   bool verbose = false;                          // --verbose
   bool quiet = false;                            // -q/--quiet: no start line, no notes
   std::optional<std::string> log_level;          // --log-level

@@ -74,6 +74,8 @@ class JobSupervisor {
   void OnStall(std::vector<int> stalled, std::string description);
 
   bool done() const { return done_; }
+  // interrupted: trainrun was told to stop (SIGINT, SIGTERM, SIGHUP), whatever the ranks did.
+  bool interrupted() const { return signal_.has_value(); }
   // exit_code is what trainrun exits with: the blamed rank's code, 128+N after signal N, 1 when a
   // rank could not be started or exited before joining, else 0.
   int exit_code() const;

@@ -118,6 +118,10 @@ struct LaunchSpec {
   std::string working_dir;
   // --start-timeout: one deadline from the first connection to a host to the last rank's start.
   std::chrono::seconds start_timeout = kDefaultStartTimeout;
+  // --max-restarts (torchrun's): when the job fails, start all of it again, up to this many times;
+  // the ranks see TRAINRUN_RESTART_COUNT (TORCHELASTIC_RESTART_COUNT). Not after a signal to
+  // trainrun, and not in per-node mode.
+  int max_restarts = 0;
   // Between SIGTERM and SIGKILL when the job is torn down.
   std::chrono::milliseconds grace_period = kDefaultGracePeriod;
   // --stall-check-warning-time-seconds: a collective that waits this long is reported (which ranks

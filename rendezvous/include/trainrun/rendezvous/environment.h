@@ -38,6 +38,9 @@ inline constexpr char kRendezvousAddr[] = "TRAINRUN_RENDEZVOUS_ADDR";
 // The job's id, and its secret: the rendezvous and the data plane refuse peers without it.
 inline constexpr char kJobId[] = "TRAINRUN_JOB_ID";
 inline constexpr char kJobToken[] = "TRAINRUN_JOB_TOKEN";
+// --max-restarts: which start of the job this is (0 the first), and how many restarts it may have.
+inline constexpr char kRestartCount[] = "TRAINRUN_RESTART_COUNT";
+inline constexpr char kMaxRestarts[] = "TRAINRUN_MAX_RESTARTS";
 
 // Horovod's names for the same values.
 inline constexpr char kHorovodRank[] = "HOROVOD_RANK";
@@ -56,6 +59,8 @@ inline constexpr char kTorchLocalWorldSize[] = "LOCAL_WORLD_SIZE";
 inline constexpr char kTorchGroupRank[] = "GROUP_RANK";
 inline constexpr char kTorchMasterAddr[] = "MASTER_ADDR";
 inline constexpr char kTorchMasterPort[] = "MASTER_PORT";
+inline constexpr char kTorchRestartCount[] = "TORCHELASTIC_RESTART_COUNT";
+inline constexpr char kTorchMaxRestarts[] = "TORCHELASTIC_MAX_RESTARTS";
 
 // What scripts written for mpirun read.
 inline constexpr char kOmpiRank[] = "OMPI_COMM_WORLD_RANK";
