@@ -133,6 +133,24 @@ TEST_CASE("multihost: a remote rank's failure ends the job everywhere, naming ra
     INFO("left behind:" << cluster.ProcessList());
     CHECK(cluster.HostsEmptyWithin());
   }
+  SECTION("--max-restarts: a remote rank fails on the first start, the second passes a barrier") {
+    std::string out;
+    int status =
+        RunTrainrun(world, cluster,
+                    {"--max-restarts", "1", "-np", "4", "-H", Hosts(cluster, 2), "sh", "-c",
+                     "if [ $TRAINRUN_RESTART_COUNT = 0 ] && [ $TRAINRUN_RANK = 3 ]; then "
+                     "sleep 0.5; exit 3; fi; exec " TRAINRUN_BARRIER " -v"},
+                    &out);
+    INFO(out);
+    CHECK(status == 0);
+    CHECK(out.find("rank 3 on " + host1 + " exited with code 3") != std::string::npos);
+    CHECK(out.find("restarting it (restart 1 of 1)") != std::string::npos);
+    CHECK(out.find("the job succeeded on its restart 1 of 1") != std::string::npos);
+    CHECK(out.find("[3]<stdout>:rank 3 of 4") != std::string::npos);
+    CHECK(out.find("passed the barrier") != std::string::npos);
+    INFO("left behind:" << cluster.ProcessList());
+    CHECK(cluster.HostsEmptyWithin());
+  }
   SECTION("kill -9 of a host's agent") {
     std::string out;
     // The rank's parent is its supervisor (rank_shim); the supervisor's parent is the agent.
