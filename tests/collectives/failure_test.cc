@@ -123,7 +123,8 @@ TEST_CASE("a stalled peer makes the others time out naming it", "[failure]") {
   CommunicatorOptions options = WithToken("t");
   options.timeout = std::chrono::milliseconds(1000);
   std::vector<Clock::duration> took(n);
-  std::vector<bool> timed_out(n, false);
+  // One int per rank, each written by its own thread (vector<bool>'s bits share a word: a race).
+  std::vector<int> timed_out(n, 0);
   auto messages = RunFailing(
       n,
       [&](int rank, Communicator& comm) {
@@ -136,7 +137,7 @@ TEST_CASE("a stalled peer makes the others time out naming it", "[failure]") {
         try {
           comm.Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
         } catch (const TimeoutError&) {
-          timed_out[rank] = true;
+          timed_out[rank] = 1;
           took[rank] = Clock::now() - start;
           throw;
         } catch (const IoError&) {
@@ -145,7 +146,7 @@ TEST_CASE("a stalled peer makes the others time out naming it", "[failure]") {
         }
       },
       options);
-  CHECK((timed_out[0] || timed_out[1]));
+  CHECK((timed_out[0] != 0 || timed_out[1] != 0));
   // Rank 0 waits on the staller directly and always names it; rank 1 waits on rank 0, so which
   // rank it blames depends on who times out first (a stall, unlike a death, is seen by
   // neighbours only).
