@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -187,9 +188,13 @@ Sshd::Sshd(Options options) : options_(std::move(options)) {
   cargv.push_back(nullptr);
   pid_ = fork();
   if (pid_ == 0) {
+    // sshd goes with the test even when the test dies (an ASan abort), and holds none of its
+    // output pipes open (it logs to -E), so that ctest sees the test end instead of a timeout.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
     int null = open("/dev/null", O_RDWR);
     dup2(null, 0);
     dup2(null, 1);
+    dup2(null, 2);
     execvp(cargv[0], cargv.data());
     _exit(127);
   }
