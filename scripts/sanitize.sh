@@ -45,7 +45,11 @@ check_reports() {
 
 run_asan() {
   local dir=${ASAN_BUILD_DIR:-build-asan}
-  configure "$dir" "-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+  # Without UBSan's vptr check: GCC 12's runtime reads an object's vtable through a pipe
+  # (IsAccessibleMemoryRange), so in a process out of descriptors, which the burst test makes on
+  # purpose, every polymorphic call is reported as "invalid vptr" (a 10-line program with a
+  # shared_ptr does it). A stale vptr means a use after free, which ASan reports anyway.
+  configure "$dir" "-fsanitize=address,undefined -fno-sanitize=vptr -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
   # The executables of those tests (and what they depend on), not the Python extension, benchmarks
   # or GPU tests.
   cmake --build "$dir" -j2 --target hostfile_test rendezvous_test collectives_test launcher_test \
