@@ -3,7 +3,6 @@
 #include <chrono>
 #include <sstream>
 #include <stdexcept>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -57,16 +56,14 @@ std::vector<pid_t> SlurmCluster::NodeProcesses(int i) const {
 }
 
 bool SlurmCluster::NodesEmptyWithin(int seconds) const {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-  for (;;) {
-    bool empty = true;
-    for (size_t i = 0; i < nodes_.size(); ++i) {
-      if (!NodeProcesses(static_cast<int>(i)).empty()) empty = false;
-    }
-    if (empty) return true;
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  return WaitUntil(
+      [&] {
+        for (size_t i = 0; i < nodes_.size(); ++i) {
+          if (!NodeProcesses(static_cast<int>(i)).empty()) return false;
+        }
+        return true;
+      },
+      std::chrono::seconds(seconds));
 }
 
 }  // namespace trainrun::testing

@@ -101,6 +101,15 @@ std::string ReadFileText(const std::string& path) {
   return out.str();
 }
 
+bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (done()) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 int RunCommand(const std::vector<std::string>& argv, std::string* output, int timeout_s) {
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) return -1;
@@ -307,32 +316,28 @@ std::vector<pid_t> NetnsCluster::HostProcesses(int i) const {
 }
 
 bool NetnsCluster::HostsEmptyWithin(std::chrono::seconds timeout) const {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    bool empty = true;
-    for (size_t i = 0; i < host_ns_.size(); ++i) {
-      if (!HostProcesses(static_cast<int>(i)).empty()) empty = false;
-    }
-    if (empty) return true;
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  return WaitUntil(
+      [&] {
+        for (size_t i = 0; i < host_ns_.size(); ++i) {
+          if (!HostProcesses(static_cast<int>(i)).empty()) return false;
+        }
+        return true;
+      },
+      timeout);
 }
 
 bool NetnsCluster::OnlySshdLeftWithin(std::chrono::seconds timeout) const {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    bool clean = true;
-    for (size_t i = 0; i < host_ns_.size(); ++i) {
-      for (pid_t pid : HostProcesses(static_cast<int>(i))) {
-        std::string cmdline = ReadFileText(absl::StrCat("/proc/", pid, "/cmdline"));
-        if (!cmdline.empty() && cmdline.rfind("sshd", 0) != 0) clean = false;
-      }
-    }
-    if (clean) return true;
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  return WaitUntil(
+      [&] {
+        for (size_t i = 0; i < host_ns_.size(); ++i) {
+          for (pid_t pid : HostProcesses(static_cast<int>(i))) {
+            std::string cmdline = ReadFileText(absl::StrCat("/proc/", pid, "/cmdline"));
+            if (!cmdline.empty() && cmdline.rfind("sshd", 0) != 0) return false;
+          }
+        }
+        return true;
+      },
+      timeout);
 }
 
 std::string NetnsCluster::ProcessList() const {

@@ -17,6 +17,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,10 @@ int RunCommand(const std::vector<std::string>& argv, std::string* output = nullp
 
 // ReadFileText returns a file's contents ("" when unreadable).
 std::string ReadFileText(const std::string& path);
+
+// WaitUntil polls `done` every 100 ms until it holds (true) or `timeout` has passed (false): for
+// what the system does a moment after a job ends (processes gone from a host or a node).
+bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout);
 
 // FreeLoopbackPort returns a TCP port on 127.0.0.1 that was free a moment ago.
 int FreeLoopbackPort();
