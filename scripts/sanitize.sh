@@ -4,12 +4,15 @@
 # sanitizer; any report (from the test process or from any trainrun, agent or worker process it
 # started) fails the run.
 #
-#   scripts/sanitize.sh asan     # ASan + UBSan: every test not labelled gpu, slow or python
+#   scripts/sanitize.sh asan     # ASan + UBSan: every test not labelled gpu, slow, python or
+#                                # install
 #   scripts/sanitize.sh tsan     # TSan: the collectives and rendezvous tests
 #   scripts/sanitize.sh          # both
 #
 # The python-labelled tests are left out: they load the extension into Debian's uninstrumented
-# python3, which would need the sanitizer runtime preloaded and reports PyTorch's own leaks.
+# python3, which would need the sanitizer runtime preloaded and reports PyTorch's own leaks. So are
+# the install-labelled ones: they build and install the release tree (a wheel, a .deb), which
+# this build's flags do not reach.
 # Suppressions (scripts/sanitizers/) name third-party code only, each with its reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,15 +56,15 @@ run_asan() {
   # The executables of those tests (and what they depend on), not the Python extension, benchmarks
   # or GPU tests.
   cmake --build "$dir" -j2 --target hostfile_test rendezvous_test collectives_test launcher_test \
-    cli_test integration_test ssh_test ssh_agent_test ssh_netns_test ssh_multihost_test \
-    trainrun_nccl_tests
+    cli_test integration_test flags_test ssh_test ssh_agent_test ssh_netns_test \
+    ssh_multihost_test trainrun_nccl_tests
   local reports="$root/$dir/sanitizer-reports"
   rm -rf "$reports" && mkdir -p "$reports"
   local status=0
   ASAN_OPTIONS="log_path=$reports/report:detect_leaks=1:abort_on_error=0" \
   LSAN_OPTIONS="suppressions=$root/scripts/sanitizers/lsan.supp:print_suppressions=0" \
   UBSAN_OPTIONS="log_path=$reports/report:print_stacktrace=1:halt_on_error=1" \
-    ctest --test-dir "$dir" -LE 'gpu|slow|python' --output-on-failure --timeout 300 -j2 \
+    ctest --test-dir "$dir" -LE 'gpu|slow|python|install' --output-on-failure --timeout 300 -j2 \
       --repeat until-pass:2 || status=$?
   check_reports "$reports" || status=1
   return "$status"

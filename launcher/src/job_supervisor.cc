@@ -1,6 +1,7 @@
 #include "trainrun/launcher/job_supervisor.h"
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <vector>
 
@@ -69,6 +70,7 @@ void JobSupervisor::OnSignal(int signal) {
   } else if (!killed_) {
     Logger().warn("got {} again; killing all ranks now", SignalName(signal));
     killed_ = true;
+    killed_at_ = std::chrono::steady_clock::now();
     ranks_.KillAll();
   }
 }
@@ -111,6 +113,7 @@ void JobSupervisor::StartTeardown() {
     if (!killed_) {
       Logger().debug("grace period over; sending SIGKILL");
       killed_ = true;
+      killed_at_ = std::chrono::steady_clock::now();
       ranks_.KillAll();
     }
     timer_.expires_after(options_.kill_timeout);
@@ -147,7 +150,24 @@ std::optional<int> JobSupervisor::Blamed() const {
     if (teardown_started_.has_value() && exit.time >= *teardown_started_) continue;
     if (better(rank, exit)) best = rank;
   }
+  // The first failure seen was a report of a peer. The peer at the end of the chain may have
+  // failed on its own and still be reaped after the reports came in and the teardown began (its
+  // connections close as it exits, before its supervisor sees the exit): its failure is the cause.
+  if (best.has_value() && peer_failures_.count(*best) > 0) {
+    std::optional<int> root = RootPeer(*best);
+    if (root.has_value() && peer_failures_.count(*root) == 0 && OwnFailure(*root)) return root;
+  }
   return best;
+}
+
+bool JobSupervisor::OwnFailure(int rank) const {
+  auto it = exits_.find(rank);
+  if (it == exits_.end() || it->second.ok()) return false;
+  const ExitInfo& exit = it->second;
+  if (exit.signal == 0) return true;
+  if (exit.signal == SIGTERM) return false;
+  if (exit.signal == SIGKILL) return !killed_at_.has_value() || exit.time < *killed_at_;
+  return true;
 }
 
 std::optional<int> JobSupervisor::RootPeer(int rank) const {

@@ -116,6 +116,46 @@ TEST_CASE("a peer that broke off without failing first is still named the cause"
   CHECK(summary.find("ranks 0,2 reported failing because rank 1 had") != std::string::npos);
 }
 
+TEST_CASE("a peer that exited on its own but was reaped after the reports is blamed with its code",
+          "[launcher][supervisor]") {
+  // Rank 0 exits with code 3; its sockets close at once, so ranks 1-3 report it and the teardown
+  // begins before rank 0's own exit is reaped (CI's chaos run saw exit 1 and "lost their
+  // connections" here). Its exit code is its own failure: trainrun exits 3 and blames it so.
+  Fixture f(4);
+  auto t0 = std::chrono::steady_clock::now() - std::chrono::milliseconds(50);
+  f.supervisor.ReportPeerFailure(3, 0);
+  f.supervisor.ReportPeerFailure(2, 0);
+  f.supervisor.ReportPeerFailure(1, 0);
+  f.supervisor.OnRankExit(3, Exit(1, t0));
+  CHECK(f.ranks.terminated == 1);
+  auto later = std::chrono::steady_clock::now() + std::chrono::milliseconds(5);
+  f.supervisor.OnRankExit(2, Exit(1, later));
+  f.supervisor.OnRankExit(0, Exit(3, later));
+  f.supervisor.OnRankExit(1, Exit(1, later));
+  CHECK(f.done);
+  CHECK(f.supervisor.exit_code() == 3);
+  std::string summary = f.supervisor.Summary();
+  INFO(summary);
+  CHECK(summary.rfind("rank 0 on localhost exited with code 3; it failed first", 0) == 0);
+  CHECK(summary.find("ranks 1-3 reported failing because rank 0 had") != std::string::npos);
+}
+
+TEST_CASE("a peer killed by the teardown's SIGKILL is not taken for a failure of its own",
+          "[launcher][supervisor]") {
+  // Rank 1 broke off (its peer reports it), ran on, ignored SIGTERM and was killed by the grace
+  // period's SIGKILL: that SIGKILL is the teardown's, so the reporter's code stands.
+  Fixture f(2);
+  f.supervisor.ReportPeerFailure(0, 1);
+  f.supervisor.OnRankExit(0, Exit(1, std::chrono::steady_clock::now()));
+  f.supervisor.OnSignal(SIGINT);  // during the teardown: SIGKILL now
+  CHECK(f.ranks.killed == 1);
+  f.supervisor.OnRankExit(
+      1, Exit(0, std::chrono::steady_clock::now() + std::chrono::milliseconds(5), SIGKILL));
+  CHECK(f.done);
+  CHECK(f.supervisor.exit_code() == 1);
+  CHECK(f.supervisor.Summary().rfind("rank 1 on localhost failed first", 0) == 0);
+}
+
 TEST_CASE("a signal to trainrun: 128+N, a second one kills at once", "[launcher][supervisor]") {
   Fixture f(2);
   f.supervisor.OnSignal(SIGINT);

@@ -87,8 +87,13 @@ class JobSupervisor {
   void StartTeardown();
   void MaybeDone();
   // Blamed returns the first failure: the earliest one that happened before the teardown began,
-  // preferring ranks that did not report a peer's failure.
+  // preferring ranks that did not report a peer's failure; or, when that rank reported a peer,
+  // the end of the chain of reports if that rank's own exit was its own failure (OwnFailure).
   std::optional<int> Blamed() const;
+  // OwnFailure: `rank` ended in a failure the teardown cannot have caused (an exit code, or a
+  // signal other than the teardown's SIGTERM and, before it was sent, SIGKILL), whenever it was
+  // reaped.
+  bool OwnFailure(int rank) const;
   // RootPeer follows the peer-failure reports from `rank` to the rank at the end of the chain
   // (one that reported nothing); nullopt when `rank` reported no peer.
   std::optional<int> RootPeer(int rank) const;
@@ -122,6 +127,7 @@ class JobSupervisor {
   std::optional<int> exited_before_join_;
   std::optional<std::chrono::steady_clock::time_point> teardown_started_;
   bool killed_ = false;
+  std::optional<std::chrono::steady_clock::time_point> killed_at_;  // when SIGKILL was sent
   bool done_ = false;
 };
 
