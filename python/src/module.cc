@@ -127,6 +127,7 @@ std::unique_ptr<Communicator> JoinElastic(ElasticWorld& elastic) {
   elastic.store = session->store;
   elastic.slot = session->assignment.rank;
   elastic.generation = 0;
+  // trainrun always sets it; the fallback is its default (600 s) and margin (30 s).
   elastic.timeout =
       std::chrono::milliseconds(int64_t{GetIntEnv(env::kElasticTimeout, 630, "")} * 1000);
   collectives::CommunicatorOptions options;
@@ -136,17 +137,16 @@ std::unique_ptr<Communicator> JoinElastic(ElasticWorld& elastic) {
 }
 
 // JoinNextGeneration waits for the job's next generation (generation.h), then connects to its
-// members with a communicator of its own; throws TimeoutError when none comes in time and Error
-// when this rank is not a member.
+// members with a communicator of its own. Throws Error (not an InternalError, which the elastic
+// loop would answer by waiting again) when none comes in time or this rank is not a member, and
+// what the communicator throws when a member is lost while it connects.
 std::unique_ptr<Communicator> JoinNextGeneration(ElasticWorld& elastic) {
   absl::StatusOr<rendezvous::Generation> next =
       rendezvous::WaitForGeneration(*elastic.store, elastic.generation + 1, elastic.timeout);
   if (!next.ok()) {
-    const std::string message = internal::MakeMessage(
-        "rank (slot ", elastic.slot, ") found no new generation of the elastic job after its ",
-        elastic.generation, ": ", next.status().message());
-    // Not an InternalError: the elastic loop would wait again; the job is over for this rank.
-    throw Error(message);
+    throw Error(internal::MakeMessage("the rank that started as rank ", elastic.slot,
+                                      " found no generation of the elastic job after generation ",
+                                      elastic.generation, ": ", next.status().message()));
   }
   std::optional<RankInfo> place = next->PlaceOf(elastic.slot);
   if (!place) {

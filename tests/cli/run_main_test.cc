@@ -277,8 +277,10 @@ TEST_CASE_METHOD(TrainrunFixture, "the spec carries every flag to the launcher",
   CHECK_FALSE(spec.dry_run);
 }
 
-TEST_CASE_METHOD(TrainrunFixture, "--min-np, --max-np and --elastic-timeout make an elastic job",
-                 "[cli][elastic]") {
+TEST_CASE_METHOD(
+    TrainrunFixture,
+    "elastic flags: --min-np (with --max-np and --elastic-timeout) makes an elastic job",
+    "[cli][elastic]") {
   CHECK(Run({"-np", "4", "python"}) == 0);
   REQUIRE(launches_.size() == 1);
   CHECK_FALSE(launches_[0].elastic.has_value());

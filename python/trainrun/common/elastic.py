@@ -44,7 +44,8 @@ class State:
     def check_host_updates(self):
         """Raises HostsUpdatedInterrupt on every rank when the job has a newer generation than
         this one. Rank 0's view decides, so every rank raises, or none."""
-        latest = self._bcast_object(_core.latest_generation())
+        # Only rank 0 asks the launcher (one call, not one per rank).
+        latest = self._bcast_object(_core.latest_generation() if self._rank() == 0 else None)
         if latest > _core.generation():
             # Generations only shrink the job today: the survivors' state agrees, no sync needed.
             raise HostsUpdatedInterrupt(skip_sync=True)
