@@ -207,6 +207,43 @@ std::string RunPythonScriptWithPython(const RunOptions& options,
                       "runs the command as given");
 }
 
+// MakeElasticSpec reads --min-np, --max-np and --elastic-timeout: unset without --min-np (the
+// other two alone are an error), else checked against the job's `np` ranks.
+absl::StatusOr<std::optional<launcher::ElasticSpec>> MakeElasticSpec(const RunOptions& options,
+                                                                     int np, bool per_node) {
+  if (!options.min_np) {
+    if (options.max_np || options.elastic_timeout_s) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          options.max_np ? "--max-np" : "--elastic-timeout",
+          " is for elastic jobs, which --min-np makes; add --min-np N (the fewest ranks the job "
+          "may go on with)"));
+    }
+    return std::nullopt;
+  }
+  launcher::ElasticSpec elastic;
+  elastic.min_np = *options.min_np;
+  elastic.max_np = options.max_np.value_or(np);
+  if (options.elastic_timeout_s) elastic.timeout = std::chrono::seconds(*options.elastic_timeout_s);
+  if (elastic.min_np > np) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--min-np ", elastic.min_np, " is more than the job's ", np, " ranks; give at most -np"));
+  }
+  if (elastic.max_np < np) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-np ", elastic.max_np, " is less than the job's ", np, " ranks; give at least -np"));
+  }
+  if (options.max_restarts > 0) {
+    return absl::InvalidArgumentError(
+        "--max-restarts and --min-np are two ways to survive a failure (restart all ranks, or go "
+        "on with the survivors); give one");
+  }
+  if (per_node) {
+    return absl::InvalidArgumentError(
+        "--min-np does not work with --nnodes: run the elastic job from one trainrun with -H");
+  }
+  return elastic;
+}
+
 }  // namespace
 
 EnvironmentLookup ProcessEnvironment() {
@@ -339,6 +376,10 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
         "trainrun to join again; restart the job from the scheduler, or run it from one trainrun "
         "with -H");
   }
+  absl::StatusOr<std::optional<launcher::ElasticSpec>> elastic =
+      MakeElasticSpec(options, spec.plan.size(), per_node->spec.has_value());
+  if (!elastic.ok()) return elastic.status();
+  spec.elastic = *elastic;
   if (per_node->spec) {
     // Node 0 serves the job's rendezvous at the endpoint's port, on every interface.
     spec.per_node = per_node->spec;

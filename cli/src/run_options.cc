@@ -300,6 +300,20 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
                  "ranks see TRAINRUN_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT.")
       ->type_name("N")
       ->check(CLI::Range(0, 1000));
+  app.add_option("--min-np,--min_np", options.min_np,
+                 "Elastic mode (Horovod's): a lost rank does not end the job while at least N "
+                 "ranks remain; the survivors go on as a smaller job (trainrun.torch.elastic).")
+      ->type_name("N")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-np,--max_np", options.max_np,
+                 "Elastic mode: the most ranks the job may have (default: -np).")
+      ->type_name("N")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--elastic-timeout,--elastic_timeout", options.elastic_timeout_s,
+                 "Elastic mode: how long to wait for ranks when fewer than --min-np remain "
+                 "(default 600).")
+      ->type_name("SECONDS")
+      ->check(CLI::Range(1, 7 * 24 * 3600));
   app.add_flag("--verbose", options.verbose, "Print what trainrun does (log level debug).");
   app.add_flag("-q,--quiet", options.quiet,
                "No start line (\"8 ranks on 2 hosts started in 0.41 s\") and no notes; warnings "

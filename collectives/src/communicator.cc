@@ -105,6 +105,7 @@ class StallWatch {
 
 class Communicator::Impl {
  public:
+  bool broken() const { return !broken_.empty(); }
   Impl(std::shared_ptr<rendezvous::Store> store, const RankInfo& info,
        const CommunicatorOptions& options)
       : store_(std::move(store)), info_(info), job_rank_(info.rank) {
@@ -371,6 +372,7 @@ std::unique_ptr<Communicator> Communicator::Subset(const std::vector<int>& ranks
 int Communicator::rank() const { return impl_->info().rank; }
 int Communicator::size() const { return impl_->info().size; }
 const RankInfo& Communicator::info() const { return impl_->info(); }
+bool Communicator::broken() const { return impl_->broken(); }
 const char* Communicator::transport() const { return impl_->transport_name(); }
 
 void Communicator::Allreduce(const void* input, void* output, size_t count, DataType type,

@@ -14,6 +14,7 @@
 #include "trainrun/launcher/local_host.h"
 #include "trainrun/launcher/logging.h"
 #include "trainrun/rendezvous/environment.h"
+#include "trainrun/rendezvous/generation.h"
 
 namespace trainrun::launcher {
 namespace {
@@ -55,11 +56,15 @@ JobRun::JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& out
       all_ranks_({&local_ranks_, &remote_ranks_}),
       signals_(io_, SIGINT, SIGTERM, SIGHUP),
       stall_inspector_(spec.plan.size(), spec.stall_warning, spec.stall_shutdown),
-      stall_timer_(io_) {
+      stall_timer_(io_),
+      generation_timer_(io_) {
   SupervisorOptions options;
   options.command = spec.command[0];
   options.grace_period = spec.grace_period;
-  supervisor_.emplace(io_, spec.plan, all_ranks_, options, [this] { io_.stop(); });
+  options.elastic = spec.elastic;
+  supervisor_.emplace(
+      io_, spec.plan, all_ranks_, options, [this] { io_.stop(); },
+      [this](const MembershipChange& change) { PublishGeneration(change); });
   WaitForSignal();
   // trainrun's stdin goes to rank 0 when it runs here; a remote rank 0 gets /dev/null.
   if (plan.rank_is_local[0]) stdin_forwarder_ = internal::StdinForwarder::Create(io_);
@@ -121,11 +126,14 @@ absl::Status JobRun::ServeRendezvous() {
   }
   // A rank's "I failed because of peer P" arrives on a gRPC thread and is posted to the supervisor,
   // which then blames P rather than the rank that reported it.
-  options.on_peer_failure = [this](const rendezvous::PeerFailure& f) {
-    boost::asio::post(io_, [this, rank = f.rank, peer = f.peer_rank, message = f.message] {
-      supervisor_->ReportPeerFailure(rank, peer, message);
-    });
-  };
+  // In an elastic job a rank's number changes with each generation, so a report's ranks cannot be
+  // trusted to name slots; the supervisor of an elastic job blames exits alone.
+  if (!spec_.elastic.has_value())
+    options.on_peer_failure = [this](const rendezvous::PeerFailure& f) {
+      boost::asio::post(io_, [this, rank = f.rank, peer = f.peer_rank, message = f.message] {
+        supervisor_->ReportPeerFailure(rank, peer, message);
+      });
+    };
   // A rank that exited 0 without ever joining while joined ranks still run: the job cannot
   // finish, so it ends now, naming that rank.
   options.on_exit_before_join = [this](int rank) {
@@ -268,6 +276,49 @@ void JobRun::InspectStalls() {
   });
 }
 
+void JobRun::PublishGeneration(const MembershipChange& change) {
+  rendezvous::Generation generation;
+  generation.number = change.generation;
+  for (int slot : change.members) {
+    generation.members.push_back({slot, spec_.plan.HostOf(slot).host});
+  }
+  // The value first, then the counter: a rank that reads the counter finds the value there.
+  if (absl::Status set =
+          server_->Set(rendezvous::GenerationKey(generation.number), generation.Encode());
+      !set.ok()) {
+    Logger().error("cannot publish the job's generation {}: {}", generation.number,
+                   std::string(set.message()));
+    supervisor_->OnStartFailure(change.lost, std::string(set.message()));
+    return;
+  }
+  server_->SetCounter(rendezvous::kLatestGenerationKey, generation.number);
+  published_generation_ = generation.number;
+  Logger().debug("published generation {}: {}", generation.number, generation.Encode());
+  WatchGenerations();
+}
+
+void JobRun::WatchGenerations() {
+  generation_timer_.expires_after(std::chrono::milliseconds(5));
+  generation_timer_.async_wait([this](const boost::system::error_code& error) {
+    if (error || supervisor_->done()) return;
+    while (forming_generation_ <= published_generation_) {
+      const MembershipChange& change = supervisor_->MembershipChanges()[forming_generation_ - 1];
+      const size_t joined =
+          server_->ValuesWithPrefix(rendezvous::GenerationJoinedPrefix(forming_generation_)).size();
+      if (joined < change.members.size()) {
+        // A newer generation replaces this one when a member was lost before it formed.
+        if (forming_generation_ == published_generation_) break;
+        Logger().warn("{}; generation {} was replaced by {} before it formed", change.why,
+                      forming_generation_, forming_generation_ + 1);
+      } else {
+        Logger().warn("{}", supervisor_->OnGenerationFormed(forming_generation_));
+      }
+      ++forming_generation_;
+    }
+    if (forming_generation_ <= published_generation_) WatchGenerations();
+  });
+}
+
 void JobRun::Supervise() {
   InspectStalls();
   if (!supervisor_->done()) io_.run();
@@ -276,6 +327,11 @@ void JobRun::Supervise() {
 int JobRun::Summarize() {
   server_->Shutdown();
   output_.EndLines();
+  if (spec_.elastic.has_value() && supervisor_->exit_code() == 0) {
+    if (std::string changes = supervisor_->ElasticSummary(); !changes.empty()) {
+      Logger().info("{}", changes);
+    }
+  }
   if (std::string summary = supervisor_->Summary(); !summary.empty()) {
     // Slurm ends every step of an allocation past its time limit, on scancel or when a node fails:
     // what the ranks did then is its consequence, and the summary says so first.

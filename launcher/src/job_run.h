@@ -73,6 +73,11 @@ class JobRun {
   // OnStarted counts a started rank (local or remote, with its binding's words); the last one
   // prints the start line unless --quiet.
   void OnStarted(int rank, const std::string& binding);
+  // Elastic jobs: PublishGeneration tells the ranks of a new generation through the rendezvous
+  // (rendezvous/generation.h); WatchGenerations polls until each published one has formed (every
+  // member has joined it), then logs the change's line.
+  void PublishGeneration(const MembershipChange& change);
+  void WatchGenerations();
 
   const LaunchSpec& spec_;
   bool host_failed_ = false;  // a remote host's agent failed or was lost
@@ -94,6 +99,10 @@ class JobRun {
   std::unique_ptr<internal::StdinForwarder> stdin_forwarder_;
   StallInspector stall_inspector_;
   boost::asio::steady_timer stall_timer_;
+  // Elastic jobs: the newest generation published, and the oldest not yet seen formed.
+  int published_generation_ = 0;
+  int forming_generation_ = 1;
+  boost::asio::steady_timer generation_timer_;
 };
 
 }  // namespace trainrun::launcher

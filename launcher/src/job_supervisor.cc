@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "rank_ranges.h"
@@ -27,12 +28,15 @@ std::string Brief(const ExitInfo& exit) {
 
 JobSupervisor::JobSupervisor(boost::asio::io_context& io, const hostfile::SlotPlan& plan,
                              RankControl& ranks, SupervisorOptions options,
-                             std::function<void()> on_done)
+                             std::function<void()> on_done,
+                             std::function<void(const MembershipChange&)> on_membership_change)
     : plan_(plan),
       ranks_(ranks),
       options_(std::move(options)),
       on_done_(std::move(on_done)),
-      timer_(io) {}
+      timer_(io),
+      on_membership_change_(std::move(on_membership_change)),
+      elastic_timer_(io) {}
 
 void JobSupervisor::OnRankStarted(int rank) { ++started_; }
 
@@ -57,9 +61,87 @@ void JobSupervisor::OnRankExit(int rank, const ExitInfo& exit) {
   exits_[rank] = exit;
   if (!exit.ok()) {
     Logger().debug("rank {} {}", rank, exit.Describe());
-    StartTeardown();
+    if (options_.elastic.has_value() && !teardown_started_.has_value()) {
+      OnElasticLoss(rank, exit);
+    } else {
+      StartTeardown();
+    }
   }
   MaybeDone();
+}
+
+std::vector<int> JobSupervisor::Survivors() const {
+  std::vector<int> survivors;
+  for (int rank = 0; rank < plan_.size(); ++rank) {
+    if (exits_.count(rank) == 0) survivors.push_back(rank);
+  }
+  return survivors;
+}
+
+void JobSupervisor::OnElasticLoss(int rank, const ExitInfo& exit) {
+  // A failure while the job already waits for ranks is that wait's consequence, not news.
+  if (below_minimum_.has_value()) return;
+  const std::vector<int> survivors = Survivors();
+  const std::string why =
+      absl::StrCat("rank ", rank, " on ", plan_.HostOf(rank).host, " ", exit.Describe());
+  lost_.insert(rank);
+  if (static_cast<int>(survivors.size()) < options_.elastic->min_np) {
+    below_minimum_ = BelowMinimum{rank, static_cast<int>(survivors.size())};
+    Logger().warn(
+        "{}; {} {} left, fewer than --min-np {}: waiting up to {} s (--elastic-timeout) "
+        "for ranks",
+        why, survivors.size(), survivors.size() == 1 ? "rank is" : "ranks are",
+        options_.elastic->min_np, options_.elastic->timeout.count());
+    WaitForRanks();
+    return;
+  }
+  MembershipChange change;
+  change.generation = static_cast<int>(changes_.size()) + 1;
+  change.lost = rank;
+  change.why = why;
+  change.members = survivors;
+  change.when = exit.time;
+  changes_.push_back(change);
+  if (on_membership_change_) on_membership_change_(change);
+}
+
+void JobSupervisor::WaitForRanks() {
+  // Without host discovery no rank can come: the wait is Horovod's, so that a job started with a
+  // discovery script later behaves the same, and the user sees why it ended.
+  elastic_timer_.expires_after(options_.elastic->timeout);
+  elastic_timer_.async_wait([this](const boost::system::error_code& error) {
+    if (error || done_) return;
+    below_minimum_->waiting = false;
+    StartTeardown();
+    MaybeDone();
+  });
+}
+
+std::string JobSupervisor::OnGenerationFormed(int generation) {
+  if (generation < 1 || generation > static_cast<int>(changes_.size())) return "";
+  MembershipChange& change = changes_[generation - 1];
+  change.recovery_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - change.when).count();
+  return absl::StrFormat(
+      "%s; the job goes on at %d %s (generation %d, formed by %s of the start), recovered in %.2f "
+      "s",
+      change.why, change.members.size(), change.members.size() == 1 ? "rank" : "ranks", generation,
+      RankRanges(change.members), change.recovery_seconds);
+}
+
+std::string JobSupervisor::ElasticSummary() const {
+  if (changes_.empty()) return "";
+  std::vector<std::string> parts;
+  for (const MembershipChange& change : changes_) {
+    parts.push_back(
+        change.recovery_seconds >= 0
+            ? absl::StrFormat("%s (recovered in %.2f s)", change.why, change.recovery_seconds)
+            : absl::StrCat(change.why, " (not recovered)"));
+  }
+  return absl::StrCat("the job survived ", changes_.size(),
+                      changes_.size() == 1 ? " membership change" : " membership changes", ", ",
+                      changes_.back().members.size(), " of ", plan_.size(),
+                      " ranks remain: ", absl::StrJoin(parts, "; "));
 }
 
 void JobSupervisor::OnSignal(int signal) {
@@ -129,9 +211,11 @@ void JobSupervisor::StartTeardown() {
 }
 
 void JobSupervisor::MaybeDone() {
+  if (below_minimum_.has_value() && below_minimum_->waiting) return;
   if (done_ || !starts_complete_ || static_cast<int>(exits_.size()) < started_) return;
   done_ = true;
   timer_.cancel();
+  elastic_timer_.cancel();
   on_done_();
 }
 
@@ -145,7 +229,7 @@ std::optional<int> JobSupervisor::Blamed() const {
     return exit.time < exits_.at(*best).time;
   };
   for (const auto& [rank, exit] : exits_) {
-    if (exit.ok()) continue;
+    if (exit.ok() || lost_.count(rank) > 0) continue;
     // Failures that began after the teardown did are its consequence, not a cause.
     if (teardown_started_.has_value() && exit.time >= *teardown_started_) continue;
     if (better(rank, exit)) best = rank;
@@ -215,13 +299,17 @@ std::optional<int> JobSupervisor::SilentRank() const {
 }
 
 int JobSupervisor::exit_code() const {
+  if (below_minimum_.has_value() && !signal_.has_value()) {
+    return exits_.at(below_minimum_->rank).ExitCode();
+  }
   if (std::optional<int> blamed = Blamed(); blamed.has_value())
     return exits_.at(*blamed).ExitCode();
   if (exited_before_join_.has_value()) return 1;
   if (signal_.has_value()) return 128 + *signal_;
   if (start_failure_.has_value() || stall_.has_value()) return 1;
   for (const auto& [rank, exit] : exits_) {
-    if (!exit.ok()) return exit.ExitCode();  // only reachable for failures during a teardown
+    // Only reachable for failures during a teardown (and an elastic job's survived losses).
+    if (!exit.ok() && lost_.count(rank) == 0) return exit.ExitCode();
   }
   return 0;
 }
@@ -242,13 +330,24 @@ void JobSupervisor::AppendStderrTail(int rank, std::vector<std::string>& lines) 
 std::string JobSupervisor::Summary() const {
   std::optional<int> blamed = Blamed();
   if (!blamed.has_value() && !signal_.has_value() && !start_failure_.has_value() &&
-      !exited_before_join_.has_value() && !stall_.has_value()) {
-    bool all_ok =
-        std::all_of(exits_.begin(), exits_.end(), [](const auto& e) { return e.second.ok(); });
+      !exited_before_join_.has_value() && !stall_.has_value() && !below_minimum_.has_value()) {
+    bool all_ok = std::all_of(exits_.begin(), exits_.end(), [&](const auto& e) {
+      return e.second.ok() || lost_.count(e.first) > 0;
+    });
     if (all_ok) return "";
   }
   std::vector<std::string> lines;
-  std::set<int> accounted;
+  std::set<int> accounted = lost_;
+  if (below_minimum_.has_value() && !signal_.has_value()) {
+    const int rank = below_minimum_->rank;
+    lines.push_back(absl::StrCat(
+        "rank ", rank, " on ", plan_.HostOf(rank).host, " ", exits_.at(rank).Describe(), "; ",
+        below_minimum_->remaining, below_minimum_->remaining == 1 ? " rank was" : " ranks were",
+        " left, fewer than --min-np ", options_.elastic->min_np, ", and no rank came within ",
+        options_.elastic->timeout.count(), " s (--elastic-timeout), so the job was stopped"));
+    AppendStderrTail(rank, lines);
+    blamed.reset();
+  }
   // A blamed rank that reported failing because of a peer was blamed only because that peer did
   // not fail on its own before the teardown (it exited 0, hung, or was still running): the peer
   // is still the root cause, and the summary says so.
@@ -285,6 +384,8 @@ std::string JobSupervisor::Summary() const {
           peer, " then ", exit != exits_.end() ? exit->second.Describe() : "could not be reaped"));
     }
     AppendStderrTail(peer, lines);
+  } else if (!lines.empty()) {
+    // Already said: the elastic job fell below --min-np.
   } else if (blamed.has_value()) {
     const ExitInfo& exit = exits_.at(*blamed);
     const std::string& host = plan_.HostOf(*blamed).host;
@@ -359,6 +460,7 @@ std::string JobSupervisor::Summary() const {
   }
   if (!unreaped.empty())
     lines.push_back(absl::StrCat(RankRanges(unreaped), " could not be reaped"));
+  if (std::string elastic = ElasticSummary(); !elastic.empty()) lines.push_back(elastic);
   return absl::StrJoin(lines, "\n");
 }
 

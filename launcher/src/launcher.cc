@@ -60,6 +60,20 @@ LaunchSpec WithRestartCount(const LaunchSpec& spec, int restart) {
   return attempt;
 }
 
+// WithElastic is `spec` with its elastic mode told to the ranks (TRAINRUN_ELASTIC and
+// HOROVOD_ELASTIC, TRAINRUN_ELASTIC_TIMEOUT), or `spec` itself when it is not elastic.
+LaunchSpec WithElastic(const LaunchSpec& spec) {
+  if (!spec.elastic.has_value()) return spec;
+  LaunchSpec elastic = spec;
+  elastic.exported.push_back({env::kElastic, "1"});
+  elastic.exported.push_back({env::kHorovodElastic, "1"});
+  // A rank waits a little longer than trainrun does, so that trainrun ends a job below --min-np
+  // with its own message rather than each rank with a timeout.
+  elastic.exported.push_back(
+      {env::kElasticTimeout, std::to_string(spec.elastic->timeout.count() + 30)});
+  return elastic;
+}
+
 struct Attempt {
   int exit_code = 0;
   bool interrupted = false;  // trainrun got SIGINT, SIGTERM or SIGHUP
@@ -106,7 +120,7 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
   if (!output.ok()) return output.status();
   IgnoreSigpipe ignore_sigpipe;
   if (spec.max_restarts == 0) {
-    absl::StatusOr<Attempt> attempt = RunOnce(spec, **output);
+    absl::StatusOr<Attempt> attempt = RunOnce(WithElastic(spec), **output);
     if (!attempt.ok()) return attempt.status();
     return attempt->exit_code;
   }

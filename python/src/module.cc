@@ -25,8 +25,10 @@
 #include "trainrun/collectives/communicator.h"
 #include "trainrun/collectives/errors.h"
 #include "trainrun/collectives/types.h"
+#include "trainrun/rendezvous/client.h"
 #include "trainrun/rendezvous/environment.h"
 #include "trainrun/rendezvous/file_store.h"
+#include "trainrun/rendezvous/generation.h"
 #include "trainrun/rendezvous/memory_store.h"
 
 namespace py = pybind11;
@@ -99,9 +101,73 @@ std::unique_ptr<Communicator> Connect() {
   return std::make_unique<Communicator>(std::make_shared<rendezvous::MemoryStore>(), 0, 1, options);
 }
 
+// ElasticWorld is an elastic worker's hold on its job (TRAINRUN_ELASTIC=1): the rendezvous store it
+// joined through, its slot (its rank at the start), and the generation its communicator is of.
+struct ElasticWorld {
+  std::shared_ptr<rendezvous::Store> store;
+  int slot = 0;
+  int generation = 0;
+  std::chrono::milliseconds timeout{0};  // the longest wait for a next generation
+};
+
+bool ElasticRequested() {
+  auto value = GetEnv(env::kElastic);
+  return value && *value == "1" && GetEnv(env::kRendezvousAddr);
+}
+
+// JoinElastic joins the job like Communicator::FromEnvironment, but keeps the store for the later
+// generations.
+std::unique_ptr<Communicator> JoinElastic(ElasticWorld& elastic) {
+  const auto timeout = std::chrono::milliseconds(env::kTimeoutSeconds.Get() * 1000);
+  auto session = rendezvous::JoinFromEnvironment(timeout);
+  if (!session.ok()) {
+    throw Error(
+        internal::MakeMessage("cannot join the trainrun job: ", session.status().message()));
+  }
+  elastic.store = session->store;
+  elastic.slot = session->assignment.rank;
+  elastic.generation = 0;
+  // trainrun always sets it; the fallback is its default (600 s) and margin (30 s).
+  elastic.timeout =
+      std::chrono::milliseconds(int64_t{GetIntEnv(env::kElasticTimeout, 630, "")} * 1000);
+  collectives::CommunicatorOptions options;
+  options.job_id = session->assignment.job_id;
+  const RankInfo& info = session->assignment;
+  return std::make_unique<Communicator>(elastic.store, info, options);
+}
+
+// JoinNextGeneration waits for the job's next generation (generation.h), then connects to its
+// members with a communicator of its own. Throws Error (not an InternalError, which the elastic
+// loop would answer by waiting again) when none comes in time or this rank is not a member, and
+// what the communicator throws when a member is lost while it connects.
+std::unique_ptr<Communicator> JoinNextGeneration(ElasticWorld& elastic) {
+  absl::StatusOr<rendezvous::Generation> next =
+      rendezvous::WaitForGeneration(*elastic.store, elastic.generation + 1, elastic.timeout);
+  if (!next.ok()) {
+    throw Error(internal::MakeMessage("the rank that started as rank ", elastic.slot,
+                                      " found no generation of the elastic job after generation ",
+                                      elastic.generation, ": ", next.status().message()));
+  }
+  std::optional<RankInfo> place = next->PlaceOf(elastic.slot);
+  if (!place) {
+    throw Error(internal::MakeMessage("slot ", elastic.slot, " is not a member of generation ",
+                                      next->number, " of the elastic job"));
+  }
+  // From here on a failure waits for the generation after this one.
+  elastic.generation = next->number;
+  collectives::CommunicatorOptions options;
+  options.name = internal::MakeMessage("world.g", next->number);
+  auto comm = std::make_unique<Communicator>(elastic.store, *place, options);
+  (void)elastic.store->Set(
+      internal::MakeMessage(rendezvous::GenerationJoinedPrefix(next->number), elastic.slot), "");
+  return comm;
+}
+
 // Runtime is the process's one connection to the job. init() joins the job once; shutdown() stops
 // the communication thread and forgets the process sets, but keeps the connections, so a later
 // init() (as Horovod's test suite and elastic programs do) takes part again with the same rank.
+// An elastic worker's init() after a failed collective, or after the job's membership changed,
+// joins the job's next generation instead: a new rank and size, a new data plane.
 class Runtime {
  public:
   static Runtime& Get() {
@@ -111,11 +177,39 @@ class Runtime {
 
   void Init() {
     if (thread_) return;
-    if (!world_) {
+    {
       py::gil_scoped_release release;
-      world_ = Connect();
+      if (elastic_ && (!world_ || failed_ || world_->broken() || GenerationMoved())) {
+        world_.reset();  // Closes the old data plane first.
+        failed_ = false;
+        world_ = JoinNextGeneration(*elastic_);
+      } else if (!world_) {
+        if (ElasticRequested()) {
+          elastic_.emplace();
+          world_ = JoinElastic(*elastic_);
+        } else {
+          world_ = Connect();
+        }
+      }
     }
     thread_ = std::make_unique<CommThread>(*world_);
+  }
+
+  // NoteFailure: a collective failed with IoError or TimeoutError (of the world or a process set).
+  void NoteFailure() { failed_ = true; }
+  // generation is this worker's generation of an elastic job (0 otherwise, or before a change).
+  int generation() const { return elastic_ ? elastic_->generation : 0; }
+  // LatestGeneration is the job's newest generation (a store call; generation() when not
+  // elastic).
+  int LatestGeneration() {
+    if (!elastic_) return 0;
+    py::gil_scoped_release release;
+    absl::StatusOr<int> latest = rendezvous::LatestGeneration(*elastic_->store);
+    if (!latest.ok()) {
+      throw IoError(internal::MakeMessage("cannot read the elastic job's generation: ",
+                                          latest.status().message()));
+    }
+    return *latest;
   }
 
   void Shutdown() {
@@ -153,6 +247,13 @@ class Runtime {
 
   const RankInfo& info() { return thread().comm().info(); }
 
+ private:
+  bool GenerationMoved() {
+    absl::StatusOr<int> latest = rendezvous::LatestGeneration(*elastic_->store);
+    return latest.ok() && *latest > elastic_->generation;
+  }
+
+ public:
   // AddProcessSet registers the ranks `ranks` (ascending) as the next process set and returns its
   // id; every rank of the job calls it, members get a communicator over the world's connections.
   int AddProcessSet(const std::vector<int>& ranks) {
@@ -206,6 +307,8 @@ class Runtime {
   int next_set_ = 1;
   std::unique_ptr<CommThread> thread_;
   bool forked_ = false;
+  std::optional<ElasticWorld> elastic_;
+  bool failed_ = false;
 };
 
 DataType ToDataType(int code) {
@@ -226,7 +329,15 @@ void Wait(CommThread::Handle handle) {
   while (true) {
     {
       py::gil_scoped_release release;
-      if (thread.WaitFor(handle, kSignalCheckInterval)) return;
+      try {
+        if (thread.WaitFor(handle, kSignalCheckInterval)) return;
+      } catch (const IoError&) {
+        Runtime::Get().NoteFailure();
+        throw;
+      } catch (const TimeoutError&) {
+        Runtime::Get().NoteFailure();
+        throw;
+      }
     }
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
   }
@@ -339,6 +450,12 @@ PYBIND11_MODULE(_core, m) {
       "shutdown", [] { Runtime::Get().Shutdown(); },
       "Finishes pending operations and stops; init() may follow (the connections stay open).");
   m.def("is_initialized", [] { return Runtime::Get().initialized(); });
+  m.def(
+      "generation", [] { return Runtime::Get().generation(); },
+      "This worker's generation of an elastic job (0 before any membership change).");
+  m.def(
+      "latest_generation", [] { return Runtime::Get().LatestGeneration(); },
+      "The elastic job's newest generation, asked of the launcher (0 when not elastic).");
   m.def(
       "rank", [] { return Runtime::Get().info().rank; }, "This process's global rank.");
   m.def(

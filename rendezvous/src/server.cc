@@ -75,6 +75,9 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
   std::vector<RankState> Ranks() const;
   std::vector<PeerFailure> PeerFailures() const;
   std::map<std::string, std::string> ValuesWithPrefix(const std::string& prefix) const;
+  // StoreValue is a Set: stores `value` under `key` and releases the Gets waiting for it.
+  grpc::Status StoreValue(const std::string& key, const std::string& value);
+  void SetCounter(const std::string& key, int64_t value);
   size_t WaitingCalls() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return waiter_count_;
@@ -371,24 +374,27 @@ grpc::ServerUnaryReactor* Server::Impl::Set(grpc::CallbackServerContext* context
                                            request->value().size(), " bytes, over the limit of ",
                                            options_.limits.max_value_bytes, " bytes")));
   }
+  grpc::Status stored = StoreValue(request->key(), request->value());
+  return FinishNow(context, stored);
+}
+
+grpc::Status Server::Impl::StoreValue(const std::string& key, const std::string& value) {
   std::vector<Completion> completions;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto existing = values_.find(request->key());
+    auto existing = values_.find(key);
     const size_t old_bytes =
         existing == values_.end() ? 0 : existing->first.size() + existing->second.size();
-    const size_t new_bytes = request->key().size() + request->value().size();
+    const size_t new_bytes = key.size() + value.size();
     if (stored_bytes_ - old_bytes + new_bytes > options_.limits.max_stored_bytes) {
-      return FinishNow(
-          context,
-          grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                       absl::StrCat("the rendezvous holds ", stored_bytes_, " bytes; storing key '",
-                                    request->key(), "' would pass its limit of ",
-                                    options_.limits.max_stored_bytes, " bytes")));
+      return grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("the rendezvous holds ", stored_bytes_, " bytes; storing key '", key,
+                       "' would pass its limit of ", options_.limits.max_stored_bytes, " bytes"));
     }
     stored_bytes_ = stored_bytes_ - old_bytes + new_bytes;
-    values_[request->key()] = request->value();
-    auto waiting = key_waiters_.find(request->key());
+    values_[key] = value;
+    auto waiting = key_waiters_.find(key);
     if (waiting != key_waiters_.end()) {
       std::vector<Waiter*> waiters = std::move(waiting->second);
       key_waiters_.erase(waiting);
@@ -401,7 +407,14 @@ grpc::ServerUnaryReactor* Server::Impl::Set(grpc::CallbackServerContext* context
     }
   }
   FinishAll(completions);
-  return FinishNow(context, grpc::Status::OK);
+  return grpc::Status::OK;
+}
+
+void Server::Impl::SetCounter(const std::string& key, int64_t value) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto [counter, added] = counters_.emplace(key, 0);
+  if (added) stored_bytes_ += key.size() + 8;
+  counter->second = value;
 }
 
 grpc::Status Server::Impl::FillValues(const proto::GetRequest& request,
@@ -806,6 +819,12 @@ std::map<std::string, std::string> Server::ValuesWithPrefix(const std::string& p
   return impl_->ValuesWithPrefix(prefix);
 }
 size_t Server::WaitingCalls() const { return impl_->WaitingCalls(); }
+absl::Status Server::Set(const std::string& key, const std::string& value) {
+  grpc::Status status = impl_->StoreValue(key, value);
+  if (status.ok()) return absl::OkStatus();
+  return absl::ResourceExhaustedError(status.error_message());
+}
+void Server::SetCounter(const std::string& key, int64_t value) { impl_->SetCounter(key, value); }
 void Server::Shutdown() { impl_->Shutdown(); }
 
 }  // namespace trainrun::rendezvous

@@ -122,6 +122,16 @@ TEST_CASE_METHOD(TrainrunFixture, "bad input: one error line, exit 2, nothing st
       {{"--stall-check-shutdown-time-seconds", "5", "--stall-check-warning-time-seconds", "10",
         "-np", "2", "python"},
        "--stall-check-shutdown-time-seconds 5 is less than the warning time 10"},
+      {{"-np", "2", "--min-np", "3", "python"},
+       "--min-np 3 is more than the job's 2 ranks; give at most -np"},
+      {{"-np", "4", "--min-np", "2", "--max-np", "3", "python"},
+       "--max-np 3 is less than the job's 4 ranks; give at least -np"},
+      {{"-np", "4", "--max-np", "8", "python"},
+       "--max-np is for elastic jobs, which --min-np makes; add --min-np N"},
+      {{"-np", "4", "--elastic-timeout", "8", "python"},
+       "--elastic-timeout is for elastic jobs, which --min-np makes"},
+      {{"-np", "4", "--min-np", "2", "--max-restarts", "1", "python"},
+       "--max-restarts and --min-np are two ways to survive a failure"},
   }));
   CAPTURE(c.args);
   CHECK(Run(c.args) == 2);
@@ -265,6 +275,27 @@ TEST_CASE_METHOD(TrainrunFixture, "the spec carries every flag to the launcher",
   CHECK(spec.ssh_port == 2200);
   CHECK(spec.ssh_identity_file == "/dev/null");
   CHECK_FALSE(spec.dry_run);
+}
+
+TEST_CASE_METHOD(
+    TrainrunFixture,
+    "elastic flags: --min-np (with --max-np and --elastic-timeout) makes an elastic job",
+    "[cli][elastic]") {
+  CHECK(Run({"-np", "4", "python"}) == 0);
+  REQUIRE(launches_.size() == 1);
+  CHECK_FALSE(launches_[0].elastic.has_value());
+  CHECK(Run({"-np", "4", "--min-np", "2", "python"}) == 0);
+  REQUIRE(launches_.size() == 1);
+  REQUIRE(launches_[0].elastic.has_value());
+  CHECK(launches_[0].elastic->min_np == 2);
+  CHECK(launches_[0].elastic->max_np == 4);
+  CHECK(launches_[0].elastic->timeout == std::chrono::seconds(600));
+  CHECK(Run({"-np", "4", "--min_np", "3", "--max-np", "6", "--elastic-timeout", "5", "python"}) ==
+        0);
+  REQUIRE(launches_.size() == 1);
+  CHECK(launches_[0].elastic->min_np == 3);
+  CHECK(launches_[0].elastic->max_np == 6);
+  CHECK(launches_[0].elastic->timeout == std::chrono::seconds(5));
 }
 
 TEST_CASE_METHOD(TrainrunFixture, "launcher errors are reported once and mapped", "[cli]") {

@@ -17,6 +17,7 @@
 #include "spawn.h"
 #include "trainrun/collectives/communicator.h"
 #include "trainrun/rendezvous/file_store.h"
+#include "trainrun/rendezvous/generation.h"
 
 namespace trainrun::collectives {
 namespace {
@@ -218,6 +219,96 @@ TEST_CASE("a rank killed with SIGKILL mid-allreduce: the others raise promptly n
     std::string message((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     INFO("rank " << r << ": " << message);
     CHECK(message.find("rank 1") != std::string::npos);
+  }
+  CHECK(std::system((std::string("rm -rf ") + dir).c_str()) == 0);
+}
+
+// Elastic training's data-plane contract: a rank killed mid-allreduce makes every survivor raise
+// (never hang), over TCP and over shared memory, and the survivors then connect again as the next
+// generation (generation.h: new ranks and size, a communicator of their own) and go on.
+TEST_CASE("survivors of a SIGKILL mid-allreduce raise, then go on as the next generation",
+          "[failure][process][elastic]") {
+  const std::string transport = GENERATE("tcp", "shm");
+  const int n = 4, victim = 2;
+  char dir[] = "/tmp/trainrun-elastic-test-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < n; ++rank) {
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      int code = 3;
+      try {
+        auto store = std::make_shared<rendezvous::FileStore>(dir);
+        CommunicatorOptions options = WithToken("t");
+        options.transport = transport;
+        std::vector<float> x(1 << 18, 1.0f);
+        try {
+          Communicator comm(store, rank, n, options);
+          for (int i = 0; i < 100000; ++i) {
+            if (rank == victim && i == 5) ::raise(SIGKILL);
+            comm.Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
+          }
+        } catch (const IoError&) {
+          code = 5;  // raised as it should; now the next generation
+        }
+        if (code == 5) {
+          // The launcher's part, played by rank 0: publish generation 1 of the survivors.
+          if (rank == 0) {
+            rendezvous::Generation next;
+            next.number = 1;
+            for (int slot = 0; slot < n; ++slot) {
+              if (slot != victim) next.members.push_back({slot, "localhost"});
+            }
+            (void)store->Set(rendezvous::GenerationKey(1), next.Encode());
+            (void)store->Add(rendezvous::kLatestGenerationKey, 1);
+          }
+          auto generation = rendezvous::WaitForGeneration(*store, 1, std::chrono::seconds(20));
+          if (!generation.ok()) ::_exit(6);
+          std::optional<RankInfo> place = generation->PlaceOf(rank);
+          if (!place) ::_exit(7);
+          options.name = "world.g1";
+          Communicator comm(store, *place, options);
+          float one = 1.0f;
+          comm.Allreduce(&one, 1, DataType::kFloat32, ReduceOp::kSum);
+          code = (one == static_cast<float>(n - 1) && comm.size() == n - 1 &&
+                  std::string(comm.transport()) == transport)
+                     ? 0
+                     : 8;
+        }
+      } catch (...) {
+        code = 4;
+      }
+      ::_exit(code);
+    }
+    children.push_back(pid);
+  }
+  auto deadline = Clock::now() + std::chrono::seconds(30);
+  std::vector<int> status(n, -1);
+  int left = n;
+  while (left > 0 && Clock::now() < deadline) {
+    for (int r = 0; r < n; ++r) {
+      int s = 0;
+      if (status[r] == -1 && ::waitpid(children[r], &s, WNOHANG) == children[r]) {
+        status[r] = s;
+        --left;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (int r = 0; r < n; ++r) {
+    if (status[r] == -1) {
+      ::kill(children[r], SIGKILL);
+      ::waitpid(children[r], nullptr, 0);
+    }
+  }
+  REQUIRE(left == 0);
+  CHECK(WIFSIGNALED(status[victim]));
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) continue;
+    INFO("rank " << r << " over " << transport);
+    CHECK(WIFEXITED(status[r]));
+    CHECK(WEXITSTATUS(status[r]) == 0);
   }
   CHECK(std::system((std::string("rm -rf ") + dir).c_str()) == 0);
 }

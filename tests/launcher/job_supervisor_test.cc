@@ -255,3 +255,94 @@ TEST_CASE("the stall inspector: who waits where, who has not joined, and when to
   CHECK(inspector.Update({{1, ""}, {2, ""}}, t0 + seconds(61)).empty());
   CHECK_FALSE(inspector.ShutdownDue(t0 + seconds(200)));
 }
+
+namespace {
+
+using trainrun::launcher::ElasticSpec;
+using trainrun::launcher::MembershipChange;
+
+// An elastic job of n ranks that may go on with `min_np`.
+struct ElasticFixture {
+  ElasticFixture(int n, int min_np, std::chrono::seconds timeout = std::chrono::seconds(600))
+      : plan(Plan(n)),
+        supervisor(
+            io, plan, ranks, Options(min_np, timeout), [this] { done = true; },
+            [this](const MembershipChange& change) { changes.push_back(change); }) {
+    for (int r = 0; r < n; ++r) supervisor.OnRankStarted(r);
+    supervisor.OnStartsComplete();
+  }
+  static SupervisorOptions Options(int min_np, std::chrono::seconds timeout) {
+    SupervisorOptions options;
+    options.elastic = ElasticSpec{min_np, 0, timeout};
+    return options;
+  }
+  boost::asio::io_context io;
+  trainrun::hostfile::SlotPlan plan;
+  FakeRanks ranks;
+  bool done = false;
+  std::vector<MembershipChange> changes;
+  JobSupervisor supervisor;
+};
+
+}  // namespace
+
+TEST_CASE("elastic: a lost rank makes a new generation of the survivors, not a teardown",
+          "[launcher][supervisor][elastic]") {
+  ElasticFixture f(4, 2);
+  auto now = std::chrono::steady_clock::now();
+  f.supervisor.OnRankExit(2, Exit(0, now, SIGKILL));
+  CHECK(f.ranks.terminated == 0);
+  CHECK_FALSE(f.done);
+  REQUIRE(f.changes.size() == 1);
+  CHECK(f.changes[0].generation == 1);
+  CHECK(f.changes[0].lost == 2);
+  CHECK(f.changes[0].members == std::vector<int>{0, 1, 3});
+  CHECK(f.changes[0].why == "rank 2 on localhost was killed by SIGKILL");
+  const std::string line = f.supervisor.OnGenerationFormed(1);
+  CHECK(line.rfind("rank 2 on localhost was killed by SIGKILL; the job goes on at 3 ranks "
+                   "(generation 1, formed by ranks 0-1,3 of the start), recovered in ",
+                   0) == 0);
+  // A second loss: generation 2 of two ranks.
+  f.supervisor.OnRankExit(0, Exit(1, now));
+  REQUIRE(f.changes.size() == 2);
+  CHECK(f.changes[1].members == std::vector<int>{1, 3});
+  CHECK(f.ranks.terminated == 0);
+  for (int r : {1, 3}) f.supervisor.OnRankExit(r, Exit(0, now));
+  CHECK(f.done);
+  CHECK(f.supervisor.exit_code() == 0);
+  CHECK(f.supervisor.Summary().empty());
+  const std::string summary = f.supervisor.ElasticSummary();
+  CHECK(summary.rfind("the job survived 2 membership changes, 2 of 4 ranks remain: rank 2 on "
+                      "localhost was killed by SIGKILL (recovered in ",
+                      0) == 0);
+  CHECK(summary.find("rank 0 on localhost exited with code 1 (not recovered)") !=
+        std::string::npos);
+}
+
+TEST_CASE("elastic: below --min-np the job waits for the elastic timeout, then ends saying why",
+          "[launcher][supervisor][elastic]") {
+  ElasticFixture f(2, 2, std::chrono::seconds(1));
+  const auto lost = std::chrono::steady_clock::now();
+  f.supervisor.OnRankExit(1, Exit(0, lost, SIGKILL));
+  CHECK(f.changes.empty());
+  CHECK(f.ranks.terminated == 0);
+  // The survivor ends while trainrun waits: still not done before the timeout.
+  f.supervisor.OnRankExit(0, Exit(1, lost));
+  CHECK_FALSE(f.done);
+  f.io.run_one();  // the elastic timer
+  CHECK(std::chrono::steady_clock::now() - lost >= std::chrono::seconds(1));
+  CHECK(f.done);
+  CHECK(f.ranks.terminated == 1);
+  CHECK(f.supervisor.exit_code() == 128 + SIGKILL);
+  const std::string summary = f.supervisor.Summary();
+  CHECK(summary.rfind("rank 1 on localhost was killed by SIGKILL; 1 rank was left, fewer than "
+                      "--min-np 2, and no rank came within 1 s (--elastic-timeout), so the job "
+                      "was stopped",
+                      0) == 0);
+}
+
+TEST_CASE("not elastic: the first failure still ends the job", "[launcher][supervisor][elastic]") {
+  Fixture f(4);
+  f.supervisor.OnRankExit(2, Exit(0, std::chrono::steady_clock::now(), SIGKILL));
+  CHECK(f.ranks.terminated == 1);
+}

@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/rendezvous.grpc.pb.h"
 #include "trainrun/rendezvous/client.h"
+#include "trainrun/rendezvous/generation.h"
 
 extern char** environ;
 
@@ -589,6 +590,61 @@ TEST_CASE("An unreachable server is reported by address within the deadline", "[
   CHECK(Clock::now() - start < seconds(3));
   REQUIRE_FALSE(session.ok());
   CHECK(Contains(session.status(), client.address));
+}
+
+TEST_CASE("a worker waiting for the next generation gets it when the launcher publishes it",
+          "[rendezvous][elastic]") {
+  Job job = StartJob(TwoHostPlan());
+  WorkerSession worker = job.JoinAs(2);
+  auto latest = LatestGeneration(*worker.store);
+  REQUIRE(latest.ok());
+  CHECK(*latest == 0);
+  absl::StatusOr<Generation> got;
+  std::thread waiter([&] { got = WaitForGeneration(*worker.store, 1, seconds(10)); });
+  std::this_thread::sleep_for(milliseconds(50));
+  Generation next;
+  next.number = 1;
+  next.members = {{0, "a"}, {2, "b"}};  // rank 1 of host a was lost
+  REQUIRE(job.server->Set(GenerationKey(1), next.Encode()).ok());
+  job.server->SetCounter(kLatestGenerationKey, 1);
+  waiter.join();
+  REQUIRE(got.ok());
+  CHECK(got->number == 1);
+  std::optional<RankPlace> place = got->PlaceOf(2);
+  REQUIRE(place.has_value());
+  CHECK(place->rank == 1);
+  CHECK(place->size == 2);
+  CHECK(place->local_rank == 0);
+  CHECK(place->local_size == 1);
+  CHECK(place->cross_rank == 1);
+  CHECK(place->cross_size == 2);
+  CHECK_FALSE(got->PlaceOf(1).has_value());
+  // A worker that comes late, after generation 2 too, goes to the newest at once.
+  next.number = 2;
+  next.members = {{2, "b"}};
+  REQUIRE(job.server->Set(GenerationKey(2), next.Encode()).ok());
+  job.server->SetCounter(kLatestGenerationKey, 2);
+  auto newest = WaitForGeneration(*worker.store, 1, milliseconds(1));
+  REQUIRE(newest.ok());
+  CHECK(newest->number == 2);
+  CHECK(newest->PlaceOf(2)->rank == 0);
+}
+
+TEST_CASE("a generation's text is checked", "[rendezvous][elastic]") {
+  CHECK(Generation::Decode(1, "0 a\n3 b\n").ok());
+  CHECK_FALSE(Generation::Decode(1, "").ok());
+  CHECK_FALSE(Generation::Decode(1, "0 a\n0 b\n").ok());
+  auto bad = Generation::Decode(4, "x a\n");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(Contains(bad.status(), "generation 4 has a malformed member line 'x a'"));
+  // Local places follow the members' hosts in rank order.
+  auto mixed = Generation::Decode(1, "0 a\n1 b\n4 a\n");
+  REQUIRE(mixed.ok());
+  CHECK(mixed->PlaceOf(4)->rank == 2);
+  CHECK(mixed->PlaceOf(4)->local_rank == 1);
+  CHECK(mixed->PlaceOf(4)->local_size == 2);
+  CHECK(mixed->PlaceOf(4)->cross_size == 1);
+  CHECK(mixed->PlaceOf(1)->cross_rank == 1);
 }
 
 }  // namespace

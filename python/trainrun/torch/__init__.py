@@ -559,3 +559,7 @@ class DistributedSampler(torch.utils.data.distributed.DistributedSampler):
         super().__init__(dataset, num_replicas=size() if num_replicas is None else num_replicas,
                          rank=_trainrun.rank() if rank is None else rank, shuffle=shuffle,
                          seed=seed, drop_last=drop_last)
+
+
+# horovod.torch.elastic as hvd.elastic (imported last: it uses this module).
+from trainrun.torch import elastic  # noqa: E402  pylint: disable=wrong-import-position

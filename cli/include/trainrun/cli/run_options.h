@@ -58,6 +58,9 @@ struct RunOptions {
   int start_timeout_s =  // --start-timeout SECONDS
       static_cast<int>(launcher::kDefaultStartTimeout.count());
   int max_restarts = 0;                          // --max-restarts N
+  std::optional<int> min_np;                     // --min-np N (Horovod elastic)
+  std::optional<int> max_np;                     // --max-np N
+  std::optional<int> elastic_timeout_s;          // --elastic-timeout SECONDS
   bool verbose = false;                          // --verbose
   bool quiet = false;                            // -q/--quiet: no start line, no notes
   std::optional<std::string> log_level;          // --log-level

@@ -97,6 +97,9 @@ class Communicator {
   int rank() const;
   int size() const;
   const RankInfo& info() const;
+  // broken: a collective failed with IoError or TimeoutError, so every later call throws (an
+  // elastic worker then joins the job's next generation with a new communicator).
+  bool broken() const;
   // transport names the transport in use: "shm" or "tcp".
   const char* transport() const;
 

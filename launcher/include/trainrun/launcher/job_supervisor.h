@@ -2,6 +2,11 @@
 // job: every other rank gets SIGTERM, then SIGKILL after the grace period; trainrun exits with that
 // rank's code (128+N for signal N) and prints one summary that blames the first failure.
 //
+// Elastic jobs (SupervisorOptions::elastic, --min-np) differ: a rank that fails while at least
+// min_np others run is lost, not fatal. The survivors become the next generation (new ranks 0..k-1
+// in slot order), announced through `on_membership_change`; the summary counts the changes. When
+// fewer than min_np remain, the job waits up to the elastic timeout, then ends with one sentence.
+//
 // It only decides: events come in (from RankProcessSet locally, from agents for remote hosts),
 // and it acts through RankControl. Call it on the io_context's thread; the rendezvous server,
 // running on its own threads, posts ReportPeerFailure there with boost::asio::post.
@@ -35,6 +40,21 @@ struct SupervisorOptions {
   // After SIGKILL, how long to wait for ranks to be reaped before giving up on them.
   std::chrono::milliseconds kill_timeout{5000};
   int stderr_tail_lines = 10;  // lines of the failed rank's stderr in the summary
+  // Elastic mode (--min-np); unset: the first failure ends the job.
+  std::optional<ElasticSpec> elastic;
+};
+
+// MembershipChange is one change of an elastic job's members: generation `generation` is made of
+// `members` (slots, that is generation-0 ranks, ascending; member i is rank i) after rank `lost`
+// left, `why` saying how ("rank 2 on localhost was killed by SIGKILL").
+struct MembershipChange {
+  int generation = 0;
+  int lost = 0;
+  std::string why;
+  std::vector<int> members;
+  std::chrono::steady_clock::time_point when;  // when the loss was seen
+  // Seconds from the loss to every member's joining the generation; negative until then.
+  double recovery_seconds = -1;
 };
 
 // IsStallDiagnosis: `message` is a waiting rank's timeout ("no progress from rank 0 ...", "rank 0
@@ -44,8 +64,10 @@ bool IsStallDiagnosis(std::string_view message);
 class JobSupervisor {
  public:
   // `on_done` runs once, when every started rank has exited (or the kill timeout passed).
+  // `on_membership_change` (elastic jobs) runs for each new generation, on the io_context's thread.
   JobSupervisor(boost::asio::io_context& io, const hostfile::SlotPlan& plan, RankControl& ranks,
-                SupervisorOptions options, std::function<void()> on_done);
+                SupervisorOptions options, std::function<void()> on_done,
+                std::function<void(const MembershipChange&)> on_membership_change = {});
 
   // OnRankStarted counts a rank the job must wait for.
   void OnRankStarted(int rank);
@@ -73,6 +95,14 @@ class JobSupervisor {
   // the ranks that never joined it, `description` says who waited where (StallInspector).
   void OnStall(std::vector<int> stalled, std::string description);
 
+  // OnGenerationFormed: every member of generation `generation` has joined it (elastic jobs);
+  // records the recovery time and returns the change's one line for the log.
+  std::string OnGenerationFormed(int generation);
+  // MembershipChanges lists an elastic job's changes so far, oldest first.
+  const std::vector<MembershipChange>& MembershipChanges() const { return changes_; }
+  // ElasticSummary is one line counting the membership changes ("" when there were none).
+  std::string ElasticSummary() const;
+
   bool done() const { return done_; }
   // interrupted: trainrun was told to stop (SIGINT, SIGTERM, SIGHUP), whatever the ranks did.
   bool interrupted() const { return signal_.has_value(); }
@@ -86,6 +116,12 @@ class JobSupervisor {
  private:
   void StartTeardown();
   void MaybeDone();
+  // OnElasticLoss handles rank `rank`'s failure in an elastic job: a new generation when enough
+  // ranks remain, else the wait for ranks (WaitForRanks).
+  void OnElasticLoss(int rank, const ExitInfo& exit);
+  void WaitForRanks();
+  // Survivors lists the ranks started and not yet exited, ascending.
+  std::vector<int> Survivors() const;
   // Blamed returns the first failure: the earliest one that happened before the teardown began,
   // preferring ranks that did not report a peer's failure; or, when that rank reported a peer,
   // the end of the chain of reports if that rank's own exit was its own failure (OwnFailure).
@@ -129,6 +165,18 @@ class JobSupervisor {
   bool killed_ = false;
   std::optional<std::chrono::steady_clock::time_point> killed_at_;  // when SIGKILL was sent
   bool done_ = false;
+
+  // Elastic mode.
+  std::function<void(const MembershipChange&)> on_membership_change_;
+  std::vector<MembershipChange> changes_;
+  std::set<int> lost_;  // ranks whose failure the job survived (never blamed)
+  struct BelowMinimum {
+    int rank = 0;         // the failure that left too few ranks
+    int remaining = 0;    // how many ranks were left
+    bool waiting = true;  // the elastic timeout has not yet passed
+  };
+  std::optional<BelowMinimum> below_minimum_;
+  boost::asio::steady_timer elastic_timer_;
 };
 
 }  // namespace trainrun::launcher

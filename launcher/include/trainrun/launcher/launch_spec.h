@@ -31,6 +31,18 @@ enum class HostKeyPolicy {
 
 // The defaults of a launch (the LaunchSpec members below start from them).
 inline constexpr std::chrono::seconds kDefaultStartTimeout{30};
+// --elastic-timeout's default: Horovod's 600 s.
+inline constexpr std::chrono::seconds kDefaultElasticTimeout{600};
+
+// ElasticSpec is Horovod's elastic mode (--min-np, --max-np, --elastic-timeout): a lost rank does
+// not end the job while at least min_np ranks remain; the survivors form a new generation
+// (rendezvous/generation.h) with new ranks 0..k-1. Below min_np the job waits up to `timeout` for
+// ranks, then ends.
+struct ElasticSpec {
+  int min_np = 1;
+  int max_np = 0;  // the most ranks the job may have; with no host discovery, the start's -np
+  std::chrono::seconds timeout = kDefaultElasticTimeout;
+};
 inline constexpr std::chrono::milliseconds kDefaultGracePeriod{3000};
 inline constexpr SshClient kDefaultSshClient = SshClient::kLibssh2;
 inline constexpr HostKeyPolicy kDefaultHostKeyPolicy = HostKeyPolicy::kAcceptNew;
@@ -122,6 +134,9 @@ struct LaunchSpec {
   // the ranks see TRAINRUN_RESTART_COUNT (TORCHELASTIC_RESTART_COUNT). Not after a signal to
   // trainrun, and not in per-node mode.
   int max_restarts = 0;
+  // --min-np (and --max-np, --elastic-timeout): elastic mode; unset: the first failure ends the
+  // job. Not with --max-restarts, not in per-node mode.
+  std::optional<ElasticSpec> elastic;
   // Between SIGTERM and SIGKILL when the job is torn down.
   std::chrono::milliseconds grace_period = kDefaultGracePeriod;
   // --stall-check-warning-time-seconds: a collective that waits this long is reported (which ranks

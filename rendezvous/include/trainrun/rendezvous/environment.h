@@ -41,6 +41,13 @@ inline constexpr char kJobToken[] = "TRAINRUN_JOB_TOKEN";
 // --max-restarts: which start of the job this is (0 the first), and how many restarts it may have.
 inline constexpr char kRestartCount[] = "TRAINRUN_RESTART_COUNT";
 inline constexpr char kMaxRestarts[] = "TRAINRUN_MAX_RESTARTS";
+// --min-np (elastic mode): "1" in every rank, which then, when its communicator breaks, joins the
+// job's next generation (rendezvous/generation.h) instead of failing; and how many seconds a rank
+// waits for that generation (--elastic-timeout, plus a margin so the launcher ends a job first).
+inline constexpr char kElastic[] = "TRAINRUN_ELASTIC";
+inline constexpr char kElasticTimeout[] = "TRAINRUN_ELASTIC_TIMEOUT";
+// Horovod's name for kElastic.
+inline constexpr char kHorovodElastic[] = "HOROVOD_ELASTIC";
 
 // Horovod's names for the same values.
 inline constexpr char kHorovodRank[] = "HOROVOD_RANK";

@@ -126,6 +126,13 @@ class Server {
   // launcher reads the ranks' stall reports, env::kStallKeyPrefix, this way).
   std::map<std::string, std::string> ValuesWithPrefix(const std::string& prefix) const;
 
+  // Set stores `value` under `key` as a worker's Set would, releasing the Gets waiting for it
+  // (the launcher publishes an elastic job's generations this way, generation.h). Fails with
+  // RESOURCE_EXHAUSTED past the storage limit.
+  absl::Status Set(const std::string& key, const std::string& value);
+  // SetCounter sets the counter `key` (Store::Add's) to `value`.
+  void SetCounter(const std::string& key, int64_t value);
+
   // WaitingCalls is the number of Get and Barrier calls waiting now.
   size_t WaitingCalls() const;
 
