@@ -57,6 +57,12 @@ class Transport {
     return false;
   }
 
+  // TryAllgather gathers `bytes` bytes from every rank into `output` (rank order, `bytes` apart)
+  // the transport's own way and returns true, or returns false when it has no such path for this
+  // size (every rank decides alike from `bytes`). `input` may be this rank's place in `output`.
+  virtual bool TryAllgather(const void* /*input*/, void* /*output*/, size_t /*bytes*/) {
+    return false;
+  }
   // name says which transport this is ("tcp", "shm"), for logs and benchmarks.
   virtual const char* name() const = 0;
 };
