@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -404,6 +405,49 @@ void Communicator::Allreduce(const void* input, void* output, size_t count, Data
   auto call = DescribeCall(CollectiveKind::kAllreduce, type, count, static_cast<int>(op), check);
   impl_->Run(call, [&](internal::AlgorithmContext& ctx) {
     Impl::RunAllreduce(ctx, input, output, count, type, op);
+  });
+}
+
+void Communicator::GroupedAllreduce(const std::vector<Buffer>& buffers, DataType type, ReduceOp op,
+                                    const CallCheck& check) {
+  CheckType(type);
+  CheckOp(op);
+  size_t total = 0;
+  std::vector<internal::Transport::Piece> pieces;
+  for (const Buffer& b : buffers) {
+    CheckBuffer(b.data, b.count, "grouped allreduce buffer");
+    total += b.count;
+    if (b.count > 0) pieces.push_back({static_cast<char*>(b.data), b.count});
+  }
+  const size_t e = ElementSize(type);
+  // Pieces that overlap are reduced through one copy, as their concatenation.
+  std::vector<internal::Transport::Piece> sorted = pieces;
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.data < b.data; });
+  bool overlap = false;
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    overlap |= sorted[i - 1].data + sorted[i - 1].count * e > sorted[i].data;
+  }
+  auto call = DescribeCall(CollectiveKind::kAllreduce, type, total, static_cast<int>(op), check);
+  impl_->Run(call, [&](internal::AlgorithmContext& ctx) {
+    if (pieces.size() <= 1) {  // as Allreduce of that buffer (or of nothing)
+      char* data = pieces.empty() ? nullptr : pieces[0].data;
+      Impl::RunAllreduce(ctx, data, data, total, type, op);
+      return;
+    }
+    if (!overlap && ctx.transport.TryAllreducePieces(pieces, total, type, op)) return;
+    std::vector<char> flat(total * e);
+    size_t at = 0;
+    for (const auto& piece : pieces) {
+      std::memcpy(flat.data() + at, piece.data, piece.count * e);
+      at += piece.count * e;
+    }
+    Impl::RunAllreduce(ctx, flat.data(), flat.data(), total, type, op);
+    at = 0;
+    for (const auto& piece : pieces) {
+      std::memcpy(piece.data, flat.data() + at, piece.count * e);
+      at += piece.count * e;
+    }
   });
 }
 

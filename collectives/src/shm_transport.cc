@@ -569,10 +569,61 @@ void ShmTransport::SmallAllreduce(const char* in, char* out, size_t count, DataT
   Post(2 * g + 2);
 }
 
+// Pieces maps element ranges of the concatenation of the pieces onto the pieces.
+struct ShmTransport::Pieces {
+  const std::vector<Piece>& pieces;
+  size_t e;
+  std::vector<size_t> starts;  // element index at which each piece begins
+
+  Pieces(const std::vector<Piece>& p, size_t element) : pieces(p), e(element) {
+    size_t at = 0;
+    for (const Piece& piece : pieces) {
+      starts.push_back(at);
+      at += piece.count;
+    }
+  }
+  // Visit calls fn(piece bytes, offset in the range in bytes, bytes) for elements [begin,
+  // begin+count).
+  template <typename F>
+  void Visit(size_t begin, size_t count, F&& fn) const {
+    size_t i = std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin() - 1;
+    size_t done = 0;
+    while (done < count) {
+      const size_t within = begin + done - starts[i];
+      const size_t k = std::min(pieces[i].count - within, count - done);
+      if (k > 0) fn(pieces[i].data + within * e, done * e, k * e);
+      done += k;
+      ++i;
+    }
+  }
+  void Gather(char* to, size_t begin, size_t count) const {
+    Visit(begin, count,
+          [&](char* piece, size_t at, size_t bytes) { std::memcpy(to + at, piece, bytes); });
+  }
+  void Scatter(const char* from, size_t begin, size_t count) const {
+    Visit(begin, count,
+          [&](char* piece, size_t at, size_t bytes) { std::memcpy(piece, from + at, bytes); });
+  }
+};
+
+bool ShmTransport::TryAllreducePieces(const std::vector<Piece>& pieces, size_t count, DataType type,
+                                      ReduceOp op) {
+  const size_t e = ElementSize(type);
+  if (size_ == 1 || count * e <= std::min(options_.small_bytes, options_.chunk_bytes)) {
+    return false;
+  }
+  Pieces map(pieces, e);
+  SetState(kWorking);
+  ChunkAllreduce(nullptr, nullptr, count, type, op, size_, nullptr, &map);
+  SetState(kOutside);
+  return true;
+}
+
 // Chunk by chunk: copy in what the peers need, reduce this rank's part from every slot, publish
 // it, copy out the peers' parts.
 void ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataType type,
-                                  ReduceOp op, int divisor, const PartAllreduce* across) {
+                                  ReduceOp op, int divisor, const PartAllreduce* across,
+                                  const Pieces* pieces) {
   const size_t e = ElementSize(type);
   const size_t n = static_cast<size_t>(size_);
   // Parts of a chunk are whole cache lines where possible, so ranks do not share lines.
@@ -587,35 +638,53 @@ void ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataT
     };
     const uint32_t g = generation_++;
     char* mine = slot(rank_, g);
-    const char* src = in + begin * e;
-    char* dst = out + begin * e;
     auto [own_begin, own_length] = part(rank_);
-    // Copy in everything but this rank's own part, which only this rank reads (from `in`).
-    std::memcpy(mine, src, own_begin * e);
     const size_t after = own_begin + own_length;
-    std::memcpy(mine + after * e, src + after * e, (length - after) * e);
+    // Copy in everything but this rank's own part, which only this rank reads (from the input).
+    if (pieces != nullptr) {
+      pieces->Gather(mine, begin, own_begin);
+      pieces->Gather(mine + after * e, begin + after, length - after);
+    } else {
+      const char* src = in + begin * e;
+      std::memcpy(mine, src, own_begin * e);
+      std::memcpy(mine + after * e, src + after * e, (length - after) * e);
+    }
     Post(2 * g + 1);
     AwaitSteps(2 * g + 1);
     if (own_length > 0) {
       char* result = mine + own_begin * e;
+      // The first operand of the first reduction: the input in place, or gathered from the pieces.
+      const char* own = in + (begin + own_begin) * e;
+      if (pieces != nullptr) {
+        pieces->Gather(result, begin + own_begin, own_length);
+        own = result;
+      }
       bool first = true;
       for (int p = 0; p < size_; ++p) {
         if (p == rank_) continue;
-        Reduce(type, op, result, first ? src + own_begin * e : result, slot(p, g) + own_begin * e,
-               own_length);
+        Reduce(type, op, result, first ? own : result, slot(p, g) + own_begin * e, own_length);
         first = false;
       }
-      if (first) std::memcpy(result, src + own_begin * e, own_length * e);  // no peers
+      if (first && own != result) std::memcpy(result, own, own_length * e);  // no peers
       if (across != nullptr) (*across)(result, own_length);
       if (op == ReduceOp::kAverage) Divide(type, result, own_length, divisor);
-      std::memcpy(dst + own_begin * e, result, own_length * e);
+      if (pieces != nullptr) {
+        pieces->Scatter(result, begin + own_begin, own_length);
+      } else {
+        std::memcpy(out + (begin + own_begin) * e, result, own_length * e);
+      }
     }
     Post(2 * g + 2);
     AwaitSteps(2 * g + 2);
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
       auto [b, l] = part(p);
-      if (l > 0) std::memcpy(dst + b * e, slot(p, g) + b * e, l * e);
+      if (l == 0) continue;
+      if (pieces != nullptr) {
+        pieces->Scatter(slot(p, g) + b * e, begin + b, l);
+      } else {
+        std::memcpy(out + (begin + b) * e, slot(p, g) + b * e, l * e);
+      }
     }
   }
 }

@@ -81,6 +81,10 @@ class ShmTransport : public Transport {
   void Abort(int peer, const std::string& message) override;
   bool TryAllreduce(const void* input, void* output, size_t count, DataType type,
                     ReduceOp op) override;
+  // Allreduces above ShmOptions::small_bytes gather from and scatter to the pieces chunk by chunk,
+  // as they copy a contiguous buffer in and out: no more copies than one buffer's allreduce.
+  bool TryAllreducePieces(const std::vector<Piece>& pieces, size_t count, DataType type,
+                          ReduceOp op) override;
   // Small allgathers (at most ShmOptions::small_bytes per rank, e.g. the call records every
   // collective exchanges first) go through the allreduce slots: one synchronisation, where the
   // ring over Send/Recv takes n-1 (each a sleep and a wake-up when ranks share cores).
@@ -133,8 +137,10 @@ class ShmTransport : public Transport {
   [[noreturn]] void FailTimeout(int peer);
 
   void SmallAllreduce(const char* in, char* out, size_t count, DataType type, ReduceOp op);
+  // Pieces is a logical buffer made of pieces (TryAllreducePieces); null: `in` and `out`.
+  struct Pieces;
   void ChunkAllreduce(const char* in, char* out, size_t count, DataType type, ReduceOp op,
-                      int divisor, const PartAllreduce* across);
+                      int divisor, const PartAllreduce* across, const Pieces* pieces = nullptr);
   int Global(int r) const { return r + options_.rank_offset; }
 
   ShmSegment segment_;

@@ -34,10 +34,12 @@ int main(int argc, char** argv) {
   }
   for (size_t b = minb; b <= maxb; b *= factor) {
     int count = (int)(b / 4);
-    for (int i = 0; i < warmup; i++) MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    for (int i = 0; i < warmup; i++)
+      MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     MPI_Barrier(MPI_COMM_WORLD);
     double t = MPI_Wtime();
-    for (int i = 0; i < iters; i++) MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    for (int i = 0; i < iters; i++)
+      MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     t = (MPI_Wtime() - t) / iters;
     long long wrong = 0;
     for (int i = 0; i < count; i++) {
