@@ -5,10 +5,13 @@
 # nccl-tests' columns, ours and Open MPI's side by side, and the ratio of the times.
 #
 #   bench/collectives/small_messages.sh [-r ROUNDS] [-n "2 4"] [-b MIN] [-e MAX] [-i ITERS]
-#                                       [-c "quiet loaded"] [-B BUILD_DIR]
+#                                       [-T MS] [-c "quiet loaded"] [-B BUILD_DIR]
 #
 # -r rounds (default 5), -n rank counts (default "2 4"), -b/-e smallest/largest size in bytes
 # (default 8 and 262144, doubling), -i timed iterations per size (default 1000, warm-up 50),
+# -T at least this many milliseconds timed per size (default 100: more iterations than -i where
+# those take less, so that every window spans many scheduler time slices; with a window shorter
+# than one slice a loaded run measures only whether a preemption fell into it),
 # -c conditions: quiet, loaded (one more process spinning, `yes >/dev/null`, for the whole pair),
 # -B the build directory whose bin/trainrun and bin/allreduce_perf to run (default build/).
 # Open MPI's probe (bench/collectives/peers/mpi_allreduce_sizes.c) is built with mpicc into a
@@ -18,18 +21,19 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-rounds=5 nps="2 4" min=8 max=262144 iters=1000 warmup=50 conditions="quiet loaded"
+rounds=5 nps="2 4" min=8 max=262144 iters=1000 warmup=50 min_ms=100 conditions="quiet loaded"
 build=$root/build
-while getopts "r:n:b:e:i:c:B:h" opt; do
+while getopts "r:n:b:e:i:T:c:B:h" opt; do
   case "$opt" in
     r) rounds=$OPTARG ;;
     n) nps=$OPTARG ;;
     b) min=$OPTARG ;;
     e) max=$OPTARG ;;
     i) iters=$OPTARG ;;
+    T) min_ms=$OPTARG ;;
     c) conditions=$OPTARG ;;
     B) build=$(cd "$OPTARG" && pwd) ;;
-    *) sed -n '2,18p' "$0"; exit 2 ;;
+    *) sed -n '2,21p' "$0"; exit 2 ;;
   esac
 done
 for c in $conditions; do
@@ -55,10 +59,10 @@ mpicc -O2 "$here/peers/mpi_allreduce_sizes.c" -o "$work/mpi_allreduce_sizes"
 run() {
   if [[ $1 == ours ]]; then
     "$build/bin/trainrun" -q -np "$2" --no-tag-output "$build/bin/allreduce_perf" \
-      -b "$min" -e "$max" -f 2 -n "$iters" -w "$warmup" -c 1
+      -b "$min" -e "$max" -f 2 -n "$iters" -w "$warmup" -T "$min_ms" -c 1
   else
     mpirun -np "$2" --oversubscribe --bind-to none "$work/mpi_allreduce_sizes" \
-      "$min" "$max" 2 "$iters" "$warmup"
+      "$min" "$max" 2 "$iters" "$warmup" "$min_ms"
   fi | grep -v '^ *#' | awk 'NF == 8' >"$3"
 }
 
@@ -66,7 +70,7 @@ start_busy() { (exec yes >/dev/null) & busy=$!; }
 stop_busy() { kill "$busy"; wait "$busy" 2>/dev/null || true; busy=; }
 
 echo "# $(date -u +%FT%TZ) $(getconf _NPROCESSORS_ONLN) cores, load average $(cut -d' ' -f1-3 /proc/loadavg);" \
-  "$rounds alternating rounds, $iters iterations per size"
+  "$rounds alternating rounds, $iters iterations per size and at least $min_ms ms"
 for ((r = 1; r <= rounds; r++)); do
   for c in $conditions; do
     [[ $c == loaded ]] && start_busy
@@ -86,7 +90,6 @@ for c in $conditions; do
       "ratio = trainrun time / Open MPI time (<= 1: trainrun as fast or faster)"
     printf "# %10s %12s %8s %6s | %-8s %10s %8s %8s %8s | %-8s %10s %8s %8s %8s | %6s\n" \
       size count type redop trainrun time algbw busbw '#wrong' 'Open MPI' time algbw busbw '#wrong' ratio
-    cat "$work"/ours."$c"."$np".* "$work"/mpi."$c"."$np".* >/dev/null
     awk -v np="$np" -v rounds="$rounds" '
       function median(list,   a, k, t, i, j) {
         k = split(list, a, " ")

@@ -2,8 +2,10 @@
  * build/bin/allreduce_perf prints them, so the two line up row by row (bench/collectives/
  * small_messages.sh builds and runs it).
  *
- *   mpirun -np 2 mpi_allreduce_sizes MIN_BYTES MAX_BYTES FACTOR ITERS WARMUP
+ *   mpirun -np 2 mpi_allreduce_sizes MIN_BYTES MAX_BYTES FACTOR ITERS WARMUP [MIN_MS]
  *
+ * MIN_MS (allreduce_perf's -T): time each size over at least that many milliseconds, with more
+ * iterations than ITERS where ITERS take less (every rank decides alike from the slowest window).
  * Time is the mean per operation on the slowest rank, in µs (as allreduce_perf); busbw =
  * algbw * 2(n-1)/n; #wrong counts elements of the last call that differ from the exact sum. */
 #include <mpi.h>
@@ -20,6 +22,7 @@ int main(int argc, char** argv) {
   size_t factor = argc > 3 ? strtoull(argv[3], 0, 10) : 2;
   int iters = argc > 4 ? atoi(argv[4]) : 1000;
   int warmup = argc > 5 ? atoi(argv[5]) : 20;
+  double min_ms = argc > 6 ? atof(argv[6]) : 0;
   if (minb < 4 || maxb < minb || factor < 2 || iters < 1 || warmup < 0) {
     if (!rank) fprintf(stderr, "usage: mpi_allreduce_sizes MIN MAX FACTOR ITERS WARMUP\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
@@ -36,11 +39,20 @@ int main(int argc, char** argv) {
     int count = (int)(b / 4);
     for (int i = 0; i < warmup; i++)
       MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    MPI_Barrier(MPI_COMM_WORLD);
-    double t = MPI_Wtime();
-    for (int i = 0; i < iters; i++)
-      MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    t = (MPI_Wtime() - t) / iters;
+    double t = 0;
+    for (long long k = iters;;) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      double window = MPI_Wtime();
+      for (long long i = 0; i < k; i++)
+        MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      window = MPI_Wtime() - window;
+      t = window / k;
+      double longest;
+      MPI_Allreduce(&window, &longest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      if (longest * 1e3 >= min_ms || k >= (1LL << 26)) break;
+      double scale = 1.2 * min_ms / (longest * 1e3 > 1e-3 ? longest * 1e3 : 1e-3);
+      k = (long long)(k * (scale > 64 ? 64 : scale < 2 ? 2 : scale));
+    }
     long long wrong = 0;
     for (int i = 0; i < count; i++) {
       /* sum over ranks r of (r + 1 + i % 7) */
