@@ -320,19 +320,20 @@ TEST_CASE(
     "an adaptive wait does not spin on a rank that is not running, 'spin' does, and a bad "
     "TRAINRUN_SHM_WAIT is refused",
     "[shm][process]") {
-  // Rank 1 computes for 300 ms before it joins; rank 0 may spin 250 ms (TRAINRUN_SPIN_MICROSECONDS)
-  // and reports the CPU time its wait took.
+  // Rank 1 computes for 1 s before it joins; rank 0 may spin 0.9 s (TRAINRUN_SPIN_MICROSECONDS)
+  // and reports the CPU time its wait took. (A long budget, so that a spinning waiter uses far
+  // more CPU than a sleeping one even when a busy machine gives it a small share of a core.)
   auto cpu_ms_of_wait = [](const char* policy) {
     TempDir dir;
     auto status = RunProcesses(
         2,
         [&](int rank) {
           ::setenv("TRAINRUN_SHM_WAIT", policy, 1);
-          ::setenv("TRAINRUN_SPIN_MICROSECONDS", "250000", 1);
+          ::setenv("TRAINRUN_SPIN_MICROSECONDS", "900000", 1);
           auto store = std::make_shared<rendezvous::FileStore>(dir.path);
           Communicator comm(store, rank, 2, Options("shm"));
           comm.Barrier();
-          if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
           double x = 1;
           const double before = ThreadCpuMs();
           comm.Allreduce(&x, 1, DataType::kFloat64, ReduceOp::kSum);
