@@ -7,7 +7,9 @@
 //
 // Flags as nccl-tests: -b/-e smallest/largest size in bytes (K, M, G suffixes), -f factor between
 // sizes, -n timed iterations, -w warm-up iterations, -c 1 to count wrong elements, -d type
-// (float, double, half, bfloat16, int32, int64, uint8, int8), -o op (sum, prod, min, max, avg).
+// (float, double, half, bfloat16, int32, int64, uint8, int8), -o op (sum, prod, min, max, avg);
+// beyond nccl-tests, -T MS: time each size over at least MS milliseconds (more iterations than -n
+// where -n takes less), so that a window spans many scheduler time slices on a busy machine.
 // Time is the mean per operation on the slowest rank, in µs; algbw = size / time; busbw as
 // nccl-tests: allreduce algbw·2(n-1)/n, allgather and reduce_scatter algbw·(n-1)/n, broadcast
 // algbw.
@@ -41,6 +43,7 @@ struct Flags {
   size_t factor = 2;
   int iters = 20;
   int warmup = 5;
+  double min_ms = 0;  // -T
   bool check = true;
   DataType type = DataType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
@@ -111,6 +114,8 @@ Flags ParseFlags(int argc, char** argv) {
       flags.iters = std::atoi(value);
     else if (flag == "-w")
       flags.warmup = std::atoi(value);
+    else if (flag == "-T")
+      flags.min_ms = std::atof(value);
     else if (flag == "-c")
       flags.check = std::atoi(value) != 0;
     else if (flag == "-d")
@@ -271,11 +276,21 @@ void Measure(Communicator& comm, const Flags& flags, Collective collective, size
     }
   };
   for (int i = 0; i < flags.warmup; ++i) once();
-  comm.Barrier();
-  auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < flags.iters; ++i) once();
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
-                   std::max(1, flags.iters);
+  // -n iterations; with -T, again with more until the slowest rank's window is long enough (every
+  // rank decides alike, from that slowest window).
+  double seconds = 0;
+  for (int64_t iters = std::max(1, flags.iters);;) {
+    comm.Barrier();
+    auto start = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < iters; ++i) once();
+    double window = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    seconds = window / static_cast<double>(iters);
+    double longest = 0;
+    comm.Allreduce(&window, &longest, 1, DataType::kFloat64, ReduceOp::kMax);
+    if (longest * 1e3 >= flags.min_ms || iters >= (int64_t{1} << 26)) break;
+    const double scale = 1.2 * flags.min_ms / std::max(longest * 1e3, 1e-3);
+    iters = static_cast<int64_t>(static_cast<double>(iters) * std::min(64.0, std::max(2.0, scale)));
+  }
 
   int64_t wrong = 0;
   if (flags.check) {

@@ -287,6 +287,10 @@ void Allgatherv(AlgorithmContext& ctx, const void* input, void* output,
     std::memmove(out + offset[r], input, counts[r] * e);
   }
   if (n == 1 || largest == 0) return;
+  if (std::all_of(counts.begin(), counts.end(), [&](size_t c) { return c == counts[0]; }) &&
+      t.TryAllgather(out + offset[r], out, counts[r] * e)) {
+    return;
+  }
   const size_t segment = std::max<size_t>(e, ctx.segment_bytes / e * e);
   const int segments = static_cast<int>(std::max<size_t>(1, (largest + segment - 1) / segment));
   auto block_span = [&](int b, int k) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -24,6 +25,12 @@ namespace {
 // StallWatch publishes, through the rendezvous, a collective that has waited longer than the stall
 // warning time (env::kStallWarningSeconds), so that the launcher can say which ranks wait in which
 // collective and which have not joined it; and clears it when the collective completes.
+//
+// A collective only notes, under an uncontended lock, which it is and since when: it never wakes
+// the thread. The thread sleeps until the collective it last saw would be due (or a whole warning
+// time when none was running), so it wakes about once per warning time, and a collective that
+// started while it slept is due no earlier than it wakes. Waking it per collective cost a thread
+// switch and a contended lock per call (hundreds of µs per small allreduce on a loaded machine).
 class StallWatch {
  public:
   StallWatch(rendezvous::Store& store, int rank, std::string communicator)
@@ -40,17 +47,16 @@ class StallWatch {
     if (thread_.joinable()) thread_.join();
   }
 
+  // `op` must outlive the communicator (the collectives pass string literals).
   void Enter(const char* op) {
     if (warning_.count() == 0) return;
+    const auto now = std::chrono::steady_clock::now();
     std::lock_guard<std::mutex> lock(mutex_);
     if (!thread_.joinable()) thread_ = std::thread([this] { Watch(); });
-    op_ = MakeMessage(op, " #", ++sequence_,
-                      communicator_.empty() || communicator_ == "world"
-                          ? ""
-                          : MakeMessage(" of '", communicator_, "'"));
-    since_ = std::chrono::steady_clock::now();
+    op_ = op;
+    ++sequence_;
+    since_ = now;
     in_collective_ = true;
-    wake_.notify_all();
   }
 
   void Leave() {
@@ -70,7 +76,7 @@ class StallWatch {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stop_) {
       if (!in_collective_ || published_) {
-        wake_.wait_for(lock, std::chrono::seconds(1));
+        wake_.wait_for(lock, warning_);
         continue;
       }
       auto due = since_ + warning_;
@@ -79,7 +85,10 @@ class StallWatch {
         continue;
       }
       published_ = true;
-      std::string value = op_;
+      std::string value = MakeMessage(op_, " #", sequence_,
+                                      communicator_.empty() || communicator_ == "world"
+                                          ? ""
+                                          : MakeMessage(" of '", communicator_, "'"));
       lock.unlock();
       (void)store_.Set(key_, value);
       lock.lock();
@@ -97,7 +106,7 @@ class StallWatch {
   bool in_collective_ = false;
   bool published_ = false;
   uint64_t sequence_ = 0;
-  std::string op_;
+  const char* op_ = "";
   std::chrono::steady_clock::time_point since_;
 };
 
@@ -135,6 +144,20 @@ class Communicator::Impl {
     internal::ShmOptions shm;
     shm.timeout = tcp.timeout;
     shm.spin = tcp.spin;
+    const std::string wait = env::kShmWait.Get();
+    if (wait == "adaptive") {
+      // An adaptive wait spins only while the ranks waited on run on other CPUs, so it may spin
+      // however many ranks share the cores.
+      shm.wait = internal::ShmWait::kAdaptive;
+      shm.spin = std::chrono::microseconds(std::max<int64_t>(0, env::kSpinMicroseconds.Get()));
+    } else if (wait == "spin") {
+      shm.wait = internal::ShmWait::kSpin;
+    } else if (wait == "sleep") {
+      shm.wait = internal::ShmWait::kSleep;
+    } else {
+      throw InvalidArgumentError(
+          MakeMessage(env::kShmWait.name, " is '", wait, "'; set it to adaptive, spin or sleep"));
+    }
     shm.chunk_bytes = static_cast<size_t>(std::max<int64_t>(4096, env::kShmChunkBytes.Get()));
     shm.small_bytes = static_cast<size_t>(std::max<int64_t>(0, env::kShmSmallBytes.Get()));
     shm.channel_bytes = static_cast<size_t>(std::max<int64_t>(4096, env::kShmChannelBytes.Get()));
@@ -384,6 +407,49 @@ void Communicator::Allreduce(const void* input, void* output, size_t count, Data
   auto call = DescribeCall(CollectiveKind::kAllreduce, type, count, static_cast<int>(op), check);
   impl_->Run(call, [&](internal::AlgorithmContext& ctx) {
     Impl::RunAllreduce(ctx, input, output, count, type, op);
+  });
+}
+
+void Communicator::GroupedAllreduce(const std::vector<Buffer>& buffers, DataType type, ReduceOp op,
+                                    const CallCheck& check) {
+  CheckType(type);
+  CheckOp(op);
+  size_t total = 0;
+  std::vector<internal::Transport::Piece> pieces;
+  for (const Buffer& b : buffers) {
+    CheckBuffer(b.data, b.count, "grouped allreduce buffer");
+    total += b.count;
+    if (b.count > 0) pieces.push_back({static_cast<char*>(b.data), b.count});
+  }
+  const size_t e = ElementSize(type);
+  // Pieces that overlap are reduced through one copy, as their concatenation.
+  std::vector<internal::Transport::Piece> sorted = pieces;
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.data < b.data; });
+  bool overlap = false;
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    overlap |= sorted[i - 1].data + sorted[i - 1].count * e > sorted[i].data;
+  }
+  auto call = DescribeCall(CollectiveKind::kAllreduce, type, total, static_cast<int>(op), check);
+  impl_->Run(call, [&](internal::AlgorithmContext& ctx) {
+    if (pieces.size() <= 1) {  // as Allreduce of that buffer (or of nothing)
+      char* data = pieces.empty() ? nullptr : pieces[0].data;
+      Impl::RunAllreduce(ctx, data, data, total, type, op);
+      return;
+    }
+    if (!overlap && ctx.transport.TryAllreducePieces(pieces, total, type, op)) return;
+    std::vector<char> flat(total * e);
+    size_t at = 0;
+    for (const auto& piece : pieces) {
+      std::memcpy(flat.data() + at, piece.data, piece.count * e);
+      at += piece.count * e;
+    }
+    Impl::RunAllreduce(ctx, flat.data(), flat.data(), total, type, op);
+    at = 0;
+    for (const auto& piece : pieces) {
+      std::memcpy(piece.data, flat.data() + at, piece.count * e);
+      at += piece.count * e;
+    }
   });
 }
 

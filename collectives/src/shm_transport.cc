@@ -22,6 +22,19 @@ namespace {
 
 constexpr size_t kPage = 4096;
 constexpr auto kSleepSlice = std::chrono::microseconds(20000);
+// An adaptive wait spins this long whatever the peers do (a peer may be copying or reducing, which
+// publishes nothing), unless the peer waited on last ran on this very CPU.
+constexpr auto kGrace = std::chrono::microseconds(4);
+// A spinning peer's heartbeat that has not moved for this long means it is not running (preempted).
+constexpr auto kBeatWindow = std::chrono::microseconds(4);
+// Spinning waiters beat, check the clock and look at their peers every this many polls.
+constexpr int kPollsPerCheck = 16;
+
+// Control::state values.
+constexpr uint32_t kOutside = 0;   // not in a transport operation (computing, or between calls)
+constexpr uint32_t kWorking = 1;   // copying, reducing, or about to wait
+constexpr uint32_t kSpinning = 2;  // spinning in a wait (heartbeat moving while it runs)
+constexpr uint32_t kSleeping = 3;  // asleep on a futex
 
 size_t RoundUp(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
@@ -34,13 +47,23 @@ inline void CpuRelax() { __builtin_ia32_pause(); }
 
 // Control is one rank's block: counters others wait on, each on its own cache line.
 struct ShmTransport::Control {
-  alignas(64) std::atomic<uint32_t> step;  // allreduce progress (see TryAllreduce)
-  std::atomic<uint32_t> step_waiters;
+  alignas(64) std::atomic<uint32_t> step;      // allreduce progress (see TryAllreduce)
   alignas(64) std::atomic<uint32_t> doorbell;  // bumped when a ring to or from this rank moved
   std::atomic<uint32_t> doorbell_waiters;
+  alignas(64) std::atomic<uint32_t> state;  // kOutside, kWorking, kSpinning, kSleeping
+  std::atomic<int32_t> cpu;                 // the CPU it was on when it last set state or beat
+  std::atomic<uint32_t> beat;               // bumped while it spins
   alignas(64) std::atomic<int32_t> pid;
   std::atomic<int32_t> culprit;  // 0, or 1 + the rank this rank failed because of
   std::atomic<uint32_t> closed;  // 1 once this rank closed its communicator
+};
+
+// Shared is the block every rank's allreduce steps meet on: `epoch` moves whenever a step has been
+// reached by every rank (and on a failure), so that a rank waiting for all its peers sleeps on one
+// word and is woken once, by the last to arrive, instead of once per peer.
+struct ShmTransport::Shared {
+  alignas(64) std::atomic<uint32_t> epoch;
+  std::atomic<uint32_t> epoch_waiters;
 };
 
 // Channel is the state of the ring from one rank to another: bytes ever written and ever read.
@@ -51,27 +74,26 @@ struct ShmTransport::Channel {
 
 // WaitClock tracks one wait: when it started spinning, and when it must give up.
 struct ShmTransport::WaitClock {
+  Clock::time_point start;
   Clock::time_point spin_until;
   Clock::time_point deadline;
   int polls = 0;
+  bool gave_up = false;  // an adaptive wait that stopped spinning
 
-  explicit WaitClock(const ShmOptions& options) {
-    auto now = Clock::now();
-    spin_until = now + options.spin;
-    deadline = now + options.timeout;
-  }
+  explicit WaitClock(const ShmOptions& options) { Moved(options); }
   void Moved(const ShmOptions& options) {
     polls = 0;
-    auto now = Clock::now();
-    spin_until = now + options.spin;
-    deadline = now + options.timeout;
+    gave_up = false;
+    start = Clock::now();
+    spin_until = start + options.spin;
+    deadline = start + options.timeout;
   }
 };
 
 size_t ShmTransport::SegmentBytes(int size, const ShmOptions& options) {
   const size_t n = static_cast<size_t>(size);
   size_t bytes = kHeaderBytes;
-  bytes += RoundUp(n * sizeof(Control), kPage);
+  bytes += RoundUp(sizeof(Shared) + n * sizeof(Control), kPage);
   bytes += RoundUp(n * n * sizeof(Channel), kPage);
   bytes += n * n * RoundUp(options.channel_bytes, kPage);
   bytes += n * 2 * RoundUp(options.chunk_bytes, kPage);
@@ -84,14 +106,16 @@ ShmTransport::ShmTransport(ShmSegment segment, int rank, int size, ShmOptions op
       size_(size),
       options_(options),
       sends_(size),
-      recvs_(size) {
+      recvs_(size),
+      last_beat_(size),
+      last_change_(size) {
   options_.channel_bytes = RoundUp(options_.channel_bytes, kPage);
   options_.chunk_bytes = RoundUp(options_.chunk_bytes, kPage);
   const size_t n = static_cast<size_t>(size);
   TRAINRUN_ENFORCE(segment_.bytes() == SegmentBytes(size, options_), "segment of ",
                    segment_.bytes(), " bytes for a layout of ", SegmentBytes(size, options_));
   controls_offset_ = kHeaderBytes;
-  channels_offset_ = controls_offset_ + RoundUp(n * sizeof(Control), kPage);
+  channels_offset_ = controls_offset_ + RoundUp(sizeof(Shared) + n * sizeof(Control), kPage);
   rings_offset_ = channels_offset_ + RoundUp(n * n * sizeof(Channel), kPage);
   slots_offset_ = rings_offset_ + n * n * options_.channel_bytes;
   pid_ = ::getpid();
@@ -144,13 +168,18 @@ void ShmTransport::Watch(std::vector<int> pidfds) {
     // Wake this rank wherever it sleeps: on its doorbell, or on a peer's step.
     peer_ended_.store(true);
     FutexWakeAll(&control(rank_).doorbell);
-    for (int p = 0; p < size_; ++p) FutexWakeAll(&control(p).step);
+    shared().epoch.fetch_add(1);
+    FutexWakeAll(&shared().epoch);
     if (pidfds.empty()) return;
   }
 }
 
 ShmTransport::Control& ShmTransport::control(int r) const {
-  return reinterpret_cast<Control*>(segment_.data() + controls_offset_)[r];
+  return reinterpret_cast<Control*>(segment_.data() + controls_offset_ + sizeof(Shared))[r];
+}
+
+ShmTransport::Shared& ShmTransport::shared() const {
+  return *reinterpret_cast<Shared*>(segment_.data() + controls_offset_);
 }
 
 ShmTransport::Channel& ShmTransport::channel(int from, int to) const {
@@ -178,6 +207,7 @@ Request ShmTransport::NewRequest(size_t bytes) {
 Request ShmTransport::Send(int peer, const void* data, size_t bytes) {
   TRAINRUN_ENFORCE(peer >= 0 && peer < size_ && peer != rank_, "send to rank ", peer);
   Request request = NewRequest(bytes);
+  SetState(kWorking);
   if (bytes > 0) {
     sends_[peer].push_back(Op{static_cast<char*>(const_cast<void*>(data)), bytes, request});
     ProgressSend(peer);
@@ -188,6 +218,7 @@ Request ShmTransport::Send(int peer, const void* data, size_t bytes) {
 Request ShmTransport::Recv(int peer, void* data, size_t bytes) {
   TRAINRUN_ENFORCE(peer >= 0 && peer < size_ && peer != rank_, "receive from rank ", peer);
   Request request = NewRequest(bytes);
+  SetState(kWorking);
   if (bytes > 0) recvs_[peer].push_back(Op{static_cast<char*>(data), bytes, request});
   return request;
 }
@@ -287,6 +318,7 @@ void ShmTransport::Wait(Request request) {
     }
     Idle(me.doorbell, me.doorbell_waiters, seen, clock, blame);
   }
+  SetState(kWorking);
 }
 
 void ShmTransport::WaitAll() {
@@ -299,10 +331,70 @@ void ShmTransport::WaitAll() {
 
 // --- Waiting and failure ----------------------------------------------------------------------
 
+void ShmTransport::SetState(uint32_t state) {
+  if (state == state_) return;
+  state_ = state;
+  Control& me = control(rank_);
+  me.cpu.store(::sched_getcpu(), std::memory_order_relaxed);
+  me.state.store(state, std::memory_order_relaxed);
+}
+
+bool ShmTransport::KeepSpinning(int blame, Clock::time_point now, bool grace) {
+  auto running = [&](int p) {
+    const Control& c = control(p);
+    if (c.cpu.load(std::memory_order_relaxed) == cpu_) return false;  // this CPU is ours
+    if (grace) return true;
+    const uint32_t state = c.state.load(std::memory_order_relaxed);
+    if (state == kWorking) return true;
+    if (state != kSpinning) return false;  // asleep, or outside the transport
+    const uint32_t beat = c.beat.load(std::memory_order_relaxed);
+    if (beat != last_beat_[p]) {
+      last_beat_[p] = beat;
+      last_change_[p] = now;
+    }
+    return now - last_change_[p] < kBeatWindow;
+  };
+  if (awaiting_step_) {
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_ && !Reached(control(p).step.load(std::memory_order_relaxed), awaited_step_) &&
+          !running(p)) {
+        return false;
+      }
+    }
+    return true;
+  }
+  return blame < 0 || running(blame);
+}
+
 void ShmTransport::Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, uint32_t seen,
                         WaitClock& clock, int blame) {
   ++clock.polls;
-  if (options_.spin.count() > 0) {
+  if (options_.wait == ShmWait::kAdaptive && options_.spin.count() > 0 && !clock.gave_up) {
+    if (clock.polls == 1) {
+      // A new wait: every peer's heartbeat starts from what it is now.
+      for (int p = 0; p < size_; ++p) {
+        last_beat_[p] = control(p).beat.load(std::memory_order_relaxed);
+        last_change_[p] = clock.start;
+      }
+    } else if (clock.polls % kPollsPerCheck != 0) {
+      CpuRelax();
+      return;
+    }
+    Control& me = control(rank_);
+    cpu_ = ::sched_getcpu();
+    SetState(kSpinning);
+    me.cpu.store(cpu_, std::memory_order_relaxed);
+    me.beat.store(me.beat.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    if ((clock.polls & 4095) == 0 || peer_ended_.load(std::memory_order_relaxed)) {
+      CheckPeers(blame);
+    }
+    const auto now = Clock::now();
+    if (now < clock.spin_until && KeepSpinning(blame, now, now - clock.start < kGrace)) {
+      CpuRelax();
+      return;
+    }
+    clock.gave_up = true;  // this wait sleeps from now on, until something moves
+  } else if (options_.wait == ShmWait::kSpin && options_.spin.count() > 0) {
     if ((clock.polls & 255) != 0 || Clock::now() < clock.spin_until) {
       CpuRelax();
       if ((clock.polls & 4095) == 0 || peer_ended_.load(std::memory_order_relaxed)) {
@@ -310,13 +402,15 @@ void ShmTransport::Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& wait
       }
       return;
     }
-  } else if (clock.polls < 16) {
+  } else if (options_.wait == ShmWait::kSpin && clock.polls < 16) {
     ::sched_yield();  // more ranks than cores: let the one we wait for run
     return;
   }
+  SetState(kSleeping);
   waiters.fetch_add(1);
   FutexWait(&word, seen, kSleepSlice);
   waiters.fetch_sub(1);
+  SetState(kWorking);
   CheckPeers(blame);
   if (Clock::now() > clock.deadline) FailTimeout(blame);
 }
@@ -369,7 +463,8 @@ void ShmTransport::Abort(int peer, const std::string& message) {
   Control& me = control(rank_);
   me.culprit.store(peer >= 0 ? peer + 1 : rank_ + 1, std::memory_order_release);
   me.step.fetch_add(0x10000000);  // wakes whoever waits on this rank's steps
-  FutexWakeAll(&me.step);
+  shared().epoch.fetch_add(1);
+  FutexWakeAll(&shared().epoch);
   for (int p = 0; p < size_; ++p) {
     if (p != rank_) Ring(p);
   }
@@ -378,26 +473,40 @@ void ShmTransport::Abort(int peer, const std::string& message) {
 // --- Allreduce --------------------------------------------------------------------------------
 
 void ShmTransport::Post(uint32_t step) {
-  Control& me = control(rank_);
-  me.step.store(step);
-  if (me.step_waiters.load() != 0) FutexWakeAll(&me.step);
+  control(rank_).step.store(step);
+  // The rank that completes a step for everyone moves the epoch and wakes the sleepers. (Stores
+  // and loads here are sequentially consistent: of two ranks posting at once, one sees the other's
+  // step; a waiter that read the epoch before it moved does not sleep on it.)
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_ && !Reached(control(p).step.load(), step)) return;
+  }
+  Shared& all = shared();
+  all.epoch.fetch_add(1);
+  if (all.epoch_waiters.load() != 0) FutexWakeAll(&all.epoch);
 }
 
 void ShmTransport::AwaitSteps(uint32_t step) {
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
-    Control& c = control(p);
-    WaitClock clock(options_);
-    awaiting_step_ = true;
-    awaited_step_ = step;
-    for (;;) {
-      const uint32_t seen = c.step.load();
-      if (Reached(seen, step) && c.culprit.load(std::memory_order_relaxed) == 0) break;
-      if (c.culprit.load() != 0) CheckPeers(p);
-      Idle(c.step, c.step_waiters, seen, clock, p);
+  Shared& all = shared();
+  WaitClock clock(options_);
+  awaiting_step_ = true;
+  awaited_step_ = step;
+  int last_missing = -1;
+  for (;;) {
+    const uint32_t seen = all.epoch.load();
+    int missing = -1;
+    for (int p = 0; p < size_ && missing < 0; ++p) {
+      if (p == rank_) continue;
+      Control& c = control(p);
+      if (c.culprit.load(std::memory_order_relaxed) != 0) CheckPeers(p);
+      if (!Reached(c.step.load(), step)) missing = p;
     }
+    if (missing < 0) break;
+    if (last_missing >= 0 && missing != last_missing) clock.Moved(options_);  // one arrived
+    last_missing = missing;
+    Idle(all.epoch, all.epoch_waiters, seen, clock, missing);
   }
   awaiting_step_ = false;
+  SetState(kWorking);
 }
 
 bool ShmTransport::TryAllreduce(const void* input, void* output, size_t count, DataType type,
@@ -410,11 +519,13 @@ bool ShmTransport::TryAllreduce(const void* input, void* output, size_t count, D
     if (in != out) std::memcpy(out, in, count * e);
     return true;
   }
+  SetState(kWorking);
   if (count * e <= std::min(options_.small_bytes, options_.chunk_bytes)) {
     SmallAllreduce(in, out, count, type, op);
   } else {
     ChunkAllreduce(in, out, count, type, op, size_, nullptr);
   }
+  SetState(kOutside);
   return true;
 }
 
@@ -422,8 +533,26 @@ void ShmTransport::AllreduceAcrossGroups(const void* input, void* output, size_t
                                          DataType type, ReduceOp op, int divisor,
                                          const PartAllreduce& across) {
   if (count == 0) return;
+  SetState(kWorking);
   ChunkAllreduce(static_cast<const char*>(input), static_cast<char*>(output), count, type, op,
                  divisor, &across);
+  SetState(kOutside);
+}
+
+bool ShmTransport::TryAllgather(const void* input, void* output, size_t bytes) {
+  if (size_ == 1 || bytes == 0 || bytes > std::min(options_.small_bytes, options_.chunk_bytes)) {
+    return false;
+  }
+  SetState(kWorking);
+  char* out = static_cast<char*>(output);
+  const uint32_t g = generation_++;
+  std::memcpy(slot(rank_, g), input, bytes);
+  Post(2 * g + 1);
+  AwaitSteps(2 * g + 1);
+  for (int p = 0; p < size_; ++p) std::memcpy(out + p * bytes, slot(p, g), bytes);
+  Post(2 * g + 2);
+  SetState(kOutside);
+  return true;
 }
 
 // Every rank copies its input to its slot, then reduces all slots in rank order.
@@ -440,10 +569,61 @@ void ShmTransport::SmallAllreduce(const char* in, char* out, size_t count, DataT
   Post(2 * g + 2);
 }
 
+// Pieces maps element ranges of the concatenation of the pieces onto the pieces.
+struct ShmTransport::Pieces {
+  const std::vector<Piece>& pieces;
+  size_t e;
+  std::vector<size_t> starts;  // element index at which each piece begins
+
+  Pieces(const std::vector<Piece>& p, size_t element) : pieces(p), e(element) {
+    size_t at = 0;
+    for (const Piece& piece : pieces) {
+      starts.push_back(at);
+      at += piece.count;
+    }
+  }
+  // Visit calls fn(piece bytes, offset in the range in bytes, bytes) for elements [begin,
+  // begin+count).
+  template <typename F>
+  void Visit(size_t begin, size_t count, F&& fn) const {
+    size_t i = std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin() - 1;
+    size_t done = 0;
+    while (done < count) {
+      const size_t within = begin + done - starts[i];
+      const size_t k = std::min(pieces[i].count - within, count - done);
+      if (k > 0) fn(pieces[i].data + within * e, done * e, k * e);
+      done += k;
+      ++i;
+    }
+  }
+  void Gather(char* to, size_t begin, size_t count) const {
+    Visit(begin, count,
+          [&](char* piece, size_t at, size_t bytes) { std::memcpy(to + at, piece, bytes); });
+  }
+  void Scatter(const char* from, size_t begin, size_t count) const {
+    Visit(begin, count,
+          [&](char* piece, size_t at, size_t bytes) { std::memcpy(piece, from + at, bytes); });
+  }
+};
+
+bool ShmTransport::TryAllreducePieces(const std::vector<Piece>& pieces, size_t count, DataType type,
+                                      ReduceOp op) {
+  const size_t e = ElementSize(type);
+  if (size_ == 1 || count * e <= std::min(options_.small_bytes, options_.chunk_bytes)) {
+    return false;
+  }
+  Pieces map(pieces, e);
+  SetState(kWorking);
+  ChunkAllreduce(nullptr, nullptr, count, type, op, size_, nullptr, &map);
+  SetState(kOutside);
+  return true;
+}
+
 // Chunk by chunk: copy in what the peers need, reduce this rank's part from every slot, publish
 // it, copy out the peers' parts.
 void ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataType type,
-                                  ReduceOp op, int divisor, const PartAllreduce* across) {
+                                  ReduceOp op, int divisor, const PartAllreduce* across,
+                                  const Pieces* pieces) {
   const size_t e = ElementSize(type);
   const size_t n = static_cast<size_t>(size_);
   // Parts of a chunk are whole cache lines where possible, so ranks do not share lines.
@@ -458,35 +638,53 @@ void ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataT
     };
     const uint32_t g = generation_++;
     char* mine = slot(rank_, g);
-    const char* src = in + begin * e;
-    char* dst = out + begin * e;
     auto [own_begin, own_length] = part(rank_);
-    // Copy in everything but this rank's own part, which only this rank reads (from `in`).
-    std::memcpy(mine, src, own_begin * e);
     const size_t after = own_begin + own_length;
-    std::memcpy(mine + after * e, src + after * e, (length - after) * e);
+    // Copy in everything but this rank's own part, which only this rank reads (from the input).
+    if (pieces != nullptr) {
+      pieces->Gather(mine, begin, own_begin);
+      pieces->Gather(mine + after * e, begin + after, length - after);
+    } else {
+      const char* src = in + begin * e;
+      std::memcpy(mine, src, own_begin * e);
+      std::memcpy(mine + after * e, src + after * e, (length - after) * e);
+    }
     Post(2 * g + 1);
     AwaitSteps(2 * g + 1);
     if (own_length > 0) {
       char* result = mine + own_begin * e;
+      // The first operand of the first reduction: the input in place, or gathered from the pieces.
+      const char* own = in + (begin + own_begin) * e;
+      if (pieces != nullptr) {
+        pieces->Gather(result, begin + own_begin, own_length);
+        own = result;
+      }
       bool first = true;
       for (int p = 0; p < size_; ++p) {
         if (p == rank_) continue;
-        Reduce(type, op, result, first ? src + own_begin * e : result, slot(p, g) + own_begin * e,
-               own_length);
+        Reduce(type, op, result, first ? own : result, slot(p, g) + own_begin * e, own_length);
         first = false;
       }
-      if (first) std::memcpy(result, src + own_begin * e, own_length * e);  // no peers
+      if (first && own != result) std::memcpy(result, own, own_length * e);  // no peers
       if (across != nullptr) (*across)(result, own_length);
       if (op == ReduceOp::kAverage) Divide(type, result, own_length, divisor);
-      std::memcpy(dst + own_begin * e, result, own_length * e);
+      if (pieces != nullptr) {
+        pieces->Scatter(result, begin + own_begin, own_length);
+      } else {
+        std::memcpy(out + (begin + own_begin) * e, result, own_length * e);
+      }
     }
     Post(2 * g + 2);
     AwaitSteps(2 * g + 2);
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
       auto [b, l] = part(p);
-      if (l > 0) std::memcpy(dst + b * e, slot(p, g) + b * e, l * e);
+      if (l == 0) continue;
+      if (pieces != nullptr) {
+        pieces->Scatter(slot(p, g) + b * e, begin + b, l);
+      } else {
+        std::memcpy(out + (begin + b) * e, slot(p, g) + b * e, l * e);
+      }
     }
   }
 }

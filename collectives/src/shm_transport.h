@@ -13,6 +13,14 @@
 // Synchronisation is by per-rank counters in the segment: spin briefly, then sleep on a futex
 // with a short timeout, after which the waiter checks that its peers are alive (pidfd) and have not
 // aborted, so a dead peer is noticed within milliseconds and a stalled one after `timeout`.
+//
+// How long to spin is the wait policy (ShmWait). Spinning pays only while the ranks waited on run
+// on other CPUs at the same time; when there are more runnable threads than CPUs (more ranks than
+// cores, or other work on the machine) a spinning waiter takes the CPU from the very rank it waits
+// for, and a woken one is often placed on its waker's CPU. So by default (kAdaptive) each rank
+// publishes what it is doing (working, spinning with a heartbeat, sleeping) and on which CPU, and a
+// waiter spins past a short grace period only while every rank it still waits on is on another CPU
+// and running (working, or spinning with a beating heart); otherwise it sleeps at once.
 #pragma once
 
 #include <sys/types.h>
@@ -30,12 +38,18 @@
 
 namespace trainrun::collectives::internal {
 
+// ShmWait is what a waiting rank does (TRAINRUN_SHM_WAIT): kAdaptive spins at most `spin` while
+// the ranks it waits on are running on other CPUs, then sleeps; kSpin spins `spin` whatever they do
+// (with `spin` 0: yields a few times), then sleeps; kSleep sleeps at once.
+enum class ShmWait { kAdaptive, kSpin, kSleep };
+
 struct ShmOptions {
   std::chrono::milliseconds timeout{300000};
   std::chrono::microseconds spin{50};  // busy wait before sleeping on a futex
-  size_t chunk_bytes = 1 << 20;        // allreduce pipelining unit (per slot)
-  size_t small_bytes = 32 << 10;       // allreduce of at most this: one phase, whole buffer
-  size_t channel_bytes = 512 << 10;    // ring buffer per ordered pair of ranks
+  ShmWait wait = ShmWait::kAdaptive;
+  size_t chunk_bytes = 1 << 20;      // allreduce pipelining unit (per slot)
+  size_t small_bytes = 32 << 10;     // allreduce of at most this: one phase, whole buffer
+  size_t channel_bytes = 512 << 10;  // ring buffer per ordered pair of ranks
   int rank_offset = 0;  // global rank of this group's rank 0, for messages (hierarchical.h)
 };
 
@@ -67,6 +81,14 @@ class ShmTransport : public Transport {
   void Abort(int peer, const std::string& message) override;
   bool TryAllreduce(const void* input, void* output, size_t count, DataType type,
                     ReduceOp op) override;
+  // Allreduces above ShmOptions::small_bytes gather from and scatter to the pieces chunk by chunk,
+  // as they copy a contiguous buffer in and out: no more copies than one buffer's allreduce.
+  bool TryAllreducePieces(const std::vector<Piece>& pieces, size_t count, DataType type,
+                          ReduceOp op) override;
+  // Small allgathers (at most ShmOptions::small_bytes per rank, e.g. the call records every
+  // collective exchanges first) go through the allreduce slots: one synchronisation, where the
+  // ring over Send/Recv takes n-1 (each a sleep and a wake-up when ranks share cores).
+  bool TryAllgather(const void* input, void* output, size_t bytes) override;
   const char* name() const override { return "shm"; }
 
   // PartAllreduce allreduces `count` elements at `data` in place among other groups (hosts).
@@ -78,6 +100,7 @@ class ShmTransport : public Transport {
                              ReduceOp op, int divisor, const PartAllreduce& across);
 
  private:
+  struct Shared;
   struct Control;
   struct Channel;
   struct Op {
@@ -86,7 +109,9 @@ class ShmTransport : public Transport {
     Request request;
   };
   struct WaitClock;
+  using Clock = std::chrono::steady_clock;
 
+  Shared& shared() const;
   Control& control(int r) const;
   Channel& channel(int from, int to) const;
   char* ring(int from, int to) const;
@@ -103,13 +128,19 @@ class ShmTransport : public Transport {
   void Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, uint32_t seen,
             WaitClock& clock, int blame);
   void CheckPeers(int blame);
+  // KeepSpinning tells, in an adaptive wait, whether the ranks this one waits on are running on
+  // other CPUs (see ShmWait); `blame` is the one a point-to-point wait waits on.
+  bool KeepSpinning(int blame, Clock::time_point now, bool grace);
+  void SetState(uint32_t state);
   void Watch(std::vector<int> pidfds);
   [[noreturn]] void Fail(int peer, const std::string& message);
   [[noreturn]] void FailTimeout(int peer);
 
   void SmallAllreduce(const char* in, char* out, size_t count, DataType type, ReduceOp op);
+  // Pieces is a logical buffer made of pieces (TryAllreducePieces); null: `in` and `out`.
+  struct Pieces;
   void ChunkAllreduce(const char* in, char* out, size_t count, DataType type, ReduceOp op,
-                      int divisor, const PartAllreduce* across);
+                      int divisor, const PartAllreduce* across, const Pieces* pieces = nullptr);
   int Global(int r) const { return r + options_.rank_offset; }
 
   ShmSegment segment_;
@@ -133,6 +164,10 @@ class ShmTransport : public Transport {
   int failed_peer_ = -1;
   bool awaiting_step_ = false;  // in AwaitSteps, for awaited_step_
   uint32_t awaited_step_ = 0;
+  uint32_t state_ = 0;                          // what control(rank_).state last said
+  int cpu_ = -1;                                // the CPU this rank last ran on
+  std::vector<uint32_t> last_beat_;             // per peer, in the current wait
+  std::vector<Clock::time_point> last_change_;  // when that beat last moved
 };
 
 }  // namespace trainrun::collectives::internal

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "trainrun/collectives/types.h"
 
@@ -57,6 +58,25 @@ class Transport {
     return false;
   }
 
+  // Piece is one buffer of an allreduce of several (TryAllreducePieces), reduced in place.
+  struct Piece {
+    char* data;
+    size_t count;
+  };
+  // TryAllreducePieces allreduces in place the elements of `pieces` one after another (`count` in
+  // all; the pieces do not overlap) as TryAllreduce would their concatenation, without
+  // concatenating them, and returns true; or returns false when it has no such path for this
+  // count (every rank decides alike from `count`), and the caller concatenates.
+  virtual bool TryAllreducePieces(const std::vector<Piece>& /*pieces*/, size_t /*count*/,
+                                  DataType /*type*/, ReduceOp /*op*/) {
+    return false;
+  }
+  // TryAllgather gathers `bytes` bytes from every rank into `output` (rank order, `bytes` apart)
+  // the transport's own way and returns true, or returns false when it has no such path for this
+  // size (every rank decides alike from `bytes`). `input` may be this rank's place in `output`.
+  virtual bool TryAllgather(const void* /*input*/, void* /*output*/, size_t /*bytes*/) {
+    return false;
+  }
   // name says which transport this is ("tcp", "shm"), for logs and benchmarks.
   virtual const char* name() const = 0;
 };

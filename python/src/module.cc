@@ -486,6 +486,28 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("input"), py::arg("output"), py::arg("count"), py::arg("dtype"), py::arg("op"),
       py::arg("set") = 0, py::arg("name") = "", py::arg("shape") = py::none());
+  // One allreduce of several buffers of one type, in place, without concatenating them where the
+  // transport can (grouped_allreduce).
+  m.def(
+      "grouped_allreduce_async",
+      [](std::vector<uintptr_t> addresses, std::vector<int64_t> counts, int dtype, ReduceOp op,
+         int set, std::string name, std::optional<std::vector<int64_t>> shape) {
+        if (addresses.size() != counts.size()) {
+          throw trainrun::InvalidArgumentError(
+              trainrun::internal::MakeMessage("grouped allreduce got ", addresses.size(),
+                                              " buffers and ", counts.size(), " counts"));
+        }
+        std::vector<size_t> n = ToCounts(counts, "grouped allreduce");
+        std::vector<Communicator::Buffer> buffers;
+        for (size_t i = 0; i < n.size(); ++i) {
+          buffers.push_back({ToPointer(addresses[i], n[i]), n[i]});
+        }
+        DataType type = ToDataType(dtype);
+        CallCheck check = MakeCheck(std::move(name), std::move(shape));
+        return Submit(set, [=](Communicator& c) { c.GroupedAllreduce(buffers, type, op, check); });
+      },
+      py::arg("addresses"), py::arg("counts"), py::arg("dtype"), py::arg("op"), py::arg("set") = 0,
+      py::arg("name") = "", py::arg("shape") = py::none());
   m.def(
       "broadcast_async",
       [](uintptr_t address, size_t count, int dtype, int root, int set, std::string name,

@@ -365,7 +365,8 @@ def _group(kind, tensors, what):
 def grouped_allreduce_async_(tensors, op=None, name=None, process_set=None, prescale_factor=1.0,
                              postscale_factor=1.0):
     """Starts one fused allreduce of every tensor in the list, in place; synchronize() returns
-    the list. Tensors of one dtype travel in one buffer."""
+    the list. Tensors of one dtype make one collective, which reduces them where they are (over
+    shared memory chunk by chunk, without first copying them into one buffer)."""
     what = _what("grouped_allreduce", name)
     tensors = _group("allreduce", tensors, what)
     op = _check_op(op, what)
@@ -374,30 +375,31 @@ def grouped_allreduce_async_(tensors, op=None, name=None, process_set=None, pres
     key = _claim_name(set_id, name, what)
     for t in tensors:
         _scale_(t, prescale_factor)
-    core, fused = [], []
+    core = []
     by_dtype = {}
     for i, b in enumerate(bufs):
         by_dtype.setdefault(b.dtype_name, []).append(i)
-    for dtype_name, members in by_dtype.items():
-        flat = _buffers.concat_flat([bufs[i] for i in members])
-        fb = _buffers.view(flat, what, writable=True)
-        shape = [len(members)] + [bufs[i].count for i in members]
-        core.append(_core.allreduce_async(fb.ptr, fb.ptr, fb.count, fb.dtype, op, set_id,
-                                          (name or "") + f"#{dtype_name}", shape))
-        fused.append((flat, members))
+    try:
+        for dtype_name, members in by_dtype.items():
+            shape = [len(members)] + [bufs[i].count for i in members]
+            core.append(_core.grouped_allreduce_async(
+                [bufs[i].ptr for i in members], [bufs[i].count for i in members],
+                bufs[members[0]].dtype, op, set_id, (name or "") + f"#{dtype_name}", shape))
+    except Exception:
+        for h in core:  # what was queued runs; wait for it before raising
+            try:
+                _core.wait(h)
+            except Error:
+                pass
+        _names_in_flight.discard(key)
+        raise
 
     def finish():
-        for flat, members in fused:
-            offset = 0
-            for i in members:
-                n = bufs[i].count
-                _buffers.copy_into(tensors[i], flat[offset:offset + n])
-                offset += n
         for t in tensors:
             _scale_(t, postscale_factor)
         return tensors
 
-    return _register(core, finish, (tensors, fused), key)
+    return _register(core, finish, tensors, key)
 
 
 def grouped_allreduce_async(tensors, op=None, name=None, process_set=None, prescale_factor=1.0,

@@ -132,20 +132,3 @@ def _torch_contiguous():
     import torch
 
     return torch.contiguous_format
-
-
-def concat_flat(bufs):
-    """A new contiguous 1-D array or tensor holding the elements of every buffer, in order."""
-    if bufs[0].is_torch:
-        import torch
-
-        return torch.cat([b.owner.reshape(-1) for b in bufs])
-    return _numpy().concatenate([b.owner.reshape(-1) for b in bufs])
-
-
-def copy_into(target, flat_part):
-    """Copies the 1-D `flat_part` into `target` (same number of elements), in place."""
-    if _is_torch_tensor(target):
-        target.view(-1).copy_(flat_part)
-    else:
-        target.reshape(-1)[...] = flat_part

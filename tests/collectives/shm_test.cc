@@ -8,8 +8,10 @@
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
@@ -262,6 +264,99 @@ TEST_CASE(
   });
   auto store = std::make_shared<rendezvous::MemoryStore>();
   CHECK_THROWS_AS(Communicator(store, 0, 1, Options("carrier-pigeon")), InvalidArgumentError);
+}
+
+// CPU time this thread has used, in milliseconds.
+double ThreadCpuMs() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+TEST_CASE(
+    "every shared-memory wait policy (TRAINRUN_SHM_WAIT) gives exact results, with more ranks "
+    "than cores too",
+    "[shm][process]") {
+  for (const char* policy : {"adaptive", "spin", "sleep"}) {
+    for (int n : {2, 5}) {
+      TempDir dir;
+      auto status = RunProcesses(
+          n,
+          [&](int rank) {
+            ::setenv("TRAINRUN_SHM_WAIT", policy, 1);
+            auto store = std::make_shared<rendezvous::FileStore>(dir.path);
+            Communicator comm(store, rank, n, Options("shm"));
+            // Many small allreduces (one synchronisation each, after the call records' one-step
+            // allgather), then the chunked path and the ring allgather.
+            for (int i = 0; i < 300; ++i) {
+              std::vector<float> x(1 + i % 50, static_cast<float>(rank + i));
+              comm.Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
+              const float expect = static_cast<float>(n * (n - 1) / 2 + n * i);
+              for (float v : x) {
+                if (v != expect) return 10;
+              }
+            }
+            std::vector<double> big(300000, rank + 1.0);
+            comm.Allreduce(big.data(), big.size(), DataType::kFloat64, ReduceOp::kSum);
+            if (big.front() != n * (n + 1) / 2.0 || big.back() != n * (n + 1) / 2.0) return 11;
+            std::vector<int32_t> mine(70000, rank), all(70000 * n);
+            comm.Allgather(mine.data(), all.data(), mine.size(), DataType::kInt32);
+            for (int r = 0; r < n; ++r) {
+              if (all[r * mine.size()] != r || all[(r + 1) * mine.size() - 1] != r) return 12;
+            }
+            comm.Barrier();
+            return 0;
+          },
+          std::chrono::seconds(120));
+      for (int r = 0; r < n; ++r) {
+        INFO("TRAINRUN_SHM_WAIT=" << policy << ", n " << n << ", rank " << r);
+        CHECK(status[r] == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "an adaptive wait does not spin on a rank that is not running, 'spin' does, and a bad "
+    "TRAINRUN_SHM_WAIT is refused",
+    "[shm][process]") {
+  // Rank 1 computes for 1 s before it joins; rank 0 may spin 0.9 s (TRAINRUN_SPIN_MICROSECONDS)
+  // and reports the CPU time its wait took. (A long budget, so that a spinning waiter uses far
+  // more CPU than a sleeping one even when a busy machine gives it a small share of a core.)
+  auto cpu_ms_of_wait = [](const char* policy) {
+    TempDir dir;
+    auto status = RunProcesses(
+        2,
+        [&](int rank) {
+          ::setenv("TRAINRUN_SHM_WAIT", policy, 1);
+          ::setenv("TRAINRUN_SPIN_MICROSECONDS", "900000", 1);
+          auto store = std::make_shared<rendezvous::FileStore>(dir.path);
+          Communicator comm(store, rank, 2, Options("shm"));
+          comm.Barrier();
+          if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+          double x = 1;
+          const double before = ThreadCpuMs();
+          comm.Allreduce(&x, 1, DataType::kFloat64, ReduceOp::kSum);
+          const double used = ThreadCpuMs() - before;
+          if (x != 2) return 100;
+          return rank == 0 ? std::min(99, static_cast<int>(used)) : 0;
+        },
+        std::chrono::seconds(60));
+    CHECK(status[1] == 0);
+    return status[0];
+  };
+  // The peer is outside any collective: an adaptive waiter sleeps after its few-µs grace.
+  CHECK(cpu_ms_of_wait("adaptive") < 15);
+  CHECK(cpu_ms_of_wait("sleep") < 15);
+  // 'spin' spins its whole budget whatever the peer does (when the ranks have a core each).
+  if (std::thread::hardware_concurrency() >= 2) CHECK(cpu_ms_of_wait("spin") >= 40);
+
+  ::setenv("TRAINRUN_SHM_WAIT", "yield", 1);
+  auto store = std::make_shared<rendezvous::MemoryStore>();
+  CHECK_THROWS_WITH(
+      Communicator(store, 0, 1, Options("shm")),
+      Catch::Contains("TRAINRUN_SHM_WAIT is 'yield'; set it to adaptive, spin or sleep"));
+  ::unsetenv("TRAINRUN_SHM_WAIT");
 }
 
 }  // namespace

@@ -114,6 +114,17 @@ class Communicator {
     Allreduce(data, data, count, type, op, check);
   }
 
+  // GroupedAllreduce reduces every buffer of `buffers` in place, as one allreduce of their
+  // elements one after another (Horovod's grouped allreduce: one collective, one call record with
+  // the total count), without copying them into one buffer first where the transport can (shared
+  // memory); elsewhere, or for buffers that overlap, through one contiguous copy.
+  struct Buffer {
+    void* data;
+    size_t count;
+  };
+  void GroupedAllreduce(const std::vector<Buffer>& buffers, DataType type, ReduceOp op,
+                        const CallCheck& check = {});
+
   // Broadcast copies `count` elements of `data` on rank `root` into `data` on every other rank.
   void Broadcast(void* data, size_t count, DataType type, int root, const CallCheck& check = {});
 

@@ -271,6 +271,16 @@ inline constexpr EnvParam kShmSmallBytes{
     "TRAINRUN_SHM_SMALL_BYTES", 16 << 10,
     "largest shared-memory allreduce that every rank reduces whole (one synchronisation)"};
 
+// What a rank waiting on its peers over shared memory does: "adaptive" (spin, at most
+// TRAINRUN_SPIN_MICROSECONDS, only while the ranks it waits on are running on other CPUs, else
+// sleep at once: fast when every rank has a core, and no CPU taken from the rank waited on when
+// they share cores with each other or with other work), "spin" (spin TRAINRUN_SPIN_MICROSECONDS
+// whatever the peers do when every rank of the host has a core, else yield a few times, then
+// sleep), or "sleep" (sleep on a futex at once; least CPU, most latency).
+inline constexpr StringParam kShmWait{
+    "TRAINRUN_SHM_WAIT", "adaptive",
+    "adaptive | spin | sleep: how a rank waits on its peers over shared memory"};
+
 // Ring buffer between each ordered pair of ranks for point-to-point transfers, bytes.
 inline constexpr EnvParam kShmChannelBytes{"TRAINRUN_SHM_CHANNEL_BYTES", 512 << 10,
                                            "shared-memory ring per ordered pair of ranks, bytes"};
