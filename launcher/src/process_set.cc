@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <termios.h>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "posix/unique_fd.h"
 #include "rank_shim.h"
+#include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::launcher {
 namespace asio = boost::asio;
@@ -103,6 +105,81 @@ std::vector<char*> CStrings(const std::vector<std::string>& strings) {
   return out;
 }
 
+absl::Status ErrnoStatus(int error) {
+  return absl::Status(absl::ErrnoToStatusCode(error), std::strerror(error));
+}
+
+// FindRankShim is the trainrun-rank-shim executable to start ranks under (TRAINRUN_RANK_SHIM, else
+// next to this executable, else in ../libexec/trainrun/ from it), or "" to fork this process.
+std::string FindRankShim() {
+  std::string chosen = env::kRankShim.Get();
+  if (chosen == "fork") return "";
+  if (!chosen.empty()) return chosen;
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return "";
+  std::string dir(self, static_cast<size_t>(n));
+  dir.erase(dir.rfind('/') + 1);
+  for (const char* relative : {"trainrun-rank-shim", "../libexec/trainrun/trainrun-rank-shim"}) {
+    std::string path = dir + relative;
+    if (access(path.c_str(), X_OK) == 0) return path;
+  }
+  return "";
+}
+
+// ShimCpus is the shim's CPUS argument: "0,2,5", or "" for no binding.
+std::string ShimCpus(const std::vector<int>& cpus) {
+  std::string text;
+  for (int cpu : cpus) {
+    if (cpu < 0 || cpu >= CPU_SETSIZE) continue;
+    if (!text.empty()) text += ',';
+    text += std::to_string(cpu);
+  }
+  return text;
+}
+
+// SpawnShim starts `shim` with posix_spawn (a vfork and an execve: nothing of this process is
+// copied), `fds` as its 0..3 and every signal blocked; returns its pid or the errno.
+absl::StatusOr<pid_t> SpawnShim(const std::string& shim, const ProcessSpec& spec,
+                                const std::array<int, 4>& fds) {
+  // Sources below 4 could be overwritten by an earlier dup2 of the spawn: copy them higher first.
+  std::array<UniqueFd, 4> copies;
+  std::array<int, 4> sources = fds;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    if (sources[i] >= 4) continue;
+    copies[i].Reset(fcntl(sources[i], F_DUPFD_CLOEXEC, 4));
+    if (copies[i].get() < 0) return ErrnoStatus(errno);
+    sources[i] = copies[i].get();
+  }
+  const std::string parent = std::to_string(getpid());
+  const std::string cpus = ShimCpus(spec.cpus);
+  std::vector<char*> argv = {const_cast<char*>(shim.c_str()), const_cast<char*>(parent.c_str()),
+                             const_cast<char*>(cpus.c_str()), const_cast<char*>(spec.cwd.c_str()),
+                             const_cast<char*>(spec.executable.c_str())};
+  for (const std::string& arg : spec.argv) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp = CStrings(spec.env);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  for (int target = 0; target < 4; ++target) {
+    posix_spawn_file_actions_adddup2(&actions, sources[target], target);
+  }
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t all;
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&attributes, &all);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
+  pid_t pid = -1;
+  const int error =
+      posix_spawn(&pid, shim.c_str(), &actions, &attributes, argv.data(), envp.data());
+  posix_spawnattr_destroy(&attributes);
+  posix_spawn_file_actions_destroy(&actions);
+  if (error != 0) return ErrnoStatus(error);
+  return pid;
+}
+
 std::chrono::steady_clock::time_point FromMonotonicNs(int64_t ns) {
   return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ns));
 }
@@ -110,7 +187,7 @@ std::chrono::steady_clock::time_point FromMonotonicNs(int64_t ns) {
 }  // namespace
 
 RankProcessSet::RankProcessSet(asio::io_context& io, Callbacks callbacks)
-    : io_(io), callbacks_(std::move(callbacks)), sigchld_(io, SIGCHLD) {
+    : io_(io), callbacks_(std::move(callbacks)), sigchld_(io, SIGCHLD), shim_path_(FindRankShim()) {
   WaitForChildren();
 }
 
@@ -148,6 +225,38 @@ absl::Status RankProcessSet::Start(int rank_index, const ProcessSpec& spec) {
     dev_null.Reset(open("/dev/null", O_RDONLY | O_CLOEXEC));
     stdin_fd = dev_null.get();
   }
+  absl::StatusOr<pid_t> pid =
+      shim_path_.empty()
+          ? ForkShim(spec, stdin_fd, out_write.get(), err_write.get(), status_write.get())
+          : SpawnShim(shim_path_, spec,
+                      {stdin_fd, out_write.get(), err_write.get(), status_write.get()});
+  if (!pid.ok() && shim_path_.empty()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot start rank ", rank_index, ": fork failed: ", pid.status().message()));
+  }
+  if (!pid.ok()) {
+    return absl::Status(
+        pid.status().code(),
+        absl::StrCat("cannot start rank ", rank_index, ": cannot execute the rank shim ",
+                     shim_path_, ": ", pid.status().message(), " (", env::kRankShim.name,
+                     " names another, or \"fork\" for none)"));
+  }
+
+  auto rank = std::make_unique<Rank>(io_, rank_index);
+  rank->shim = *pid;
+  fcntl(status_read.get(), F_SETFL, O_NONBLOCK);
+  rank->status_fd = std::move(status_read);
+  rank->out.pipe.assign(out_read.Release());
+  rank->err.pipe.assign(err_read.Release());
+  Rank& started = *rank;
+  ranks_.push_back(std::move(rank));
+  ReadMore(started.out);
+  ReadMore(started.err);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<pid_t> RankProcessSet::ForkShim(const ProcessSpec& spec, int stdin_fd, int stdout_fd,
+                                               int stderr_fd, int status_fd) {
   std::vector<char*> argv = CStrings(spec.argv);
   std::vector<char*> envp = CStrings(spec.env);
   cpu_set_t cpus;
@@ -159,9 +268,9 @@ absl::Status RankProcessSet::Start(int rank_index, const ProcessSpec& spec) {
                           argv.data(),
                           envp.data(),
                           stdin_fd,
-                          out_write.get(),
-                          err_write.get(),
-                          status_write.get(),
+                          stdout_fd,
+                          stderr_fd,
+                          status_fd,
                           getpid(),
                           spec.cpus.empty() ? nullptr : &cpus,
                           spec.cwd.empty() ? nullptr : spec.cwd.c_str()};
@@ -175,22 +284,8 @@ absl::Status RankProcessSet::Start(int rank_index, const ProcessSpec& spec) {
   if (pid == 0) internal::RunRankShim(args);
   int fork_errno = errno;
   pthread_sigmask(SIG_SETMASK, &previous, nullptr);
-  if (pid < 0) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot start rank ", rank_index,
-                                                     ": fork failed: ", std::strerror(fork_errno)));
-  }
-
-  auto rank = std::make_unique<Rank>(io_, rank_index);
-  rank->shim = pid;
-  fcntl(status_read.get(), F_SETFL, O_NONBLOCK);
-  rank->status_fd = std::move(status_read);
-  rank->out.pipe.assign(out_read.Release());
-  rank->err.pipe.assign(err_read.Release());
-  Rank& started = *rank;
-  ranks_.push_back(std::move(rank));
-  ReadMore(started.out);
-  ReadMore(started.err);
-  return absl::OkStatus();
+  if (pid < 0) return ErrnoStatus(fork_errno);
+  return pid;
 }
 
 void RankProcessSet::TerminateAll() {
