@@ -36,7 +36,7 @@ struct RankProcessSet::Reader {
   asio::steady_timer idle;
   std::string pending;
   bool closed = false;
-  std::array<char, kMaxPiece> buffer{};
+  std::array<char, kMaxPiece> buffer;  // not zeroed: 128 KiB a rank, written before it is read
 };
 
 struct RankProcessSet::Rank {
