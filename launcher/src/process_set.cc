@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "posix/unique_fd.h"
 #include "rank_shim.h"
+#include "shim_spawn.h"
 #include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::launcher {
@@ -47,6 +48,7 @@ struct RankProcessSet::Rank {
         eof_deadline(io) {}
   int index;
   pid_t shim = -1;
+  std::unique_ptr<internal::ShimSpawn> spawn;  // what the shim's clone may still read; until reaped
   posix::UniqueFd status_fd;
   bool reaped = false;  // the shim has exited: the rank and all it started are gone
   bool exited = false;  // on_exit delivered
@@ -127,59 +129,6 @@ std::string FindRankShim() {
   return "";
 }
 
-// ShimCpus is the shim's CPUS argument: "0,2,5", or "" for no binding.
-std::string ShimCpus(const std::vector<int>& cpus) {
-  std::string text;
-  for (int cpu : cpus) {
-    if (cpu < 0 || cpu >= CPU_SETSIZE) continue;
-    if (!text.empty()) text += ',';
-    text += std::to_string(cpu);
-  }
-  return text;
-}
-
-// SpawnShim starts `shim` with posix_spawn (a vfork and an execve: nothing of this process is
-// copied), `fds` as its 0..3 and every signal blocked; returns its pid or the errno.
-absl::StatusOr<pid_t> SpawnShim(const std::string& shim, const ProcessSpec& spec,
-                                const std::array<int, 4>& fds) {
-  // Sources below 4 could be overwritten by an earlier dup2 of the spawn: copy them higher first.
-  std::array<UniqueFd, 4> copies;
-  std::array<int, 4> sources = fds;
-  for (size_t i = 0; i < sources.size(); ++i) {
-    if (sources[i] >= 4) continue;
-    copies[i].Reset(fcntl(sources[i], F_DUPFD_CLOEXEC, 4));
-    if (copies[i].get() < 0) return ErrnoStatus(errno);
-    sources[i] = copies[i].get();
-  }
-  const std::string parent = std::to_string(getpid());
-  const std::string cpus = ShimCpus(spec.cpus);
-  std::vector<char*> argv = {const_cast<char*>(shim.c_str()), const_cast<char*>(parent.c_str()),
-                             const_cast<char*>(cpus.c_str()), const_cast<char*>(spec.cwd.c_str()),
-                             const_cast<char*>(spec.executable.c_str())};
-  for (const std::string& arg : spec.argv) argv.push_back(const_cast<char*>(arg.c_str()));
-  argv.push_back(nullptr);
-  std::vector<char*> envp = CStrings(spec.env);
-
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  for (int target = 0; target < 4; ++target) {
-    posix_spawn_file_actions_adddup2(&actions, sources[target], target);
-  }
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  sigset_t all;
-  sigfillset(&all);
-  posix_spawnattr_setsigmask(&attributes, &all);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
-  pid_t pid = -1;
-  const int error =
-      posix_spawn(&pid, shim.c_str(), &actions, &attributes, argv.data(), envp.data());
-  posix_spawnattr_destroy(&attributes);
-  posix_spawn_file_actions_destroy(&actions);
-  if (error != 0) return ErrnoStatus(error);
-  return pid;
-}
-
 std::chrono::steady_clock::time_point FromMonotonicNs(int64_t ns) {
   return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ns));
 }
@@ -225,11 +174,23 @@ absl::Status RankProcessSet::Start(int rank_index, const ProcessSpec& spec) {
     dev_null.Reset(open("/dev/null", O_RDONLY | O_CLOEXEC));
     stdin_fd = dev_null.get();
   }
-  absl::StatusOr<pid_t> pid =
-      shim_path_.empty()
-          ? ForkShim(spec, stdin_fd, out_write.get(), err_write.get(), status_write.get())
-          : SpawnShim(shim_path_, spec,
-                      {stdin_fd, out_write.get(), err_write.get(), status_write.get()});
+  std::unique_ptr<internal::ShimSpawn> spawn;
+  absl::StatusOr<pid_t> pid = -1;
+  if (!shim_path_.empty() && access(shim_path_.c_str(), X_OK) != 0) {
+    // Checked here: a shim that fails its execve later is reported as its command's exec failure.
+    pid = ErrnoStatus(errno);
+  } else if (shim_path_.empty()) {
+    pid = ForkShim(spec, stdin_fd, out_write.get(), err_write.get(), status_write.get());
+  } else if (absl::StatusOr<std::unique_ptr<internal::ShimSpawn>> spawned =
+                 internal::ShimSpawn::Start(
+                     shim_path_, spec,
+                     {stdin_fd, out_write.get(), err_write.get(), status_write.get()});
+             spawned.ok()) {
+    spawn = *std::move(spawned);
+    pid = spawn->pid();
+  } else {
+    pid = spawned.status();
+  }
   if (!pid.ok() && shim_path_.empty()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot start rank ", rank_index, ": fork failed: ", pid.status().message()));
@@ -244,6 +205,7 @@ absl::Status RankProcessSet::Start(int rank_index, const ProcessSpec& spec) {
 
   auto rank = std::make_unique<Rank>(io_, rank_index);
   rank->shim = *pid;
+  rank->spawn = std::move(spawn);
   fcntl(status_read.get(), F_SETFL, O_NONBLOCK);
   rank->status_fd = std::move(status_read);
   rank->out.pipe.assign(out_read.Release());
@@ -384,6 +346,7 @@ void RankProcessSet::Reap() {
 
 void RankProcessSet::OnShimExit(Rank& rank, int shim_status) {
   rank.reaped = true;
+  rank.spawn.reset();
   ExitInfo& exit = rank.exit;
   exit.time = std::chrono::steady_clock::now();
   bool ended = false;
