@@ -35,7 +35,8 @@ namespace {
 constexpr size_t kChildStack = 64 * 1024;
 
 absl::Status ErrnoStatus(int error, const char* what) {
-  return absl::Status(absl::ErrnoToStatusCode(error), absl::StrCat(what, ": ", std::strerror(error)));
+  return absl::Status(absl::ErrnoToStatusCode(error),
+                      absl::StrCat(what, ": ", std::strerror(error)));
 }
 
 // ShimCpus is the shim's CPUS argument: "0,2,5", or "" for no binding.
@@ -77,9 +78,9 @@ int SpawnChild(void* arg) {
   for (long target = 0; target < 4; ++target) {
     RawSyscall(SYS_dup3, child.fds[target], target, 0);
   }
-  const long error = RawSyscall(SYS_execve, reinterpret_cast<long>(child.path),
-                                reinterpret_cast<long>(child.argv),
-                                reinterpret_cast<long>(child.envp));
+  const long error =
+      RawSyscall(SYS_execve, reinterpret_cast<long>(child.path), reinterpret_cast<long>(child.argv),
+                 reinterpret_cast<long>(child.envp));
   timespec now{};
   RawSyscall(SYS_clock_gettime, CLOCK_MONOTONIC, reinterpret_cast<long>(&now));
   const ShimRecord record{ShimRecord::kExecFailed, static_cast<int32_t>(-error),
@@ -112,7 +113,8 @@ absl::StatusOr<std::unique_ptr<ShimSpawn>> ShimSpawn::Start(const std::string& s
   spawn->path_ = shim;
   spawn->args_ = {shim, std::to_string(getpid()), ShimCpus(spec.cpus), spec.cwd, spec.executable};
   spawn->args_.insert(spawn->args_.end(), spec.argv.begin(), spec.argv.end());
-  for (const std::string& arg : spawn->args_) spawn->argv_.push_back(const_cast<char*>(arg.c_str()));
+  for (const std::string& arg : spawn->args_)
+    spawn->argv_.push_back(const_cast<char*>(arg.c_str()));
   spawn->argv_.push_back(nullptr);
   spawn->env_ = spec.env;  // the caller's spec may be gone before the clone reads it
   for (const std::string& var : spawn->env_) spawn->envp_.push_back(const_cast<char*>(var.c_str()));

@@ -54,6 +54,7 @@ class ShimSpawn {
   std::vector<char*> envp_;
   std::array<int, 4> fds_{};
   void* stack_ = nullptr;
+
  public:
   // Child is what the clone reads: pointers into the members above.
   struct Child {
