@@ -5,6 +5,7 @@
 # What goes where (GNUInstallDirs, relative to the prefix):
 #
 #   bin/trainrun                                  the launcher                      [runtime]
+#   libexec/trainrun/trainrun-rank-shim           each rank's supervisor (rank_shim.h) [runtime]
 #   <libdir>/libtrainrun_collectives.so.0.1.0     the collectives, C++ and C API    [runtime]
 #   <libdir>/libtrainrun_collectives_nccl.so.*    the NCCL backend, where built     [nccl]
 #   <python site folder>/trainrun/                the Python package                [python]
@@ -37,6 +38,9 @@ set(TRAINRUN_ZSH_COMPLETION_DIR ${CMAKE_INSTALL_DATADIR}/zsh/vendor-completions 
 # --- The launcher -------------------------------------------------------------------------------
 if(TARGET trainrun)
   install(TARGETS trainrun RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
+  # Found from bin/trainrun as ../libexec/trainrun/trainrun-rank-shim (process_set.cc).
+  install(TARGETS trainrun_rank_shim RUNTIME DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/trainrun
+          COMPONENT runtime)
 endif()
 
 # --- Libraries ----------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ class CMakeBuild(build_ext):
                                "-DTRAINRUN_BUILD_BENCH=OFF",
                                f"-DTRAINRUN_PYTHON_EXECUTABLE={sys.executable}"])
         subprocess.check_call(["cmake", "--build", CMAKE_BUILD, "-j", jobs, "--target",
-                               "trainrun_python", "trainrun"])
+                               "trainrun_python", "trainrun", "trainrun_rank_shim"])
         built = os.path.join(CMAKE_BUILD, "python", "trainrun")
         target = os.path.dirname(self.get_ext_fullpath(ext.name))
         os.makedirs(target, exist_ok=True)
@@ -82,8 +82,10 @@ setup(
     packages=find_packages(include=["trainrun", "trainrun.*"]),
     ext_modules=[CMakeExtension("trainrun._core")],
     cmdclass={"build_ext": CMakeBuild},
-    # The launcher, as <prefix>/bin/trainrun (python3 -m trainrun runs it).
-    data_files=[("bin", [os.path.join(CMAKE_BUILD, "bin", "trainrun")])],
+    # The launcher, as <prefix>/bin/trainrun (python3 -m trainrun runs it), and the rank shim it
+    # finds as <prefix>/libexec/trainrun/trainrun-rank-shim.
+    data_files=[("bin", [os.path.join(CMAKE_BUILD, "bin", "trainrun")]),
+                ("libexec/trainrun", [os.path.join(CMAKE_BUILD, "bin", "trainrun-rank-shim")])],
     # Builds and metadata outside the source tree.
     options={"build": {"build_base": os.path.join(WORK, "setuptools")},
              "egg_info": {"egg_base": WORK}},

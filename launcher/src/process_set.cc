@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <termios.h>
@@ -18,6 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "posix/unique_fd.h"
 #include "rank_shim.h"
+#include "shim_spawn.h"
+#include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::launcher {
 namespace asio = boost::asio;
@@ -34,7 +37,7 @@ struct RankProcessSet::Reader {
   asio::steady_timer idle;
   std::string pending;
   bool closed = false;
-  std::array<char, kMaxPiece> buffer{};
+  std::array<char, kMaxPiece> buffer;  // not zeroed: 128 KiB a rank, written before it is read
 };
 
 struct RankProcessSet::Rank {
@@ -45,6 +48,7 @@ struct RankProcessSet::Rank {
         eof_deadline(io) {}
   int index;
   pid_t shim = -1;
+  std::unique_ptr<internal::ShimSpawn> spawn;  // what the shim's clone may still read; until reaped
   posix::UniqueFd status_fd;
   bool reaped = false;  // the shim has exited: the rank and all it started are gone
   bool exited = false;  // on_exit delivered
@@ -103,6 +107,28 @@ std::vector<char*> CStrings(const std::vector<std::string>& strings) {
   return out;
 }
 
+absl::Status ErrnoStatus(int error) {
+  return absl::Status(absl::ErrnoToStatusCode(error), std::strerror(error));
+}
+
+// FindRankShim is the trainrun-rank-shim executable to start ranks under (TRAINRUN_RANK_SHIM, else
+// next to this executable, else in ../libexec/trainrun/ from it), or "" to fork this process.
+std::string FindRankShim() {
+  std::string chosen = env::kRankShim.Get();
+  if (chosen == "fork") return "";
+  if (!chosen.empty()) return chosen;
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return "";
+  std::string dir(self, static_cast<size_t>(n));
+  dir.erase(dir.rfind('/') + 1);
+  for (const char* relative : {"trainrun-rank-shim", "../libexec/trainrun/trainrun-rank-shim"}) {
+    std::string path = dir + relative;
+    if (access(path.c_str(), X_OK) == 0) return path;
+  }
+  return "";
+}
+
 std::chrono::steady_clock::time_point FromMonotonicNs(int64_t ns) {
   return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ns));
 }
@@ -110,7 +136,7 @@ std::chrono::steady_clock::time_point FromMonotonicNs(int64_t ns) {
 }  // namespace
 
 RankProcessSet::RankProcessSet(asio::io_context& io, Callbacks callbacks)
-    : io_(io), callbacks_(std::move(callbacks)), sigchld_(io, SIGCHLD) {
+    : io_(io), callbacks_(std::move(callbacks)), sigchld_(io, SIGCHLD), shim_path_(FindRankShim()) {
   WaitForChildren();
 }
 
@@ -148,6 +174,51 @@ absl::Status RankProcessSet::Start(int rank_index, const ProcessSpec& spec) {
     dev_null.Reset(open("/dev/null", O_RDONLY | O_CLOEXEC));
     stdin_fd = dev_null.get();
   }
+  std::unique_ptr<internal::ShimSpawn> spawn;
+  absl::StatusOr<pid_t> pid = -1;
+  if (!shim_path_.empty() && access(shim_path_.c_str(), X_OK) != 0) {
+    // Checked here: a shim that fails its execve later is reported as its command's exec failure.
+    pid = ErrnoStatus(errno);
+  } else if (shim_path_.empty()) {
+    pid = ForkShim(spec, stdin_fd, out_write.get(), err_write.get(), status_write.get());
+  } else if (absl::StatusOr<std::unique_ptr<internal::ShimSpawn>> spawned =
+                 internal::ShimSpawn::Start(
+                     shim_path_, spec,
+                     {stdin_fd, out_write.get(), err_write.get(), status_write.get()});
+             spawned.ok()) {
+    spawn = *std::move(spawned);
+    pid = spawn->pid();
+  } else {
+    pid = spawned.status();
+  }
+  if (!pid.ok() && shim_path_.empty()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot start rank ", rank_index, ": fork failed: ", pid.status().message()));
+  }
+  if (!pid.ok()) {
+    return absl::Status(
+        pid.status().code(),
+        absl::StrCat("cannot start rank ", rank_index, ": cannot execute the rank shim ",
+                     shim_path_, ": ", pid.status().message(), " (", env::kRankShim.name,
+                     " names another, or \"fork\" for none)"));
+  }
+
+  auto rank = std::make_unique<Rank>(io_, rank_index);
+  rank->shim = *pid;
+  rank->spawn = std::move(spawn);
+  fcntl(status_read.get(), F_SETFL, O_NONBLOCK);
+  rank->status_fd = std::move(status_read);
+  rank->out.pipe.assign(out_read.Release());
+  rank->err.pipe.assign(err_read.Release());
+  Rank& started = *rank;
+  ranks_.push_back(std::move(rank));
+  ReadMore(started.out);
+  ReadMore(started.err);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<pid_t> RankProcessSet::ForkShim(const ProcessSpec& spec, int stdin_fd, int stdout_fd,
+                                               int stderr_fd, int status_fd) {
   std::vector<char*> argv = CStrings(spec.argv);
   std::vector<char*> envp = CStrings(spec.env);
   cpu_set_t cpus;
@@ -159,9 +230,9 @@ absl::Status RankProcessSet::Start(int rank_index, const ProcessSpec& spec) {
                           argv.data(),
                           envp.data(),
                           stdin_fd,
-                          out_write.get(),
-                          err_write.get(),
-                          status_write.get(),
+                          stdout_fd,
+                          stderr_fd,
+                          status_fd,
                           getpid(),
                           spec.cpus.empty() ? nullptr : &cpus,
                           spec.cwd.empty() ? nullptr : spec.cwd.c_str()};
@@ -175,22 +246,8 @@ absl::Status RankProcessSet::Start(int rank_index, const ProcessSpec& spec) {
   if (pid == 0) internal::RunRankShim(args);
   int fork_errno = errno;
   pthread_sigmask(SIG_SETMASK, &previous, nullptr);
-  if (pid < 0) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot start rank ", rank_index,
-                                                     ": fork failed: ", std::strerror(fork_errno)));
-  }
-
-  auto rank = std::make_unique<Rank>(io_, rank_index);
-  rank->shim = pid;
-  fcntl(status_read.get(), F_SETFL, O_NONBLOCK);
-  rank->status_fd = std::move(status_read);
-  rank->out.pipe.assign(out_read.Release());
-  rank->err.pipe.assign(err_read.Release());
-  Rank& started = *rank;
-  ranks_.push_back(std::move(rank));
-  ReadMore(started.out);
-  ReadMore(started.err);
-  return absl::OkStatus();
+  if (pid < 0) return ErrnoStatus(fork_errno);
+  return pid;
 }
 
 void RankProcessSet::TerminateAll() {
@@ -289,6 +346,7 @@ void RankProcessSet::Reap() {
 
 void RankProcessSet::OnShimExit(Rank& rank, int shim_status) {
   rank.reaped = true;
+  rank.spawn.reset();
   ExitInfo& exit = rank.exit;
   exit.time = std::chrono::steady_clock::now();
   bool ended = false;

@@ -127,50 +127,38 @@ void KillEverything(pid_t command, bool* command_reaped, int* command_status,
   }
 }
 
-// Starts the command; returns its pid, or -errno when it could not be executed.
+// Starts the command; returns its pid, or -errno when it could not be executed. vfork: the child
+// borrows this process's memory until its execve, so there is no copy of anything to make, and an
+// exec failure comes back through `error` (written by the child before it exits) with no pipe.
 pid_t StartCommand(const ShimArgs& args, pid_t shim) {
-  int exec_error[2];
-  if (pipe2(exec_error, O_CLOEXEC) != 0) return -errno;
-  pid_t pid = fork();
-  if (pid < 0) {
-    int error = errno;
-    close(exec_error[0]);
-    close(exec_error[1]);
-    return -error;
-  }
+  volatile int error = 0;
+  pid_t pid = vfork();
+  if (pid < 0) return -errno;
   if (pid == 0) {
-    close(exec_error[0]);
-    close(3);
     setpgid(0, 0);
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     for (int signal = 1; signal < NSIG; ++signal) sigaction(signal, &dfl, nullptr);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != shim) _exit(127);
+    close(3);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     // --bind-to and --wdir; a failure is reported as the exec's (the launcher checked both).
-    int error = 0;
+    int failure = 0;
     if (args.cpus != nullptr && sched_setaffinity(0, sizeof(cpu_set_t), args.cpus) != 0) {
-      error = errno;
+      failure = errno;
     }
-    if (error == 0 && args.cwd != nullptr && chdir(args.cwd) != 0) error = errno;
-    if (error == 0) execve(args.executable, args.argv, args.envp);
-    if (error == 0) error = errno;
-    while (write(exec_error[1], &error, sizeof(error)) < 0 && errno == EINTR) {
-    }
+    if (failure == 0 && args.cwd != nullptr && chdir(args.cwd) != 0) failure = errno;
+    if (failure == 0) execve(args.executable, args.argv, args.envp);
+    error = failure == 0 ? errno : failure;
     _exit(127);
   }
-  // Also set from here, so that the group exists before we might signal it.
+  // The child has exec'd or exited by now. Also set from here, so that the group exists before we
+  // might signal it (EACCES once it has exec'd, when it set the group itself).
   setpgid(pid, pid);
-  close(exec_error[1]);
-  int error = 0;
-  ssize_t n;
-  while ((n = read(exec_error[0], &error, sizeof(error))) < 0 && errno == EINTR) {
-  }
-  close(exec_error[0]);
-  if (n == static_cast<ssize_t>(sizeof(error))) {
+  if (error != 0) {
     int status;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }

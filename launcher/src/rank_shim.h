@@ -5,8 +5,15 @@
 // racing, or report an exec failure as an errno; and a process group alone does not stop a
 // grandchild that left the group, nor anything at all once trainrun is SIGKILLed. The shim does:
 //
-//   trainrun ──fork──▶ shim (setsid, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG=SIGUSR1)
-//                        └──fork──▶ command (own process group, PR_SET_PDEATHSIG=SIGKILL, execve)
+//   trainrun ──clone+exec──▶ trainrun-rank-shim (setsid, PR_SET_CHILD_SUBREAPER,
+//                            │                      PR_SET_PDEATHSIG=SIGUSR1)
+//                            └──vfork──▶ command (own process group, PR_SET_PDEATHSIG=SIGKILL,
+//                                                 execve)
+//
+//   The shim is its own static executable (rank_shim_main.cc), started by ShimSpawn
+//   (shim_spawn.h) without copying trainrun; where it is not installed, or with
+//   TRAINRUN_RANK_SHIM=fork, RunRankShim runs in a fork() of trainrun instead, with the same
+//   guarantees.
 //
 //   * SIGTERM to the shim: relayed to the command's process group (the job's teardown).
 //   * SIGUSR1 to the shim, or trainrun's death (PDEATHSIG): SIGKILL to the group and to every
@@ -14,7 +21,7 @@
 //   * The command exits: the same SIGKILL sweep of whatever it left behind, so nothing a rank
 //     started outlives it; the shim then writes the command's wait status and exits.
 //
-// The shim is a fork of a possibly multithreaded process and never execs, so after the fork it
+// In the fork() case the shim is a fork of a possibly multithreaded process and never execs, so it
 // uses only async-signal-safe system calls; everything it needs is prepared before the fork.
 #pragma once
 
@@ -50,7 +57,8 @@ struct ShimArgs {
 // The signal trainrun sends a shim to end its rank at once (and the shim's PDEATHSIG).
 inline constexpr int kShimKillSignal = 10;  // SIGUSR1, checked in rank_shim.cc
 
-// RunRankShim is the shim's whole life, called in the child right after fork(). Never returns.
+// RunRankShim is the shim's whole life: trainrun-rank-shim's main, or the child right after fork().
+// Never returns.
 [[noreturn]] void RunRankShim(const ShimArgs& args);
 
 }  // namespace trainrun::launcher::internal

@@ -7,6 +7,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -90,7 +91,10 @@ absl::StatusOr<std::unique_ptr<Listener>> Listener::Bind(const std::string& host
 }
 
 Listener::Listener(int fd, int port, size_t max_connections)
-    : fd_(fd), port_(port), max_connections_(max_connections) {}
+    : fd_(fd),
+      port_(port),
+      max_connections_(max_connections),
+      wake_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
 
 Listener::~Listener() { Stop(); }
 
@@ -101,9 +105,15 @@ void Listener::Start(grpc::Server* server) {
 
 void Listener::Stop() {
   stop_ = true;
+  if (wake_ >= 0) {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(wake_, &one, sizeof(one));
+  }
   if (thread_.joinable()) thread_.join();
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
+  if (wake_ >= 0) close(wake_);
+  wake_ = -1;
 }
 
 void Listener::Refused(const char* why) {
@@ -151,8 +161,9 @@ void Listener::Run() {
       Sweep();
       next_sweep = now + std::chrono::milliseconds(100);
     }
-    pollfd p{now >= rest_until ? fd_ : -1, POLLIN, 0};
-    if (poll(&p, 1, 50) <= 0 || (p.revents & POLLIN) == 0) continue;
+    // The eventfd ends the wait at once when Stop() is called (a job's end waits for this thread).
+    pollfd p[2] = {{now >= rest_until ? fd_ : -1, POLLIN, 0}, {wake_, POLLIN, 0}};
+    if (poll(p, 2, 50) <= 0 || (p[0].revents & POLLIN) == 0) continue;
     for (int batch = 0; batch < 256 && !stop_; ++batch) {
       int fd = accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {

@@ -77,6 +77,7 @@ class Listener {
   size_t max_connections_;
   grpc::Server* server_ = nullptr;
   std::atomic<bool> stop_{false};
+  int wake_;  // an eventfd that Stop() writes, to end the accepting thread's poll at once
   std::vector<Connection> connections_;  // the accepting thread's
   size_t refused_ = 0;
   std::thread thread_;

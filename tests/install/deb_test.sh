@@ -99,7 +99,8 @@ for dep in libc6 libstdc\\+\\+6 libssh2-1 'libgrpc\+\+1' libprotobuf libabsl 'py
 done
 expect_in "$info" 'shlibs|triggers' "trainrun's control files (shlibs, ldconfig trigger)"
 contents=$(dpkg-deb -c "$runtime")
-for f in ./usr/bin/trainrun ./usr/lib/python3/dist-packages/trainrun/__init__.py \
+for f in ./usr/bin/trainrun ./usr/libexec/trainrun/trainrun-rank-shim \
+         ./usr/lib/python3/dist-packages/trainrun/__init__.py \
          './usr/lib/python3/dist-packages/trainrun/_core\..*\.so' ./usr/share/man/man1/trainrun.1.gz \
          ./usr/share/bash-completion/completions/trainrun ./usr/share/zsh/vendor-completions/_trainrun \
          './usr/lib/.*libtrainrun_collectives\.so\.0\.1\.0'; do

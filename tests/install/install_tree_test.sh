@@ -24,7 +24,8 @@ cmake --install "$build" --prefix "$prefix" >/dev/null
 libdir=$(sed -n 's/^CMAKE_INSTALL_LIBDIR:[A-Z]*=//p' "$build/CMakeCache.txt")
 site=$("$python" -c 'import sys, sysconfig
 print(sysconfig.get_path("platlib", "posix_prefix", vars={"base": sys.argv[1], "platbase": sys.argv[1]}))' "$prefix")
-for f in bin/trainrun "$libdir/libtrainrun_collectives.so.0.1.0" "$libdir/libtrainrun_collectives.so" \
+for f in bin/trainrun libexec/trainrun/trainrun-rank-shim "$libdir/libtrainrun_collectives.so.0.1.0" \
+         "$libdir/libtrainrun_collectives.so" \
          "$libdir/libtrainrun_collectives.a" include/trainrun/collectives/communicator.h \
          include/trainrun/collectives/c_api.h include/trainrun/rendezvous/store.h \
          "$libdir/cmake/trainrun/trainrunConfig.cmake" "$libdir/cmake/trainrun/trainrunConfigVersion.cmake" \
@@ -56,9 +57,10 @@ expect_in "$out" "\[1\]<stdout>:allreduce ok from $site/trainrun/__init__.py" "r
 echo "$out"
 
 step "python3 -m trainrun runs the launcher installed with the package"
-# The rank's parent is trainrun's rank shim, a fork of the launcher: its executable is the launcher.
-out=$(PYTHONPATH=$site "$python" -m trainrun -np 1 /bin/sh -c 'readlink /proc/$PPID/exe' 2>&1) ||
+# The rank's parent is trainrun's rank shim, the one installed beside it; the shim's is the launcher.
+out=$(PYTHONPATH=$site "$python" -m trainrun -np 1 /bin/sh -c 'readlink /proc/$PPID/exe /proc/$(cut -d" " -f4 /proc/$PPID/stat)/exe' 2>&1) ||
   fail "python3 -m trainrun failed: $out"
+expect_in "$out" "^\[0\]<stdout>:$prefix/libexec/trainrun/trainrun-rank-shim$" "the installed rank shim"
 expect_in "$out" "^\[0\]<stdout>:$prefix/bin/trainrun$" "python3 -m trainrun's launcher"
 echo "$out"
 

@@ -59,7 +59,8 @@ out=$("$venv/bin/trainrun" -np 2 "$venv/bin/python" -c "$PY_ALLREDUCE" 2>&1) || 
 expect_in "$out" "\[0\]<stdout>:allreduce ok from $site/trainrun/__init__.py" "rank 0"
 
 step "python -m trainrun runs the venv's launcher"
-out=$("$venv/bin/python" -m trainrun -np 1 /bin/sh -c 'readlink /proc/$PPID/exe' 2>&1) || fail "$out"
+out=$("$venv/bin/python" -m trainrun -np 1 /bin/sh -c 'readlink /proc/$PPID/exe /proc/$(cut -d" " -f4 /proc/$PPID/stat)/exe' 2>&1) || fail "$out"
+expect_in "$out" "^\[0\]<stdout>:$(realpath "$venv/libexec/trainrun/trainrun-rank-shim")$" "the venv's rank shim"
 expect_in "$out" "^\[0\]<stdout>:$(realpath "$venv/bin/trainrun")$" "python -m trainrun's launcher"
 echo "$out"
 echo "pip: all checks passed"

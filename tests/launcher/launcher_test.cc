@@ -409,6 +409,29 @@ TEST_CASE("a command that cannot be executed is reported once, exit 127", "[laun
   CHECK(Count(garbage.Err(), "Exec format error") >= 1);
 }
 
+TEST_CASE("a rank shim that cannot be executed is reported, and nothing starts", "[launcher]") {
+  // Missing: refused before any process is made, naming the shim and the variable.
+  setenv("TRAINRUN_RANK_SHIM", "/nonexistent/trainrun-rank-shim", 1);
+  Driver missing({"-np", "3", "sh", "-c", "echo started"});
+  CHECK(missing.Wait() != 0);
+  CHECK(Count(missing.Err(), "cannot execute the rank shim /nonexistent/trainrun-rank-shim") == 1);
+  CHECK(Count(missing.Err(), "TRAINRUN_RANK_SHIM") == 1);
+  CHECK(missing.Out().empty());
+
+  // Executable but not a program: its execve fails in the clone, after trainrun went on; each
+  // rank ends as not executed (127), reported once, and no command ran.
+  std::string path = missing.dir() + "/not_a_shim";
+  std::ofstream(path) << "\x7f\x01garbage";
+  chmod(path.c_str(), 0755);
+  setenv("TRAINRUN_RANK_SHIM", path.c_str(), 1);
+  Driver garbage({"-np", "3", "sh", "-c", "echo started"});
+  CHECK(garbage.Wait() == 127);
+  CHECK(Count(garbage.Err(), "cannot execute") == 1);
+  CHECK(Count(garbage.Err(), "Exec format error") >= 1);
+  CHECK(garbage.Out().empty());
+  unsetenv("TRAINRUN_RANK_SHIM");
+}
+
 TEST_CASE("stdin goes to rank 0 only", "[launcher]") {
   const std::vector<std::string> command = {"-np", "3", "sh", "-c",
                                             "while read line; do echo got:$line; done; echo eof"};

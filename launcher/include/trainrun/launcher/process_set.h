@@ -9,8 +9,9 @@
 //   ranks.Start(0, spec);  // executable, argv, env, stdin_fd
 //   io.run();  // until the callbacks stop it
 //
-// Each rank runs under a small supervisor process (see src/rank_shim.h): a forked copy of this
-// process that makes itself a session leader and child subreaper, starts the command in its own
+// Each rank runs under a small supervisor process (see src/rank_shim.h), trainrun-rank-shim,
+// started with posix_spawn (or, where that executable is not installed, a forked copy of this
+// process), that makes itself a session leader and child subreaper, starts the command in its own
 // process group, and makes sure that nothing the command started outlives it — including when this
 // process is killed with SIGKILL (it notices through PR_SET_PDEATHSIG).
 #pragma once
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "trainrun/launcher/exit_info.h"
 
 namespace trainrun::launcher {
@@ -82,7 +84,7 @@ class RankProcessSet : public RankControl {
   RankProcessSet(const RankProcessSet&) = delete;
   RankProcessSet& operator=(const RankProcessSet&) = delete;
 
-  // Start forks rank `rank`'s supervisor, which starts the command. Returns an error only when no
+  // Start starts rank `rank`'s supervisor, which starts the command. Returns an error only when no
   // process could be made (fork, pipe); a command that cannot be executed ends with an on_exit
   // whose exec_errno is set.
   absl::Status Start(int rank, const ProcessSpec& spec);
@@ -106,11 +108,15 @@ class RankProcessSet : public RankControl {
   void Reap();
   void OnShimExit(Rank& rank, int shim_status);
   void MaybeFinish(Rank& rank);
+  // ForkShim starts a rank's shim as a fork of this process, where no shim executable is found.
+  absl::StatusOr<pid_t> ForkShim(const ProcessSpec& spec, int stdin_fd, int stdout_fd,
+                                 int stderr_fd, int status_fd);
 
   boost::asio::io_context& io_;
   Callbacks callbacks_;
   boost::asio::signal_set sigchld_;
   std::vector<std::unique_ptr<Rank>> ranks_;
+  std::string shim_path_;  // trainrun-rank-shim; "": ForkShim
 };
 
 }  // namespace trainrun::launcher

@@ -285,6 +285,14 @@ inline constexpr StringParam kShmWait{
 inline constexpr EnvParam kShmChannelBytes{"TRAINRUN_SHM_CHANNEL_BYTES", 512 << 10,
                                            "shared-memory ring per ordered pair of ranks, bytes"};
 
+// --- The launcher --------------------------------------------------------------------------------
+
+// The rank shim trainrun starts each local rank under (launcher/src/rank_shim.h): unset or empty,
+// trainrun-rank-shim next to trainrun (or in ../libexec/trainrun/); a path, that executable;
+// "fork", no executable: trainrun forks itself per rank, as it does where no shim is installed.
+inline constexpr StringParam kRankShim{"TRAINRUN_RANK_SHIM", "",
+                                       "the rank shim executable, or \"fork\" for none"};
+
 // --- Python package (python/) ----------------------------------------------------------------
 
 // A directory every rank on this host can see: without a launcher (tests, quick local runs),
