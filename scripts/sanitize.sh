@@ -56,8 +56,8 @@ run_asan() {
   # The executables of those tests (and what they depend on), not the Python extension, benchmarks
   # or GPU tests.
   cmake --build "$dir" -j2 --target hostfile_test rendezvous_test collectives_test launcher_test \
-    cli_test integration_test flags_test ssh_test ssh_agent_test ssh_netns_test \
-    ssh_multihost_test trainrun_nccl_tests
+    cli_test integration_test flags_test ssh_test ssh_agent_test ssh_netns_test per_node_netns_test \
+    ssh_multihost_test slurm_fixture_test trainrun_nccl_tests
   local reports="$root/$dir/sanitizer-reports"
   rm -rf "$reports" && mkdir -p "$reports"
   local status=0
