@@ -156,7 +156,22 @@ absl::StatusOr<std::unique_ptr<ShimSpawn>> ShimSpawn::Start(const std::string& s
                                 spawn->argv_.data(), spawn->envp_.data());
   posix_spawnattr_destroy(&attributes);
   posix_spawn_file_actions_destroy(&actions);
-  if (error != 0) return ErrnoStatus(error, "posix_spawn");
+  if (error == EAGAIN || error == ENOMEM) return ErrnoStatus(error, "posix_spawn");
+  if (error != 0) {
+    // The shim's execve failed (posix_spawn reports it here). Do as the clone's child does: a
+    // child that reports the exec failure on the status pipe and exits 127, so that both paths
+    // end such a rank alike (not executed, said once).
+    pid = fork();
+    if (pid < 0) return ErrnoStatus(errno, "fork");
+    if (pid == 0) {
+      timespec now{};
+      clock_gettime(CLOCK_MONOTONIC, &now);
+      const ShimRecord record{ShimRecord::kExecFailed, static_cast<int32_t>(error),
+                              int64_t{now.tv_sec} * 1000000000 + now.tv_nsec};
+      [[maybe_unused]] ssize_t written = write(spawn->fds_[3], &record, sizeof(record));
+      _exit(127);
+    }
+  }
   spawn->pid_ = pid;
   return spawn;
 #endif
