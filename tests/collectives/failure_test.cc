@@ -23,6 +23,33 @@ namespace trainrun::collectives {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// ReapWithin waits for every child until `deadline`, then SIGKILLs and reaps the ones still
+// running. It returns each child's wait status (-1 for one it had to kill) and sets `*left` to how
+// many it had to kill.
+std::vector<int> ReapWithin(const std::vector<pid_t>& children, Clock::time_point deadline,
+                            int* left) {
+  const int n = static_cast<int>(children.size());
+  std::vector<int> status(n, -1);
+  *left = n;
+  while (*left > 0 && Clock::now() < deadline) {
+    for (int r = 0; r < n; ++r) {
+      int s = 0;
+      if (status[r] == -1 && ::waitpid(children[r], &s, WNOHANG) == children[r]) {
+        status[r] = s;
+        --*left;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (int r = 0; r < n; ++r) {
+    if (status[r] == -1) {
+      ::kill(children[r], SIGKILL);
+      ::waitpid(children[r], nullptr, 0);
+    }
+  }
+  return status;
+}
 using testing::Spawn;
 
 CommunicatorOptions WithToken(const std::string& token) {
@@ -190,25 +217,8 @@ TEST_CASE("a rank killed with SIGKILL mid-allreduce: the others raise promptly n
   }
   // Every child must end on its own within the bound; any straggler is killed and fails the test.
   auto deadline = Clock::now() + std::chrono::seconds(20);
-  std::vector<int> status(n, -1);
-  int left = n;
-  while (left > 0 && Clock::now() < deadline) {
-    for (int r = 0; r < n; ++r) {
-      if (status[r] != -1) continue;
-      int s = 0;
-      if (::waitpid(children[r], &s, WNOHANG) == children[r]) {
-        status[r] = s;
-        --left;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  for (int r = 0; r < n; ++r) {
-    if (status[r] == -1) {
-      ::kill(children[r], SIGKILL);
-      ::waitpid(children[r], nullptr, 0);
-    }
-  }
+  int left = 0;
+  const std::vector<int> status = ReapWithin(children, deadline, &left);
   REQUIRE(left == 0);
   CHECK(WIFSIGNALED(status[victim]));
   for (int r = 0; r < n; ++r) {
@@ -284,24 +294,8 @@ TEST_CASE("survivors of a SIGKILL mid-allreduce raise, then go on as the next ge
     children.push_back(pid);
   }
   auto deadline = Clock::now() + std::chrono::seconds(30);
-  std::vector<int> status(n, -1);
-  int left = n;
-  while (left > 0 && Clock::now() < deadline) {
-    for (int r = 0; r < n; ++r) {
-      int s = 0;
-      if (status[r] == -1 && ::waitpid(children[r], &s, WNOHANG) == children[r]) {
-        status[r] = s;
-        --left;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  for (int r = 0; r < n; ++r) {
-    if (status[r] == -1) {
-      ::kill(children[r], SIGKILL);
-      ::waitpid(children[r], nullptr, 0);
-    }
-  }
+  int left = 0;
+  const std::vector<int> status = ReapWithin(children, deadline, &left);
   REQUIRE(left == 0);
   CHECK(WIFSIGNALED(status[victim]));
   for (int r = 0; r < n; ++r) {
