@@ -17,7 +17,7 @@ seed_flag=()
 [[ -n "${FUZZ_SEED:-}" ]] && seed_flag=(-seed="$FUZZ_SEED")
 build_dir=${FUZZ_BUILD_DIR:-build-fuzz}
 all_fuzzers=(host_list_fuzzer hostfile_fuzzer slurm_fuzzer ssh_config_fuzzer agent_frame_fuzzer
-             handshake_fuzzer)
+             handshake_fuzzer config_file_fuzzer)
 read -r -a fuzzers <<<"${FUZZERS:-${all_fuzzers[*]}}"
 
 launcher=()
