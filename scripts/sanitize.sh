@@ -104,8 +104,9 @@ run_asan() {
   asan_tier "launcher and integration" 240 -L 'launcher|integration' -LE "$never|$remote"
   asan_tier "ssh, netns and slurm" 600 -L "$remote" -LE "$never"
   if ((${#left[@]})); then
-    local IFS=,
-    echo "sanitize: ASan left out, for lack of time in a budget of $budget s: ${left[*]}" >&2
+    local joined
+    printf -v joined '%s; ' "${left[@]}"
+    echo "sanitize: ASan left out, for lack of time in a budget of $budget s: ${joined%; }" >&2
   fi
   ((ran > 0)) || { echo "sanitize: the ASan build left no time for any test tier" >&2; }
   check_reports "$reports" || status=1
