@@ -82,6 +82,37 @@ def test_distributed_optimizer_matches_full_batch(kind, bucket_bytes):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=f"parameter {name}")
 
 
+@pytest.mark.parametrize("compression", ["fp16", "bf16"])
+def test_compressed_gradients_are_the_average_every_step(compression):
+    """Each step's gradients travel as 2-byte floats through a buffer kept across steps: every
+    step (not only the first) must hand back this step's average, to the wire type's precision."""
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), bucket_bytes=256,
+                                   compression=getattr(hvd.Compression, compression))
+    tolerance = {"fp16": 2e-3, "bf16": 1e-2}[compression]
+    for step in range(3):
+        twin = make_model()  # the same parameters, without the optimizer's hooks
+        twin.load_state_dict(model.state_dict())
+        reference = [torch.zeros_like(p) for p in twin.parameters()]
+        for r in range(hvd.size()):  # each rank's gradient, as that rank computes it
+            twin.zero_grad()
+            F.cross_entropy(twin(my_shard(*full_batch(step), r)[0]),
+                            my_shard(*full_batch(step), r)[1]).backward()
+            for acc, p in zip(reference, twin.parameters()):
+                acc += p.grad / hvd.size()
+        opt.zero_grad()
+        x, y = my_shard(*full_batch(step))
+        F.cross_entropy(model(x), y).backward()
+        opt.synchronize()
+        for (name, p), want in zip(model.named_parameters(), reference):
+            torch.testing.assert_close(p.grad, want, rtol=tolerance, atol=tolerance,
+                                       msg=f"step {step}, gradient of {name}")
+        with opt.skip_synchronize():
+            opt.step()
+    assert_same_everywhere(model)
+
+
 def test_backward_passes_per_step_accumulates():
     model = make_model()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
