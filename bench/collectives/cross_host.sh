@@ -8,7 +8,7 @@
 #
 #   bench/collectives/cross_host.sh [-r ROUNDS] [-l "2x1 2x2 4x1"] [-b MIN] [-e MAX] [-R MBIT]
 #                                   [-d US] [-p "ours mpi gloo"] [-n ITERS] [-w WARMUP] [-T MS]
-#                                   [-B BUILD_DIR] [-x NAME=VALUE]... [-k]
+#                                   [-B BUILD_DIR] [-x NAME=VALUE]... [-P PREFIX] [-k]
 #
 # -r rounds (default 3), -l layouts HxL (H hosts, L ranks on each; default "2x1 2x2 4x1"),
 # -b/-e smallest/largest size in bytes, K/M suffixes (default 4K and 64M, doubling),
@@ -17,8 +17,9 @@
 # gloo"), -n/-w timed and warm-up iterations per size (default 5 and 2), -T at least this many ms
 # timed per size (default 200), -B the build directory with bin/trainrun and bin/allreduce_perf
 # (default build/), -x NAME=VALUE an environment variable for our ranks (repeatable; e.g.
-# -x TRAINRUN_SOCKETS_PER_PEER=2), -k keep the namespaces after the run (for poking around;
-# `cross_host.sh -c PREFIX` removes them).
+# -x TRAINRUN_SOCKETS_PER_PEER=2), -P a command prefix for each of our ranks (words; e.g.
+# "/usr/bin/time -f %U+%S" for their CPU seconds on stderr, which the run keeps with -k), -k keep
+# the namespaces and work files after the run (`cross_host.sh -c PREFIX` removes the namespaces).
 #
 # Why 3 Gbit/s: on this 2-core machine the CPUs, not the shaping, are the limit above ~4-5 Gbit/s
 # each way (iperf3 --bidir between two such hosts: 4.8 Gbit/s each way on a 10 Gbit/s shaping), so
@@ -43,7 +44,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 rounds=3 layouts="2x1 2x2 4x1" min=4K max=64M rate=3000 delay=0 peers="ours mpi gloo"
-iters=5 warmup=2 min_ms=200 build=$root/build keep=0 ours_env=()
+iters=5 warmup=2 min_ms=200 build=$root/build keep=0 ours_env=() rank_prefix=
 
 die() {
   echo "cross_host.sh: $*" >&2
@@ -76,7 +77,7 @@ remove_namespaces() {
   done
 }
 
-while getopts "r:l:b:e:R:d:p:n:w:T:B:x:kc:h" opt; do
+while getopts "r:l:b:e:R:d:p:n:w:T:B:x:P:kc:h" opt; do
   case "$opt" in
     r) rounds=$OPTARG ;;
     l) layouts=$OPTARG ;;
@@ -90,9 +91,10 @@ while getopts "r:l:b:e:R:d:p:n:w:T:B:x:kc:h" opt; do
     T) min_ms=$OPTARG ;;
     B) build=$(cd "$OPTARG" && pwd) ;;
     x) [[ $OPTARG == *=* ]] || die "-x wants NAME=VALUE, not '$OPTARG'"; ours_env+=("$OPTARG") ;;
+    P) rank_prefix=$OPTARG ;;
     k) keep=1 ;;
     c) remove_namespaces "$OPTARG"; exit 0 ;;
-    *) sed -n '2,41p' "$0"; exit 2 ;;
+    *) sed -n '2,42p' "$0"; exit 2 ;;
   esac
 done
 min=$(bytes "$min") max=$(bytes "$max")
@@ -211,7 +213,7 @@ run() {
         local cmd=(ip netns exec "${prefix}h$i" env TRAINRUN_NETWORK_INTERFACE=eth0 "${ours_env[@]}"
           "$build/bin/trainrun" -q --nnodes "$hosts" --node-rank "$((i - 1))"
           --rdzv-endpoint "$head:$port" --nproc-per-node "$per" --rdzv-token "$token" --no-tag-output
-          "$build/bin/allreduce_perf" -b "$min" -e "$max" -f 2 -n "$iters" -w "$warmup" -T "$min_ms" -c 1)
+          $rank_prefix "$build/bin/allreduce_perf" -b "$min" -e "$max" -f 2 -n "$iters" -w "$warmup" -T "$min_ms" -c 1)
         if ((i == 1)); then
           "${cmd[@]}" >"$out.raw" 2>>"$log" || status=$?
         else
