@@ -159,6 +159,8 @@ class Communicator::Impl {
           MakeMessage(env::kShmWait.name, " is '", wait, "'; set it to adaptive, spin or sleep"));
     }
     shm.chunk_bytes = static_cast<size_t>(std::max<int64_t>(4096, env::kShmChunkBytes.Get()));
+    shm.across_chunk_bytes =
+        static_cast<size_t>(std::max<int64_t>(4096, env::kHierarchicalChunkBytes.Get()));
     shm.small_bytes = static_cast<size_t>(std::max<int64_t>(0, env::kShmSmallBytes.Get()));
     shm.channel_bytes = static_cast<size_t>(std::max<int64_t>(4096, env::kShmChannelBytes.Get()));
     const std::string mode = options.transport.empty() ? env::kTransport.Get() : options.transport;

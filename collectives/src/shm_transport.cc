@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <future>
 #include <thread>
 
 #include "reduce.h"
@@ -534,9 +535,114 @@ void ShmTransport::AllreduceAcrossGroups(const void* input, void* output, size_t
                                          const PartAllreduce& across) {
   if (count == 0) return;
   SetState(kWorking);
-  ChunkAllreduce(static_cast<const char*>(input), static_cast<char*>(output), count, type, op,
-                 divisor, &across);
+  const size_t e = ElementSize(type);
+  const size_t n = static_cast<size_t>(size_);
+  const size_t line = std::max<size_t>(1, 64 / e);
+  const size_t chunk = std::max(n * line, options_.chunk_bytes / e / (n * line) * (n * line));
+  if (count <= chunk) {
+    ChunkAllreduce(static_cast<const char*>(input), static_cast<char*>(output), count, type, op,
+                   divisor, &across);
+  } else {
+    PipelinedAcross(static_cast<const char*>(input), static_cast<char*>(output), count, type, op,
+                    divisor, across);
+  }
   SetState(kOutside);
+}
+
+// Chunk c goes through the phases of ChunkAllreduce: A(c) copies it in and reduces this rank's
+// part; across(c) allreduces that part among the other groups, on a helper thread; B(c) copies the
+// other ranks' finished parts out. They run in the order A(0), A(1), across(0) done, B(0), A(2),
+// across(1) done, B(1), ..., so that across(c) (the network) overlaps A(c+1) and B(c-1) (memory).
+// Every rank posts one step per phase in that order, so a peer's step tells which phases it has
+// finished. Two slots per rank still suffice: A(c) writes the slot of chunk c-2 (the same parity)
+// only outside this rank's own part, which is all that B(c-2) reads (parts sit at the same places
+// in every chunk), and reduces into its own part only after every peer posted A(c), i.e. finished
+// B(c-2).
+void ShmTransport::PipelinedAcross(const char* in, char* out, size_t count, DataType type,
+                                   ReduceOp op, int divisor, const PartAllreduce& across) {
+  const size_t e = ElementSize(type);
+  const size_t n = static_cast<size_t>(size_);
+  const size_t line = std::max<size_t>(1, 64 / e);
+  const size_t chunk = std::max(n * line, options_.chunk_bytes / e / (n * line) * (n * line));
+  const size_t chunks = (count + chunk - 1) / chunk;
+  const uint32_t g0 = generation_;
+  generation_ += static_cast<uint32_t>(chunks);
+  const uint32_t base = 2 * g0;
+  struct Part {
+    size_t begin, length;
+  };
+  // Every chunk, the short last one too, is cut at the same places (chunk is a multiple of n
+  // lines), so a rank's part of one chunk never overlaps another rank's part of another: A(c)'s
+  // copy-in stays clear of what B(c-2) still reads.
+  const size_t per = chunk / n;
+  auto part = [&](size_t c, int p) {
+    const size_t length = std::min(chunk, count - c * chunk);
+    const size_t b = std::min(length, p * per);
+    return Part{b, std::min(length, b + per) - b};
+  };
+  // A(c): copy in all but this rank's part, post, await, reduce this rank's part in its slot.
+  auto phase_a = [&](size_t c, uint32_t step) {
+    const size_t begin = c * chunk;
+    const size_t length = std::min(chunk, count - begin);
+    char* mine = slot(rank_, g0 + static_cast<uint32_t>(c));
+    const Part own = part(c, rank_);
+    const size_t after = own.begin + own.length;
+    const char* src = in + begin * e;
+    std::memcpy(mine, src, own.begin * e);
+    std::memcpy(mine + after * e, src + after * e, (length - after) * e);
+    Post(step);
+    AwaitSteps(step);
+    if (own.length == 0) return;
+    char* result = mine + own.begin * e;
+    const char* first = in + (begin + own.begin) * e;
+    bool reduced = false;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      Reduce(type, op, result, reduced ? result : first,
+             slot(p, g0 + static_cast<uint32_t>(c)) + own.begin * e, own.length);
+      reduced = true;
+    }
+    if (!reduced) std::memcpy(result, first, own.length * e);
+  };
+  // across(c), on the helper thread: this rank's part among the groups, then the average's division
+  // and the copy to the output.
+  auto phase_across = [&](size_t c) {
+    const Part own = part(c, rank_);
+    if (own.length == 0) return;
+    char* result = slot(rank_, g0 + static_cast<uint32_t>(c)) + own.begin * e;
+    across(result, own.length);
+    if (op == ReduceOp::kAverage) Divide(type, result, own.length, divisor);
+    std::memcpy(out + (c * chunk + own.begin) * e, result, own.length * e);
+  };
+  // B(c): post that this rank's part is final, await the others', copy theirs out.
+  auto phase_b = [&](size_t c, uint32_t step) {
+    Post(step);
+    AwaitSteps(step);
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      const Part theirs = part(c, p);
+      if (theirs.length == 0) continue;
+      std::memcpy(out + (c * chunk + theirs.begin) * e,
+                  slot(p, g0 + static_cast<uint32_t>(c)) + theirs.begin * e, theirs.length * e);
+    }
+  };
+  std::future<void> running;
+  try {
+    phase_a(0, base + 1);
+    running = std::async(std::launch::async, phase_across, size_t{0});
+    for (size_t c = 1; c < chunks; ++c) {
+      phase_a(c, base + 2 * static_cast<uint32_t>(c));
+      running.get();  // rethrows the helper's failure
+      running = std::async(std::launch::async, phase_across, c);
+      phase_b(c - 1, base + 2 * static_cast<uint32_t>(c) + 1);
+    }
+    running.get();
+    phase_b(chunks - 1, base + 2 * static_cast<uint32_t>(chunks));
+  } catch (...) {
+    // Never leave the helper running on this frame's lambdas; its transport fails or times out.
+    if (running.valid()) running.wait();
+    throw;
+  }
 }
 
 bool ShmTransport::TryAllgather(const void* input, void* output, size_t bytes) {

@@ -47,9 +47,10 @@ struct ShmOptions {
   std::chrono::milliseconds timeout{300000};
   std::chrono::microseconds spin{50};  // busy wait before sleeping on a futex
   ShmWait wait = ShmWait::kAdaptive;
-  size_t chunk_bytes = 1 << 20;      // allreduce pipelining unit (per slot)
-  size_t small_bytes = 32 << 10;     // allreduce of at most this: one phase, whole buffer
-  size_t channel_bytes = 512 << 10;  // ring buffer per ordered pair of ranks
+  size_t chunk_bytes = 1 << 20;         // allreduce pipelining unit (per slot)
+  size_t across_chunk_bytes = 4 << 20;  // chunk_bytes of a host's group in a hierarchical job
+  size_t small_bytes = 32 << 10;        // allreduce of at most this: one phase, whole buffer
+  size_t channel_bytes = 512 << 10;     // ring buffer per ordered pair of ranks
   int rank_offset = 0;  // global rank of this group's rank 0, for messages (hierarchical.h)
 };
 
@@ -95,7 +96,9 @@ class ShmTransport : public Transport {
   using PartAllreduce = std::function<void(char* data, size_t count)>;
   // AllreduceAcrossGroups is the chunked allreduce with one more step: each rank passes its reduced
   // part of every chunk through `across` before the others copy it, and kAverage divides by
-  // `divisor` (the size of the whole job). `across` must treat kAverage as kSum.
+  // `divisor` (the size of the whole job). `across` must treat kAverage as kSum. Above one chunk,
+  // `across` runs on a helper thread (one chunk at a time, never two at once) while this thread
+  // moves the neighbouring chunks through shared memory, so the network and memory work overlap.
   void AllreduceAcrossGroups(const void* input, void* output, size_t count, DataType type,
                              ReduceOp op, int divisor, const PartAllreduce& across);
 
@@ -141,6 +144,10 @@ class ShmTransport : public Transport {
   struct Pieces;
   void ChunkAllreduce(const char* in, char* out, size_t count, DataType type, ReduceOp op,
                       int divisor, const PartAllreduce* across, const Pieces* pieces = nullptr);
+  // AllreduceAcrossGroups above one chunk: the chunks' `across` steps run on a helper thread,
+  // overlapping the next chunk's copy-in and reduction and the previous chunk's copy-out.
+  void PipelinedAcross(const char* in, char* out, size_t count, DataType type, ReduceOp op,
+                       int divisor, const PartAllreduce& across);
   int Global(int r) const { return r + options_.rank_offset; }
 
   ShmSegment segment_;

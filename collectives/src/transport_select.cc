@@ -80,6 +80,9 @@ std::unique_ptr<Transport> MakeHierarchical(rendezvous::Store& store, const Rank
   // Every rank takes part in the layout check, so all decide alike.
   if (!EvenHosts(store, info, tcp.name, tcp.timeout) || info.local_size == 1) return flat;
   const int first = info.rank - info.local_rank;
+  // The host's group does only the allreduce across hosts, in chunks large enough that each
+  // rank's part crosses the network in pipelined segments while the next chunk is reduced.
+  shm.chunk_bytes = shm.across_chunk_bytes;
   const std::string prefix =
       MakeMessage("collectives/", tcp.name, "/host", info.cross_rank, "/shm");
   std::string why;

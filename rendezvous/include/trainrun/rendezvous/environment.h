@@ -266,6 +266,13 @@ inline constexpr StringParam kTransport{
 inline constexpr EnvParam kShmChunkBytes{"TRAINRUN_SHM_CHUNK_BYTES", 256 << 10,
                                          "allreduce pipelining chunk over shared memory, bytes"};
 
+// A job on several hosts with several ranks on each (hierarchical allreduce) moves its allreduce
+// through shared memory in chunks of this many bytes; each rank's part of a chunk then crosses to
+// the other hosts while the next chunk is reduced (collectives/src/hierarchical.h).
+inline constexpr EnvParam kHierarchicalChunkBytes{
+    "TRAINRUN_HIERARCHICAL_CHUNK_BYTES", 4 << 20,
+    "allreduce chunk of a job on several hosts with several ranks each, bytes"};
+
 // Allreduce over shared memory of at most this many bytes reduces in one phase on every rank.
 inline constexpr EnvParam kShmSmallBytes{
     "TRAINRUN_SHM_SMALL_BYTES", 16 << 10,
