@@ -52,7 +52,9 @@ JobRun::JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& out
                        host_failed_ = true;
                        supervisor_->OnStartFailure(rank, std::move(message));
                      },
-                     [this](int rank, const std::string& binding) { OnStarted(rank, binding); }}),
+                     [this](int rank, const std::string& binding) { OnStarted(rank, binding); },
+                     HostLostHandler(spec)},
+                    RemoteTimingFor(spec)),
       all_ranks_({&local_ranks_, &remote_ranks_}),
       signals_(io_, SIGINT, SIGTERM, SIGHUP),
       stall_inspector_(spec.plan.size(), spec.stall_warning, spec.stall_shutdown),
@@ -71,6 +73,29 @@ JobRun::JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& out
 }
 
 JobRun::~JobRun() = default;
+
+// An elastic job survives a lost host: its ranks are lost ranks, and the launcher notices within
+// kElasticSilenceLimit. Other jobs keep the host's loss a failure and the longer limits.
+std::function<void(const std::vector<int>&, const std::string&)> JobRun::HostLostHandler(
+    const LaunchSpec& spec) {
+  if (!spec.elastic.has_value()) return {};
+  return [this](const std::vector<int>& ranks, const std::string& why) {
+    if (server_) {
+      for (int rank : ranks) server_->NoteRankExit(rank, why, false);
+    }
+    host_failed_ = true;
+    supervisor_->OnHostLost(ranks, why);
+  };
+}
+
+remote::RemoteTiming JobRun::RemoteTimingFor(const LaunchSpec& spec) {
+  remote::RemoteTiming timing;
+  if (spec.elastic.has_value()) {
+    timing.heartbeat = remote::kElasticHeartbeatInterval;
+    timing.silence = remote::kElasticSilenceLimit;
+  }
+  return timing;
+}
 
 // Local and remote ranks report the same events; output goes to the console (and files) and to the
 // supervisor, which keeps each rank's last stderr lines for the summary.
@@ -203,6 +228,9 @@ void JobRun::StartRanks(const StartDeadline& deadline) {
       job.argv = spec_.command;
       job.grace_period_ms = static_cast<uint32_t>(spec_.grace_period.count());
       job.stdout_pty = spec_.stdout_pty;
+      if (spec_.elastic.has_value()) {
+        job.silence_limit_ms = static_cast<uint32_t>(remote::kElasticSilenceLimit.count());
+      }
       for (const hostfile::RankAssignment& a : spec_.plan.ranks) {
         if (a.host_index != host_index) continue;
         job.ranks.push_back(

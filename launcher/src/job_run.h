@@ -13,6 +13,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -70,6 +71,11 @@ class JobRun {
   void InspectStalls();
   void OnOutput(int rank, OutputStream stream, std::string_view bytes);
   void OnExit(int rank, const ExitInfo& exit);
+  // HostLostHandler is RemoteEvents::on_host_lost for `spec` (none unless elastic);
+  // RemoteTimingFor its heartbeat and silence limit.
+  std::function<void(const std::vector<int>&, const std::string&)> HostLostHandler(
+      const LaunchSpec& spec);
+  static remote::RemoteTiming RemoteTimingFor(const LaunchSpec& spec);
   // OnStarted counts a started rank (local or remote, with its binding's words); the last one
   // prints the start line unless --quiet.
   void OnStarted(int rank, const std::string& binding);

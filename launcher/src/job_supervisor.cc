@@ -81,12 +81,36 @@ std::vector<int> JobSupervisor::Survivors() const {
 void JobSupervisor::OnElasticLoss(int rank, const ExitInfo& exit) {
   // A failure while the job already waits for ranks is that wait's consequence, not news.
   if (below_minimum_.has_value()) return;
+  Loss({rank}, absl::StrCat("rank ", rank, " on ", plan_.HostOf(rank).host, " ", exit.Describe()),
+       exit.time);
+}
+
+void JobSupervisor::OnHostLost(const std::vector<int>& ranks, const std::string& why) {
+  if (ranks.empty()) return;
+  const auto now = std::chrono::steady_clock::now();
+  ExitInfo exit;
+  exit.signal = SIGKILL;
+  exit.time = now;
+  for (int rank : ranks) {
+    if (exits_.count(rank) == 0) exits_[rank] = exit;
+  }
+  Logger().debug("{}: ranks {}", why, RankRanges(ranks));
+  if (options_.elastic.has_value() && !teardown_started_.has_value() &&
+      !below_minimum_.has_value()) {
+    Loss(ranks, absl::StrCat(why, ": ", RankRanges(ranks), " lost"), now);
+  } else if (!options_.elastic.has_value()) {
+    OnStartFailure(ranks.front(), why);
+  }
+  MaybeDone();
+}
+
+void JobSupervisor::Loss(const std::vector<int>& ranks, const std::string& why,
+                         std::chrono::steady_clock::time_point when) {
   const std::vector<int> survivors = Survivors();
-  const std::string why =
-      absl::StrCat("rank ", rank, " on ", plan_.HostOf(rank).host, " ", exit.Describe());
-  lost_.insert(rank);
+  const int rank = ranks.front();
+  for (int r : ranks) lost_.insert(r);
   if (static_cast<int>(survivors.size()) < options_.elastic->min_np) {
-    below_minimum_ = BelowMinimum{rank, static_cast<int>(survivors.size())};
+    below_minimum_ = BelowMinimum{rank, why, static_cast<int>(survivors.size())};
     Logger().warn(
         "{}; {} {} left, fewer than --min-np {}: waiting up to {} s (--elastic-timeout) "
         "for ranks",
@@ -98,9 +122,10 @@ void JobSupervisor::OnElasticLoss(int rank, const ExitInfo& exit) {
   MembershipChange change;
   change.generation = static_cast<int>(changes_.size()) + 1;
   change.lost = rank;
+  change.lost_ranks = ranks;
   change.why = why;
   change.members = survivors;
-  change.when = exit.time;
+  change.when = when;
   changes_.push_back(change);
   if (on_membership_change_) on_membership_change_(change);
 }
@@ -340,11 +365,11 @@ std::string JobSupervisor::Summary() const {
   std::set<int> accounted = lost_;
   if (below_minimum_.has_value() && !signal_.has_value()) {
     const int rank = below_minimum_->rank;
-    lines.push_back(absl::StrCat(
-        "rank ", rank, " on ", plan_.HostOf(rank).host, " ", exits_.at(rank).Describe(), "; ",
-        below_minimum_->remaining, below_minimum_->remaining == 1 ? " rank was" : " ranks were",
-        " left, fewer than --min-np ", options_.elastic->min_np, ", and no rank came within ",
-        options_.elastic->timeout.count(), " s (--elastic-timeout), so the job was stopped"));
+    lines.push_back(absl::StrCat(below_minimum_->why, "; ", below_minimum_->remaining,
+                                 below_minimum_->remaining == 1 ? " rank was" : " ranks were",
+                                 " left, fewer than --min-np ", options_.elastic->min_np,
+                                 ", and no rank came within ", options_.elastic->timeout.count(),
+                                 " s (--elastic-timeout), so the job was stopped"));
     AppendStderrTail(rank, lines);
     blamed.reset();
   }

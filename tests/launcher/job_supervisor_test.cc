@@ -346,3 +346,42 @@ TEST_CASE("not elastic: the first failure still ends the job", "[launcher][super
   f.supervisor.OnRankExit(2, Exit(0, std::chrono::steady_clock::now(), SIGKILL));
   CHECK(f.ranks.terminated == 1);
 }
+
+TEST_CASE("elastic: a lost host's ranks are lost together, one generation of the others",
+          "[launcher][supervisor][elastic]") {
+  ElasticFixture f(4, 2);
+  f.supervisor.OnHostLost({2, 3}, "host b lost its agent or its link (no word)");
+  CHECK(f.ranks.terminated == 0);
+  CHECK_FALSE(f.done);
+  REQUIRE(f.changes.size() == 1);
+  CHECK(f.changes[0].lost == 2);
+  CHECK(f.changes[0].lost_ranks == std::vector<int>{2, 3});
+  CHECK(f.changes[0].members == std::vector<int>{0, 1});
+  CHECK(f.changes[0].why == "host b lost its agent or its link (no word): ranks 2-3 lost");
+  const auto now = std::chrono::steady_clock::now();
+  for (int r : {0, 1}) f.supervisor.OnRankExit(r, Exit(0, now));
+  CHECK(f.done);
+  CHECK(f.supervisor.exit_code() == 0);
+  CHECK(f.supervisor.ElasticSummary().rfind(
+            "the job survived 1 membership change, 2 of 4 ranks remain: host b lost", 0) == 0);
+}
+
+TEST_CASE("elastic: a lost host that leaves fewer than --min-np ranks makes the job wait",
+          "[launcher][supervisor][elastic]") {
+  ElasticFixture f(4, 3, std::chrono::seconds(1));
+  f.supervisor.OnHostLost({2, 3}, "host b lost its agent or its link (no word)");
+  CHECK(f.changes.empty());
+  CHECK(f.ranks.terminated == 0);
+  f.io.run_one();  // the elastic timer
+  CHECK(f.ranks.terminated == 1);
+  CHECK(f.supervisor.Summary().rfind(
+            "host b lost its agent or its link (no word): ranks 2-3 lost; 2 ranks were left, "
+            "fewer than --min-np 3, and no rank came within 1 s",
+            0) == 0);
+}
+
+TEST_CASE("not elastic: a lost host still ends the job", "[launcher][supervisor][elastic]") {
+  Fixture f(4);
+  f.supervisor.OnHostLost({2, 3}, "host b lost its agent or its link (no word)");
+  CHECK(f.ranks.terminated == 1);
+}
