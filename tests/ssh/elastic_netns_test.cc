@@ -45,18 +45,18 @@ Round RunRound(const SshWorld& world, const NetnsCluster& cluster, int round) {
   const std::string times = absl::StrCat(world.dir(), "/elastic", round, ".times");
   const std::string hosts =
       absl::StrCat(cluster.host_address(0), ":2,", cluster.host_address(1), ":2");
-  const std::string args = absl::StrCat(
-      "-np 4 --min-np 2 -H ", hosts, " -x PYTHONPATH=", TRAINRUN_PYTHONPATH,
-      " -x TRAINRUN_TIMEOUT=60 -x PYTHONDONTWRITEBYTECODE=1 ", TRAINRUN_PYTHON, " ",
-      TRAINRUN_SOURCE_DIR, "/examples/elastic_train.py --times ", times);
+  const std::string args =
+      absl::StrCat("-np 4 --min-np 2 -H ", hosts, " -x PYTHONPATH=", TRAINRUN_PYTHONPATH,
+                   " -x TRAINRUN_TIMEOUT=60 -x PYTHONDONTWRITEBYTECODE=1 ", TRAINRUN_PYTHON, " ",
+                   TRAINRUN_SOURCE_DIR, "/examples/elastic_train.py --times ", times);
   // Rank 0 prints "epoch   5" at the end of its fifth epoch: then host 1's link goes down.
-  const std::string script = absl::StrCat(
-      "cd ", TRAINRUN_SOURCE_DIR, "; env HOME=", world.dir(), "/home ", TRAINRUN_BIN, " -i ",
-      world.user_ed25519(), " ", args, " > ", out, " 2>&1 & pid=$!; ",
-      "for i in $(seq 1200); do grep -q 'epoch   5' ", out,
-      " && break; kill -0 $pid 2>/dev/null || break; sleep 0.05; done; ",
-      "echo cut $(date +%s.%N) >> ", times, "; ip netns exec ", cluster.host_ns(1),
-      " ip link set eth0 down; wait $pid; echo status $?");
+  const std::string script =
+      absl::StrCat("cd ", TRAINRUN_SOURCE_DIR, "; env HOME=", world.dir(), "/home ", TRAINRUN_BIN,
+                   " -i ", world.user_ed25519(), " ", args, " > ", out, " 2>&1 & pid=$!; ",
+                   "for i in $(seq 1200); do grep -q 'epoch   5' ", out,
+                   " && break; kill -0 $pid 2>/dev/null || break; sleep 0.05; done; ",
+                   "echo cut $(date +%s.%N) >> ", times, "; ip netns exec ", cluster.host_ns(1),
+                   " ip link set eth0 down; wait $pid; echo status $?");
   std::string printed;
   RunCommand({"ip", "netns", "exec", cluster.client_ns(), "sh", "-c", script}, &printed, 240);
   RunCommand({"ip", "netns", "exec", cluster.host_ns(1), "ip", "link", "set", "eth0", "up"});
@@ -96,7 +96,9 @@ TEST_CASE("elastic: a host whose link is cut mid-training is lost; the job ends 
                           "ranks 0-1 of the start)") != std::string::npos);
     CHECK(result.log.find("on 2 rank(s)") != std::string::npos);
     CHECK(result.log.find("parameters bit-identical on every rank") != std::string::npos);
-    CHECK(result.log.find("the job survived 1 membership change, 2 of 4 ranks remain") !=
+    CHECK(result.log.find(absl::StrCat("the job survived 1 membership change, 2 of 4 ranks remain, "
+                                       "1 host lost (",
+                                       lost_host, "): host ", lost_host, " lost its agent")) !=
           std::string::npos);
     INFO(cluster.ProcessList());
     CHECK(cluster.OnlySshdLeftWithin(std::chrono::seconds(10)));

@@ -94,6 +94,22 @@ void RemoteRanks::KillAll() {
   for (auto& host : hosts_) Send(*host, EncodeFrame(MessageType::kKill));
 }
 
+void RemoteRanks::TerminateRanks(const std::vector<int>& ranks) {
+  for (auto& host : hosts_) {
+    if (std::any_of(ranks.begin(), ranks.end(), [&](int r) { return host->Owns(r); })) {
+      Send(*host, EncodeFrame(MessageType::kTerminate));
+    }
+  }
+}
+
+void RemoteRanks::KillRanks(const std::vector<int>& ranks) {
+  for (auto& host : hosts_) {
+    if (std::any_of(ranks.begin(), ranks.end(), [&](int r) { return host->Owns(r); })) {
+      Send(*host, EncodeFrame(MessageType::kKill));
+    }
+  }
+}
+
 void RemoteRanks::EndJob(const JobEnd& end) {
   const std::string frame = EncodeJobEnd(end);
   for (auto& host : hosts_) Send(*host, frame);

@@ -73,6 +73,8 @@ class RemoteRanks : public RankControl {
 
   void TerminateAll() override;
   void KillAll() override;
+  void TerminateRanks(const std::vector<int>& ranks) override;
+  void KillRanks(const std::vector<int>& ranks) override;
 
   // EndJob tells every agent still connected the job's outcome (per-node mode: a joined node's
   // trainrun prints the summary and exits with the code).
@@ -107,6 +109,12 @@ class AllRanks : public RankControl {
   }
   void KillAll() override {
     for (RankControl* part : parts_) part->KillAll();
+  }
+  void TerminateRanks(const std::vector<int>& ranks) override {
+    for (RankControl* part : parts_) part->TerminateRanks(ranks);
+  }
+  void KillRanks(const std::vector<int>& ranks) override {
+    for (RankControl* part : parts_) part->KillRanks(ranks);
   }
 
  private:
