@@ -7,9 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <algorithm>
 #include <set>
 
 #include "absl/strings/ascii.h"
@@ -26,9 +26,9 @@ namespace {
 
 absl::Status BadLine(absl::string_view script, int number, absl::string_view line,
                      absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "the host discovery script '", script, "' printed \"", line, "\" on line ", number, ": ",
-      why, "; each line must be host or host:slots"));
+  return absl::InvalidArgumentError(absl::StrCat("the host discovery script '", script,
+                                                 "' printed \"", line, "\" on line ", number, ": ",
+                                                 why, "; each line must be host or host:slots"));
 }
 
 bool ValidHostName(absl::string_view host) {
@@ -83,9 +83,9 @@ absl::StatusOr<std::vector<hostfile::HostSpec>> ParseDiscoveryOutput(absl::strin
     if (!slots.empty() || line.back() == ':') {
       int n = 0;
       if (!absl::SimpleAtoi(slots, &n) || n < 1 || n > hostfile::kMaxSlotsPerHost) {
-        return BadLine(script, number, line,
-                       absl::StrCat("the slots are not a number from 1 to ",
-                                    hostfile::kMaxSlotsPerHost));
+        return BadLine(
+            script, number, line,
+            absl::StrCat("the slots are not a number from 1 to ", hostfile::kMaxSlotsPerHost));
       }
       host.slots = n;
     }
@@ -160,14 +160,13 @@ absl::StatusOr<std::vector<hostfile::HostSpec>> RunDiscoveryScript(const std::st
                                                     kDiscoveryScriptTimeout.count(), " s"));
   }
   if (WIFSIGNALED(status)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the host discovery script '", script, "' was killed by signal ",
-                     WTERMSIG(status)));
+    return absl::FailedPreconditionError(absl::StrCat("the host discovery script '", script,
+                                                      "' was killed by signal ", WTERMSIG(status)));
   }
   if (WEXITSTATUS(status) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the host discovery script '", script, "' exited with code ", WEXITSTATUS(status),
-        WEXITSTATUS(status) == 127 ? " (not found?)" : ""));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the host discovery script '", script, "' exited with code ",
+                     WEXITSTATUS(status), WEXITSTATUS(status) == 127 ? " (not found?)" : ""));
   }
   return ParseDiscoveryOutput(script, output, default_slots);
 }

@@ -9,10 +9,10 @@
 
 #include <chrono>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "trainrun/hostfile/slot_plan.h"
 
 namespace trainrun::launcher {
