@@ -111,12 +111,14 @@ def main():
                     note_time(args.times, "kill")
                     os.kill(os.getpid(), signal.SIGKILL)
                 if state.step % args.batches_per_commit == 0:
-                    state.commit()
+                    # commit() saves, then checks for host updates, which may raise: the state
+                    # is committed once it is called.
                     progress["last_commit"] = state.step
+                    state.commit()
             state.epoch += 1
             state.sampler.set_epoch(state.epoch)
-            state.commit()
             progress["last_commit"] = state.step
+            state.commit()
             if hvd.rank() == 0 and (state.epoch % 5 == 0 or state.epoch == args.epochs):
                 accuracy = evaluate(model, x_test, y_test)
                 print(f"epoch {state.epoch:3d}  step {state.step}  test accuracy "

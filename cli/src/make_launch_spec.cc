@@ -20,6 +20,7 @@
 #include "trainrun/hostfile/hostfile.h"
 #include "trainrun/hostfile/slot_plan.h"
 #include "trainrun/hostfile/slurm.h"
+#include "trainrun/launcher/host_discovery.h"
 #include "trainrun/launcher/local_host.h"
 #include "trainrun/rendezvous/environment.h"
 
@@ -62,6 +63,27 @@ absl::Status SlotsFromSlurmGpus(const EnvironmentLookup& env, std::vector<HostSp
 absl::StatusOr<Hosts> ResolveHosts(const RunOptions& options, const EnvironmentLookup& env) {
   if (options.hosts && options.hostfile) {
     return absl::InvalidArgumentError("give either -H or --hostfile, not both");
+  }
+  if (options.host_discovery_script) {
+    if (options.hosts || options.hostfile) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "give either --host-discovery-script or ", options.hosts ? "-H" : "--hostfile",
+          ", not both: the script's output is the job's host list"));
+    }
+    if (!options.min_np) {
+      return absl::InvalidArgumentError(
+          "--host-discovery-script is for elastic jobs, which --min-np makes; add --min-np N "
+          "(the fewest ranks the job may go on with)");
+    }
+    auto hosts = launcher::RunDiscoveryScript(*options.host_discovery_script,
+                                              options.slots_per_host.value_or(1));
+    if (!hosts.ok()) return hosts.status();
+    if (hosts->empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("the host discovery script '",
+                                                     *options.host_discovery_script,
+                                                     "' printed no host; the job needs one"));
+    }
+    return Hosts{*std::move(hosts), absl::StrCat("the host discovery script's hosts: ")};
   }
   if (options.hosts) {
     auto hosts = hostfile::ParseHostList(*options.hosts);
@@ -212,6 +234,12 @@ std::string RunPythonScriptWithPython(const RunOptions& options,
 absl::StatusOr<std::optional<launcher::ElasticSpec>> MakeElasticSpec(const RunOptions& options,
                                                                      int np, bool per_node) {
   if (!options.min_np) {
+    if (options.slots_per_host || options.reset_limit) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          options.slots_per_host ? "--slots-per-host" : "--reset-limit",
+          " is for elastic jobs, which --min-np makes; add --min-np N (the fewest ranks the job "
+          "may go on with)"));
+    }
     if (options.max_np || options.elastic_timeout_s) {
       return absl::InvalidArgumentError(absl::StrCat(
           options.max_np ? "--max-np" : "--elastic-timeout",
@@ -222,6 +250,9 @@ absl::StatusOr<std::optional<launcher::ElasticSpec>> MakeElasticSpec(const RunOp
   }
   launcher::ElasticSpec elastic;
   elastic.min_np = *options.min_np;
+  if (options.host_discovery_script) elastic.discovery_script = *options.host_discovery_script;
+  if (options.slots_per_host) elastic.slots_per_host = *options.slots_per_host;
+  if (options.reset_limit) elastic.reset_limit = *options.reset_limit;
   elastic.max_np = options.max_np.value_or(np);
   if (options.elastic_timeout_s) elastic.timeout = std::chrono::seconds(*options.elastic_timeout_s);
   if (elastic.min_np > np) {
@@ -279,6 +310,12 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
     planned.num_proc = per_node->num_proc;
     absl::StatusOr<Hosts> hosts = ResolveHosts(planned, env);
     if (!hosts.ok()) return hosts.status();
+    if (options.host_discovery_script && !planned.num_proc) {
+      // Every discovered slot, up to --max-np.
+      int total = 0;
+      for (const hostfile::HostSpec& host : hosts->hosts) total += host.slots;
+      planned.num_proc = options.max_np ? std::min(total, *options.max_np) : total;
+    }
     plan = hostfile::PlanSlots(hosts->hosts, planned.num_proc);
     if (!plan.ok()) return BadInput(hosts->source, plan.status());
   }

@@ -309,6 +309,20 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
                  "Elastic mode: the most ranks the job may have (default: -np).")
       ->type_name("N")
       ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--host-discovery-script,--host_discovery_script", options.host_discovery_script,
+                 "Elastic mode: a script printing the hosts the job may use, one host or "
+                 "host:slots a line; run to plan the job, then every second: a host that leaves "
+                 "its output has its ranks stopped (instead of -H or --hostfile).")
+      ->type_name("SCRIPT");
+  app.add_option("--slots-per-host,--slots_per_host", options.slots_per_host,
+                 "Elastic mode: the slots of a discovered host whose line gives none (default 1).")
+      ->type_name("N")
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--reset-limit,--reset_limit", options.reset_limit,
+                 "Elastic mode: the most membership changes the job survives; one more ends it "
+                 "(default: no limit).")
+      ->type_name("N")
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--elastic-timeout,--elastic_timeout", options.elastic_timeout_s,
                  "Elastic mode: how long to wait for ranks when fewer than --min-np remain "
                  "(default 600).")

@@ -132,6 +132,7 @@ class Communicator::Impl {
     tcp.timeout = options.timeout.count() > 0
                       ? options.timeout
                       : std::chrono::milliseconds(env::kTimeoutSeconds.Get() * 1000);
+    tcp.interrupt = options.interrupt;
     tcp.sockets_per_peer = static_cast<int>(std::max<int64_t>(1, env::kSocketsPerPeer.Get()));
     tcp.buffer_bytes = static_cast<int>(env::kSocketBufferBytes.Get());
     // Spinning only pays when every rank on this host has a core of its own.

@@ -387,6 +387,8 @@ void TcpTransport::FailTimeout() {
 void TcpTransport::Wait(Request request) {
   if (request >= remaining_.size()) return;
   auto last_progress = Clock::now();
+  auto last_interrupt_check = last_progress;
+  constexpr auto kInterruptCheck = std::chrono::milliseconds(100);
   while (remaining_[request] > 0) {
     if (Progress()) {
       if (remaining_[request] == 0) break;
@@ -395,11 +397,22 @@ void TcpTransport::Wait(Request request) {
     }
     auto now = Clock::now();
     if (now - last_progress >= options_.timeout) FailTimeout();
+    if (options_.interrupt && now - last_progress >= kInterruptCheck &&
+        now - last_interrupt_check >= kInterruptCheck) {
+      last_interrupt_check = now;
+      if (options_.interrupt()) {
+        failed_peer_ = -1;
+        throw IoError(MakeMessage("rank ", rank_,
+                                  ": interrupted: the job's membership changed while this rank "
+                                  "waited in a collective (a peer was lost)"));
+      }
+    }
     int wait_ms = 0;
     if (now - last_progress >= options_.spin) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout -
                                                                         (now - last_progress));
-      wait_ms = static_cast<int>(std::clamp<int64_t>(left.count() + 1, 1, 1000));
+      wait_ms = static_cast<int>(
+          std::clamp<int64_t>(left.count() + 1, 1, options_.interrupt ? 100 : 1000));
     }
     PollOnce(wait_ms);
   }

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +32,8 @@ struct TcpOptions {
   int sockets_per_peer = 1;
   int buffer_bytes = 4 << 20;
   std::chrono::microseconds spin{0};  // busy-poll before sleeping in poll(2)
+  // CommunicatorOptions::interrupt: asked while a wait moves nothing; true makes it give up.
+  std::function<bool()> interrupt;
 };
 
 class TcpTransport : public Transport {

@@ -11,6 +11,7 @@
 #include "remote/host_access.h"
 #include "trainrun/launcher/cpu_binding.h"
 #include "trainrun/launcher/gpu_assignment.h"
+#include "trainrun/launcher/host_discovery.h"
 #include "trainrun/launcher/local_host.h"
 #include "trainrun/launcher/logging.h"
 #include "trainrun/rendezvous/environment.h"
@@ -52,7 +53,9 @@ JobRun::JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& out
                        host_failed_ = true;
                        supervisor_->OnStartFailure(rank, std::move(message));
                      },
-                     [this](int rank, const std::string& binding) { OnStarted(rank, binding); }}),
+                     [this](int rank, const std::string& binding) { OnStarted(rank, binding); },
+                     HostLostHandler(spec)},
+                    RemoteTimingFor(spec)),
       all_ranks_({&local_ranks_, &remote_ranks_}),
       signals_(io_, SIGINT, SIGTERM, SIGHUP),
       stall_inspector_(spec.plan.size(), spec.stall_warning, spec.stall_shutdown),
@@ -70,7 +73,92 @@ JobRun::JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& out
   if (plan.rank_is_local[0]) stdin_forwarder_ = internal::StdinForwarder::Create(io_);
 }
 
-JobRun::~JobRun() = default;
+JobRun::~JobRun() { StopDiscovery(); }
+
+void JobRun::StartDiscovery() {
+  if (!spec_.elastic.has_value() || spec_.elastic->discovery_script.empty()) return;
+  discovery_thread_ = std::thread([this] {
+    const ElasticSpec& elastic = *spec_.elastic;
+    std::unique_lock<std::mutex> lock(discovery_mutex_);
+    for (;;) {
+      if (discovery_wake_.wait_for(lock, elastic.discovery_interval,
+                                   [this] { return discovery_stop_; })) {
+        return;
+      }
+      lock.unlock();
+      absl::StatusOr<std::vector<hostfile::HostSpec>> hosts =
+          RunDiscoveryScript(elastic.discovery_script, elastic.slots_per_host);
+      boost::asio::post(io_, [this, hosts = std::move(hosts)] { OnDiscovered(hosts); });
+      lock.lock();
+    }
+  });
+}
+
+void JobRun::StopDiscovery() {
+  {
+    std::lock_guard<std::mutex> lock(discovery_mutex_);
+    discovery_stop_ = true;
+  }
+  discovery_wake_.notify_all();
+  if (discovery_thread_.joinable()) discovery_thread_.join();
+}
+
+void JobRun::OnDiscovered(const absl::StatusOr<std::vector<hostfile::HostSpec>>& hosts) {
+  if (supervisor_->done()) return;
+  if (!hosts.ok()) {
+    const std::string message(hosts.status().message());
+    if (discovery_said_.insert(message).second) {
+      Logger().warn("{}; the job keeps its hosts meanwhile", message);
+    }
+    return;
+  }
+  std::set<std::string> listed;
+  for (const hostfile::HostSpec& host : *hosts) listed.insert(host.host);
+  for (size_t h = 0; h < spec_.plan.hosts.size(); ++h) {
+    const std::string& name = spec_.plan.hosts[h].host;
+    if (listed.count(name) > 0 || !removed_hosts_.insert(name).second) continue;
+    std::vector<int> ranks;
+    for (const hostfile::RankAssignment& a : spec_.plan.ranks) {
+      if (a.host_index == static_cast<int>(h)) ranks.push_back(a.rank);
+    }
+    supervisor_->OnRanksRemoved(
+        ranks, absl::StrCat("host ", name, " left the host discovery script's output"));
+  }
+  for (const hostfile::HostSpec& host : *hosts) {
+    const bool known =
+        std::any_of(spec_.plan.hosts.begin(), spec_.plan.hosts.end(),
+                    [&](const hostfile::HostSpec& h) { return h.host == host.host; });
+    if (known) continue;
+    const std::string note =
+        absl::StrCat("host ", host.host,
+                     " appeared in the host discovery script's output; growing a running "
+                     "job onto new hosts is not built yet, so the job goes on without it");
+    if (discovery_said_.insert(note).second) Logger().warn("{}", note);
+  }
+}
+
+// An elastic job survives a lost host: its ranks are lost ranks, and the launcher notices within
+// kElasticSilenceLimit. Other jobs keep the host's loss a failure and the longer limits.
+std::function<void(const std::vector<int>&, const std::string&)> JobRun::HostLostHandler(
+    const LaunchSpec& spec) {
+  if (!spec.elastic.has_value()) return {};
+  return [this](const std::vector<int>& ranks, const std::string& why) {
+    if (server_) {
+      for (int rank : ranks) server_->NoteRankExit(rank, why, false);
+    }
+    host_failed_ = true;
+    supervisor_->OnHostLost(ranks, why);
+  };
+}
+
+remote::RemoteTiming JobRun::RemoteTimingFor(const LaunchSpec& spec) {
+  remote::RemoteTiming timing;
+  if (spec.elastic.has_value()) {
+    timing.heartbeat = remote::kElasticHeartbeatInterval;
+    timing.silence = remote::kElasticSilenceLimit;
+  }
+  return timing;
+}
 
 // Local and remote ranks report the same events; output goes to the console (and files) and to the
 // supervisor, which keeps each rank's last stderr lines for the summary.
@@ -203,6 +291,9 @@ void JobRun::StartRanks(const StartDeadline& deadline) {
       job.argv = spec_.command;
       job.grace_period_ms = static_cast<uint32_t>(spec_.grace_period.count());
       job.stdout_pty = spec_.stdout_pty;
+      if (spec_.elastic.has_value()) {
+        job.silence_limit_ms = static_cast<uint32_t>(remote::kElasticSilenceLimit.count());
+      }
       for (const hostfile::RankAssignment& a : spec_.plan.ranks) {
         if (a.host_index != host_index) continue;
         job.ranks.push_back(
@@ -321,10 +412,12 @@ void JobRun::WatchGenerations() {
 
 void JobRun::Supervise() {
   InspectStalls();
+  StartDiscovery();
   if (!supervisor_->done()) io_.run();
 }
 
 int JobRun::Summarize() {
+  StopDiscovery();
   server_->Shutdown();
   output_.EndLines();
   if (spec_.elastic.has_value() && supervisor_->exit_code() == 0) {

@@ -13,8 +13,14 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <condition_variable>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -70,6 +76,11 @@ class JobRun {
   void InspectStalls();
   void OnOutput(int rank, OutputStream stream, std::string_view bytes);
   void OnExit(int rank, const ExitInfo& exit);
+  // HostLostHandler is RemoteEvents::on_host_lost for `spec` (none unless elastic);
+  // RemoteTimingFor its heartbeat and silence limit.
+  std::function<void(const std::vector<int>&, const std::string&)> HostLostHandler(
+      const LaunchSpec& spec);
+  static remote::RemoteTiming RemoteTimingFor(const LaunchSpec& spec);
   // OnStarted counts a started rank (local or remote, with its binding's words); the last one
   // prints the start line unless --quiet.
   void OnStarted(int rank, const std::string& binding);
@@ -78,9 +89,22 @@ class JobRun {
   // member has joined it), then logs the change's line.
   void PublishGeneration(const MembershipChange& change);
   void WatchGenerations();
+  // Elastic jobs with --host-discovery-script: a thread runs the script every
+  // ElasticSpec::discovery_interval and posts its outcome to OnDiscovered, which stops the ranks
+  // of hosts that left the output (JobSupervisor::OnRanksRemoved) and says once what it cannot
+  // use (a failing script, a new host). StopDiscovery ends the thread.
+  void StartDiscovery();
+  void StopDiscovery();
+  void OnDiscovered(const absl::StatusOr<std::vector<hostfile::HostSpec>>& hosts);
 
   const LaunchSpec& spec_;
-  bool host_failed_ = false;  // a remote host's agent failed or was lost
+  std::thread discovery_thread_;
+  std::mutex discovery_mutex_;
+  std::condition_variable discovery_wake_;
+  bool discovery_stop_ = false;
+  std::set<std::string> discovery_said_;  // what OnDiscovered has said once
+  std::set<std::string> removed_hosts_;   // hosts whose ranks it stopped
+  bool host_failed_ = false;              // a remote host's agent failed or was lost
   std::chrono::steady_clock::time_point
       launched_;  // when Launch began (the start deadline's clock)
   int started_ = 0;

@@ -36,7 +36,8 @@ JobSupervisor::JobSupervisor(boost::asio::io_context& io, const hostfile::SlotPl
       on_done_(std::move(on_done)),
       timer_(io),
       on_membership_change_(std::move(on_membership_change)),
-      elastic_timer_(io) {}
+      elastic_timer_(io),
+      io_(io) {}
 
 void JobSupervisor::OnRankStarted(int rank) { ++started_; }
 
@@ -61,7 +62,9 @@ void JobSupervisor::OnRankExit(int rank, const ExitInfo& exit) {
   exits_[rank] = exit;
   if (!exit.ok()) {
     Logger().debug("rank {} {}", rank, exit.Describe());
-    if (options_.elastic.has_value() && !teardown_started_.has_value()) {
+    if (lost_.count(rank) > 0) {
+      // A rank stopped because its host left the discovery output: already one change.
+    } else if (options_.elastic.has_value() && !teardown_started_.has_value()) {
       OnElasticLoss(rank, exit);
     } else {
       StartTeardown();
@@ -73,7 +76,7 @@ void JobSupervisor::OnRankExit(int rank, const ExitInfo& exit) {
 std::vector<int> JobSupervisor::Survivors() const {
   std::vector<int> survivors;
   for (int rank = 0; rank < plan_.size(); ++rank) {
-    if (exits_.count(rank) == 0) survivors.push_back(rank);
+    if (exits_.count(rank) == 0 && lost_.count(rank) == 0) survivors.push_back(rank);
   }
   return survivors;
 }
@@ -81,12 +84,67 @@ std::vector<int> JobSupervisor::Survivors() const {
 void JobSupervisor::OnElasticLoss(int rank, const ExitInfo& exit) {
   // A failure while the job already waits for ranks is that wait's consequence, not news.
   if (below_minimum_.has_value()) return;
+  Loss({rank}, absl::StrCat("rank ", rank, " on ", plan_.HostOf(rank).host, " ", exit.Describe()),
+       exit.time);
+}
+
+void JobSupervisor::OnHostLost(const std::vector<int>& ranks, const std::string& why) {
+  if (ranks.empty()) return;
+  const auto now = std::chrono::steady_clock::now();
+  ExitInfo exit;
+  exit.signal = SIGKILL;
+  exit.time = now;
+  for (int rank : ranks) {
+    if (exits_.count(rank) == 0) exits_[rank] = exit;
+  }
+  Logger().debug("{}: ranks {}", why, RankRanges(ranks));
+  if (options_.elastic.has_value() && !teardown_started_.has_value() &&
+      !below_minimum_.has_value()) {
+    Loss(ranks, absl::StrCat(why, ": ", RankRanges(ranks), " lost"), now,
+         plan_.HostOf(ranks.front()).host);
+  } else if (!options_.elastic.has_value()) {
+    OnStartFailure(ranks.front(), why);
+  }
+  MaybeDone();
+}
+
+void JobSupervisor::OnRanksRemoved(const std::vector<int>& ranks, const std::string& why) {
+  if (!options_.elastic.has_value() || teardown_started_.has_value() || done_) return;
+  std::vector<int> running;
+  for (int rank : ranks) {
+    if (exits_.count(rank) == 0 && lost_.count(rank) == 0) running.push_back(rank);
+  }
+  if (running.empty()) return;
+  ranks_.TerminateRanks(running);
+  auto timer = std::make_unique<boost::asio::steady_timer>(io_, options_.grace_period);
+  timer->async_wait([this, running](const boost::system::error_code& error) {
+    if (!error && !done_) ranks_.KillRanks(running);
+  });
+  removal_timers_.push_back(std::move(timer));
+  if (below_minimum_.has_value()) {
+    for (int rank : running) lost_.insert(rank);
+    return;
+  }
+  Loss(running, absl::StrCat(why, ": ", RankRanges(running), " stopped"),
+       std::chrono::steady_clock::now(), plan_.HostOf(running.front()).host);
+}
+
+void JobSupervisor::Loss(const std::vector<int>& ranks, const std::string& why,
+                         std::chrono::steady_clock::time_point when, const std::string& host) {
+  for (int r : ranks) lost_.insert(r);
   const std::vector<int> survivors = Survivors();
-  const std::string why =
-      absl::StrCat("rank ", rank, " on ", plan_.HostOf(rank).host, " ", exit.Describe());
-  lost_.insert(rank);
+  const int rank = ranks.front();
+  if (options_.elastic->reset_limit > 0 &&
+      static_cast<int>(changes_.size()) >= options_.elastic->reset_limit) {
+    reset_limit_hit_ =
+        absl::StrCat(why, "; the job's membership had already changed ", changes_.size(),
+                     changes_.size() == 1 ? " time" : " times", ", as many as --reset-limit ",
+                     options_.elastic->reset_limit, " allows, so the job was stopped");
+    StartTeardown();
+    return;
+  }
   if (static_cast<int>(survivors.size()) < options_.elastic->min_np) {
-    below_minimum_ = BelowMinimum{rank, static_cast<int>(survivors.size())};
+    below_minimum_ = BelowMinimum{rank, why, static_cast<int>(survivors.size())};
     Logger().warn(
         "{}; {} {} left, fewer than --min-np {}: waiting up to {} s (--elastic-timeout) "
         "for ranks",
@@ -98,9 +156,11 @@ void JobSupervisor::OnElasticLoss(int rank, const ExitInfo& exit) {
   MembershipChange change;
   change.generation = static_cast<int>(changes_.size()) + 1;
   change.lost = rank;
+  change.lost_ranks = ranks;
+  change.lost_host = host;
   change.why = why;
   change.members = survivors;
-  change.when = exit.time;
+  change.when = when;
   changes_.push_back(change);
   if (on_membership_change_) on_membership_change_(change);
 }
@@ -132,16 +192,23 @@ std::string JobSupervisor::OnGenerationFormed(int generation) {
 std::string JobSupervisor::ElasticSummary() const {
   if (changes_.empty()) return "";
   std::vector<std::string> parts;
+  std::vector<std::string> hosts;
   for (const MembershipChange& change : changes_) {
+    if (!change.lost_host.empty()) hosts.push_back(change.lost_host);
     parts.push_back(
         change.recovery_seconds >= 0
             ? absl::StrFormat("%s (recovered in %.2f s)", change.why, change.recovery_seconds)
             : absl::StrCat(change.why, " (not recovered)"));
   }
-  return absl::StrCat("the job survived ", changes_.size(),
-                      changes_.size() == 1 ? " membership change" : " membership changes", ", ",
-                      changes_.back().members.size(), " of ", plan_.size(),
-                      " ranks remain: ", absl::StrJoin(parts, "; "));
+  return absl::StrCat(
+      "the job survived ", changes_.size(),
+      changes_.size() == 1 ? " membership change" : " membership changes", ", ",
+      changes_.back().members.size(), " of ", plan_.size(), " ranks remain",
+      hosts.empty()
+          ? ""
+          : absl::StrCat(", ", hosts.size(), hosts.size() == 1 ? " host lost (" : " hosts lost (",
+                         absl::StrJoin(hosts, ", "), ")"),
+      ": ", absl::StrJoin(parts, "; "));
 }
 
 void JobSupervisor::OnSignal(int signal) {
@@ -302,6 +369,7 @@ int JobSupervisor::exit_code() const {
   if (below_minimum_.has_value() && !signal_.has_value()) {
     return exits_.at(below_minimum_->rank).ExitCode();
   }
+  if (reset_limit_hit_.has_value() && !signal_.has_value()) return 1;
   if (std::optional<int> blamed = Blamed(); blamed.has_value())
     return exits_.at(*blamed).ExitCode();
   if (exited_before_join_.has_value()) return 1;
@@ -330,7 +398,8 @@ void JobSupervisor::AppendStderrTail(int rank, std::vector<std::string>& lines) 
 std::string JobSupervisor::Summary() const {
   std::optional<int> blamed = Blamed();
   if (!blamed.has_value() && !signal_.has_value() && !start_failure_.has_value() &&
-      !exited_before_join_.has_value() && !stall_.has_value() && !below_minimum_.has_value()) {
+      !exited_before_join_.has_value() && !stall_.has_value() && !below_minimum_.has_value() &&
+      !reset_limit_hit_.has_value()) {
     bool all_ok = std::all_of(exits_.begin(), exits_.end(), [&](const auto& e) {
       return e.second.ok() || lost_.count(e.first) > 0;
     });
@@ -338,13 +407,17 @@ std::string JobSupervisor::Summary() const {
   }
   std::vector<std::string> lines;
   std::set<int> accounted = lost_;
+  if (reset_limit_hit_.has_value() && !signal_.has_value()) {
+    lines.push_back(*reset_limit_hit_);
+    blamed.reset();
+  }
   if (below_minimum_.has_value() && !signal_.has_value()) {
     const int rank = below_minimum_->rank;
-    lines.push_back(absl::StrCat(
-        "rank ", rank, " on ", plan_.HostOf(rank).host, " ", exits_.at(rank).Describe(), "; ",
-        below_minimum_->remaining, below_minimum_->remaining == 1 ? " rank was" : " ranks were",
-        " left, fewer than --min-np ", options_.elastic->min_np, ", and no rank came within ",
-        options_.elastic->timeout.count(), " s (--elastic-timeout), so the job was stopped"));
+    lines.push_back(absl::StrCat(below_minimum_->why, "; ", below_minimum_->remaining,
+                                 below_minimum_->remaining == 1 ? " rank was" : " ranks were",
+                                 " left, fewer than --min-np ", options_.elastic->min_np,
+                                 ", and no rank came within ", options_.elastic->timeout.count(),
+                                 " s (--elastic-timeout), so the job was stopped"));
     AppendStderrTail(rank, lines);
     blamed.reset();
   }

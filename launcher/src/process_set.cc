@@ -9,6 +9,7 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -259,6 +260,22 @@ void RankProcessSet::TerminateAll() {
 void RankProcessSet::KillAll() {
   for (auto& rank : ranks_) {
     if (!rank->reaped) kill(rank->shim, internal::kShimKillSignal);
+  }
+}
+
+void RankProcessSet::TerminateRanks(const std::vector<int>& ranks) {
+  for (auto& rank : ranks_) {
+    if (!rank->reaped && std::find(ranks.begin(), ranks.end(), rank->index) != ranks.end()) {
+      kill(rank->shim, SIGTERM);
+    }
+  }
+}
+
+void RankProcessSet::KillRanks(const std::vector<int>& ranks) {
+  for (auto& rank : ranks_) {
+    if (!rank->reaped && std::find(ranks.begin(), ranks.end(), rank->index) != ranks.end()) {
+      kill(rank->shim, internal::kShimKillSignal);
+    }
   }
 }
 

@@ -108,7 +108,32 @@ struct ElasticWorld {
   int slot = 0;
   int generation = 0;
   std::chrono::milliseconds timeout{0};  // the longest wait for a next generation
+  std::vector<int> members;              // the slots of `generation`, in rank order
 };
+
+// LosesMember answers CommunicatorOptions::interrupt for an elastic worker's communicator of
+// generation `generation` (members `members`): true once a newer generation has been published
+// that leaves one of them out (a lost rank or host; a generation that only adds ranks is not a
+// reason to give up a collective). Remembers the newest generation it found harmless.
+std::function<bool()> LosesMember(std::shared_ptr<rendezvous::Store> store, int generation,
+                                  std::vector<int> members) {
+  auto checked = std::make_shared<int>(generation);
+  return [store = std::move(store), members = std::move(members), checked]() {
+    absl::StatusOr<int> latest = rendezvous::LatestGeneration(*store);
+    if (!latest.ok() || *latest <= *checked) return false;
+    absl::StatusOr<std::vector<std::string>> text =
+        store->Get({rendezvous::GenerationKey(*latest)}, std::chrono::milliseconds(1000));
+    if (!text.ok()) return false;
+    absl::StatusOr<rendezvous::Generation> next =
+        rendezvous::Generation::Decode(*latest, (*text)[0]);
+    if (!next.ok()) return false;
+    for (int slot : members) {
+      if (!next->PlaceOf(slot)) return true;
+    }
+    *checked = *latest;
+    return false;
+  };
+}
 
 bool ElasticRequested() {
   auto value = GetEnv(env::kElastic);
@@ -130,9 +155,12 @@ std::unique_ptr<Communicator> JoinElastic(ElasticWorld& elastic) {
   // trainrun always sets it; the fallback is its default (600 s) and margin (30 s).
   elastic.timeout =
       std::chrono::milliseconds(int64_t{GetIntEnv(env::kElasticTimeout, 630, "")} * 1000);
+  const RankInfo& info = session->assignment;
+  elastic.members.clear();
+  for (int slot = 0; slot < info.size; ++slot) elastic.members.push_back(slot);
   collectives::CommunicatorOptions options;
   options.job_id = session->assignment.job_id;
-  const RankInfo& info = session->assignment;
+  options.interrupt = LosesMember(elastic.store, 0, elastic.members);
   return std::make_unique<Communicator>(elastic.store, info, options);
 }
 
@@ -155,8 +183,13 @@ std::unique_ptr<Communicator> JoinNextGeneration(ElasticWorld& elastic) {
   }
   // From here on a failure waits for the generation after this one.
   elastic.generation = next->number;
+  elastic.members.clear();
+  for (const rendezvous::GenerationMember& member : next->members) {
+    elastic.members.push_back(member.slot);
+  }
   collectives::CommunicatorOptions options;
   options.name = internal::MakeMessage("world.g", next->number);
+  options.interrupt = LosesMember(elastic.store, next->number, elastic.members);
   auto comm = std::make_unique<Communicator>(elastic.store, *place, options);
   (void)elastic.store->Set(
       internal::MakeMessage(rendezvous::GenerationJoinedPrefix(next->number), elastic.slot), "");

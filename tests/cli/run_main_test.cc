@@ -298,6 +298,46 @@ TEST_CASE_METHOD(
   CHECK(launches_[0].elastic->timeout == std::chrono::seconds(5));
 }
 
+TEST_CASE_METHOD(TrainrunFixture,
+                 "elastic flags: --host-discovery-script plans the job from its output",
+                 "[cli][elastic]") {
+  CHECK(Run({"--min-np", "1", "--host-discovery-script", "printf 'localhost:2\\n127.0.0.1\\n'",
+             "--slots-per-host", "3", "--reset-limit", "4", "python"}) == 0);
+  REQUIRE(launches_.size() == 1);
+  REQUIRE(launches_[0].elastic.has_value());
+  CHECK(launches_[0].plan.size() == 5);  // every discovered slot
+  CHECK(launches_[0].plan.hosts[1].host == "127.0.0.1");
+  CHECK(launches_[0].plan.hosts[1].slots == 3);
+  CHECK(launches_[0].elastic->slots_per_host == 3);
+  CHECK(launches_[0].elastic->reset_limit == 4);
+  CHECK(launches_[0].elastic->discovery_script == "printf 'localhost:2\\n127.0.0.1\\n'");
+  CHECK(Run({"--min-np", "1", "--max-np", "2", "--host-discovery-script", "echo localhost:8",
+             "python"}) == 0);
+  REQUIRE(launches_.size() == 1);
+  CHECK(launches_[0].plan.size() == 2);  // up to --max-np
+  auto error = [this](const Words& args) {
+    const int code = Run(args);
+    const std::vector<std::string> lines = LogLines();
+    return std::make_pair(code, lines.size() == 1 ? lines[0] : log_.str());
+  };
+  CHECK(error({"--host-discovery-script", "echo localhost", "python"}) ==
+        std::make_pair(2, std::string("trainrun: error: --host-discovery-script is for elastic "
+                                      "jobs, which --min-np makes; add --min-np N (the fewest "
+                                      "ranks the job may go on with)")));
+  CHECK(error({"--min-np", "1", "-H", "a", "--host-discovery-script", "echo a", "python"}) ==
+        std::make_pair(2, std::string("trainrun: error: give either --host-discovery-script or "
+                                      "-H, not both: the script's output is the job's host "
+                                      "list")));
+  CHECK(error({"--min-np", "1", "--host-discovery-script", "echo 'a b'", "python"}) ==
+        std::make_pair(2, std::string("trainrun: error: the host discovery script 'echo 'a b'' "
+                                      "printed \"a b\" on line 1: not a host name; each line "
+                                      "must be host or host:slots")));
+  CHECK(error({"-np", "2", "--reset-limit", "1", "python"}) ==
+        std::make_pair(2, std::string("trainrun: error: --reset-limit is for elastic jobs, which "
+                                      "--min-np makes; add --min-np N (the fewest ranks the job "
+                                      "may go on with)")));
+}
+
 TEST_CASE_METHOD(TrainrunFixture, "launcher errors are reported once and mapped", "[cli]") {
   launch_result_ = absl::NotFoundError("cannot execute 'foo': No such file or directory");
   CHECK(Run({"-np", "4", "foo"}) == 127);

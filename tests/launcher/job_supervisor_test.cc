@@ -346,3 +346,90 @@ TEST_CASE("not elastic: the first failure still ends the job", "[launcher][super
   f.supervisor.OnRankExit(2, Exit(0, std::chrono::steady_clock::now(), SIGKILL));
   CHECK(f.ranks.terminated == 1);
 }
+
+TEST_CASE("elastic: a lost host's ranks are lost together, one generation of the others",
+          "[launcher][supervisor][elastic]") {
+  ElasticFixture f(4, 2);
+  f.supervisor.OnHostLost({2, 3}, "host b lost its agent or its link (no word)");
+  CHECK(f.ranks.terminated == 0);
+  CHECK_FALSE(f.done);
+  REQUIRE(f.changes.size() == 1);
+  CHECK(f.changes[0].lost == 2);
+  CHECK(f.changes[0].lost_ranks == std::vector<int>{2, 3});
+  CHECK(f.changes[0].members == std::vector<int>{0, 1});
+  CHECK(f.changes[0].why == "host b lost its agent or its link (no word): ranks 2-3 lost");
+  const auto now = std::chrono::steady_clock::now();
+  for (int r : {0, 1}) f.supervisor.OnRankExit(r, Exit(0, now));
+  CHECK(f.done);
+  CHECK(f.supervisor.exit_code() == 0);
+  CHECK(f.supervisor.ElasticSummary().rfind(
+            "the job survived 1 membership change, 2 of 4 ranks remain, 1 host lost (localhost): "
+            "host b lost",
+            0) == 0);
+}
+
+TEST_CASE("elastic: a lost host that leaves fewer than --min-np ranks makes the job wait",
+          "[launcher][supervisor][elastic]") {
+  ElasticFixture f(4, 3, std::chrono::seconds(1));
+  f.supervisor.OnHostLost({2, 3}, "host b lost its agent or its link (no word)");
+  CHECK(f.changes.empty());
+  CHECK(f.ranks.terminated == 0);
+  f.io.run_one();  // the elastic timer
+  CHECK(f.ranks.terminated == 1);
+  CHECK(f.supervisor.Summary().rfind(
+            "host b lost its agent or its link (no word): ranks 2-3 lost; 2 ranks were left, "
+            "fewer than --min-np 3, and no rank came within 1 s",
+            0) == 0);
+}
+
+TEST_CASE("not elastic: a lost host still ends the job", "[launcher][supervisor][elastic]") {
+  Fixture f(4);
+  f.supervisor.OnHostLost({2, 3}, "host b lost its agent or its link (no word)");
+  CHECK(f.ranks.terminated == 1);
+}
+
+TEST_CASE("elastic: a host removed by discovery has its ranks stopped, one change",
+          "[launcher][supervisor][elastic]") {
+  ElasticFixture f(4, 2);
+  f.supervisor.OnRanksRemoved({2, 3}, "host b left the host discovery script's output");
+  REQUIRE(f.changes.size() == 1);
+  CHECK(f.changes[0].members == std::vector<int>{0, 1});
+  CHECK(f.changes[0].why == "host b left the host discovery script's output: ranks 2-3 stopped");
+  CHECK(f.ranks.terminated == 0);  // not everyone: the fake counts TerminateAll only
+  // Their SIGTERM exits are the removal's consequence, not news.
+  const auto now = std::chrono::steady_clock::now();
+  for (int r : {2, 3}) f.supervisor.OnRankExit(r, Exit(0, now, SIGTERM));
+  CHECK(f.changes.size() == 1);
+  for (int r : {0, 1}) f.supervisor.OnRankExit(r, Exit(0, now));
+  CHECK(f.done);
+  CHECK(f.supervisor.exit_code() == 0);
+}
+
+TEST_CASE("elastic: --reset-limit ends the job at the change past it, saying so",
+          "[launcher][supervisor][elastic]") {
+  ElasticFixture f(4, 1);
+  // ElasticFixture has no reset limit; this one allows one change.
+  SupervisorOptions options = ElasticFixture::Options(1, std::chrono::seconds(600));
+  options.elastic->reset_limit = 1;
+  bool done = false;
+  std::vector<MembershipChange> changes;
+  JobSupervisor supervisor(
+      f.io, f.plan, f.ranks, options, [&] { done = true; },
+      [&](const MembershipChange& change) { changes.push_back(change); });
+  for (int r = 0; r < 4; ++r) supervisor.OnRankStarted(r);
+  supervisor.OnStartsComplete();
+  const auto now = std::chrono::steady_clock::now();
+  supervisor.OnRankExit(3, Exit(0, now, SIGKILL));
+  CHECK(changes.size() == 1);
+  CHECK(f.ranks.terminated == 0);
+  supervisor.OnRankExit(2, Exit(0, now, SIGKILL));
+  CHECK(changes.size() == 1);
+  CHECK(f.ranks.terminated == 1);
+  for (int r : {0, 1}) supervisor.OnRankExit(r, Exit(0, now, SIGTERM));
+  CHECK(done);
+  CHECK(supervisor.exit_code() == 1);
+  CHECK(supervisor.Summary().rfind(
+            "rank 2 on localhost was killed by SIGKILL; the job's membership had already changed "
+            "1 time, as many as --reset-limit 1 allows, so the job was stopped",
+            0) == 0);
+}

@@ -4,6 +4,10 @@
                                                         mid-epoch: the job finishes at 3 ranks
     elastic_check.py TRAINRUN PYTHON below-min          2 ranks, --min-np 2, rank 1 SIGKILLed: the
                                                         job waits --elastic-timeout 3, then ends
+    elastic_check.py TRAINRUN PYTHON discovery          --host-discovery-script lists localhost:2
+                                                        and 127.0.0.1:2; after epoch 5 it drops
+                                                        127.0.0.1 (and names a new host): ranks 2-3
+                                                        are stopped, the job finishes at 2
 
 Prints "elastic check ok" when every expectation holds; otherwise names the first that failed and
 shows trainrun's output.
@@ -87,12 +91,51 @@ def below_min(trainrun, python):
     print(f"ended after {took:.1f} s")
 
 
+def discovery(trainrun, python):
+    import os
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        hosts = os.path.join(tmp, "hosts")
+        with open(hosts, "w") as f:
+            f.write("localhost:2\n127.0.0.1:2\n")
+        command = [trainrun, "--min-np", "2", "--host-discovery-script", f"cat {hosts}", python,
+                   "examples/elastic_train.py", "--epochs", "12", "--min-accuracy", "0.9"]
+        start = time.monotonic()
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        out = ""
+        for line in proc.stdout:
+            out += line
+            if "epoch   5" in line:
+                with open(hosts + ".new", "w") as f:
+                    f.write("# 127.0.0.1 went away\nlocalhost:2\nnewhost.invalid\n")
+                os.rename(hosts + ".new", hosts)
+        code = proc.wait(timeout=240)
+        took = time.monotonic() - start
+    if code != 0:
+        fail(f"trainrun exited {code}, not 0", out)
+    if not re.search(r"trainrun: warning: host 127\.0\.0\.1 left the host discovery script's "
+                     r"output: ranks 2-3 stopped; the job goes on at 2 ranks \(generation 1, "
+                     r"formed by ranks 0-1 of the start\), recovered in \d+\.\d\d s", out):
+        fail("no membership-change line for the host that left the discovery output", out)
+    if "host newhost.invalid appeared in the host discovery script's output" not in out:
+        fail("no line for the host that appeared", out)
+    if not re.search(r"final test accuracy 0\.9\d+ on 2 rank\(s\)", out):
+        fail("the job did not finish at 2 ranks with accuracy >= 0.9", out)
+    if "the job survived 1 membership change, 2 of 4 ranks remain, 1 host lost (127.0.0.1)" \
+            not in out:
+        fail("the end does not count the change", out)
+    print(f"shrank to 2 ranks in a job of {took:.1f} s")
+
+
 def main():
     trainrun, python, mode = sys.argv[1:4]
     if mode == "survive":
         survive(trainrun, python, "--tcp" in sys.argv[4:])
     elif mode == "below-min":
         below_min(trainrun, python)
+    elif mode == "discovery":
+        discovery(trainrun, python)
     else:
         sys.exit(f"unknown mode {mode!r}")
     print("elastic check ok")

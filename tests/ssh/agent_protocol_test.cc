@@ -13,6 +13,7 @@ TEST_CASE("agent protocol: a job description round-trips, token in the env only"
   job.cwd = "/work/dir with space";
   job.argv = {"python3", "train.py", "--lr", "0.1"};
   job.grace_period_ms = 1500;
+  job.silence_limit_ms = 1500;  // an elastic job's
   job.ranks = {{2, {"TRAINRUN_RANK=2", "TRAINRUN_JOB_TOKEN=s3cret"}}, {3, {"TRAINRUN_RANK=3"}}};
   std::string frame = EncodeJob(job);
   FrameReader reader;
@@ -26,6 +27,7 @@ TEST_CASE("agent protocol: a job description round-trips, token in the env only"
   CHECK(decoded->cwd == job.cwd);
   CHECK(decoded->argv == job.argv);
   CHECK(decoded->grace_period_ms == 1500);
+  CHECK(decoded->silence_limit_ms == 1500);
   REQUIRE(decoded->ranks.size() == 2);
   CHECK(decoded->ranks[0].rank == 2);
   CHECK(decoded->ranks[0].env == job.ranks[0].env);

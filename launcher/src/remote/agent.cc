@@ -172,6 +172,10 @@ class Agent {
       return Finish();
     }
     grace_period_ = std::chrono::milliseconds(job->grace_period_ms);
+    if (job->silence_limit_ms > 0) {
+      silence_limit_ = std::chrono::milliseconds(job->silence_limit_ms);
+      ArmSilence();
+    }
     if (!job->cwd.empty() && ::chdir(job->cwd.c_str()) != 0) {
       Send(EncodeError(absl::StrCat("host ", Hostname(), ": cannot change to the directory '",
                                     job->cwd, "': ", std::strerror(errno),
@@ -239,7 +243,8 @@ class Agent {
 
   void Finish() { io_.stop(); }
 
-  void ArmSilence(std::chrono::seconds limit = kSilenceLimit) {
+  void ArmSilence() { ArmSilence(silence_limit_); }
+  void ArmSilence(std::chrono::milliseconds limit) {
     silence_.expires_after(limit);
     silence_.async_wait([this](const boost::system::error_code& error) {
       if (!error) LauncherGone();
@@ -256,6 +261,7 @@ class Agent {
   FrameReader reader_;
   char buffer_[64 * 1024];
   std::chrono::milliseconds grace_period_ = kDefaultGracePeriod;
+  std::chrono::milliseconds silence_limit_ = kSilenceLimit;
   int started_ = 0;
   bool job_received_ = false;
   bool launcher_gone_ = false;

@@ -23,6 +23,11 @@ namespace trainrun::launcher::remote {
 // frame.
 inline constexpr std::chrono::seconds kHeartbeatInterval{5};
 inline constexpr std::chrono::seconds kSilenceLimit{30};
+// An elastic job (--min-np) must notice a lost host within seconds (its survivors wait for the
+// next generation meanwhile): its launcher heartbeats this often and each side gives the other up
+// after kElasticSilenceLimit (sent to the agent in the Job).
+inline constexpr std::chrono::milliseconds kElasticHeartbeatInterval{250};
+inline constexpr std::chrono::milliseconds kElasticSilenceLimit{1500};
 
 // AgentOptions: how RunAgentOn talks to its launcher. The defaults are `trainrun --agent`'s.
 struct AgentOptions {

@@ -100,7 +100,7 @@ std::string EncodeJob(const Job& job) {
   Writer w;
   w.Bytes(job.cwd).List(job.argv).U32(job.grace_period_ms).U32(job.ranks.size());
   for (const RankJob& r : job.ranks) w.U32(r.rank).List(r.env);
-  w.U32(job.stdout_pty ? 1 : 0).U32(job.bind_to);
+  w.U32(job.stdout_pty ? 1 : 0).U32(job.bind_to).U32(job.silence_limit_ms);
   return EncodeFrame(MessageType::kJob, w.Take());
 }
 
@@ -170,6 +170,7 @@ absl::StatusOr<Job> DecodeJob(absl::string_view payload) {
   // Added after version 2's first release: a Job without it keeps the pty (the default).
   if (!r.AtEnd()) job.stdout_pty = r.U32() != 0;
   if (!r.AtEnd()) job.bind_to = r.U32();
+  if (!r.AtEnd()) job.silence_limit_ms = r.U32();
   return r.Finish(job, "Job");
 }
 

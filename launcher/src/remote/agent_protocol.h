@@ -77,6 +77,9 @@ struct Job {
   uint32_t grace_period_ms = static_cast<uint32_t>(kDefaultGracePeriod.count());
   bool stdout_pty = true;  // each rank's stdout is a pseudo-terminal (LaunchSpec::stdout_pty)
   uint32_t bind_to = 0;    // LaunchSpec::bind_to (BindTo's value): the agent binds on its CPUs
+  // Silence after which the agent gives the launcher up and kills its ranks; 0: kSilenceLimit.
+  // An elastic job's launcher heartbeats faster and gives up sooner (agent.h).
+  uint32_t silence_limit_ms = 0;
 };
 
 // Started says a rank's command runs, and the CPUs the agent bound it to (DescribeBinding's words,

@@ -36,10 +36,11 @@ struct RemoteRanks::Host {
 };
 
 RemoteRanks::RemoteRanks(boost::asio::io_context& io, std::vector<RemoteAgent> agents,
-                         RemoteEvents events)
+                         RemoteEvents events, RemoteTiming timing)
     : io_(io),
       agents_(std::move(agents)),
       events_(std::move(events)),
+      timing_(timing),
       heartbeat_(io),
       start_deadline_(io) {
   for (RemoteAgent& agent : agents_) {
@@ -93,6 +94,22 @@ void RemoteRanks::KillAll() {
   for (auto& host : hosts_) Send(*host, EncodeFrame(MessageType::kKill));
 }
 
+void RemoteRanks::TerminateRanks(const std::vector<int>& ranks) {
+  for (auto& host : hosts_) {
+    if (std::any_of(ranks.begin(), ranks.end(), [&](int r) { return host->Owns(r); })) {
+      Send(*host, EncodeFrame(MessageType::kTerminate));
+    }
+  }
+}
+
+void RemoteRanks::KillRanks(const std::vector<int>& ranks) {
+  for (auto& host : hosts_) {
+    if (std::any_of(ranks.begin(), ranks.end(), [&](int r) { return host->Owns(r); })) {
+      Send(*host, EncodeFrame(MessageType::kKill));
+    }
+  }
+}
+
 void RemoteRanks::EndJob(const JobEnd& end) {
   const std::string frame = EncodeJobEnd(end);
   for (auto& host : hosts_) Send(*host, frame);
@@ -110,7 +127,7 @@ void RemoteRanks::Send(Host& host, const std::string& frame) {
 
 void RemoteRanks::Heartbeat() {
   for (auto& host : hosts_) Send(*host, EncodeFrame(MessageType::kHeartbeat));
-  heartbeat_.expires_after(kHeartbeatInterval);
+  heartbeat_.expires_after(timing_.heartbeat);
   heartbeat_.async_wait([this](const boost::system::error_code& error) {
     if (!error) Heartbeat();
   });
@@ -124,6 +141,7 @@ void RemoteRanks::ReaderLoop(Host& host) {
   };
   std::vector<char> buffer(64 * 1024);
   auto last_heard = std::chrono::steady_clock::now();
+  const absl::Duration slice = std::min(kReadSlice, absl::FromChrono(timing_.silence) / 4);
   for (;;) {
     for (;;) {
       auto frame = reader.Next();
@@ -133,11 +151,12 @@ void RemoteRanks::ReaderLoop(Host& host) {
       boost::asio::post(io_, [this, &host, f = std::move(**frame)] { OnFrame(host, f); });
     }
     if (stopping_) return;
-    auto n = channel.Read(buffer.data(), buffer.size(), kReadSlice);
+    auto n = channel.Read(buffer.data(), buffer.size(), slice);
     if (!n.ok() && absl::IsDeadlineExceeded(n.status())) {
-      if (std::chrono::steady_clock::now() - last_heard > kSilenceLimit) {
-        return end(absl::StrCat("no word from its agent for ", kSilenceLimit.count(),
-                                " s (network lost, or the host is down)"));
+      if (std::chrono::steady_clock::now() - last_heard > timing_.silence) {
+        return end(absl::StrCat("no word from its agent for ",
+                                absl::FormatDuration(absl::FromChrono(timing_.silence)),
+                                " (network lost, or the host is down)"));
       }
       continue;
     }
@@ -214,6 +233,13 @@ void RemoteRanks::OnEnd(Host& host, const std::string& reason) {
   if (missing.empty()) return;  // every rank reported its end: a normal finish
   absl::string_view why = reason;
   absl::ConsumePrefix(&why, absl::StrCat("host ", host.name(), ": "));
+  if (events_.on_host_lost) {
+    for (int rank : missing) host.exited.insert(rank);
+    host.failed = true;
+    events_.on_host_lost(
+        missing, absl::StrCat("host ", host.name(), " lost its agent or its link (", why, ")"));
+    return;
+  }
   Fail(host, absl::StrCat("host ", host.name(), ": lost its agent before its ranks ended (", why,
                           "); its ranks there are presumed gone"));
   // Stamped after the failure started the teardown, so these are its consequence.

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "remote/agent.h"
 #include "remote/agent_connector.h"
 #include "remote/agent_protocol.h"
 #include "start_deadline.h"
@@ -39,6 +40,17 @@ struct RemoteEvents {
   std::function<void(int first_rank, std::string message)> on_failure;
   // A rank's command runs, bound to the CPUs `binding` describes (cpu_binding.h). Optional.
   std::function<void(int rank, const std::string& binding)> on_started;
+  // Elastic jobs: a host whose agent was lost (its connection ended or fell silent) before its
+  // ranks `ranks` (those not yet reported ended) did. When set, it replaces on_failure and those
+  // ranks' on_exit for that event: the ranks are lost, not failed. `why` is one line naming the
+  // host.
+  std::function<void(const std::vector<int>& ranks, const std::string& why)> on_host_lost;
+};
+
+// RemoteTiming: how often the launcher heartbeats and how long a silent agent is waited for.
+struct RemoteTiming {
+  std::chrono::milliseconds heartbeat = kHeartbeatInterval;
+  std::chrono::milliseconds silence = kSilenceLimit;
 };
 
 // RemoteRanks owns the agents' connections for the job's duration. Use it on the io_context's
@@ -46,7 +58,8 @@ struct RemoteEvents {
 // connection, which makes each agent kill whatever it still runs.
 class RemoteRanks : public RankControl {
  public:
-  RemoteRanks(boost::asio::io_context& io, std::vector<RemoteAgent> agents, RemoteEvents events);
+  RemoteRanks(boost::asio::io_context& io, std::vector<RemoteAgent> agents, RemoteEvents events,
+              RemoteTiming timing = {});
   ~RemoteRanks() override;
   RemoteRanks(const RemoteRanks&) = delete;
   RemoteRanks& operator=(const RemoteRanks&) = delete;
@@ -60,6 +73,8 @@ class RemoteRanks : public RankControl {
 
   void TerminateAll() override;
   void KillAll() override;
+  void TerminateRanks(const std::vector<int>& ranks) override;
+  void KillRanks(const std::vector<int>& ranks) override;
 
   // EndJob tells every agent still connected the job's outcome (per-node mode: a joined node's
   // trainrun prints the summary and exits with the code).
@@ -78,6 +93,7 @@ class RemoteRanks : public RankControl {
   boost::asio::io_context& io_;
   std::vector<RemoteAgent> agents_;
   RemoteEvents events_;
+  RemoteTiming timing_;
   std::vector<std::unique_ptr<Host>> hosts_;
   boost::asio::steady_timer heartbeat_;
   boost::asio::steady_timer start_deadline_;
@@ -93,6 +109,12 @@ class AllRanks : public RankControl {
   }
   void KillAll() override {
     for (RankControl* part : parts_) part->KillAll();
+  }
+  void TerminateRanks(const std::vector<int>& ranks) override {
+    for (RankControl* part : parts_) part->TerminateRanks(ranks);
+  }
+  void KillRanks(const std::vector<int>& ranks) override {
+    for (RankControl* part : parts_) part->KillRanks(ranks);
   }
 
  private:

@@ -57,20 +57,23 @@ struct RunOptions {
   std::vector<std::string> notes;
   int start_timeout_s =  // --start-timeout SECONDS
       static_cast<int>(launcher::kDefaultStartTimeout.count());
-  int max_restarts = 0;                          // --max-restarts N
-  std::optional<int> min_np;                     // --min-np N (Horovod elastic)
-  std::optional<int> max_np;                     // --max-np N
-  std::optional<int> elastic_timeout_s;          // --elastic-timeout SECONDS
-  bool verbose = false;                          // --verbose
-  bool quiet = false;                            // -q/--quiet: no start line, no notes
-  std::optional<std::string> log_level;          // --log-level
-  bool dry_run = false;                          // --dry-run
-  int rendezvous_port = 0;                       // --rendezvous-port
-  std::string rendezvous_addr;                   // --rendezvous-addr
-  std::vector<std::string> network_interfaces;   // --network-interface(s)
-  std::optional<int> ssh_port;                   // -p/--ssh-port
-  std::optional<std::string> ssh_identity_file;  // -i/--ssh-identity-file
-  std::string ssh_client =                       // --ssh-client libssh2|openssh
+  int max_restarts = 0;                              // --max-restarts N
+  std::optional<int> min_np;                         // --min-np N (Horovod elastic)
+  std::optional<int> max_np;                         // --max-np N
+  std::optional<std::string> host_discovery_script;  // --host-discovery-script SCRIPT
+  std::optional<int> slots_per_host;                 // --slots-per-host N
+  std::optional<int> reset_limit;                    // --reset-limit N
+  std::optional<int> elastic_timeout_s;              // --elastic-timeout SECONDS
+  bool verbose = false;                              // --verbose
+  bool quiet = false;                                // -q/--quiet: no start line, no notes
+  std::optional<std::string> log_level;              // --log-level
+  bool dry_run = false;                              // --dry-run
+  int rendezvous_port = 0;                           // --rendezvous-port
+  std::string rendezvous_addr;                       // --rendezvous-addr
+  std::vector<std::string> network_interfaces;       // --network-interface(s)
+  std::optional<int> ssh_port;                       // -p/--ssh-port
+  std::optional<std::string> ssh_identity_file;      // -i/--ssh-identity-file
+  std::string ssh_client =                           // --ssh-client libssh2|openssh
       std::string(launcher::SshClientName(launcher::kDefaultSshClient));
   std::string ssh_host_key_checking =  // --ssh-strict-host-key-checking
       std::string(launcher::HostKeyPolicyName(launcher::kDefaultHostKeyPolicy));

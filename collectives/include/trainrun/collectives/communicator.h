@@ -27,6 +27,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +59,12 @@ struct CommunicatorOptions {
   // TRAINRUN_TRANSPORT, whose default is auto: shared memory when every rank is on one host and
   // proven to share its memory, else TCP.
   std::string transport;
+  // When set, a wait in a collective over TCP that has moved no data for 100 ms asks it, at most
+  // every 100 ms, and gives up with an IoError ("interrupted: ...") when it returns true, as if a
+  // peer were lost. An elastic worker answers true once the job's next generation leaves out one of
+  // this communicator's members: a host lost behind a cut link sends no end-of-file, so its peers
+  // would otherwise wait for the timeout. Called on the thread that runs the collective.
+  std::function<bool()> interrupt;
 };
 
 // RankInfo is a rank's place in the job (DESIGN.md, "Rank layout"): the rendezvous client's

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -49,7 +50,9 @@ struct SupervisorOptions {
 // left, `why` saying how ("rank 2 on localhost was killed by SIGKILL").
 struct MembershipChange {
   int generation = 0;
-  int lost = 0;
+  int lost = 0;                 // the first rank lost
+  std::vector<int> lost_ranks;  // every rank lost (a lost host's ranks), ascending
+  std::string lost_host;        // the host lost with its agent; "" when ranks were lost
   std::string why;
   std::vector<int> members;
   std::chrono::steady_clock::time_point when;  // when the loss was seen
@@ -79,6 +82,14 @@ class JobSupervisor {
   void OnOutput(int rank, OutputStream stream, std::string_view bytes);
   // OnRankExit records a rank's end; the first failure starts the teardown.
   void OnRankExit(int rank, const ExitInfo& exit);
+  // OnHostLost (elastic jobs): the ranks `ranks` of one host are gone with its agent (`why`
+  // names the host and how it was lost). They count as lost ranks, recorded as killed now: one
+  // membership change while at least min_np ranks survive, else the wait for ranks.
+  void OnHostLost(const std::vector<int>& ranks, const std::string& why);
+  // OnRanksRemoved (elastic jobs): the host discovery script no longer lists the host of `ranks`
+  // (`why` says so): those still running are stopped (SIGTERM, SIGKILL after the grace period)
+  // and are one membership change, as lost ranks are.
+  void OnRanksRemoved(const std::vector<int>& ranks, const std::string& why);
   // OnSignal: trainrun got SIGINT/SIGTERM/SIGHUP. The first starts the teardown (exit 128+N);
   // a second one skips the grace period.
   void OnSignal(int signal);
@@ -119,6 +130,9 @@ class JobSupervisor {
   // OnElasticLoss handles rank `rank`'s failure in an elastic job: a new generation when enough
   // ranks remain, else the wait for ranks (WaitForRanks).
   void OnElasticLoss(int rank, const ExitInfo& exit);
+  // Loss is OnElasticLoss's and OnHostLost's common part: `ranks` (already in exits_) are lost.
+  void Loss(const std::vector<int>& ranks, const std::string& why,
+            std::chrono::steady_clock::time_point when, const std::string& host = "");
   void WaitForRanks();
   // Survivors lists the ranks started and not yet exited, ascending.
   std::vector<int> Survivors() const;
@@ -172,10 +186,15 @@ class JobSupervisor {
   std::set<int> lost_;  // ranks whose failure the job survived (never blamed)
   struct BelowMinimum {
     int rank = 0;         // the failure that left too few ranks
+    std::string why;      // how it was lost ("rank 2 on a was killed by SIGKILL")
     int remaining = 0;    // how many ranks were left
     bool waiting = true;  // the elastic timeout has not yet passed
   };
   std::optional<BelowMinimum> below_minimum_;
+  // The change that went past --reset-limit, which ended the job.
+  std::optional<std::string> reset_limit_hit_;
+  std::vector<std::unique_ptr<boost::asio::steady_timer>> removal_timers_;
+  boost::asio::io_context& io_;
   boost::asio::steady_timer elastic_timer_;
 };
 

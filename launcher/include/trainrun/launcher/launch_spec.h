@@ -42,6 +42,14 @@ struct ElasticSpec {
   int min_np = 1;
   int max_np = 0;  // the most ranks the job may have; with no host discovery, the start's -np
   std::chrono::seconds timeout = kDefaultElasticTimeout;
+  // --host-discovery-script: run (sh -c) every discovery_interval; prints "host[:slots]" lines,
+  // slots_per_host where a line has none. The job started on its first output; a host that leaves
+  // it has its ranks stopped (the job shrinks). "" : no discovery.
+  std::string discovery_script;
+  int slots_per_host = 1;
+  std::chrono::milliseconds discovery_interval{1000};
+  // --reset-limit: the most membership changes the job survives (0: no limit); one more ends it.
+  int reset_limit = 0;
 };
 inline constexpr std::chrono::milliseconds kDefaultGracePeriod{3000};
 inline constexpr SshClient kDefaultSshClient = SshClient::kLibssh2;

@@ -59,6 +59,11 @@ class RankControl {
   virtual void TerminateAll() = 0;
   // KillAll ends every running rank and every process it started, with SIGKILL.
   virtual void KillAll() = 0;
+  // TerminateRanks and KillRanks do the same to some ranks only (an elastic job's host that left
+  // the discovery output); ranks this RankControl does not run are ignored. A remote host's ranks
+  // go together: asking for one of them asks for all of that host's.
+  virtual void TerminateRanks(const std::vector<int>& ranks) {}
+  virtual void KillRanks(const std::vector<int>& ranks) {}
 };
 
 // RankProcessSet owns rank processes started on this host. Not thread-safe: use it on the thread
@@ -91,6 +96,8 @@ class RankProcessSet : public RankControl {
 
   void TerminateAll() override;
   void KillAll() override;
+  void TerminateRanks(const std::vector<int>& ranks) override;
+  void KillRanks(const std::vector<int>& ranks) override;
 
   // running returns the number of started ranks whose on_exit has not come yet.
   int running() const;
