@@ -50,6 +50,10 @@ def parse_args():
     parser.add_argument("--kill-rank", type=int, default=-1)
     parser.add_argument("--kill-at-step", type=int, default=-1)
     parser.add_argument("--times", default="")
+    parser.add_argument("--step-sleep", type=float, default=0.0,
+                        help="seconds each step sleeps from epoch --sleep-from-epoch on (tests: "
+                             "keeps the job running while the launcher reacts)")
+    parser.add_argument("--sleep-from-epoch", type=int, default=0)
     return parser.parse_args()
 
 
@@ -103,6 +107,8 @@ def main():
                 optimizer.step()
                 state.sampler.record_batch(batch_idx, args.batch_size)
                 state.step += 1
+                if args.step_sleep > 0 and state.epoch >= args.sleep_from_epoch:
+                    time.sleep(args.step_sleep)
                 if not progress["timed"]:
                     progress["timed"] = True
                     if hvd.rank() == 0:
