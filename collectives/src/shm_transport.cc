@@ -39,6 +39,17 @@ constexpr uint32_t kSleeping = 3;  // asleep on a futex
 
 size_t RoundUp(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
+// LineElements: elements of `e` bytes in a 64-byte cache line (at least 1).
+size_t LineElements(size_t e) { return std::max<size_t>(1, 64 / e); }
+
+// ChunkElements: the chunked allreduce's unit, in elements of `e` bytes: at most `chunk_bytes`
+// (but at least one line per rank) and a multiple of `ranks` lines, so that the ranks' parts of a
+// chunk are whole cache lines and ranks do not share lines.
+size_t ChunkElements(size_t chunk_bytes, size_t ranks, size_t e) {
+  const size_t lines = ranks * LineElements(e);
+  return std::max(lines, chunk_bytes / e / lines * lines);
+}
+
 // True when counter `value` has reached `target` (modulo 2^32).
 bool Reached(uint32_t value, uint32_t target) { return static_cast<int32_t>(value - target) >= 0; }
 
@@ -535,11 +546,7 @@ void ShmTransport::AllreduceAcrossGroups(const void* input, void* output, size_t
                                          const PartAllreduce& across) {
   if (count == 0) return;
   SetState(kWorking);
-  const size_t e = ElementSize(type);
-  const size_t n = static_cast<size_t>(size_);
-  const size_t line = std::max<size_t>(1, 64 / e);
-  const size_t chunk = std::max(n * line, options_.chunk_bytes / e / (n * line) * (n * line));
-  if (count <= chunk) {
+  if (count <= ChunkElements(options_.chunk_bytes, static_cast<size_t>(size_), ElementSize(type))) {
     ChunkAllreduce(static_cast<const char*>(input), static_cast<char*>(output), count, type, op,
                    divisor, &across);
   } else {
@@ -562,8 +569,7 @@ void ShmTransport::PipelinedAcross(const char* in, char* out, size_t count, Data
                                    ReduceOp op, int divisor, const PartAllreduce& across) {
   const size_t e = ElementSize(type);
   const size_t n = static_cast<size_t>(size_);
-  const size_t line = std::max<size_t>(1, 64 / e);
-  const size_t chunk = std::max(n * line, options_.chunk_bytes / e / (n * line) * (n * line));
+  const size_t chunk = ChunkElements(options_.chunk_bytes, n, e);
   const size_t chunks = (count + chunk - 1) / chunk;
   const uint32_t g0 = generation_;
   generation_ += static_cast<uint32_t>(chunks);
@@ -733,8 +739,8 @@ void ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataT
   const size_t e = ElementSize(type);
   const size_t n = static_cast<size_t>(size_);
   // Parts of a chunk are whole cache lines where possible, so ranks do not share lines.
-  const size_t line = std::max<size_t>(1, 64 / e);
-  const size_t chunk = std::max(n * line, options_.chunk_bytes / e / (n * line) * (n * line));
+  const size_t line = LineElements(e);
+  const size_t chunk = ChunkElements(options_.chunk_bytes, n, e);
   for (size_t begin = 0; begin < count; begin += chunk) {
     const size_t length = std::min(chunk, count - begin);
     const size_t per = RoundUp((length + n - 1) / n, line);
