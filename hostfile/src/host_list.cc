@@ -9,9 +9,10 @@
 
 namespace trainrun::hostfile {
 
-absl::StatusOr<HostSpec> ParseHostEntry(absl::string_view entry) {
+absl::StatusOr<HostSpec> ParseHostEntry(absl::string_view entry, int default_slots) {
   absl::StatusOr<internal::ParsedEntry> parsed = internal::ParseEntry(entry);
   if (!parsed.ok()) return parsed.status();
+  if (!parsed->has_slots) parsed->spec.slots = default_slots;
   return parsed->spec;
 }
 

@@ -7,16 +7,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <set>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "trainrun/hostfile/host_list.h"
 #include "trainrun/hostfile/slot_plan.h"
 
 extern char** environ;
@@ -31,17 +29,6 @@ absl::Status BadLine(absl::string_view script, int number, absl::string_view lin
                                                  why, "; each line must be host or host:slots"));
 }
 
-bool ValidHostName(absl::string_view host) {
-  if (host.empty()) return false;
-  for (char c : host) {
-    if (absl::ascii_isspace(static_cast<unsigned char>(c)) || c == ',' || c == '[' || c == ']' ||
-        c == '/' || c == '\'' || c == '"' || c == ';') {
-      return false;
-    }
-  }
-  return true;
-}
-
 }  // namespace
 
 absl::StatusOr<std::vector<hostfile::HostSpec>> ParseDiscoveryOutput(absl::string_view script,
@@ -54,45 +41,13 @@ absl::StatusOr<std::vector<hostfile::HostSpec>> ParseDiscoveryOutput(absl::strin
     ++number;
     absl::string_view line = absl::StripAsciiWhitespace(raw);
     if (line.empty() || line[0] == '#') continue;
-    hostfile::HostSpec host;
-    absl::string_view name = line;
-    absl::string_view slots;
-    if (size_t at = name.find('@'); at != absl::string_view::npos) {
-      host.user = std::string(name.substr(0, at));
-      name.remove_prefix(at + 1);
-    }
-    if (!name.empty() && name[0] == '[') {
-      const size_t close = name.find(']');
-      if (close == absl::string_view::npos) return BadLine(script, number, line, "no closing ]");
-      absl::string_view rest = name.substr(close + 1);
-      name = name.substr(1, close - 1);
-      if (!rest.empty() && !absl::ConsumePrefix(&rest, ":")) {
-        return BadLine(script, number, line, "text after ]");
-      }
-      slots = rest;
-    } else if (std::count(name.begin(), name.end(), ':') == 1) {
-      const size_t colon = name.find(':');
-      slots = name.substr(colon + 1);
-      name = name.substr(0, colon);
-    }
-    if (!ValidHostName(name) || (!host.user.empty() && !ValidHostName(host.user))) {
-      return BadLine(script, number, line, "not a host name");
-    }
-    host.host = std::string(name);
-    host.slots = default_slots;
-    if (!slots.empty() || line.back() == ':') {
-      int n = 0;
-      if (!absl::SimpleAtoi(slots, &n) || n < 1 || n > hostfile::kMaxSlotsPerHost) {
-        return BadLine(
-            script, number, line,
-            absl::StrCat("the slots are not a number from 1 to ", hostfile::kMaxSlotsPerHost));
-      }
-      host.slots = n;
-    }
-    if (!seen.insert(host.host).second) {
+    // The -H entry's grammar and checks: [user@]host[:slots], [IPv6]:slots.
+    absl::StatusOr<hostfile::HostSpec> host = hostfile::ParseHostEntry(line, default_slots);
+    if (!host.ok()) return BadLine(script, number, line, host.status().message());
+    if (!seen.insert(host->host).second) {
       return BadLine(script, number, line, "the host is listed twice");
     }
-    hosts.push_back(std::move(host));
+    hosts.push_back(*std::move(host));
   }
   return hosts;
 }

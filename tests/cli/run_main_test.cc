@@ -330,7 +330,8 @@ TEST_CASE_METHOD(TrainrunFixture,
                                       "list")));
   CHECK(error({"--min-np", "1", "--host-discovery-script", "echo 'a b'", "python"}) ==
         std::make_pair(2, std::string("trainrun: error: the host discovery script 'echo 'a b'' "
-                                      "printed \"a b\" on line 1: not a host name; each line "
+                                      "printed \"a b\" on line 1: host name 'a b' contains the "
+                                      "character ' ', which is not allowed there; each line "
                                       "must be host or host:slots")));
   CHECK(error({"-np", "2", "--reset-limit", "1", "python"}) ==
         std::make_pair(2, std::string("trainrun: error: --reset-limit is for elastic jobs, which "

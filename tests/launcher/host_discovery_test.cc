@@ -28,12 +28,19 @@ TEST_CASE("discovery: garbage is one sentence naming the script and the line",
           "[launcher][discovery][elastic]") {
   auto bad = ParseDiscoveryOutput("./hosts.sh", "a:2\nhello world\n", 1);
   REQUIRE_FALSE(bad.ok());
+  // The line's own fault in -H's words (hostfile::ParseHostEntry), then the grammar.
   CHECK(std::string(bad.status().message()) ==
-        "the host discovery script './hosts.sh' printed \"hello world\" on line 2: not a host "
-        "name; each line must be host or host:slots");
+        "the host discovery script './hosts.sh' printed \"hello world\" on line 2: host name "
+        "'hello world' contains the character ' ', which is not allowed there; each line must be "
+        "host or host:slots");
   auto slots = ParseDiscoveryOutput("s", "a:x\n", 1);
   REQUIRE_FALSE(slots.ok());
-  CHECK(std::string(slots.status().message()).find("printed \"a:x\" on line 1: the slots are") !=
+  CHECK(std::string(slots.status().message())
+            .find("printed \"a:x\" on line 1: slot count 'x' for host 'a' is not a positive whole "
+                  "number") != std::string::npos);
+  auto v6 = ParseDiscoveryOutput("s", "fe80::1\n", 1);
+  REQUIRE_FALSE(v6.ok());
+  CHECK(std::string(v6.status().message()).find("write IPv6 addresses in brackets") !=
         std::string::npos);
   auto twice = ParseDiscoveryOutput("s", "a:1\na:2\n", 1);
   REQUIRE_FALSE(twice.ok());

@@ -14,11 +14,11 @@
 
 namespace trainrun::hostfile {
 
-// ParseHostEntry parses one `[user@]host[:slots]` entry; slots default to 1. IPv6 addresses must be
-// in brackets (`[::1]:2`). Errors (InvalidArgument) name the entry and what is wrong with it: an
-// empty host or user, a character a host name cannot hold, a slot count that is empty, not a whole
-// number, 0, or above kMaxSlotsPerHost.
-absl::StatusOr<HostSpec> ParseHostEntry(absl::string_view entry);
+// ParseHostEntry parses one `[user@]host[:slots]` entry; slots default to `default_slots`. IPv6
+// addresses must be in brackets (`[::1]:2`). Errors (InvalidArgument) name the entry and what is
+// wrong with it: an empty host or user, a character a host name cannot hold, a slot count that is
+// empty, not a whole number, 0, or above kMaxSlotsPerHost.
+absl::StatusOr<HostSpec> ParseHostEntry(absl::string_view entry, int default_slots = 1);
 
 // ParseHostList parses a comma separated list of entries (the value of -H). A host listed twice
 // gets the sum of its slots at its first position, as Open MPI does. Errors (InvalidArgument): an
