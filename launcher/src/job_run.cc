@@ -379,7 +379,7 @@ void JobRun::PublishGeneration(const MembershipChange& change) {
       !set.ok()) {
     Logger().error("cannot publish the job's generation {}: {}", generation.number,
                    std::string(set.message()));
-    supervisor_->OnStartFailure(change.lost, std::string(set.message()));
+    supervisor_->OnStartFailure(change.lost_ranks.front(), std::string(set.message()));
     return;
   }
   server_->SetCounter(rendezvous::kLatestGenerationKey, generation.number);

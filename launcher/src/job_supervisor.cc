@@ -155,7 +155,6 @@ void JobSupervisor::Loss(const std::vector<int>& ranks, const std::string& why,
   }
   MembershipChange change;
   change.generation = static_cast<int>(changes_.size()) + 1;
-  change.lost = rank;
   change.lost_ranks = ranks;
   change.lost_host = host;
   change.why = why;

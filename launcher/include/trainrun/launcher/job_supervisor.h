@@ -46,12 +46,11 @@ struct SupervisorOptions {
 };
 
 // MembershipChange is one change of an elastic job's members: generation `generation` is made of
-// `members` (slots, that is generation-0 ranks, ascending; member i is rank i) after rank `lost`
+// `members` (slots, that is generation-0 ranks, ascending; member i is rank i) after `lost_ranks`
 // left, `why` saying how ("rank 2 on localhost was killed by SIGKILL").
 struct MembershipChange {
   int generation = 0;
-  int lost = 0;                 // the first rank lost
-  std::vector<int> lost_ranks;  // every rank lost (a lost host's ranks), ascending
+  std::vector<int> lost_ranks;  // every rank lost (a lost host's ranks), ascending; never empty
   std::string lost_host;        // the host lost with its agent; "" when ranks were lost
   std::string why;
   std::vector<int> members;
