@@ -1,9 +1,13 @@
 // rendezvous_bench: how long a job's start-up handshake takes through the rendezvous server.
 //
 // For each N, a fresh server and N simulated workers, each with its own gRPC channel and
-// connection: every worker joins, publishes its address, reads every other worker's, and passes
-// one barrier. Time runs from releasing the workers (created, not yet connected) until the last one
-// is through the barrier. Horovod's Gloo rendezvous is reported at 15.8 s for 16 ranks.
+// connection: every worker joins, exchanges addresses with all the others, and passes one barrier.
+// The exchange is what a communicator's bootstrap does (TcpTransport): one Store::Allgather call
+// per worker, whose answer, every address in rank order, the server builds once for all of them.
+// `--per-key` instead publishes with Set and reads the N addresses with a Get of N keys, the
+// protocol before Allgather (N² values through the server). Time runs from releasing the workers
+// (created, not yet connected) until the last one is through the barrier. Horovod's Gloo rendezvous
+// is reported at 15.8 s for 16 ranks.
 //
 // Workers are threads of this process by default; `--processes P` spreads them over P worker
 // processes instead (the server stays in this one, as in trainrun), so the workers do not share
@@ -11,8 +15,9 @@
 //
 //   build/bin/rendezvous_bench                  # N = 16, 256, 1024; 5 runs each
 //   build/bin/rendezvous_bench --runs 10 64 512
-//   build/bin/rendezvous_bench -v 1024          # and when each phase ended (threads only)
+//   build/bin/rendezvous_bench -v 1024          # and when the last worker ended each phase
 //   build/bin/rendezvous_bench --processes 16 1024
+//   build/bin/rendezvous_bench --processes 16 --per-key 1024
 //
 // --spawn N PROGRAM [ARGS...] instead starts N real worker processes (all "on localhost") with the
 // environment trainrun gives them, and times server start to last exit: the launcher-free floor of
@@ -49,8 +54,8 @@ using Clock = std::chrono::steady_clock;
 constexpr std::chrono::seconds kTimeout{60};
 // Workers per simulated host, so the plan has a realistic shape (local and cross ranks).
 constexpr int kSlotsPerHost = 8;
-constexpr int kPhases = 4;
-constexpr const char* kPhaseNames[kPhases] = {"join", "publish", "read all", "barrier"};
+constexpr int kPhases = 3;
+constexpr const char* kPhaseNames[kPhases] = {"join", "exchange", "barrier"};
 using Phases = std::array<Clock::time_point, kPhases>;
 
 std::vector<rdv::RankSlot> Plan(int n) {
@@ -83,10 +88,29 @@ class Gate {
   bool open_ = false;
 };
 
+// Exchange publishes rank `rank`'s address and returns once it has read all `n`: one Allgather,
+// or (`per_key`) a Set and a Get of n keys.
+absl::Status Exchange(rdv::Store& store, int rank, int n, bool per_key,
+                      const std::vector<std::string>& keys) {
+  const std::string address = absl::StrCat("127.0.0.1:", 20000 + rank);
+  absl::StatusOr<std::vector<std::string>> all;
+  if (per_key) {
+    if (absl::Status status = store.Set(keys[rank], address); !status.ok()) return status;
+    all = store.Get(keys, kTimeout);
+  } else {
+    all = store.Allgather("addr", rank, n, address, kTimeout);
+  }
+  if (!all.ok()) return all.status();
+  if (static_cast<int>(all->size()) != n || (*all)[rank] != address) {
+    return absl::InternalError(absl::StrCat("rank ", rank, " read back the wrong addresses"));
+  }
+  return absl::OkStatus();
+}
+
 // RunWorkers runs workers [first, first + count) of an n-worker job as threads, released by
 // `release` (called once every thread exists). Returns how many failed; fills `phases`.
 int RunWorkers(const std::string& address, const std::string& token, int n, int first, int count,
-               const std::function<void()>& release, std::vector<Phases>& phases) {
+               bool per_key, const std::function<void()>& release, std::vector<Phases>& phases) {
   const std::vector<rdv::RankSlot> plan = Plan(n);
   std::vector<std::string> keys;
   for (int r = 0; r < n; ++r) keys.push_back(absl::StrCat("addr/", r));
@@ -109,14 +133,11 @@ int RunWorkers(const std::string& address, const std::string& token, int n, int 
       absl::Status status = session.status();
       phases[i][0] = Clock::now();
       if (status.ok()) {
-        const int rank = session->assignment.rank;
-        status = session->store->Set(keys[rank], absl::StrCat("127.0.0.1:", 20000 + rank));
+        status = Exchange(*session->store, session->assignment.rank, n, per_key, keys);
       }
       phases[i][1] = Clock::now();
-      if (status.ok()) status = session->store->Get(keys, kTimeout).status();
-      phases[i][2] = Clock::now();
       if (status.ok()) status = session->store->Barrier("start", n, kTimeout);
-      phases[i][3] = Clock::now();
+      phases[i][2] = Clock::now();
       if (!status.ok() && failures++ == 0) {
         std::fprintf(stderr, "rendezvous_bench: rank %d: %s\n", r,
                      std::string(status.message()).c_str());
@@ -131,8 +152,24 @@ int RunWorkers(const std::string& address, const std::string& token, int n, int 
 
 // WorkerGroup is a worker process of --processes: it reads the server's address and the job's
 // token from its environment, writes 'r' on stdout once its threads exist, waits for a byte on
-// stdin, runs, and writes 'd' (all passed) or 'f'.
-int WorkerGroup(int n, int first, int count) {
+// stdin, runs, and writes a Record: 'd' (all passed) or 'f', and when its last worker ended each
+// phase (one write of fewer than PIPE_BUF bytes, so the groups' records do not interleave).
+struct Record {
+  char result;
+  int64_t phase_ends_ns[kPhases];  // steady_clock, which all processes share
+};
+
+// LastOfEach returns, for each phase, the time the last worker ended it.
+Phases LastOfEach(const std::vector<Phases>& phases, Clock::time_point start) {
+  Phases last;
+  last.fill(start);
+  for (const Phases& worker : phases) {
+    for (int p = 0; p < kPhases; ++p) last[p] = std::max(last[p], worker[p]);
+  }
+  return last;
+}
+
+int WorkerGroup(int n, int first, int count, bool per_key) {
   std::optional<std::string> address_value = trainrun::env::Lookup(trainrun::env::kRendezvousAddr);
   std::optional<std::string> token_value = trainrun::env::Lookup(trainrun::env::kJobToken);
   if (!address_value || !token_value) return 2;
@@ -140,14 +177,19 @@ int WorkerGroup(int n, int first, int count) {
   const char* token = token_value->c_str();
   std::vector<Phases> phases;
   const int failures = RunWorkers(
-      address, token, n, first, count,
+      address, token, n, first, count, per_key,
       [] {
         char byte = 'r';
         if (write(1, &byte, 1) != 1 || read(0, &byte, 1) != 1) std::_Exit(3);
       },
       phases);
-  const char result = failures == 0 ? 'd' : 'f';
-  return write(1, &result, 1) == 1 && failures == 0 ? 0 : 1;
+  Record record{failures == 0 ? 'd' : 'f', {}};
+  const Phases last = LastOfEach(phases, Clock::time_point());
+  for (int p = 0; p < kPhases; ++p) {
+    record.phase_ends_ns[p] =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(last[p].time_since_epoch()).count();
+  }
+  return write(1, &record, sizeof(record)) == sizeof(record) && failures == 0 ? 0 : 1;
 }
 
 // ReadBytes reads `count` bytes from `fd`; false on EOF or error.
@@ -162,8 +204,10 @@ bool ReadBytes(int fd, std::string& out, size_t count) {
   return true;
 }
 
-// RunProcesses times one handshake of n workers spread over `processes` worker processes.
-double RunProcesses(const rdv::Server& server, const std::string& token, int n, int processes) {
+// RunProcesses times one handshake of n workers spread over `processes` worker processes, and
+// says in `last` when the last worker ended each phase.
+double RunProcesses(const rdv::Server& server, const std::string& token, int n, int processes,
+                    bool per_key, Clock::time_point& start, Phases& last) {
   int go[2], status[2];
   if (pipe2(go, O_CLOEXEC) != 0 || pipe2(status, O_CLOEXEC) != 0) return -1;
   std::vector<pid_t> pids;
@@ -177,8 +221,9 @@ double RunProcesses(const rdv::Server& server, const std::string& token, int n, 
   for (int p = 0; p < processes; ++p) {
     const int first = n * p / processes;
     const int count = n * (p + 1) / processes - first;
-    std::vector<std::string> args = {"/proc/self/exe", "--worker-group", std::to_string(n),
-                                     std::to_string(first), std::to_string(count)};
+    std::vector<std::string> args = {"/proc/self/exe",      "--worker-group",
+                                     std::to_string(n),     std::to_string(first),
+                                     std::to_string(count), per_key ? "per-key" : "allgather"};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -197,12 +242,23 @@ double RunProcesses(const rdv::Server& server, const std::string& token, int n, 
   std::string ready, done;
   double seconds = -1;
   if (static_cast<int>(pids.size()) == processes && ReadBytes(status[0], ready, processes)) {
-    const Clock::time_point start = Clock::now();
+    start = Clock::now();
     const std::string release(processes, 'g');
-    if (write(go[1], release.data(), release.size()) == static_cast<ssize_t>(release.size()) &&
-        ReadBytes(status[0], done, processes) && done.find('f') == std::string::npos) {
-      seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    bool passed =
+        write(go[1], release.data(), release.size()) == static_cast<ssize_t>(release.size()) &&
+        ReadBytes(status[0], done, processes * sizeof(Record));
+    const Clock::time_point end = Clock::now();
+    last.fill(start);
+    for (int p = 0; passed && p < processes; ++p) {
+      Record record;
+      std::memcpy(&record, done.data() + p * sizeof(Record), sizeof(Record));
+      passed = record.result == 'd';
+      for (int phase = 0; phase < kPhases; ++phase) {
+        last[phase] = std::max(
+            last[phase], Clock::time_point(std::chrono::nanoseconds(record.phase_ends_ns[phase])));
+      }
     }
+    if (passed) seconds = std::chrono::duration<double>(end - start).count();
   }
   close(go[1]);
   close(status[0]);
@@ -211,9 +267,9 @@ double RunProcesses(const rdv::Server& server, const std::string& token, int n, 
 }
 
 // RunOnce returns the seconds one N-worker handshake took, or a negative number on failure. With
-// `processes` > 0 the workers run in that many processes; else, as threads here, and `verbose`
-// prints when the last worker finished each phase.
-double RunOnce(int n, int processes, bool verbose) {
+// `processes` > 0 the workers run in that many processes; else, as threads here. `verbose` prints
+// when the last worker finished each phase.
+double RunOnce(int n, int processes, bool per_key, bool verbose) {
   rdv::ServerOptions options;
   options.job_id = "bench";
   options.token = "bench-token-0123456789abcdef";
@@ -223,24 +279,28 @@ double RunOnce(int n, int processes, bool verbose) {
     std::fprintf(stderr, "rendezvous_bench: %s\n", std::string(server.status().message()).c_str());
     return -1;
   }
-  if (processes > 0) return RunProcesses(**server, options.token, n, processes);
-
   Clock::time_point start;
-  std::vector<Phases> phases;
-  const int failures = RunWorkers((*server)->address(), options.token, n, 0, n,
-                                  [&] { start = Clock::now(); }, phases);
-  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  if (verbose) {
+  Phases last;
+  double seconds = -1;
+  if (processes > 0) {
+    seconds = RunProcesses(**server, options.token, n, processes, per_key, start, last);
+  } else {
+    std::vector<Phases> phases;
+    const int failures = RunWorkers((*server)->address(), options.token, n, 0, n, per_key,
+                                    [&] { start = Clock::now(); }, phases);
+    seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    if (failures > 0) seconds = -1;
+    last = LastOfEach(phases, start);
+  }
+  if (verbose && seconds >= 0) {
     std::printf("  #");
     for (int p = 0; p < kPhases; ++p) {
-      Clock::time_point last = start;
-      for (const auto& worker : phases) last = std::max(last, worker[p]);
       std::printf(" %s done at %.1f ms;", kPhaseNames[p],
-                  std::chrono::duration<double, std::milli>(last - start).count());
+                  std::chrono::duration<double, std::milli>(last[p] - start).count());
     }
     std::printf("\n");
   }
-  return failures == 0 ? seconds : -1;
+  return seconds;
 }
 
 // SpawnOnce runs `n` worker processes of `argv` against a fresh server and returns the seconds from
@@ -301,16 +361,20 @@ void PrintRow(const char* what, std::vector<double> times_ms) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 5 && std::strcmp(argv[1], "--worker-group") == 0) {
-    return WorkerGroup(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]));
+  if (argc == 6 && std::strcmp(argv[1], "--worker-group") == 0) {
+    return WorkerGroup(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]),
+                       std::strcmp(argv[5], "per-key") == 0);
   }
   int runs = 5;
   int processes = 0;
+  bool per_key = false;
   bool verbose = false;
   std::vector<int> sizes;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "-v") == 0) {
       verbose = true;
+    } else if (std::strcmp(argv[i], "--per-key") == 0) {
+      per_key = true;
     } else if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
       runs = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--processes") == 0 && i + 1 < argc) {
@@ -336,19 +400,20 @@ int main(int argc, char** argv) {
   if (runs < 1 || processes < 0 ||
       std::any_of(sizes.begin(), sizes.end(), [](int n) { return n < 1; })) {
     std::fprintf(stderr,
-                 "usage: rendezvous_bench [-v] [--runs R] [--processes P] [N ...]\n"
+                 "usage: rendezvous_bench [-v] [--runs R] [--processes P] [--per-key] [N ...]\n"
                  "       rendezvous_bench [--runs R] --spawn N PROGRAM [ARGS...]\n");
     return 2;
   }
 
-  std::printf("# join + publish address + read all addresses + barrier; workers as %s\n",
+  std::printf("# join + exchange all addresses (%s) + barrier; workers as %s\n",
+              per_key ? "Set, then Get of N keys" : "one Allgather",
               processes > 0 ? absl::StrCat("threads in ", processes, " processes").c_str()
                             : "threads of this process");
   std::printf("# %10s %6s %12s %12s %12s\n", "workers", "runs", "min(ms)", "median(ms)", "max(ms)");
   for (int n : sizes) {
     std::vector<double> times;
     for (int run = 0; run < runs; ++run) {
-      const double t = RunOnce(n, std::min(processes, n), verbose);
+      const double t = RunOnce(n, std::min(processes, n), per_key, verbose);
       if (t < 0) return 1;
       times.push_back(t * 1e3);
     }

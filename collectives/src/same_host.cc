@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -20,6 +21,19 @@ std::vector<std::string> StoreGet(rendezvous::Store& store, const std::vector<st
     throw IoError(message);
   }
   return *values;
+}
+
+std::vector<std::string> StoreAllgather(rendezvous::Store& store, const std::string& name, int rank,
+                                        int count, const std::string& value,
+                                        std::chrono::milliseconds timeout,
+                                        const std::string& what) {
+  auto values = store.Allgather(name, rank, count, value, timeout);
+  if (!values.ok()) {
+    const std::string message = MakeMessage(what, ": ", values.status().message());
+    if (absl::IsDeadlineExceeded(values.status())) throw TimeoutError(message);
+    throw IoError(message);
+  }
+  return *std::move(values);
 }
 
 void StorePut(rendezvous::Store& store, const std::string& key, const std::string& value) {
@@ -80,11 +94,11 @@ std::optional<ShmSegment> ProveSharedMemory(rendezvous::Store& store, const std:
       }
     }
   }
-  StorePut(store, MakeMessage(prefix, "/verdict/", rank), verdict);
-  std::vector<std::string> keys;
-  for (int member : members) keys.push_back(MakeMessage(prefix, "/verdict/", member));
-  const auto verdicts = StoreGet(store, keys, timeout,
-                                 MakeMessage("rank ", rank, ": waiting for the same-host check"));
+  const int index =
+      static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+  const auto verdicts =
+      StoreAllgather(store, prefix + "/verdict", index, static_cast<int>(members.size()), verdict,
+                     timeout, MakeMessage("rank ", rank, ": waiting for the same-host check"));
   // Every member has mapped the segment (or given up): the descriptor is no longer needed.
   if (segment) segment->CloseFd();
   for (size_t i = 0; i < verdicts.size(); ++i) {

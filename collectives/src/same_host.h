@@ -28,6 +28,12 @@ namespace trainrun::collectives::internal {
 // `what` (e.g. "rank 3: waiting for the same-host check") in front of the store's message.
 std::vector<std::string> StoreGet(rendezvous::Store& store, const std::vector<std::string>& keys,
                                   std::chrono::milliseconds timeout, const std::string& what);
+// StoreAllgather contributes `value` as `rank` of `count` to the gather `name` and returns every
+// contribution in rank order (Store::Allgather: one call, where a Get would read `count` keys);
+// fails as StoreGet does.
+std::vector<std::string> StoreAllgather(rendezvous::Store& store, const std::string& name, int rank,
+                                        int count, const std::string& value,
+                                        std::chrono::milliseconds timeout, const std::string& what);
 // StorePut sets `key` to `value` in `store`, or throws IoError naming the key.
 void StorePut(rendezvous::Store& store, const std::string& key, const std::string& value);
 

@@ -32,8 +32,9 @@ constexpr char kAbort = 'A';
 // How long a lost data connection waits for the abort its peer may have sent just before.
 constexpr int kAbortGraceMs = 50;
 
-std::string AddressKey(const std::string& name, int rank) {
-  return MakeMessage("collectives/", name, "/addr/", rank);
+// The gather of the ranks' listening addresses; rank r's is also the key "<it>/<r>".
+std::string AddressGather(const std::string& name) {
+  return MakeMessage("collectives/", name, "/addr");
 }
 
 [[noreturn]] void ThrowStoreError(const absl::Status& status, const std::string& what) {
@@ -79,19 +80,17 @@ void TcpTransport::Establish(rendezvous::Store& store) {
     return true;
   };
   Acceptor acceptor(std::move(listener), params_, rank_, deadline, place);
-  if (auto status = store.Set(AddressKey(options_.name, rank_), bound.ToString()); !status.ok()) {
-    ThrowStoreError(status, MakeMessage("rank ", rank_, " cannot publish its address"));
+  // One call gives every rank's address (the server builds the answer once for all ranks); this
+  // rank connects to the lower ones and accepts the higher ones.
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  auto addresses = store.Allgather(AddressGather(options_.name), rank_, size_, bound.ToString(),
+                                   std::max(left, std::chrono::milliseconds(1)));
+  if (!addresses.ok()) {
+    ThrowStoreError(addresses.status(),
+                    MakeMessage("rank ", rank_, " exchanged addresses with the other ranks"));
   }
 
   if (rank_ > 0) {
-    std::vector<std::string> keys;
-    for (int peer = 0; peer < rank_; ++peer) keys.push_back(AddressKey(options_.name, peer));
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    auto addresses = store.Get(keys, std::max(left, std::chrono::milliseconds(1)));
-    if (!addresses.ok()) {
-      ThrowStoreError(addresses.status(),
-                      MakeMessage("rank ", rank_, " waited for the addresses of lower ranks"));
-    }
     for (int peer = 0; peer < rank_; ++peer) {
       SocketAddress address = SocketAddress::Parse((*addresses)[peer]);
       for (int index = 0; index < per_peer; ++index) {

@@ -38,8 +38,9 @@ struct TcpOptions {
 
 class TcpTransport : public Transport {
  public:
-  // TcpTransport listens, publishes its address under "collectives/<name>/addr/<rank>", connects to
-  // every lower rank and accepts every higher one. Throws TimeoutError or IoError.
+  // TcpTransport listens, gathers every rank's address (Store::Allgather "collectives/<name>/addr",
+  // which also leaves its own under "collectives/<name>/addr/<rank>"), connects to every lower rank
+  // and accepts every higher one. Throws TimeoutError or IoError.
   TcpTransport(rendezvous::Store& store, int rank, int size, TcpOptions options);
   // Sends "bye" to every peer and closes.
   ~TcpTransport() override;

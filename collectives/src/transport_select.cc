@@ -57,13 +57,10 @@ std::unique_ptr<ShmTransport> StartShm(rendezvous::Store& store, const std::stri
 // same local_size everywhere), as hierarchical allreduce needs.
 bool EvenHosts(rendezvous::Store& store, const RankInfo& info, const std::string& name,
                std::chrono::milliseconds timeout) {
-  const std::string prefix = MakeMessage("collectives/", name, "/layout/");
-  StorePut(store, prefix + std::to_string(info.rank),
-           MakeMessage(info.local_rank, " ", info.local_size, " ", info.cross_rank));
-  std::vector<std::string> keys;
-  for (int r = 0; r < info.size; ++r) keys.push_back(prefix + std::to_string(r));
-  const auto layouts = StoreGet(
-      store, keys, timeout, MakeMessage("rank ", info.rank, ": waiting for every rank's place"));
+  const auto layouts =
+      StoreAllgather(store, MakeMessage("collectives/", name, "/layout"), info.rank, info.size,
+                     MakeMessage(info.local_rank, " ", info.local_size, " ", info.cross_rank),
+                     timeout, MakeMessage("rank ", info.rank, ": waiting for every rank's place"));
   for (int r = 0; r < info.size; ++r) {
     std::istringstream in(layouts[r]);
     int local_rank = -1, local_size = -1, cross_rank = -1;
@@ -89,12 +86,10 @@ std::unique_ptr<Transport> MakeHierarchical(rendezvous::Store& store, const Rank
   auto segment =
       ProveGroup(store, prefix, info.rank, first, info.local_size, &shm, tcp.timeout, &why);
   // All hosts must agree, or some ranks would run hierarchically and others flat.
-  const std::string verdicts = MakeMessage("collectives/", tcp.name, "/hosts_share_memory/");
-  StorePut(store, verdicts + std::to_string(info.rank), segment ? "ok" : why);
-  std::vector<std::string> keys;
-  for (int r = 0; r < info.size; ++r) keys.push_back(verdicts + std::to_string(r));
   for (const std::string& verdict :
-       StoreGet(store, keys, tcp.timeout, MakeMessage("rank ", info.rank, ": waiting for hosts"))) {
+       StoreAllgather(store, MakeMessage("collectives/", tcp.name, "/hosts_share_memory"),
+                      info.rank, info.size, segment ? "ok" : why, tcp.timeout,
+                      MakeMessage("rank ", info.rank, ": waiting for hosts"))) {
     if (verdict != "ok") {
       if (info.rank == 0) LogWarning(MakeMessage(verdict, "; running flat over TCP"));
       return flat;

@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   }
   if (verbose) {
     std::printf("rank %d of %d (local %d of %d, host %s) passed the barrier\n", me.rank, me.size,
-                me.local_rank, me.local_size, me.hosts[me.rank].c_str());
+                me.local_rank, me.local_size, me.HostOf(me.rank).c_str());
   }
   return 0;
 }

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <utility>
@@ -63,16 +64,31 @@ absl::StatusOr<WorkerSession> Join(const ClientOptions& options,
   a.local_size = response.local_size();
   a.cross_rank = response.cross_rank();
   a.cross_size = response.cross_size();
-  a.hosts.reserve(response.host_of_rank_size());
-  for (int host : response.host_of_rank()) {
-    if (host < 0 || host >= response.host_names_size()) {
+  a.host_names.assign(response.host_names().begin(), response.host_names().end());
+  int64_t end = 0;
+  for (int k = 0; k < response.host_run_hosts_size(); ++k) {
+    const int host = response.host_run_hosts(k);
+    end += k < response.host_run_lengths_size() ? response.host_run_lengths(k) : -1;
+    if (host < 0 || host >= response.host_names_size() ||
+        end <= (k == 0 ? 0 : a.host_run_ends.back()) || end > a.size) {
       return absl::InternalError("the rendezvous server sent a malformed host list");
     }
-    a.hosts.push_back(response.host_names(host));
+    a.host_run_hosts.push_back(host);
+    a.host_run_ends.push_back(static_cast<int>(end));
+  }
+  if (end != a.size || response.host_run_lengths_size() != response.host_run_hosts_size()) {
+    return absl::InternalError("the rendezvous server sent a malformed host list");
   }
   a.job_id = response.job_id();
   session.store = std::make_shared<internal::GrpcStore>(std::move(channel), options, a.rank);
   return session;
+}
+
+const std::string& Assignment::HostOf(int rank) const {
+  static const std::string kNone;
+  auto run = std::upper_bound(host_run_ends.begin(), host_run_ends.end(), rank);
+  if (rank < 0 || run == host_run_ends.end()) return kNone;
+  return host_names[static_cast<size_t>(host_run_hosts[run - host_run_ends.begin()])];
 }
 
 absl::StatusOr<std::shared_ptr<Store>> ConnectStore(const ClientOptions& options) {

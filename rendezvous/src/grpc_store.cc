@@ -152,6 +152,27 @@ absl::Status GrpcStore::Barrier(const std::string& name, int count,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<std::string>> GrpcStore::Allgather(const std::string& name, int rank,
+                                                              int count, const std::string& value,
+                                                              std::chrono::milliseconds timeout) {
+  if (count <= 0 || rank < 0 || rank >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("allgather '", name, "' was entered as rank ",
+                                                   rank, " of ", count, " contributors"));
+  }
+  grpc::ClientContext context;
+  PrepareContext(context, options_, timeout + kWaitSlack);
+  proto::AllgatherRequest request;
+  request.set_name(name);
+  request.set_rank(rank);
+  request.set_count(count);
+  request.set_value(value);
+  request.set_timeout_ms(timeout.count());
+  proto::AllgatherResponse response;
+  grpc::Status status = stub_->Allgather(&context, request, &response);
+  if (!status.ok()) return ClientError(status, options_, timeout + kWaitSlack);
+  return DecodeTable(response.table(), static_cast<size_t>(count));
+}
+
 absl::Status GrpcStore::ReportPeerFailure(int rank, int peer_rank, const std::string& message) {
   grpc::ClientContext context;
   PrepareContext(context, options_, options_.call_timeout);

@@ -38,6 +38,11 @@ class GrpcStore : public Store {
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override;
   absl::Status Barrier(const std::string& name, int count,
                        std::chrono::milliseconds timeout) override;
+  // Allgather is one Allgather call (rendezvous.proto): the server answers with the table it built
+  // once for the whole gather.
+  absl::StatusOr<std::vector<std::string>> Allgather(const std::string& name, int rank, int count,
+                                                     const std::string& value,
+                                                     std::chrono::milliseconds timeout) override;
   absl::Status ReportPeerFailure(int rank, int peer_rank, const std::string& message) override;
 
  private:

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -91,6 +92,16 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
     std::set<int> ranks;  // the ranks that entered, when they said who they are
     std::vector<Waiter*> waiters;
   };
+  // An Allgather: who has contributed, who waits, and, once all have, the table every caller gets
+  // (or why there is none: it passed the response limit).
+  struct GatherState {
+    int count = 0;
+    int arrived = 0;
+    std::vector<bool> contributed;
+    std::vector<Waiter*> waiters;
+    std::shared_ptr<const std::string> table;
+    grpc::Status failed;
+  };
   using Completion = std::pair<Waiter*, grpc::Status>;
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
@@ -108,6 +119,9 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
   grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* context,
                                     const proto::BarrierRequest* request,
                                     proto::BarrierResponse* response) override;
+  grpc::ServerUnaryReactor* Allgather(grpc::CallbackServerContext* context,
+                                      const proto::AllgatherRequest* request,
+                                      proto::AllgatherResponse* response) override;
   grpc::ServerUnaryReactor* ReportExit(grpc::CallbackServerContext* context,
                                        const proto::ExitReport* request,
                                        proto::ExitResponse* response) override;
@@ -120,6 +134,16 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
   // With mutex_ held: whether one more call may wait.
   grpc::Status CanWait() const;
 
+  // With mutex_ held: StoreValue's work; the Gets it completes are added to `completions`.
+  grpc::Status StoreLocked(const std::string& key, const std::string& value,
+                           std::vector<Completion>& completions);
+  // With mutex_ held: check an Allgather's request against the limits and find (or open) its
+  // gather; nullptr with `status` set when it is refused.
+  GatherState* FindGather(const proto::AllgatherRequest& request, grpc::Status& status);
+  // With mutex_ held: encode the table of a gather whose contributions have all arrived, and hand
+  // it to every waiting caller through `completions`.
+  void CompleteGather(const std::string& name, GatherState& gather,
+                      std::vector<Completion>& completions);
   // With mutex_ held: fill a Get's response from values_, or fail when it is too large.
   grpc::Status FillValues(const proto::GetRequest& request, proto::GetResponse* response) const;
   // With mutex_ held: take `waiter` out of every index; false when someone already did.
@@ -145,8 +169,11 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
   std::condition_variable deadline_changed_;
   bool stopping_ = false;
   std::map<std::pair<std::string, int>, int> rank_of_;  // (host, local_rank) -> rank
-  std::vector<std::string> host_names_;                 // distinct hosts, in rank order
-  std::vector<int> host_of_rank_;                       // index into host_names_
+  // Every rank's host, as the join answer sends it: distinct names, in rank order, and runs of
+  // ranks on one host (rendezvous.proto).
+  std::vector<std::string> host_names_;
+  std::vector<int> host_run_hosts_;
+  std::vector<int> host_run_lengths_;
   std::vector<RankState> ranks_;
   std::vector<PeerFailure> peer_failures_;
   std::set<int> exited_without_joining_;  // ranks that exited 0 and never joined
@@ -157,6 +184,7 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
   size_t stored_bytes_ = 0;
   std::unordered_map<std::string, std::vector<Waiter*>> key_waiters_;
   std::unordered_map<std::string, BarrierState> barriers_;
+  std::unordered_map<std::string, GatherState> gathers_;
   std::multimap<Clock::time_point, Waiter*> deadlines_;
   size_t waiter_count_ = 0;
 };
@@ -182,6 +210,10 @@ class Server::Impl::Waiter final : public grpc::ServerUnaryReactor {
   size_t missing = 0;
   // A Barrier: its name.
   std::string barrier;
+  // An Allgather: its name, its response, and (once complete) the table to answer with.
+  std::string gather;
+  proto::AllgatherResponse* gather_response = nullptr;
+  std::shared_ptr<const std::string> table;
   int rank = -1;
 };
 
@@ -193,7 +225,11 @@ Server::Impl::Impl(ServerOptions options) : options_(std::move(options)) {
     rank_of_[{host, options_.ranks[r].local_rank}] = static_cast<int>(r);
     auto [it, added] = host_index.emplace(host, static_cast<int>(host_names_.size()));
     if (added) host_names_.push_back(host);
-    host_of_rank_.push_back(it->second);
+    if (host_run_hosts_.empty() || host_run_hosts_.back() != it->second) {
+      host_run_hosts_.push_back(it->second);
+      host_run_lengths_.push_back(0);
+    }
+    ++host_run_lengths_.back();
   }
 }
 
@@ -204,8 +240,9 @@ absl::Status Server::Impl::Listen() {
   const std::string listen = internal::JoinHostPort(options_.bind_address, options_.port);
   // Our own listener accepts and hands connections to gRPC (see listener.h). It never sets
   // SO_REUSEPORT: two jobs must not share a fixed port silently.
-  absl::StatusOr<std::unique_ptr<internal::Listener>> listener = internal::Listener::Bind(
-      options_.bind_address, options_.port, options_.limits.max_connections);
+  absl::StatusOr<std::unique_ptr<internal::Listener>> listener =
+      internal::Listener::Bind(options_.bind_address, options_.port,
+                               options_.limits.max_connections + options_.ranks.size());
   if (listener.ok()) {
     listener_ = *std::move(listener);
     port_ = listener_->port();
@@ -347,6 +384,8 @@ grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* contex
     lock.unlock();
     options_.on_exit_before_join(*early);
   }
+  // The rest reads only what never changes.
+  if (lock.owns_lock()) lock.unlock();
   const RankSlot& slot = options_.ranks[rank];
   response->set_rank(rank);
   response->set_size(static_cast<int>(options_.ranks.size()));
@@ -355,7 +394,8 @@ grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* contex
   response->set_cross_rank(slot.cross_rank);
   response->set_cross_size(slot.cross_size);
   *response->mutable_host_names() = {host_names_.begin(), host_names_.end()};
-  *response->mutable_host_of_rank() = {host_of_rank_.begin(), host_of_rank_.end()};
+  *response->mutable_host_run_hosts() = {host_run_hosts_.begin(), host_run_hosts_.end()};
+  *response->mutable_host_run_lengths() = {host_run_lengths_.begin(), host_run_lengths_.end()};
   response->set_job_id(options_.job_id);
   return FinishNow(context, grpc::Status::OK);
 }
@@ -380,8 +420,18 @@ grpc::ServerUnaryReactor* Server::Impl::Set(grpc::CallbackServerContext* context
 
 grpc::Status Server::Impl::StoreValue(const std::string& key, const std::string& value) {
   std::vector<Completion> completions;
+  grpc::Status status;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    status = StoreLocked(key, value, completions);
+  }
+  FinishAll(completions);
+  return status;
+}
+
+grpc::Status Server::Impl::StoreLocked(const std::string& key, const std::string& value,
+                                       std::vector<Completion>& completions) {
+  {
     auto existing = values_.find(key);
     const size_t old_bytes =
         existing == values_.end() ? 0 : existing->first.size() + existing->second.size();
@@ -406,7 +456,6 @@ grpc::Status Server::Impl::StoreValue(const std::string& key, const std::string&
       }
     }
   }
-  FinishAll(completions);
   return grpc::Status::OK;
 }
 
@@ -566,6 +615,135 @@ grpc::ServerUnaryReactor* Server::Impl::Barrier(grpc::CallbackServerContext* con
   return waiter;
 }
 
+Server::Impl::GatherState* Server::Impl::FindGather(const proto::AllgatherRequest& request,
+                                                    grpc::Status& status) {
+  const std::string& name = request.name();
+  auto found = gathers_.find(name);
+  if (found == gathers_.end()) {
+    const size_t bytes = name.size() + 64 + static_cast<size_t>(request.count()) / 8;
+    if (stored_bytes_ + bytes > options_.limits.max_stored_bytes) {
+      status = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                            "the rendezvous's storage limit is reached");
+      return nullptr;
+    }
+    stored_bytes_ += bytes;
+    found = gathers_.emplace(name, GatherState{}).first;
+    found->second.count = request.count();
+    found->second.contributed.resize(static_cast<size_t>(request.count()));
+  }
+  GatherState& gather = found->second;
+  if (gather.count != request.count()) {
+    status = grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("allgather '", name, "' was entered with count ", gather.count,
+                     " and now with count ", request.count(), "; all callers must agree"));
+    return nullptr;
+  }
+  return &gather;
+}
+
+void Server::Impl::CompleteGather(const std::string& name, GatherState& gather,
+                                  std::vector<Completion>& completions) {
+  std::vector<const std::string*> values;
+  values.reserve(static_cast<size_t>(gather.count));
+  for (int r = 0; r < gather.count; ++r) values.push_back(&values_.at(absl::StrCat(name, "/", r)));
+  auto table = std::make_shared<const std::string>(internal::EncodeTable(values));
+  if (table->size() > options_.limits.max_response_bytes) {
+    gather.failed =
+        grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                     absl::StrCat("allgather '", name, "' gathered ", table->size(),
+                                  " bytes, over the limit of ", options_.limits.max_response_bytes,
+                                  " bytes for one answer; gather smaller values"));
+  } else {
+    stored_bytes_ += table->size();
+    gather.table = std::move(table);
+  }
+  gather.contributed = {};
+  std::vector<Waiter*> waiters = std::move(gather.waiters);
+  gather.waiters.clear();
+  for (Waiter* waiter : waiters) {
+    Claim(waiter);
+    waiter->table = gather.table;
+    completions.emplace_back(waiter, gather.failed);
+  }
+}
+
+grpc::ServerUnaryReactor* Server::Impl::Allgather(grpc::CallbackServerContext* context,
+                                                  const proto::AllgatherRequest* request,
+                                                  proto::AllgatherResponse* response) {
+  if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
+  if (grpc::Status status = CheckKey(request->name(), "gather name"); !status.ok()) {
+    return FinishNow(context, status);
+  }
+  if (request->count() <= 0 ||
+      static_cast<size_t>(request->count()) > options_.limits.max_keys_per_get ||
+      request->rank() < 0 || request->rank() >= request->count()) {
+    return FinishNow(
+        context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              absl::StrCat("allgather '", request->name(), "' was entered as rank ",
+                                           request->rank(), " of ", request->count(),
+                                           " contributors; the count must be 1 to ",
+                                           options_.limits.max_keys_per_get)));
+  }
+  // Each contribution is a key of its own; the longest one must fit the key limit.
+  const std::string key = absl::StrCat(request->name(), "/", request->rank());
+  if (grpc::Status status = CheckKey(absl::StrCat(request->name(), "/", request->count() - 1),
+                                     "gather name with its rank");
+      !status.ok()) {
+    return FinishNow(context, status);
+  }
+  if (request->value().size() > options_.limits.max_value_bytes) {
+    return FinishNow(
+        context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              absl::StrCat("the value of key '", key, "' has ",
+                                           request->value().size(), " bytes, over the limit of ",
+                                           options_.limits.max_value_bytes, " bytes")));
+  }
+  if (grpc::Status status = CheckTimeout(request->timeout_ms()); !status.ok()) {
+    return FinishNow(context, status);
+  }
+
+  std::vector<Completion> completions;
+  std::unique_lock<std::mutex> lock(mutex_);
+  grpc::Status status;
+  GatherState* gather = FindGather(*request, status);
+  if (gather == nullptr) return FinishNow(context, status);
+  // A complete gather answers a late caller (a retry) with the table it already built.
+  if (gather->table == nullptr && gather->failed.ok()) {
+    status = StoreLocked(key, request->value(), completions);
+    if (status.ok() && !gather->contributed[static_cast<size_t>(request->rank())]) {
+      gather->contributed[static_cast<size_t>(request->rank())] = true;
+      if (++gather->arrived == gather->count) {
+        CompleteGather(request->name(), *gather, completions);
+      }
+    }
+  }
+  if (!status.ok() || gather->table != nullptr || !gather->failed.ok()) {
+    if (status.ok()) status = gather->failed;
+    std::shared_ptr<const std::string> table = gather->table;
+    lock.unlock();
+    FinishAll(completions);
+    if (status.ok()) response->set_table(*table);
+    return FinishNow(context, status);
+  }
+  if (status = CanWait(); !status.ok()) {
+    lock.unlock();
+    FinishAll(completions);
+    return FinishNow(context, status);
+  }
+  auto* waiter = new Waiter(this, std::chrono::milliseconds(request->timeout_ms()));
+  waiter->gather = request->name();
+  waiter->gather_response = response;
+  waiter->rank = request->rank();
+  gather->waiters.push_back(waiter);
+  waiter->deadline = deadlines_.emplace(Clock::now() + waiter->timeout_, waiter);
+  ++waiter_count_;
+  if (waiter->deadline == deadlines_.begin()) deadline_changed_.notify_one();
+  lock.unlock();
+  FinishAll(completions);
+  return waiter;
+}
+
 grpc::ServerUnaryReactor* Server::Impl::ReportExit(grpc::CallbackServerContext* context,
                                                    const proto::ExitReport* request,
                                                    proto::ExitResponse* response) {
@@ -616,6 +794,9 @@ bool Server::Impl::Claim(Waiter* waiter) {
       remove(list->second);
       if (list->second.empty()) key_waiters_.erase(list);
     }
+  } else if (!waiter->gather.empty()) {
+    auto gather = gathers_.find(waiter->gather);
+    if (gather != gathers_.end()) remove(gather->second.waiters);
   } else {
     auto barrier = barriers_.find(waiter->barrier);
     if (barrier != barriers_.end()) remove(barrier->second.waiters);
@@ -632,7 +813,11 @@ void Server::Impl::Cancel(Waiter* waiter) {
 }
 
 void Server::Impl::FinishAll(std::vector<Completion>& completions) {
-  for (auto& [waiter, status] : completions) waiter->Finish(status);
+  for (auto& [waiter, status] : completions) {
+    // A gather's table is copied into each answer here, without the server's lock.
+    if (waiter->table != nullptr && status.ok()) waiter->gather_response->set_table(*waiter->table);
+    waiter->Finish(status);
+  }
   completions.clear();
 }
 
@@ -666,6 +851,22 @@ std::string Server::Impl::DescribeTimeout(const Waiter& waiter) const {
     }
     return absl::StrCat(after, " waiting for ", missing.size() == 1 ? "key " : "keys ",
                         NameSome(missing), DescribeAbsentRanks(all_ranks));
+  }
+  if (!waiter.gather.empty()) {
+    const GatherState& gather = gathers_.at(waiter.gather);
+    std::string out = absl::StrCat(after, " in allgather '", waiter.gather, "': ", gather.arrived,
+                                   " of ", gather.count, " contributed");
+    std::vector<int> absent;
+    for (int r = 0; r < gather.count; ++r) {
+      if (!gather.contributed[static_cast<size_t>(r)]) absent.push_back(r);
+    }
+    if (gather.count == static_cast<int>(ranks_.size())) {
+      // A gather of the whole job: its ranks are the job's ranks.
+      absl::StrAppend(&out, ", waiting for ", NameRanks(absent), DescribeAbsentRanks(absent));
+    } else {
+      absl::StrAppend(&out, DescribeAbsentRanks(all_ranks));
+    }
+    return out;
   }
   const BarrierState& barrier = barriers_.at(waiter.barrier);
   std::string out = absl::StrCat(after, " in barrier '", waiter.barrier, "': ", barrier.arrived,

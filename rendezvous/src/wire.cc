@@ -1,5 +1,7 @@
 #include "wire.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -41,6 +43,82 @@ bool ConstantTimeEquals(std::string_view secret, std::string_view candidate) {
     diff = diff | (static_cast<unsigned char>(secret[i]) ^ c);
   }
   return diff == 0;
+}
+
+namespace {
+
+void PutVarint(std::string& out, uint64_t value) {
+  while (value >= 0x80) {
+    out.push_back(static_cast<char>((value & 0x7f) | 0x80));
+    value >>= 7;
+  }
+  out.push_back(static_cast<char>(value));
+}
+
+// GetVarint reads a varint at `at` and moves past it; false when the buffer ends first or the
+// number does not fit 32 bits.
+bool GetVarint(std::string_view in, size_t& at, uint32_t& value) {
+  uint64_t result = 0;
+  for (int shift = 0; shift <= 28 && at < in.size(); shift += 7) {
+    const auto byte = static_cast<unsigned char>(in[at++]);
+    result |= static_cast<uint64_t>(byte & 0x7f) << shift;
+    if ((byte & 0x80) == 0) {
+      if (result > UINT32_MAX) return false;
+      value = static_cast<uint32_t>(result);
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string EncodeTable(const std::vector<const std::string*>& values) {
+  size_t bytes = 0;
+  for (const std::string* value : values) bytes += value->size();
+  std::string out;
+  out.reserve(bytes / 2 + 4 * values.size() + 8);
+  PutVarint(out, values.size());
+  std::string_view previous;
+  for (const std::string* value : values) {
+    const size_t limit = std::min(previous.size(), value->size());
+    size_t shared = 0;
+    while (shared < limit && previous[shared] == (*value)[shared]) ++shared;
+    PutVarint(out, shared);
+    PutVarint(out, value->size() - shared);
+    out.append(*value, shared, std::string::npos);
+    previous = *value;
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> DecodeTable(std::string_view table, size_t count) {
+  const absl::Status malformed =
+      absl::InternalError("the rendezvous server sent a malformed gather table");
+  size_t at = 0;
+  uint32_t stored = 0;
+  if (!GetVarint(table, at, stored)) return malformed;
+  if (stored != count) {
+    return absl::InternalError(absl::StrCat("the rendezvous server gathered ", stored,
+                                            " values for ", count,
+                                            " ranks; is it the same trainrun version?"));
+  }
+  std::vector<std::string> values(count);
+  for (size_t i = 0; i < count; ++i) {
+    uint32_t shared = 0;
+    uint32_t rest = 0;
+    if (!GetVarint(table, at, shared) || !GetVarint(table, at, rest) ||
+        (i == 0 ? shared != 0 : shared > values[i - 1].size()) || rest > table.size() - at) {
+      return malformed;
+    }
+    std::string& value = values[i];
+    value.reserve(size_t{shared} + rest);
+    if (shared > 0) value.assign(values[i - 1], 0, shared);
+    value.append(table.data() + at, rest);
+    at += rest;
+  }
+  if (at != table.size()) return malformed;
+  return values;
 }
 
 void QuietAbseilMutexes() {

@@ -7,8 +7,10 @@
 #include <chrono>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace trainrun::rendezvous::internal {
 
@@ -34,5 +36,13 @@ bool ConstantTimeEquals(std::string_view secret, std::string_view candidate);
 // Abseil leaves it on, and gRPC's mutexes then spend a tenth of the rendezvous's CPU building lock
 // graphs. Called by the server and the client before they use gRPC.
 void QuietAbseilMutexes();
+
+// EncodeTable writes an Allgather's values, in order, as one front-coded buffer: the count, then
+// for each value the length of the prefix it shares with the value before, the length of the rest
+// and the rest (lengths as LEB128 varints). Encoded once per gather by the server.
+std::string EncodeTable(const std::vector<const std::string*>& values);
+// DecodeTable reads EncodeTable's buffer back; fails with INTERNAL when it is malformed or does
+// not hold `count` values.
+absl::StatusOr<std::vector<std::string>> DecodeTable(std::string_view table, size_t count);
 
 }  // namespace trainrun::rendezvous::internal

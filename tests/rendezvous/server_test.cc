@@ -151,7 +151,11 @@ TEST_CASE("Join gives each rank its place in the slot plan", "[rendezvous]") {
     CHECK(got[r].local_size == slot.local_size);
     CHECK(got[r].cross_rank == slot.cross_rank);
     CHECK(got[r].cross_size == slot.cross_size);
-    CHECK(got[r].hosts == std::vector<std::string>{"a", "a", "b"});
+    CHECK(got[r].HostOf(0) == "a");
+    CHECK(got[r].HostOf(1) == "a");
+    CHECK(got[r].HostOf(2) == "b");
+    CHECK(got[r].HostOf(3).empty());
+    CHECK(got[r].host_names == std::vector<std::string>{"a", "b"});
     CHECK(got[r].job_id == "test-job");
   }
   CHECK(job.server->JoinedRanks() == std::vector<int>{0, 1, 2});

@@ -24,7 +24,15 @@ namespace trainrun::rendezvous {
 
 // Assignment is what joining tells a worker: its place, every rank's host, and the job's id.
 struct Assignment : RankPlace {
-  std::vector<std::string> hosts;  // host name of every rank, indexed by rank
+  // HostOf returns rank `rank`'s host name as the user wrote it ("" outside 0 .. size-1).
+  const std::string& HostOf(int rank) const;
+
+  // The hosts as the server sends them: ranks [host_run_ends[k-1], host_run_ends[k]) (from 0 for
+  // k = 0) run on host_names[host_run_hosts[k]]. Runs rather than a name per rank, so a worker of
+  // an 8192-rank job does not build 8192 strings.
+  std::vector<std::string> host_names;
+  std::vector<int> host_run_hosts;
+  std::vector<int> host_run_ends;
   std::string job_id;
 };
 

@@ -48,7 +48,8 @@ struct ServerLimits {
   size_t max_response_bytes = size_t{64} << 20;  // the values one Get returns
   size_t max_waiters = 1 << 18;                  // Gets and Barriers waiting at once
   int64_t max_timeout_ms = int64_t{7} * 24 * 3600 * 1000;
-  // Connections open at once; more are closed as they arrive (a burst must not wedge the server).
+  // Connections open at once beyond one per rank (each worker keeps one for the job's life); more
+  // are closed as they arrive (a burst must not wedge the server).
   size_t max_connections = 4096;
 };
 

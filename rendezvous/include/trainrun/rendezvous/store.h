@@ -7,6 +7,8 @@
 //   store.Set("addr/3", "10.0.0.2:41234");
 //   auto addrs = store.Get({"addr/0", "addr/1"}, std::chrono::seconds(60));
 //   if (!addrs.ok()) return addrs.status();
+//   // Every rank's address, one call per rank (what a communicator's bootstrap does):
+//   auto all = store.Allgather("addr", rank, size, my_address, std::chrono::seconds(60));
 #pragma once
 
 #include <chrono>
@@ -39,6 +41,17 @@ class Store {
   // DEADLINE_EXCEEDED after `timeout`. A name is used for one barrier only.
   virtual absl::Status Barrier(const std::string& name, int count,
                                std::chrono::milliseconds timeout) = 0;
+
+  // Allgather stores `value` under "<name>/<rank>" and waits until "<name>/0" .. "<name>/<count-1>"
+  // all exist, then returns their values in rank order: Set followed by a Get of `count` keys,
+  // which is what this default does. The launcher's server overrides it with one call per rank
+  // whose answer it builds once for every rank (rendezvous.proto), so an N-rank job's address
+  // exchange costs N calls rather than N Gets of N keys. `count` callers, each with its own `rank`
+  // in [0, count), use one name once (a communicator's name and generation make it unique). Fails
+  // with INVALID_ARGUMENT for a rank outside [0, count) and DEADLINE_EXCEEDED as Get does.
+  virtual absl::StatusOr<std::vector<std::string>> Allgather(const std::string& name, int rank,
+                                                             int count, const std::string& value,
+                                                             std::chrono::milliseconds timeout);
 
   // ReportPeerFailure records that `rank` failed because of `peer_rank` (e.g. its connection to
   // that peer broke), so the launcher blames the peer, not this rank. Stores that have no launcher
