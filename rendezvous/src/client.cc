@@ -37,6 +37,27 @@ absl::StatusOr<int> RequireIntEnv(const char* name) {
   return value;
 }
 
+// ReadHosts copies a join answer's runs of ranks per host into `a` (whose size is set), checking
+// that they name known hosts and cover ranks 0 .. size-1 exactly.
+absl::Status ReadHosts(const proto::JoinResponse& response, Assignment& a) {
+  const absl::Status malformed =
+      absl::InternalError("the rendezvous server sent a malformed host list");
+  if (response.host_run_lengths_size() != response.host_run_hosts_size()) return malformed;
+  a.host_names.assign(response.host_names().begin(), response.host_names().end());
+  int64_t end = 0;
+  for (int k = 0; k < response.host_run_hosts_size(); ++k) {
+    const int host = response.host_run_hosts(k);
+    const int length = response.host_run_lengths(k);
+    end += length;
+    if (host < 0 || host >= response.host_names_size() || length <= 0 || end > a.size) {
+      return malformed;
+    }
+    a.host_run_hosts.push_back(host);
+    a.host_run_ends.push_back(static_cast<int>(end));
+  }
+  return end == a.size ? absl::OkStatus() : malformed;
+}
+
 }  // namespace
 
 absl::StatusOr<WorkerSession> Join(const ClientOptions& options,
@@ -64,21 +85,7 @@ absl::StatusOr<WorkerSession> Join(const ClientOptions& options,
   a.local_size = response.local_size();
   a.cross_rank = response.cross_rank();
   a.cross_size = response.cross_size();
-  a.host_names.assign(response.host_names().begin(), response.host_names().end());
-  int64_t end = 0;
-  for (int k = 0; k < response.host_run_hosts_size(); ++k) {
-    const int host = response.host_run_hosts(k);
-    end += k < response.host_run_lengths_size() ? response.host_run_lengths(k) : -1;
-    if (host < 0 || host >= response.host_names_size() ||
-        end <= (k == 0 ? 0 : a.host_run_ends.back()) || end > a.size) {
-      return absl::InternalError("the rendezvous server sent a malformed host list");
-    }
-    a.host_run_hosts.push_back(host);
-    a.host_run_ends.push_back(static_cast<int>(end));
-  }
-  if (end != a.size || response.host_run_lengths_size() != response.host_run_hosts_size()) {
-    return absl::InternalError("the rendezvous server sent a malformed host list");
-  }
+  if (absl::Status hosts = ReadHosts(response, a); !hosts.ok()) return hosts;
   a.job_id = response.job_id();
   session.store = std::make_shared<internal::GrpcStore>(std::move(channel), options, a.rank);
   return session;

@@ -72,7 +72,8 @@ std::string ValueOf(int r) {
   return absl::StrCat("10.0.", r / 8, ".", r % 8, ":", 40000 + r);
 }
 
-// Runs `n` joined ranks as threads, each gathering ValueOf(rank) under `name`; returns their tables.
+// Runs `n` joined ranks as threads, each gathering ValueOf(rank) under `name`; returns their
+// tables.
 std::vector<std::vector<std::string>> GatherAll(const Job& job, int n, const std::string& name) {
   std::vector<std::vector<std::string>> got(n);
   std::vector<std::thread> ranks;
@@ -135,8 +136,8 @@ TEST_CASE("Each elastic generation's gather gets a table of its own", "[rendezvo
   const int slots[3] = {0, 1, 3};
   for (int r = 0; r < 3; ++r) {
     ranks.emplace_back([&, r] {
-      auto table = sessions[slots[r]].store->Allgather("collectives/world.g1/addr", r, 3,
-                                                       absl::StrCat("g1-slot", slots[r]), seconds(10));
+      auto table = sessions[slots[r]].store->Allgather(
+          "collectives/world.g1/addr", r, 3, absl::StrCat("g1-slot", slots[r]), seconds(10));
       REQUIRE(table.ok());
       second[r] = *table;
     });
@@ -231,8 +232,8 @@ TEST_CASE("Allgather calls past the limits are refused naming the limit",
   for (int r = 0; r < 3; ++r) {
     ranks.emplace_back([&, r] {
       WorkerSession mine = r == 0 ? job.JoinAs(1) : r == 1 ? job.JoinAs(2) : job.JoinAs(3);
-      results[r] = mine.store->Allgather("big", r, 3, std::string(1000, 'a' + r), seconds(10))
-                       .status();
+      results[r] =
+          mine.store->Allgather("big", r, 3, std::string(1000, 'a' + r), seconds(10)).status();
     });
   }
   for (auto& t : ranks) t.join();
@@ -247,8 +248,9 @@ TEST_CASE("Allgather calls past the limits are refused naming the limit",
   std::vector<std::thread> waiting;
   for (int i = 0; i < 2; ++i) {
     waiting.emplace_back([&, i] {
-      CHECK(s.store->Allgather(absl::StrCat("w", i), 0, 2, "v", milliseconds(500)).status().code() ==
-            absl::StatusCode::kDeadlineExceeded);
+      CHECK(
+          s.store->Allgather(absl::StrCat("w", i), 0, 2, "v", milliseconds(500)).status().code() ==
+          absl::StatusCode::kDeadlineExceeded);
     });
   }
   const auto until = Clock::now() + seconds(5);
@@ -283,7 +285,8 @@ TEST_CASE("MemoryStore's Allgather checks the rank and times out like Get", "[me
 TEST_CASE("The gather table is compact and its decoder refuses malformed input",
           "[rendezvous][allgather]") {
   std::vector<std::string> addresses;
-  for (int r = 0; r < 8192; ++r) addresses.push_back(absl::StrCat("10.0.", r / 8, ".1:", 41000 + r));
+  for (int r = 0; r < 8192; ++r)
+    addresses.push_back(absl::StrCat("10.0.", r / 8, ".1:", 41000 + r));
   std::vector<const std::string*> pointers;
   for (const std::string& a : addresses) pointers.push_back(&a);
   const std::string table = internal::EncodeTable(pointers);
