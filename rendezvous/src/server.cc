@@ -72,6 +72,11 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
   }
   int port() const { return port_; }
   void NoteRankExit(int rank, const std::string& how, bool success);
+  int AddRanks(const std::vector<RankSlot>& slots);
+  int RankCount() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return static_cast<int>(options_.ranks.size());
+  }
   std::vector<RankState> Ranks() const;
   std::vector<PeerFailure> PeerFailures() const;
   std::map<std::string, std::string> ValuesWithPrefix(const std::string& prefix) const;
@@ -135,7 +140,7 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
   // runs, once (see ServerOptions::on_exit_before_join); nullopt otherwise.
   std::optional<int> TakeExitBeforeJoin();
 
-  const ServerOptions options_;
+  ServerOptions options_;  // its ranks grow with AddRanks (under mutex_); the rest is fixed
   int port_ = 0;
   std::unique_ptr<internal::Listener> listener_;
   std::unique_ptr<grpc::Server> server_;
@@ -145,8 +150,9 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
   std::condition_variable deadline_changed_;
   bool stopping_ = false;
   std::map<std::pair<std::string, int>, int> rank_of_;  // (host, local_rank) -> rank
-  std::vector<std::string> host_names_;                 // distinct hosts, in rank order
-  std::vector<int> host_of_rank_;                       // index into host_names_
+  int first_added_ = 0;                  // the first rank AddRanks may add (the start's size)
+  std::vector<std::string> host_names_;  // distinct hosts, in rank order
+  std::vector<int> host_of_rank_;        // index into host_names_
   std::vector<RankState> ranks_;
   std::vector<PeerFailure> peer_failures_;
   std::set<int> exited_without_joining_;  // ranks that exited 0 and never joined
@@ -195,6 +201,20 @@ Server::Impl::Impl(ServerOptions options) : options_(std::move(options)) {
     if (added) host_names_.push_back(host);
     host_of_rank_.push_back(it->second);
   }
+  first_added_ = static_cast<int>(options_.ranks.size());
+}
+
+int Server::Impl::AddRanks(const std::vector<RankSlot>& slots) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int first = static_cast<int>(options_.ranks.size());
+  for (const RankSlot& slot : slots) {
+    options_.ranks.push_back(slot);
+    ranks_.emplace_back();
+    auto it = std::find(host_names_.begin(), host_names_.end(), slot.host);
+    if (it == host_names_.end()) it = host_names_.insert(host_names_.end(), slot.host);
+    host_of_rank_.push_back(static_cast<int>(it - host_names_.begin()));
+  }
+  return first;
 }
 
 Server::Impl::~Impl() { Shutdown(); }
@@ -314,8 +334,17 @@ grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* contex
                                              proto::JoinResponse* response) {
   if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
   std::unique_lock<std::mutex> lock(mutex_);
+  // A rank added while the job runs (Server::AddRanks, an elastic job that grew) joins by its
+  // rank, which the launcher gave it, on the host it was started on.
   auto found = rank_of_.find({request->host(), request->local_rank()});
-  if (found == rank_of_.end()) {
+  const int claimed = request->has_rank() ? request->rank() : -1;
+  int rank = -1;
+  if (claimed >= first_added_ && claimed < static_cast<int>(ranks_.size()) &&
+      options_.ranks[claimed].host == request->host()) {
+    rank = claimed;
+  } else if (found != rank_of_.end()) {
+    rank = found->second;
+  } else {
     return FinishNow(
         context,
         grpc::Status(grpc::StatusCode::NOT_FOUND,
@@ -323,7 +352,6 @@ grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* contex
                                   "' with local_rank ", request->local_rank(),
                                   "; check TRAINRUN_HOSTNAME and TRAINRUN_LOCAL_RANK")));
   }
-  const int rank = found->second;
   if (request->has_rank() && request->rank() != rank) {
     return FinishNow(
         context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -570,7 +598,7 @@ grpc::ServerUnaryReactor* Server::Impl::ReportExit(grpc::CallbackServerContext* 
                                                    const proto::ExitReport* request,
                                                    proto::ExitResponse* response) {
   if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
-  const int size = static_cast<int>(options_.ranks.size());
+  const int size = RankCount();
   if (request->rank() < 0 || request->rank() >= size || request->peer_rank() >= size) {
     return FinishNow(
         context,
@@ -806,6 +834,7 @@ void Server::NoteRankExit(int rank, const std::string& how, bool success) {
   impl_->NoteRankExit(rank, how, success);
 }
 std::vector<RankState> Server::Ranks() const { return impl_->Ranks(); }
+int Server::AddRanks(const std::vector<RankSlot>& slots) { return impl_->AddRanks(slots); }
 std::vector<int> Server::JoinedRanks() const {
   std::vector<int> joined;
   std::vector<RankState> ranks = impl_->Ranks();
