@@ -330,7 +330,8 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
                  "ranks for MIN seconds, twice as long each later time up to MAX (default: never "
                  "again).")
       ->type_name("MIN MAX")
-      ->expected(2);
+      ->expected(2)
+      ->allow_extra_args(false);
   app.add_option("--elastic-timeout,--elastic_timeout", options.elastic_timeout_s,
                  "Elastic mode: how long to wait for ranks when fewer than --min-np remain "
                  "(default 600).")
