@@ -370,20 +370,23 @@ grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* contex
   state.pid = request->pid();
   if (!state.exited.has_value()) ++joined_running_;
   exited_without_joining_.erase(rank);  // its Join overtook the news of its exit
-  if (std::optional<int> early = TakeExitBeforeJoin(); early.has_value()) {
-    // Reported on this thread, but only after the lock is let go: FinishNow below does not need it.
-    lock.unlock();
-    options_.on_exit_before_join(*early);
-  }
+  // A rank of the start is told the start's job (ranks AddRanks added later are no part of its
+  // first generation); an added rank, the job as it is now.
+  const int size = rank < first_added_ ? first_added_ : static_cast<int>(options_.ranks.size());
   const RankSlot& slot = options_.ranks[rank];
   response->set_rank(rank);
-  response->set_size(static_cast<int>(options_.ranks.size()));
+  response->set_size(size);
   response->set_local_rank(slot.local_rank);
   response->set_local_size(slot.local_size);
   response->set_cross_rank(slot.cross_rank);
   response->set_cross_size(slot.cross_size);
   *response->mutable_host_names() = {host_names_.begin(), host_names_.end()};
-  *response->mutable_host_of_rank() = {host_of_rank_.begin(), host_of_rank_.end()};
+  *response->mutable_host_of_rank() = {host_of_rank_.begin(), host_of_rank_.begin() + size};
+  if (std::optional<int> early = TakeExitBeforeJoin(); early.has_value()) {
+    // Reported on this thread, but only after the lock is let go: FinishNow below does not need it.
+    lock.unlock();
+    options_.on_exit_before_join(*early);
+  }
   response->set_job_id(options_.job_id);
   return FinishNow(context, grpc::Status::OK);
 }

@@ -200,6 +200,10 @@ TEST_CASE("AddRanks: ranks added while the job runs join by their number on thei
   CHECK(Join(unnumbered, seconds(5)).status().code() == absl::StatusCode::kNotFound);
   job.server->NoteRankExit(3, "exited with code 1");
   CHECK(job.server->Ranks()[3].exited == "exited with code 1");
+  // A rank of the start that joins late is told the start's job, not the grown one.
+  WorkerSession late = job.JoinAs(2);
+  CHECK(late.assignment.size == 3);
+  CHECK(late.assignment.hosts == std::vector<std::string>{"a", "a", "b"});
 }
 
 TEST_CASE("A wrong or missing token is refused and changes nothing", "[rendezvous]") {
