@@ -11,7 +11,10 @@ callback), broadcasts rank 0's state, and the epoch resumes where it stopped, re
 
 For tests and the benchmark: --kill-rank R --kill-at-step S makes the rank that started as R kill
 itself with SIGKILL after step S (mid-epoch); --times FILE appends "kill T" (just before the kill)
-and "step T" (after the first step completed in each new generation) lines, wall-clock seconds.
+and "step T" (after the first step completed in each new generation) lines, wall-clock seconds;
+--fail-on-host HOST makes every rank started on HOST exit 1 at once (a flapping host). A rank that
+trainrun starts while the job runs (it grew onto a host of --host-discovery-script) joins the
+newest generation and gets the state from rank 0 by the sync, as Horovod's do.
 Every rank checks that it resumed at the last commit (exit 3 otherwise); at the end rank 0 checks
 that the parameters are bit-identical on every rank (exit 2 otherwise) and prints the accuracy
 (exit 1 below --min-accuracy).
@@ -23,6 +26,12 @@ import os
 import signal
 import sys
 import time
+
+if "--fail-on-host" in sys.argv[:-1]:
+    # Before the heavy imports: a broken machine fails fast.
+    if os.environ.get("TRAINRUN_HOSTNAME") == sys.argv[sys.argv.index("--fail-on-host") + 1]:
+        print("failing on purpose (--fail-on-host)", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 try:
     import trainrun.torch as hvd
@@ -54,6 +63,12 @@ def parse_args():
                         help="seconds each step sleeps from epoch --sleep-from-epoch on (tests: "
                              "keeps the job running while the launcher reacts)")
     parser.add_argument("--sleep-from-epoch", type=int, default=0)
+    parser.add_argument("--sleep-until-size", type=int, default=0,
+                        help="with --step-sleep: sleep only while the job has fewer ranks (tests: "
+                             "waits for the job to grow, however long its new ranks take)")
+    parser.add_argument("--fail-on-host", default="",
+                        help="tests: a rank started on this host (TRAINRUN_HOSTNAME) exits 1 at "
+                             "once, as on a broken machine")
     return parser.parse_args()
 
 
@@ -107,7 +122,9 @@ def main():
                 optimizer.step()
                 state.sampler.record_batch(batch_idx, args.batch_size)
                 state.step += 1
-                if args.step_sleep > 0 and state.epoch >= args.sleep_from_epoch:
+                if args.step_sleep > 0 and state.epoch >= args.sleep_from_epoch and \
+                        (args.sleep_until_size == 0 or
+                                             hvd.size() < args.sleep_until_size):
                     time.sleep(args.step_sleep)
                 if not progress["timed"]:
                     progress["timed"] = True

@@ -234,9 +234,12 @@ std::string RunPythonScriptWithPython(const RunOptions& options,
 absl::StatusOr<std::optional<launcher::ElasticSpec>> MakeElasticSpec(const RunOptions& options,
                                                                      int np, bool per_node) {
   if (!options.min_np) {
-    if (options.slots_per_host || options.reset_limit) {
+    if (options.slots_per_host || options.reset_limit ||
+        !options.blacklist_cooldown_range.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          options.slots_per_host ? "--slots-per-host" : "--reset-limit",
+          options.slots_per_host ? "--slots-per-host"
+          : options.reset_limit  ? "--reset-limit"
+                                 : "--blacklist-cooldown-range",
           " is for elastic jobs, which --min-np makes; add --min-np N (the fewest ranks the job "
           "may go on with)"));
     }
@@ -253,6 +256,35 @@ absl::StatusOr<std::optional<launcher::ElasticSpec>> MakeElasticSpec(const RunOp
   if (options.host_discovery_script) elastic.discovery_script = *options.host_discovery_script;
   if (options.slots_per_host) elastic.slots_per_host = *options.slots_per_host;
   if (options.reset_limit) elastic.reset_limit = *options.reset_limit;
+  if (!options.blacklist_cooldown_range.empty()) {
+    const std::vector<int>& range = options.blacklist_cooldown_range;
+    if (!options.host_discovery_script) {
+      return absl::InvalidArgumentError(
+          "--blacklist-cooldown-range is for jobs with --host-discovery-script: a blacklisted "
+          "host is one the script may list again");
+    }
+    if (range.size() != 2) {
+      return absl::InvalidArgumentError(
+          "--blacklist-cooldown-range takes two numbers of seconds, MIN and MAX");
+    }
+    if (range[0] < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--blacklist-cooldown-range ", range[0], " ", range[1], ": MIN ", range[0],
+                       " is below 1 s; a failing host needs some cooldown"));
+    }
+    if (range[1] > 7 * 24 * 3600) {
+      return absl::InvalidArgumentError(absl::StrCat("--blacklist-cooldown-range ", range[0], " ",
+                                                     range[1], ": MAX ", range[1],
+                                                     " is above a week (604800 s)"));
+    }
+    if (range[0] > range[1]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--blacklist-cooldown-range ", range[0], " ", range[1], ": MIN ", range[0],
+                       " is more than MAX ", range[1], "; give the shorter cooldown first"));
+    }
+    elastic.blacklist_cooldown =
+        std::make_pair(std::chrono::seconds(range[0]), std::chrono::seconds(range[1]));
+  }
   elastic.max_np = options.max_np.value_or(np);
   if (options.elastic_timeout_s) elastic.timeout = std::chrono::seconds(*options.elastic_timeout_s);
   if (elastic.min_np > np) {

@@ -312,7 +312,8 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
   app.add_option("--host-discovery-script,--host_discovery_script", options.host_discovery_script,
                  "Elastic mode: a script printing the hosts the job may use, one host or "
                  "host:slots a line; run to plan the job, then every second: a host that leaves "
-                 "its output has its ranks stopped (instead of -H or --hostfile).")
+                 "its output has its ranks stopped, and the job grows onto hosts and slots that "
+                 "appear, up to --max-np (instead of -H or --hostfile).")
       ->type_name("SCRIPT");
   app.add_option("--slots-per-host,--slots_per_host", options.slots_per_host,
                  "Elastic mode: the slots of a discovered host whose line gives none (default 1).")
@@ -323,6 +324,14 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
                  "(default: no limit).")
       ->type_name("N")
       ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--blacklist-cooldown-range,--blacklist_cooldown_range",
+                 options.blacklist_cooldown_range,
+                 "Elastic mode with --host-discovery-script: a host whose rank failed gets no new "
+                 "ranks for MIN seconds, twice as long each later time up to MAX (default: never "
+                 "again).")
+      ->type_name("MIN MAX")
+      ->expected(2)
+      ->allow_extra_args(false);
   app.add_option("--elastic-timeout,--elastic_timeout", options.elastic_timeout_s,
                  "Elastic mode: how long to wait for ranks when fewer than --min-np remain "
                  "(default 600).")

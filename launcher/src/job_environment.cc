@@ -128,7 +128,11 @@ std::optional<std::string> JobEnvironment::Lookup(const std::string& name) const
 }
 
 std::vector<std::string> JobEnvironment::ForRank(int rank, const HostView& host_view) const {
-  const hostfile::RankAssignment& a = plan_.ranks[rank];
+  return ForPlace(plan_.ranks[rank], plan_.size(), host_view);
+}
+
+std::vector<std::string> JobEnvironment::ForPlace(const hostfile::RankAssignment& a, int size,
+                                                  const HostView& host_view) const {
   const std::string& host = host_view.name;
   std::map<std::string, std::string> vars = base_;
   auto set = [&vars](const char* name, const auto& value) {
@@ -138,7 +142,6 @@ std::vector<std::string> JobEnvironment::ForRank(int rank, const HostView& host_
       vars[name] = std::string(value);
     }
   };
-  const int size = plan_.size();
   for (const env::RankVariable& variable : env::kRankVariables) {
     vars[variable.name] = RankValueOf(variable.value, a, size, host);
   }

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "rank_ranges.h"
 #include "remote/host_access.h"
 #include "trainrun/launcher/cpu_binding.h"
 #include "trainrun/launcher/gpu_assignment.h"
@@ -38,6 +39,7 @@ std::string CurrentDirectory() {
 JobRun::JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& output,
                std::vector<remote::RemoteAgent> agents)
     : spec_(spec),
+      slots_(spec.plan),
       plan_(plan),
       output_(output),
       local_ranks_(io_, {[this](int rank, OutputStream stream, std::string_view bytes) {
@@ -60,13 +62,14 @@ JobRun::JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& out
       signals_(io_, SIGINT, SIGTERM, SIGHUP),
       stall_inspector_(spec.plan.size(), spec.stall_warning, spec.stall_shutdown),
       stall_timer_(io_),
-      generation_timer_(io_) {
+      generation_timer_(io_),
+      growth_timer_(io_) {
   SupervisorOptions options;
   options.command = spec.command[0];
   options.grace_period = spec.grace_period;
   options.elastic = spec.elastic;
   supervisor_.emplace(
-      io_, spec.plan, all_ranks_, options, [this] { io_.stop(); },
+      io_, slots_, all_ranks_, options, [this] { io_.stop(); },
       [this](const MembershipChange& change) { PublishGeneration(change); });
   WaitForSignal();
   // trainrun's stdin goes to rank 0 when it runs here; a remote rank 0 gets /dev/null.
@@ -86,9 +89,10 @@ void JobRun::StartDiscovery() {
         return;
       }
       lock.unlock();
+      const auto when = std::chrono::steady_clock::now();
       absl::StatusOr<std::vector<hostfile::HostSpec>> hosts =
           RunDiscoveryScript(elastic.discovery_script, elastic.slots_per_host);
-      boost::asio::post(io_, [this, hosts = std::move(hosts)] { OnDiscovered(hosts); });
+      boost::asio::post(io_, [this, hosts = std::move(hosts), when] { OnDiscovered(hosts, when); });
       lock.lock();
     }
   });
@@ -103,8 +107,9 @@ void JobRun::StopDiscovery() {
   if (discovery_thread_.joinable()) discovery_thread_.join();
 }
 
-void JobRun::OnDiscovered(const absl::StatusOr<std::vector<hostfile::HostSpec>>& hosts) {
-  if (supervisor_->done()) return;
+void JobRun::OnDiscovered(const absl::StatusOr<std::vector<hostfile::HostSpec>>& hosts,
+                          std::chrono::steady_clock::time_point when) {
+  if (supervisor_->done() || supervisor_->ending()) return;
   if (!hosts.ok()) {
     const std::string message(hosts.status().message());
     if (discovery_said_.insert(message).second) {
@@ -112,29 +117,201 @@ void JobRun::OnDiscovered(const absl::StatusOr<std::vector<hostfile::HostSpec>>&
     }
     return;
   }
+  // A host gone from the output: its ranks are stopped (the job shrinks).
   std::set<std::string> listed;
   for (const hostfile::HostSpec& host : *hosts) listed.insert(host.host);
-  for (size_t h = 0; h < spec_.plan.hosts.size(); ++h) {
-    const std::string& name = spec_.plan.hosts[h].host;
-    if (listed.count(name) > 0 || !removed_hosts_.insert(name).second) continue;
+  auto live_on = [this](const std::string& name) {
     std::vector<int> ranks;
-    for (const hostfile::RankAssignment& a : spec_.plan.ranks) {
-      if (a.host_index == static_cast<int>(h)) ranks.push_back(a.rank);
+    for (const hostfile::RankAssignment& a : slots_.ranks) {
+      if (slots_.hosts[a.host_index].host == name && supervisor_->Live(a.rank)) {
+        ranks.push_back(a.rank);
+      }
     }
-    supervisor_->OnRanksRemoved(
-        ranks, absl::StrCat("host ", name, " left the host discovery script's output"));
+    return ranks;
+  };
+  for (const hostfile::HostSpec& known : slots_.hosts) {
+    if (listed.count(known.host) > 0) continue;
+    if (std::vector<int> ranks = live_on(known.host); !ranks.empty()) {
+      supervisor_->OnRanksRemoved(
+          ranks, absl::StrCat("host ", known.host, " left the host discovery script's output"));
+    }
   }
+  // A host that appeared, or has free slots: the job grows onto it, up to --max-np, unless it is
+  // blacklisted or the job is finishing.
+  if (supervisor_->finishing()) return;
+  int live = 0;
+  for (const hostfile::RankAssignment& a : slots_.ranks) live += supervisor_->Live(a.rank) ? 1 : 0;
+  int room = spec_.elastic->max_np - live;
+  const auto now = std::chrono::steady_clock::now();
   for (const hostfile::HostSpec& host : *hosts) {
-    const bool known =
-        std::any_of(spec_.plan.hosts.begin(), spec_.plan.hosts.end(),
-                    [&](const hostfile::HostSpec& h) { return h.host == host.host; });
-    if (known) continue;
-    const std::string note =
-        absl::StrCat("host ", host.host,
-                     " appeared in the host discovery script's output; growing a running "
-                     "job onto new hosts is not built yet, so the job goes on without it");
-    if (discovery_said_.insert(note).second) Logger().warn("{}", note);
+    if (room <= 0) break;
+    const int here = static_cast<int>(live_on(host.host).size());
+    const int count = std::min(host.slots - here, room);
+    if (count <= 0 || Blacklisted(host.host, now)) continue;
+    if (!IsLocalHost(host.host)) {
+      const std::string note = absl::StrCat(
+          "host ", host.host,
+          " appeared in the host discovery script's output; growing a running job onto a host "
+          "that is not this machine is not built yet, so the job goes on without it");
+      if (discovery_said_.insert(note).second) Logger().warn("{}", note);
+      continue;
+    }
+    Grow(host, count, here == 0, when);
+    room -= count;
   }
+}
+
+std::optional<rendezvous::RankPlace> JobRun::PlaceWith(const std::vector<int>& added,
+                                                       int slot) const {
+  rendezvous::Generation generation;
+  for (const hostfile::RankAssignment& a : slots_.ranks) {
+    const bool member =
+        supervisor_->Live(a.rank) || std::find(added.begin(), added.end(), a.rank) != added.end();
+    if (member) generation.members.push_back({a.rank, slots_.hosts[a.host_index].host});
+  }
+  return generation.PlaceOf(slot);
+}
+
+void JobRun::Grow(const hostfile::HostSpec& host, int count, bool joined_host,
+                  std::chrono::steady_clock::time_point since) {
+  // The host's index among the job's hosts; a new one gets this machine's view.
+  int host_index = -1;
+  for (size_t h = 0; h < slots_.hosts.size(); ++h) {
+    if (slots_.hosts[h].host == host.host) host_index = static_cast<int>(h);
+  }
+  if (host_index < 0) {
+    host_index = static_cast<int>(slots_.hosts.size());
+    slots_.hosts.push_back(host);
+    HostView view;
+    view.name = host.host;
+    view.rendezvous_addr = server_->address();
+    view.master_addr = views_.empty() ? host.host : views_[0].master_addr;
+    view.gpu_count = CountHostGpus();
+    views_.push_back(std::move(view));
+  }
+  std::vector<int> ranks;
+  std::vector<rendezvous::RankSlot> server_slots;
+  for (int i = 0; i < count; ++i) {
+    hostfile::RankAssignment a;
+    a.rank = slots_.size();
+    a.host_index = host_index;
+    slots_.ranks.push_back(a);
+    ranks.push_back(a.rank);
+    server_slots.push_back({host.host, 0, 1, 0, 1});
+  }
+  if (const int first = server_->AddRanks(server_slots); first != ranks.front()) {
+    Logger().error("the rendezvous numbered the new ranks from {}, not {}; not growing", first,
+                   ranks.front());
+    return;
+  }
+  supervisor_->OnRanksAdded(ranks);
+  const std::string why =
+      absl::StrCat("host ", host.host, joined_host ? " joined" : " has more slots",
+                   " (from the host discovery script): ", RankRanges(ranks), " started");
+  if (!spec_.quiet) {
+    Logger().info("host {} {} the host discovery script's output: starting {} on it", host.host,
+                  joined_host ? "appeared in" : "has more slots in", RankRanges(ranks));
+  }
+  for (int slot : ranks) {
+    // Its environment says its place in the generation it will join.
+    hostfile::RankAssignment& a = slots_.ranks[slot];
+    std::optional<rendezvous::RankPlace> place = PlaceWith(ranks, slot);
+    a.local_rank = place->local_rank;
+    a.local_size = place->local_size;
+    a.cross_rank = place->cross_rank;
+    a.cross_size = place->cross_size;
+    hostfile::RankAssignment in_generation = a;
+    in_generation.rank = place->rank;
+    ProcessSpec process;
+    process.cpus = CpusForRank(plan_.cpus, spec_.bind_to, a.local_rank, a.local_size);
+    process.cwd = plan_.working_dir;
+    process.executable = plan_.executable.path;
+    process.argv = spec_.command;
+    process.env = plan_.environment.ForPlace(in_generation, place->size, views_[host_index]);
+    process.env.push_back(absl::StrCat(env::kElasticSlot, "=", slot));
+    process.stdout_pty = spec_.stdout_pty;
+    if (absl::Status started = local_ranks_.Start(slot, process); !started.ok()) {
+      Logger().warn("cannot start rank {} on {}: {}", slot, host.host,
+                    std::string(started.message()));
+      ExitInfo exit;
+      exit.code = 1;
+      exit.time = std::chrono::steady_clock::now();
+      supervisor_->OnRankExit(slot, exit);
+    }
+  }
+  growing_.push_back({ranks, host.host, why, since, std::chrono::steady_clock::now()});
+  WatchGrowth();
+}
+
+void JobRun::WatchGrowth() {
+  growth_timer_.expires_after(std::chrono::milliseconds(10));
+  growth_timer_.async_wait([this](const boost::system::error_code& error) {
+    if (error || supervisor_->done()) return;
+    const std::vector<rendezvous::RankState> states = server_->Ranks();
+    const auto now = std::chrono::steady_clock::now();
+    for (auto it = growing_.begin(); it != growing_.end();) {
+      std::vector<int> alive;
+      bool all_joined = true;
+      for (int rank : it->ranks) {
+        if (!supervisor_->Live(rank)) continue;  // it ended before joining: given up
+        alive.push_back(rank);
+        if (rank >= static_cast<int>(states.size()) || !states[rank].joined) all_joined = false;
+      }
+      if (!alive.empty() && !all_joined && now - it->started > spec_.start_timeout) {
+        supervisor_->OnRanksRemoved(
+            alive,
+            absl::StrCat(
+                RankRanges(alive), " on ", it->host,
+                " did not join the job within --start-timeout ",
+                std::chrono::duration_cast<std::chrono::seconds>(spec_.start_timeout).count(),
+                " s"));
+        Logger().warn("{} on {} did not join the job within --start-timeout; stopped them",
+                      RankRanges(alive), it->host);
+        it = growing_.erase(it);
+        continue;
+      }
+      if (!all_joined) {
+        ++it;
+        continue;
+      }
+      if (!alive.empty()) {
+        const std::string why = alive.size() == it->ranks.size()
+                                    ? it->why
+                                    : absl::StrCat(it->why, " (", alive.size(), " of them joined)");
+        supervisor_->OnRanksJoined(alive, why, it->since, it->host);
+      }
+      it = growing_.erase(it);
+    }
+    if (!growing_.empty()) WatchGrowth();
+  });
+}
+
+bool JobRun::Blacklisted(const std::string& host, std::chrono::steady_clock::time_point now) const {
+  auto it = blacklist_.find(host);
+  return it != blacklist_.end() && (it->second.forever || now < it->second.until);
+}
+
+void JobRun::Blacklist(const std::string& host, const std::string& what) {
+  if (!spec_.elastic.has_value() || spec_.elastic->discovery_script.empty()) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (Blacklisted(host, now)) return;  // the same failure's other ranks
+  Blacklisting& entry = blacklist_[host];
+  ++entry.times;
+  if (!spec_.elastic->blacklist_cooldown.has_value()) {
+    entry.forever = true;
+    Logger().warn(
+        "host {} blacklisted after {}; the job does not grow onto it again "
+        "(--blacklist-cooldown-range MIN MAX would retry it)",
+        host, what);
+    return;
+  }
+  // MIN, then twice as long each time the host is blacklisted again, up to MAX.
+  const auto [low, high] = *spec_.elastic->blacklist_cooldown;
+  std::chrono::seconds cooldown = low;
+  for (int i = 1; i < entry.times && cooldown < high; ++i) cooldown *= 2;
+  cooldown = std::min(cooldown, high);
+  entry.until = now + cooldown;
+  Logger().warn("host {} blacklisted after {}; not retried for {} s", host, what, cooldown.count());
 }
 
 // An elastic job survives a lost host: its ranks are lost ranks, and the launcher notices within
@@ -147,6 +324,9 @@ std::function<void(const std::vector<int>&, const std::string&)> JobRun::HostLos
       for (int rank : ranks) server_->NoteRankExit(rank, why, false);
     }
     host_failed_ = true;
+    if (!ranks.empty() && !supervisor_->StoppedOnPurpose(ranks.front())) {
+      Blacklist(slots_.HostOf(ranks.front()).host, absl::StrCat("it was lost (", why, ")"));
+    }
     supervisor_->OnHostLost(ranks, why);
   };
 }
@@ -169,12 +349,18 @@ void JobRun::OnOutput(int rank, OutputStream stream, std::string_view bytes) {
 
 void JobRun::OnExit(int rank, const ExitInfo& exit) {
   if (server_) server_->NoteRankExit(rank, exit.Describe(), exit.ok());
+  // A rank of an elastic job that failed on its own blacklists its host (Horovod's rule).
+  const bool host_failure = spec_.elastic.has_value() && !exit.ok() &&
+                            !supervisor_->StoppedOnPurpose(rank) && supervisor_->Live(rank);
   supervisor_->OnRankExit(rank, exit);
+  if (host_failure) {
+    Blacklist(slots_.HostOf(rank).host, absl::StrCat("rank ", rank, " ", exit.Describe()));
+  }
 }
 
 void JobRun::OnStarted(int rank, const std::string& binding) {
   if (spec_.report_bindings) {
-    Logger().info("rank {} on {} bound {}", rank, spec_.plan.HostOf(rank).host, binding);
+    Logger().info("rank {} on {} bound {}", rank, slots_.HostOf(rank).host, binding);
   }
   if (++started_ != spec_.plan.size() || spec_.quiet || supervisor_->done()) return;
   const double seconds =
@@ -371,7 +557,7 @@ void JobRun::PublishGeneration(const MembershipChange& change) {
   rendezvous::Generation generation;
   generation.number = change.generation;
   for (int slot : change.members) {
-    generation.members.push_back({slot, spec_.plan.HostOf(slot).host});
+    generation.members.push_back({slot, slots_.HostOf(slot).host});
   }
   // The value first, then the counter: a rank that reads the counter finds the value there.
   if (absl::Status set =
@@ -379,7 +565,7 @@ void JobRun::PublishGeneration(const MembershipChange& change) {
       !set.ok()) {
     Logger().error("cannot publish the job's generation {}: {}", generation.number,
                    std::string(set.message()));
-    supervisor_->OnStartFailure(change.lost_ranks.front(), std::string(set.message()));
+    supervisor_->OnStartFailure(change.members.front(), std::string(set.message()));
     return;
   }
   server_->SetCounter(rendezvous::kLatestGenerationKey, generation.number);

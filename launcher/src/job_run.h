@@ -15,6 +15,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -35,6 +36,7 @@
 #include "trainrun/launcher/output_forwarder.h"
 #include "trainrun/launcher/process_set.h"
 #include "trainrun/launcher/stall_inspector.h"
+#include "trainrun/rendezvous/rank_place.h"
 #include "trainrun/rendezvous/server.h"
 
 namespace trainrun::launcher {
@@ -95,15 +97,43 @@ class JobRun {
   // use (a failing script, a new host). StopDiscovery ends the thread.
   void StartDiscovery();
   void StopDiscovery();
-  void OnDiscovered(const absl::StatusOr<std::vector<hostfile::HostSpec>>& hosts);
+  void OnDiscovered(const absl::StatusOr<std::vector<hostfile::HostSpec>>& hosts,
+                    std::chrono::steady_clock::time_point when);
+  // Growing: Grow starts `count` ranks on `host` (this machine) as slots past the plan's, pending
+  // in the supervisor; WatchGrowth polls until each batch's ranks have joined the rendezvous, then
+  // makes them one membership change (JobSupervisor::OnRanksJoined).
+  void Grow(const hostfile::HostSpec& host, int count, bool joined_host,
+            std::chrono::steady_clock::time_point since);
+  void WatchGrowth();
+  // Blacklisting (elastic jobs with --host-discovery-script): a host whose rank failed gets no new
+  // ranks until its cooldown (--blacklist-cooldown-range; forever without it) has passed.
+  void Blacklist(const std::string& host, const std::string& what);
+  bool Blacklisted(const std::string& host, std::chrono::steady_clock::time_point now) const;
+  // Place is rank `slot`'s place in the job's newest membership with `added` joined to it.
+  std::optional<rendezvous::RankPlace> PlaceWith(const std::vector<int>& added, int slot) const;
 
   const LaunchSpec& spec_;
+  // The job's slots: the plan's, then the ranks an elastic job grew by (slot = index).
+  hostfile::SlotPlan slots_;
+  struct Growth {
+    std::vector<int> ranks;
+    std::string host;
+    std::string why;
+    std::chrono::steady_clock::time_point since;  // when the discovery output gained the host
+    std::chrono::steady_clock::time_point started;
+  };
+  std::vector<Growth> growing_;
+  struct Blacklisting {
+    int times = 0;
+    bool forever = false;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::map<std::string, Blacklisting> blacklist_;
   std::thread discovery_thread_;
   std::mutex discovery_mutex_;
   std::condition_variable discovery_wake_;
   bool discovery_stop_ = false;
   std::set<std::string> discovery_said_;  // what OnDiscovered has said once
-  std::set<std::string> removed_hosts_;   // hosts whose ranks it stopped
   bool host_failed_ = false;              // a remote host's agent failed or was lost
   std::chrono::steady_clock::time_point
       launched_;  // when Launch began (the start deadline's clock)
@@ -127,6 +157,7 @@ class JobRun {
   int published_generation_ = 0;
   int forming_generation_ = 1;
   boost::asio::steady_timer generation_timer_;
+  boost::asio::steady_timer growth_timer_;
 };
 
 }  // namespace trainrun::launcher

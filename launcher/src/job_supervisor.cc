@@ -37,7 +37,9 @@ JobSupervisor::JobSupervisor(boost::asio::io_context& io, const hostfile::SlotPl
       timer_(io),
       on_membership_change_(std::move(on_membership_change)),
       elastic_timer_(io),
-      io_(io) {}
+      io_(io) {
+  start_size_ = plan.size();
+}
 
 void JobSupervisor::OnRankStarted(int rank) { ++started_; }
 
@@ -60,7 +62,15 @@ void JobSupervisor::OnOutput(int rank, OutputStream stream, std::string_view byt
 
 void JobSupervisor::OnRankExit(int rank, const ExitInfo& exit) {
   exits_[rank] = exit;
-  if (!exit.ok()) {
+  if (pending_.erase(rank) > 0) {
+    // A rank the job was growing by, before it became a member: no member is lost.
+    lost_.insert(rank);
+  } else if (exit.ok()) {
+    if (options_.elastic.has_value() && lost_.count(rank) == 0) {
+      finishing_ = true;
+      GiveUpPending();
+    }
+  } else {
     Logger().debug("rank {} {}", rank, exit.Describe());
     if (lost_.count(rank) > 0) {
       // A rank stopped because its host left the discovery output: already one change.
@@ -76,9 +86,84 @@ void JobSupervisor::OnRankExit(int rank, const ExitInfo& exit) {
 std::vector<int> JobSupervisor::Survivors() const {
   std::vector<int> survivors;
   for (int rank = 0; rank < plan_.size(); ++rank) {
-    if (exits_.count(rank) == 0 && lost_.count(rank) == 0) survivors.push_back(rank);
+    if (exits_.count(rank) == 0 && lost_.count(rank) == 0 && pending_.count(rank) == 0) {
+      survivors.push_back(rank);
+    }
   }
   return survivors;
+}
+
+void JobSupervisor::GiveUpPending() {
+  if (pending_.empty()) return;
+  std::vector<int> ranks(pending_.begin(), pending_.end());
+  Logger().debug("the job is finishing: stopping {}, which had not joined it yet",
+                 RankRanges(ranks));
+  for (int rank : ranks) {
+    lost_.insert(rank);
+    stopped_.insert(rank);
+  }
+  pending_.clear();
+  ranks_.TerminateRanks(ranks);
+  auto timer = std::make_unique<boost::asio::steady_timer>(io_, options_.grace_period);
+  timer->async_wait([this, ranks](const boost::system::error_code& error) {
+    if (!error && !done_) ranks_.KillRanks(ranks);
+  });
+  removal_timers_.push_back(std::move(timer));
+}
+
+bool JobSupervisor::Live(int rank) const {
+  return rank >= 0 && rank < plan_.size() && exits_.count(rank) == 0 && lost_.count(rank) == 0;
+}
+
+bool JobSupervisor::StoppedOnPurpose(int rank) const {
+  return teardown_started_.has_value() || stopped_.count(rank) > 0;
+}
+
+void JobSupervisor::OnRanksAdded(const std::vector<int>& ranks) {
+  for (int rank : ranks) {
+    pending_.insert(rank);
+    ++started_;
+  }
+}
+
+bool JobSupervisor::OnRanksJoined(const std::vector<int>& ranks, const std::string& why,
+                                  std::chrono::steady_clock::time_point since,
+                                  const std::string& host) {
+  std::vector<int> joined;
+  for (int rank : ranks) {
+    if (pending_.erase(rank) > 0) joined.push_back(rank);
+  }
+  if (joined.empty() || teardown_started_.has_value() || done_ || finishing_) return false;
+  const std::vector<int> members = Survivors();
+  if (options_.elastic->reset_limit > 0 &&
+      static_cast<int>(changes_.size()) >= options_.elastic->reset_limit) {
+    reset_limit_hit_ =
+        absl::StrCat(why, "; the job's membership had already changed ", changes_.size(),
+                     changes_.size() == 1 ? " time" : " times", ", as many as --reset-limit ",
+                     options_.elastic->reset_limit, " allows, so the job was stopped");
+    StartTeardown();
+    return false;
+  }
+  if (below_minimum_.has_value()) {
+    // The job waited for ranks: these may be enough.
+    if (static_cast<int>(members.size()) < options_.elastic->min_np) {
+      Logger().warn("{}; {} ranks now, still fewer than --min-np {}", why, members.size(),
+                    options_.elastic->min_np);
+      return false;
+    }
+    below_minimum_.reset();
+    elastic_timer_.cancel();
+  }
+  MembershipChange change;
+  change.generation = static_cast<int>(changes_.size()) + 1;
+  change.joined_ranks = joined;
+  change.joined_host = host;
+  change.why = why;
+  change.members = members;
+  change.when = since;
+  changes_.push_back(change);
+  if (on_membership_change_) on_membership_change_(change);
+  return true;
 }
 
 void JobSupervisor::OnElasticLoss(int rank, const ExitInfo& exit) {
@@ -111,8 +196,17 @@ void JobSupervisor::OnHostLost(const std::vector<int>& ranks, const std::string&
 void JobSupervisor::OnRanksRemoved(const std::vector<int>& ranks, const std::string& why) {
   if (!options_.elastic.has_value() || teardown_started_.has_value() || done_) return;
   std::vector<int> running;
+  std::vector<int> members;
   for (int rank : ranks) {
-    if (exits_.count(rank) == 0 && lost_.count(rank) == 0) running.push_back(rank);
+    if (exits_.count(rank) > 0 || lost_.count(rank) > 0) continue;
+    running.push_back(rank);
+    stopped_.insert(rank);
+    // A pending rank (the job was growing onto this host) is given up without a change.
+    if (pending_.erase(rank) > 0) {
+      lost_.insert(rank);
+    } else {
+      members.push_back(rank);
+    }
   }
   if (running.empty()) return;
   ranks_.TerminateRanks(running);
@@ -121,12 +215,13 @@ void JobSupervisor::OnRanksRemoved(const std::vector<int>& ranks, const std::str
     if (!error && !done_) ranks_.KillRanks(running);
   });
   removal_timers_.push_back(std::move(timer));
+  if (members.empty()) return;
   if (below_minimum_.has_value()) {
-    for (int rank : running) lost_.insert(rank);
+    for (int rank : members) lost_.insert(rank);
     return;
   }
-  Loss(running, absl::StrCat(why, ": ", RankRanges(running), " stopped"),
-       std::chrono::steady_clock::now(), plan_.HostOf(running.front()).host);
+  Loss(members, absl::StrCat(why, ": ", RankRanges(members), " stopped"),
+       std::chrono::steady_clock::now(), plan_.HostOf(members.front()).host);
 }
 
 void JobSupervisor::Loss(const std::vector<int>& ranks, const std::string& why,
@@ -181,28 +276,45 @@ std::string JobSupervisor::OnGenerationFormed(int generation) {
   MembershipChange& change = changes_[generation - 1];
   change.recovery_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - change.when).count();
+  std::vector<int> from_start, grown;
+  for (int slot : change.members) (slot < start_size_ ? from_start : grown).push_back(slot);
+  std::string formed = absl::StrCat(RankRanges(from_start), " of the start");
+  if (from_start.empty()) formed = RankRanges(grown);
+  if (!from_start.empty() && !grown.empty()) {
+    // "ranks 0-1 of the start and 4-5": the ranks the job grew by keep their numbers (slots).
+    absl::StrAppend(&formed, " and ", RankRanges(grown).substr(grown.size() == 1 ? 5 : 6));
+  }
   return absl::StrFormat(
-      "%s; the job goes on at %d %s (generation %d, formed by %s of the start), recovered in %.2f "
-      "s",
-      change.why, change.members.size(), change.members.size() == 1 ? "rank" : "ranks", generation,
-      RankRanges(change.members), change.recovery_seconds);
+      "%s; the job goes on at %d %s (generation %d, formed by %s), recovered in %.2f s", change.why,
+      change.members.size(), change.members.size() == 1 ? "rank" : "ranks", generation, formed,
+      change.recovery_seconds);
 }
 
 std::string JobSupervisor::ElasticSummary() const {
   if (changes_.empty()) return "";
   std::vector<std::string> parts;
   std::vector<std::string> hosts;
+  std::vector<std::string> joined_hosts;
+  int joined = 0;
   for (const MembershipChange& change : changes_) {
     if (!change.lost_host.empty()) hosts.push_back(change.lost_host);
+    if (!change.joined_ranks.empty()) {
+      joined += static_cast<int>(change.joined_ranks.size());
+      joined_hosts.push_back(change.joined_host);
+    }
     parts.push_back(
         change.recovery_seconds >= 0
             ? absl::StrFormat("%s (recovered in %.2f s)", change.why, change.recovery_seconds)
             : absl::StrCat(change.why, " (not recovered)"));
   }
+  const size_t now = changes_.back().members.size();
   return absl::StrCat(
       "the job survived ", changes_.size(),
       changes_.size() == 1 ? " membership change" : " membership changes", ", ",
-      changes_.back().members.size(), " of ", plan_.size(), " ranks remain",
+      joined == 0 ? absl::StrCat(now, " of ", start_size_, " ranks remain")
+                  : absl::StrCat(now, now == 1 ? " rank" : " ranks", " at the end (", start_size_,
+                                 " at the start), ", joined, joined == 1 ? " rank" : " ranks",
+                                 " joined (on ", absl::StrJoin(joined_hosts, ", "), ")"),
       hosts.empty()
           ? ""
           : absl::StrCat(", ", hosts.size(), hosts.size() == 1 ? " host lost (" : " hosts lost (",

@@ -140,6 +140,8 @@ bool ElasticRequested() {
   return value && *value == "1" && GetEnv(env::kRendezvousAddr);
 }
 
+std::unique_ptr<Communicator> JoinNextGeneration(ElasticWorld& elastic, bool first_with_me);
+
 // JoinElastic joins the job like Communicator::FromEnvironment, but keeps the store for the later
 // generations.
 std::unique_ptr<Communicator> JoinElastic(ElasticWorld& elastic) {
@@ -155,6 +157,8 @@ std::unique_ptr<Communicator> JoinElastic(ElasticWorld& elastic) {
   // trainrun always sets it; the fallback is its default (600 s) and margin (30 s).
   elastic.timeout =
       std::chrono::milliseconds(int64_t{GetIntEnv(env::kElasticTimeout, 630, "")} * 1000);
+  // A rank the job grew by (started while the job ran) joins the first generation that has it.
+  if (GetEnv(env::kElasticSlot)) return JoinNextGeneration(elastic, /*first_with_me=*/true);
   const RankInfo& info = session->assignment;
   elastic.members.clear();
   for (int slot = 0; slot < info.size; ++slot) elastic.members.push_back(slot);
@@ -167,10 +171,15 @@ std::unique_ptr<Communicator> JoinElastic(ElasticWorld& elastic) {
 // JoinNextGeneration waits for the job's next generation (generation.h), then connects to its
 // members with a communicator of its own. Throws Error (not an InternalError, which the elastic
 // loop would answer by waiting again) when none comes in time or this rank is not a member, and
-// what the communicator throws when a member is lost while it connects.
-std::unique_ptr<Communicator> JoinNextGeneration(ElasticWorld& elastic) {
+// what the communicator throws when a member is lost while it connects. `first_with_me` (a rank
+// the job grew by): generations without this rank are passed over, up to the first that has it.
+std::unique_ptr<Communicator> JoinNextGeneration(ElasticWorld& elastic, bool first_with_me) {
   absl::StatusOr<rendezvous::Generation> next =
       rendezvous::WaitForGeneration(*elastic.store, elastic.generation + 1, elastic.timeout);
+  while (first_with_me && next.ok() && !next->PlaceOf(elastic.slot)) {
+    elastic.generation = next->number;
+    next = rendezvous::WaitForGeneration(*elastic.store, elastic.generation + 1, elastic.timeout);
+  }
   if (!next.ok()) {
     throw Error(internal::MakeMessage("the rank that started as rank ", elastic.slot,
                                       " found no generation of the elastic job after generation ",
@@ -215,7 +224,7 @@ class Runtime {
       if (elastic_ && (!world_ || failed_ || world_->broken() || GenerationMoved())) {
         world_.reset();  // Closes the old data plane first.
         failed_ = false;
-        world_ = JoinNextGeneration(*elastic_);
+        world_ = JoinNextGeneration(*elastic_, /*first_with_me=*/false);
       } else if (!world_) {
         if (ElasticRequested()) {
           elastic_.emplace();
@@ -243,6 +252,31 @@ class Runtime {
                                           latest.status().message()));
     }
     return *latest;
+  }
+
+  // LatestGenerationAdds: the job's newest generation has a rank that this worker's generation
+  // lacks (the job grew; its newcomers need the state, HostsUpdatedInterrupt's sync). A store call.
+  bool LatestGenerationAdds() {
+    if (!elastic_) return false;
+    py::gil_scoped_release release;
+    absl::StatusOr<int> latest = rendezvous::LatestGeneration(*elastic_->store);
+    if (!latest.ok() || *latest <= elastic_->generation) return false;
+    absl::StatusOr<std::vector<std::string>> text = elastic_->store->Get(
+        {rendezvous::GenerationKey(*latest)}, std::chrono::milliseconds(10000));
+    if (!text.ok()) {
+      throw IoError(internal::MakeMessage("cannot read the elastic job's generation ", *latest,
+                                          ": ", text.status().message()));
+    }
+    absl::StatusOr<rendezvous::Generation> next =
+        rendezvous::Generation::Decode(*latest, (*text)[0]);
+    if (!next.ok()) throw IoError(std::string(next.status().message()));
+    for (const rendezvous::GenerationMember& member : next->members) {
+      if (std::find(elastic_->members.begin(), elastic_->members.end(), member.slot) ==
+          elastic_->members.end()) {
+        return true;
+      }
+    }
+    return false;
   }
 
   void Shutdown() {
@@ -489,6 +523,9 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "latest_generation", [] { return Runtime::Get().LatestGeneration(); },
       "The elastic job's newest generation, asked of the launcher (0 when not elastic).");
+  m.def(
+      "latest_generation_adds", [] { return Runtime::Get().LatestGenerationAdds(); },
+      "Whether the elastic job's newest generation has a rank this worker's generation lacks.");
   m.def(
       "rank", [] { return Runtime::Get().info().rank; }, "This process's global rank.");
   m.def(

@@ -128,6 +128,12 @@ absl::StatusOr<ClientOptions> ClientOptionsFromEnvironment() {
     if (!rank.ok()) return rank.status();
     options.expected_rank = *rank;
   }
+  // A rank an elastic job grew by joins by its slot (environment.h).
+  if (env::Lookup(env::kElasticSlot).has_value()) {
+    absl::StatusOr<int> slot = RequireIntEnv(env::kElasticSlot);
+    if (!slot.ok()) return slot.status();
+    options.expected_rank = *slot;
+  }
   return options;
 }
 

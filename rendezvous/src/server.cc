@@ -73,6 +73,11 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
   }
   int port() const { return port_; }
   void NoteRankExit(int rank, const std::string& how, bool success);
+  int AddRanks(const std::vector<RankSlot>& slots);
+  int RankCount() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return static_cast<int>(options_.ranks.size());
+  }
   std::vector<RankState> Ranks() const;
   std::vector<PeerFailure> PeerFailures() const;
   std::map<std::string, std::string> ValuesWithPrefix(const std::string& prefix) const;
@@ -159,7 +164,7 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
   // runs, once (see ServerOptions::on_exit_before_join); nullopt otherwise.
   std::optional<int> TakeExitBeforeJoin();
 
-  const ServerOptions options_;
+  ServerOptions options_;  // its ranks grow with AddRanks (under mutex_); the rest is fixed
   int port_ = 0;
   std::unique_ptr<internal::Listener> listener_;
   std::unique_ptr<grpc::Server> server_;
@@ -169,11 +174,13 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
   std::condition_variable deadline_changed_;
   bool stopping_ = false;
   std::map<std::pair<std::string, int>, int> rank_of_;  // (host, local_rank) -> rank
+  int first_added_ = 0;  // the first rank AddRanks may add (the start's size)
   // Every rank's host, as the join answer sends it: distinct names, in rank order, and runs of
-  // ranks on one host (rendezvous.proto).
+  // ranks on one host (rendezvous.proto). AddRanks extends them.
   std::vector<std::string> host_names_;
   std::vector<int> host_run_hosts_;
   std::vector<int> host_run_lengths_;
+  void AppendHostRun(int host);  // one more rank, on host_names_[host]
   std::vector<RankState> ranks_;
   std::vector<PeerFailure> peer_failures_;
   std::set<int> exited_without_joining_;  // ranks that exited 0 and never joined
@@ -225,12 +232,30 @@ Server::Impl::Impl(ServerOptions options) : options_(std::move(options)) {
     rank_of_[{host, options_.ranks[r].local_rank}] = static_cast<int>(r);
     auto [it, added] = host_index.emplace(host, static_cast<int>(host_names_.size()));
     if (added) host_names_.push_back(host);
-    if (host_run_hosts_.empty() || host_run_hosts_.back() != it->second) {
-      host_run_hosts_.push_back(it->second);
-      host_run_lengths_.push_back(0);
-    }
-    ++host_run_lengths_.back();
+    AppendHostRun(it->second);
   }
+  first_added_ = static_cast<int>(options_.ranks.size());
+}
+
+void Server::Impl::AppendHostRun(int host) {
+  if (host_run_hosts_.empty() || host_run_hosts_.back() != host) {
+    host_run_hosts_.push_back(host);
+    host_run_lengths_.push_back(0);
+  }
+  ++host_run_lengths_.back();
+}
+
+int Server::Impl::AddRanks(const std::vector<RankSlot>& slots) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int first = static_cast<int>(options_.ranks.size());
+  for (const RankSlot& slot : slots) {
+    options_.ranks.push_back(slot);
+    ranks_.emplace_back();
+    auto it = std::find(host_names_.begin(), host_names_.end(), slot.host);
+    if (it == host_names_.end()) it = host_names_.insert(host_names_.end(), slot.host);
+    AppendHostRun(static_cast<int>(it - host_names_.begin()));
+  }
+  return first;
 }
 
 Server::Impl::~Impl() { Shutdown(); }
@@ -351,8 +376,17 @@ grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* contex
                                              proto::JoinResponse* response) {
   if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
   std::unique_lock<std::mutex> lock(mutex_);
+  // A rank added while the job runs (Server::AddRanks, an elastic job that grew) joins by its
+  // rank, which the launcher gave it, on the host it was started on.
   auto found = rank_of_.find({request->host(), request->local_rank()});
-  if (found == rank_of_.end()) {
+  const int claimed = request->has_rank() ? request->rank() : -1;
+  int rank = -1;
+  if (claimed >= first_added_ && claimed < static_cast<int>(ranks_.size()) &&
+      options_.ranks[claimed].host == request->host()) {
+    rank = claimed;
+  } else if (found != rank_of_.end()) {
+    rank = found->second;
+  } else {
     return FinishNow(
         context,
         grpc::Status(grpc::StatusCode::NOT_FOUND,
@@ -360,7 +394,6 @@ grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* contex
                                   "' with local_rank ", request->local_rank(),
                                   "; check TRAINRUN_HOSTNAME and TRAINRUN_LOCAL_RANK")));
   }
-  const int rank = found->second;
   if (request->has_rank() && request->rank() != rank) {
     return FinishNow(
         context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -379,23 +412,29 @@ grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* contex
   state.pid = request->pid();
   if (!state.exited.has_value()) ++joined_running_;
   exited_without_joining_.erase(rank);  // its Join overtook the news of its exit
-  if (std::optional<int> early = TakeExitBeforeJoin(); early.has_value()) {
-    // Reported on this thread, but only after the lock is let go: FinishNow below does not need it.
-    lock.unlock();
-    options_.on_exit_before_join(*early);
-  }
-  // The rest reads only what never changes.
-  if (lock.owns_lock()) lock.unlock();
+  // A rank of the start is told the start's job (ranks AddRanks added later are no part of its
+  // first generation); an added rank, the job as it is now.
+  const int size = rank < first_added_ ? first_added_ : static_cast<int>(options_.ranks.size());
   const RankSlot& slot = options_.ranks[rank];
   response->set_rank(rank);
-  response->set_size(static_cast<int>(options_.ranks.size()));
+  response->set_size(size);
   response->set_local_rank(slot.local_rank);
   response->set_local_size(slot.local_size);
   response->set_cross_rank(slot.cross_rank);
   response->set_cross_size(slot.cross_size);
   *response->mutable_host_names() = {host_names_.begin(), host_names_.end()};
-  *response->mutable_host_run_hosts() = {host_run_hosts_.begin(), host_run_hosts_.end()};
-  *response->mutable_host_run_lengths() = {host_run_lengths_.begin(), host_run_lengths_.end()};
+  // The runs that cover ranks 0 .. size-1 (the last one cut short where the start ends inside it).
+  for (size_t k = 0, end = 0; k < host_run_hosts_.size() && end < static_cast<size_t>(size); ++k) {
+    const int length = std::min(host_run_lengths_[k], size - static_cast<int>(end));
+    response->add_host_run_hosts(host_run_hosts_[k]);
+    response->add_host_run_lengths(length);
+    end += static_cast<size_t>(length);
+  }
+  if (std::optional<int> early = TakeExitBeforeJoin(); early.has_value()) {
+    // Reported on this thread, but only after the lock is let go: FinishNow below does not need it.
+    lock.unlock();
+    options_.on_exit_before_join(*early);
+  }
   response->set_job_id(options_.job_id);
   return FinishNow(context, grpc::Status::OK);
 }
@@ -748,7 +787,7 @@ grpc::ServerUnaryReactor* Server::Impl::ReportExit(grpc::CallbackServerContext* 
                                                    const proto::ExitReport* request,
                                                    proto::ExitResponse* response) {
   if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
-  const int size = static_cast<int>(options_.ranks.size());
+  const int size = RankCount();
   if (request->rank() < 0 || request->rank() >= size || request->peer_rank() >= size) {
     return FinishNow(
         context,
@@ -1007,6 +1046,7 @@ void Server::NoteRankExit(int rank, const std::string& how, bool success) {
   impl_->NoteRankExit(rank, how, success);
 }
 std::vector<RankState> Server::Ranks() const { return impl_->Ranks(); }
+int Server::AddRanks(const std::vector<RankSlot>& slots) { return impl_->AddRanks(slots); }
 std::vector<int> Server::JoinedRanks() const {
   std::vector<int> joined;
   std::vector<RankState> ranks = impl_->Ranks();

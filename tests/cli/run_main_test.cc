@@ -339,6 +339,52 @@ TEST_CASE_METHOD(TrainrunFixture,
                                       "may go on with)")));
 }
 
+TEST_CASE_METHOD(TrainrunFixture,
+                 "elastic flags: --blacklist-cooldown-range MIN MAX, and each bad one named",
+                 "[cli][elastic]") {
+  CHECK(Run({"--min-np", "1", "--max-np", "4", "--host-discovery-script", "echo localhost:2",
+             "--blacklist-cooldown-range", "10", "300", "python"}) == 0);
+  REQUIRE(launches_.size() == 1);
+  REQUIRE(launches_[0].elastic->blacklist_cooldown.has_value());
+  CHECK(launches_[0].elastic->blacklist_cooldown->first == std::chrono::seconds(10));
+  CHECK(launches_[0].elastic->blacklist_cooldown->second == std::chrono::seconds(300));
+  CHECK(launches_[0].elastic->max_np == 4);
+  CHECK(Run({"--min-np", "1", "--host-discovery-script", "echo localhost:2", "python"}) == 0);
+  CHECK_FALSE(launches_[0].elastic->blacklist_cooldown.has_value());  // forever
+  auto error = [this](const Words& args) {
+    const int code = Run(args);
+    const std::vector<std::string> lines = LogLines();
+    return std::make_pair(code, lines.size() == 1 ? lines[0] : log_.str());
+  };
+  const Words discovery = {"--min-np", "1", "--host-discovery-script", "echo localhost:2"};
+  auto with = [&](Words flags) {
+    Words args = discovery;
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.push_back("python");
+    return args;
+  };
+  CHECK(error(with({"--blacklist-cooldown-range", "30", "10"})) ==
+        std::make_pair(2, std::string("trainrun: error: --blacklist-cooldown-range 30 10: MIN 30 "
+                                      "is more than MAX 10; give the shorter cooldown first")));
+  CHECK(error(with({"--blacklist-cooldown-range", "0", "10"})) ==
+        std::make_pair(2, std::string("trainrun: error: --blacklist-cooldown-range 0 10: MIN 0 "
+                                      "is below 1 s; a failing host needs some cooldown")));
+  CHECK(error(with({"--blacklist-cooldown-range", "1", "9999999"})) ==
+        std::make_pair(2, std::string("trainrun: error: --blacklist-cooldown-range 1 9999999: "
+                                      "MAX 9999999 is above a week (604800 s)")));
+  CHECK(error({"--min-np", "1", "-np", "2", "--blacklist-cooldown-range", "1", "2", "python"}) ==
+        std::make_pair(2, std::string("trainrun: error: --blacklist-cooldown-range is for jobs "
+                                      "with --host-discovery-script: a blacklisted host is one "
+                                      "the script may list again")));
+  CHECK(error({"-np", "2", "--blacklist-cooldown-range", "1", "2", "python"}) ==
+        std::make_pair(2, std::string("trainrun: error: --blacklist-cooldown-range is for elastic "
+                                      "jobs, which --min-np makes; add --min-np N (the fewest "
+                                      "ranks the job may go on with)")));
+  const int code = Run(with({"--blacklist-cooldown-range", "5"}));
+  CHECK(code == 2);
+  CHECK(log_.str().find("--blacklist-cooldown-range") != std::string::npos);
+}
+
 TEST_CASE_METHOD(TrainrunFixture, "launcher errors are reported once and mapped", "[cli]") {
   launch_result_ = absl::NotFoundError("cannot execute 'foo': No such file or directory");
   CHECK(Run({"-np", "4", "foo"}) == 127);

@@ -432,3 +432,106 @@ TEST_CASE("elastic: --reset-limit ends the job at the change past it, saying so"
             "1 time, as many as --reset-limit 1 allows, so the job was stopped",
             0) == 0);
 }
+
+namespace {
+
+// The fixture's plan grown by `n` ranks on host `host` (what JobRun::Grow does to the slots).
+std::vector<int> GrowPlan(trainrun::hostfile::SlotPlan& plan, const std::string& host, int n) {
+  plan.hosts.push_back({"", host, n, std::nullopt});
+  std::vector<int> added;
+  for (int i = 0; i < n; ++i) {
+    const int rank = plan.size();
+    plan.ranks.push_back({rank, i, n, 0, 1, static_cast<int>(plan.hosts.size()) - 1});
+    added.push_back(rank);
+  }
+  return added;
+}
+
+}  // namespace
+
+TEST_CASE("elastic: ranks the job grows by are pending, then one change when they joined",
+          "[launcher][supervisor][elastic]") {
+  ElasticFixture f(2, 2);
+  const std::vector<int> added = GrowPlan(f.plan, "b", 2);
+  f.supervisor.OnRanksAdded(added);
+  CHECK(f.supervisor.Live(2));
+  CHECK(f.changes.empty());
+  // A member lost meanwhile: the new generation leaves the pending ranks out.
+  const auto since = std::chrono::steady_clock::now();
+  REQUIRE(f.supervisor.OnRanksJoined(added,
+                                     "host b joined (from the host discovery script): "
+                                     "ranks 2-3 started",
+                                     since, "b"));
+  REQUIRE(f.changes.size() == 1);
+  CHECK(f.changes[0].generation == 1);
+  CHECK(f.changes[0].joined_ranks == added);
+  CHECK(f.changes[0].lost_ranks.empty());
+  CHECK(f.changes[0].members == std::vector<int>{0, 1, 2, 3});
+  CHECK(f.supervisor.OnGenerationFormed(1).rfind(
+            "host b joined (from the host discovery script): ranks 2-3 started; the job goes on "
+            "at 4 ranks (generation 1, formed by ranks 0-1 of the start and 2-3), recovered in ",
+            0) == 0);
+  CHECK(f.supervisor.ElasticSummary().rfind(
+            "the job survived 1 membership change, 4 ranks at the end (2 at the start), 2 ranks "
+            "joined (on b): ",
+            0) == 0);
+  const auto now = std::chrono::steady_clock::now();
+  for (int r = 0; r < 4; ++r) f.supervisor.OnRankExit(r, Exit(0, now));
+  CHECK(f.done);
+  CHECK(f.supervisor.exit_code() == 0);
+}
+
+TEST_CASE("elastic: a pending rank that fails is no change and never blamed",
+          "[launcher][supervisor][elastic]") {
+  ElasticFixture f(2, 2);
+  const std::vector<int> added = GrowPlan(f.plan, "b", 2);
+  f.supervisor.OnRanksAdded(added);
+  const auto now = std::chrono::steady_clock::now();
+  CHECK_FALSE(f.supervisor.StoppedOnPurpose(2));
+  f.supervisor.OnRankExit(2, Exit(1, now));
+  CHECK_FALSE(f.supervisor.Live(2));
+  CHECK(f.changes.empty());
+  CHECK(f.ranks.terminated == 0);
+  // The other joins alone.
+  REQUIRE(f.supervisor.OnRanksJoined(added, "host b joined", now, "b"));
+  CHECK(f.changes[0].joined_ranks == std::vector<int>{3});
+  CHECK(f.changes[0].members == std::vector<int>{0, 1, 3});
+  for (int r : {0, 1, 3}) f.supervisor.OnRankExit(r, Exit(0, now));
+  CHECK(f.done);
+  CHECK(f.supervisor.exit_code() == 0);
+  CHECK(f.supervisor.Summary().empty());
+}
+
+TEST_CASE("elastic: a member that finishes gives up the pending ranks; no growth then",
+          "[launcher][supervisor][elastic]") {
+  ElasticFixture f(2, 2);
+  const std::vector<int> added = GrowPlan(f.plan, "b", 2);
+  f.supervisor.OnRanksAdded(added);
+  const auto now = std::chrono::steady_clock::now();
+  f.supervisor.OnRankExit(0, Exit(0, now));
+  CHECK(f.supervisor.finishing());
+  CHECK_FALSE(f.supervisor.Live(2));
+  CHECK(f.supervisor.StoppedOnPurpose(2));  // their SIGTERM blacklists nothing
+  CHECK_FALSE(f.supervisor.OnRanksJoined(added, "host b joined", now, "b"));
+  f.supervisor.OnRankExit(1, Exit(0, now));
+  for (int r : added) f.supervisor.OnRankExit(r, Exit(0, now, SIGTERM));
+  CHECK(f.done);
+  CHECK(f.changes.empty());
+  CHECK(f.supervisor.exit_code() == 0);
+}
+
+TEST_CASE("elastic: ranks that join a job waiting below --min-np end the wait",
+          "[launcher][supervisor][elastic]") {
+  ElasticFixture f(2, 2);
+  const auto now = std::chrono::steady_clock::now();
+  f.supervisor.OnRankExit(1, Exit(0, now, SIGKILL));
+  CHECK(f.changes.empty());  // 1 rank left: waiting
+  const std::vector<int> added = GrowPlan(f.plan, "b", 1);
+  f.supervisor.OnRanksAdded(added);
+  REQUIRE(f.supervisor.OnRanksJoined(added, "host b joined", now, "b"));
+  REQUIRE(f.changes.size() == 1);
+  CHECK(f.changes[0].members == std::vector<int>{0, 2});
+  for (int r : {0, 2}) f.supervisor.OnRankExit(r, Exit(0, now));
+  CHECK(f.done);
+  CHECK(f.supervisor.exit_code() == 0);
+}

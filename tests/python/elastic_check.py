@@ -9,6 +9,14 @@
                                                         127.0.0.1 (and names a new host): ranks 2-3
                                                         are stopped, the job finishes at 2
 
+    elastic_check.py TRAINRUN PYTHON grow               --host-discovery-script lists localhost:2;
+                                                        after epoch 5 it adds 127.0.0.1:2: ranks
+                                                        2-3 start, join, get the state; the job
+                                                        finishes at 4
+    elastic_check.py TRAINRUN PYTHON blacklist          as grow, but every rank on 127.0.0.1 fails
+                                                        at once: the host is blacklisted, retried
+                                                        after 2 s, then after 4 s (cooldown 2 8)
+
 Prints "elastic check ok" when every expectation holds; otherwise names the first that failed and
 shows trainrun's output.
 """
@@ -132,6 +140,100 @@ def discovery(trainrun, python):
     print(f"shrank to 2 ranks in a job of {took:.1f} s")
 
 
+def run_with_discovery(trainrun, python, flags, script_flags, rewrite_at, new_hosts):
+    """Runs trainrun with --host-discovery-script `cat FILE` listing localhost:2; when a line
+    containing `rewrite_at` appears, FILE is rewritten to `new_hosts`. Returns the exit code, the
+    output, and each line's arrival time (monotonic seconds), in order."""
+    import os
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        hosts = os.path.join(tmp, "hosts")
+        with open(hosts, "w") as f:
+            f.write("localhost:2\n")
+        command = [trainrun, "--min-np", "2", *flags, "--host-discovery-script", f"cat {hosts}",
+                   python, "examples/elastic_train.py", *script_flags]
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        out, times = "", []
+        rewritten = None
+        for line in proc.stdout:
+            out += line
+            times.append((time.monotonic(), line))
+            if rewritten is None and rewrite_at in line:
+                with open(hosts + ".new", "w") as f:
+                    f.write(new_hosts)
+                os.rename(hosts + ".new", hosts)
+                rewritten = time.monotonic()
+        code = proc.wait(timeout=240)
+    return code, out, times, rewritten
+
+
+def grow(trainrun, python):
+    code, out, _, rewritten = run_with_discovery(
+        trainrun, python, ["--max-np", "4"],
+        ["--epochs", "12", "--min-accuracy", "0.9",
+         # From epoch 5 on each step sleeps 0.3 s until the job has 4 ranks, so that it is still
+         # training when the new ranks (a Python with torch each: seconds on a loaded machine)
+         # have started and joined.
+         "--step-sleep", "0.3", "--sleep-from-epoch", "5", "--sleep-until-size", "4"],
+        "epoch   5", "localhost:2\n127.0.0.1:2\n")
+    if code != 0:
+        fail(f"trainrun exited {code}, not 0", out)
+    if rewritten is None:
+        fail("the job never reached epoch 5", out)
+    if "host 127.0.0.1 appeared in the host discovery script's output: starting ranks 2-3 on it" \
+            not in out:
+        fail("no line saying the new host's ranks start", out)
+    joined = re.search(r"trainrun: warning: host 127\.0\.0\.1 joined \(from the host discovery "
+                       r"script\): ranks 2-3 started; the job goes on at 4 ranks \(generation 1, "
+                       r"formed by ranks 0-1 of the start and 2-3\), recovered in (\d+\.\d\d) s",
+                       out)
+    if not joined:
+        fail("no membership-change line for the host that joined", out)
+    resumed = re.findall(r"resumed at step (\d+) of epoch \d+ on (\d+) ranks "
+                         r"\(last commit: step (\d+)\)", out)
+    if len(resumed) != 2 or any(int(size) != 4 or step != commit for step, size, commit in resumed):
+        fail(f"expected ranks 0-1 to resume at their last commit on 4 ranks: {resumed}", out)
+    final = re.search(r"final test accuracy (\d\.\d+) on 4 rank\(s\)", out)
+    if not final or float(final.group(1)) < 0.9:
+        fail("the job did not finish at 4 ranks with accuracy >= 0.9", out)
+    if "parameters bit-identical on every rank" not in out:
+        fail("the parameters differ across ranks", out)
+    if "the job survived 1 membership change, 4 ranks at the end (2 at the start), 2 ranks " \
+       "joined (on 127.0.0.1)" not in out:
+        fail("the end does not count the join", out)
+    print(f"grew to 4 ranks (recovered in {joined.group(1)} s), accuracy {final.group(1)}")
+
+
+def blacklist(trainrun, python):
+    code, out, times, rewritten = run_with_discovery(
+        trainrun, python, ["--max-np", "4", "--blacklist-cooldown-range", "2", "8"],
+        ["--epochs", "20", "--fail-on-host", "127.0.0.1",
+         "--step-sleep", "0.05", "--sleep-from-epoch", "3"],
+        "epoch   5", "localhost:2\n127.0.0.1:2\n")
+    if code != 0:
+        fail(f"trainrun exited {code}, not 0", out)
+    starts = [t for t, line in times
+              if "host 127.0.0.1 appeared in the host discovery script's output: starting" in line]
+    listed = [(t, line) for t, line in times if "host 127.0.0.1 blacklisted after rank" in line]
+    if len(starts) < 3 or len(listed) < 2:
+        fail(f"expected at least 3 tries on 127.0.0.1 and 2 blacklistings, saw {len(starts)} and "
+             f"{len(listed)}", out)
+    expected = [("2", 2.0), ("4", 4.0)]
+    for (t, line), (cooldown, seconds), retry in zip(listed, expected, starts[1:]):
+        if not re.search(r"host 127\.0\.0\.1 blacklisted after rank \d+ exited with code 1; "
+                         rf"not retried for {cooldown} s", line):
+            fail(f"blacklisting line not as expected (cooldown {cooldown} s): {line!r}", out)
+        # Retried no sooner than the cooldown (less the 0.1 s the log line may lag), and not much
+        # later (the discovery polls every second; the machine may be loaded).
+        waited = retry - t
+        if waited < seconds - 0.1 or waited > seconds + 6:
+            fail(f"retried {waited:.2f} s after a {seconds} s blacklisting", out)
+        print(f"blacklisted for {cooldown} s, retried after {waited:.2f} s")
+    if not re.search(r"final test accuracy \d\.\d+ on 2 rank\(s\)", out):
+        fail("the job did not finish at its 2 ranks", out)
+
+
 def main():
     trainrun, python, mode = sys.argv[1:4]
     if mode == "survive":
@@ -140,6 +242,10 @@ def main():
         below_min(trainrun, python)
     elif mode == "discovery":
         discovery(trainrun, python)
+    elif mode == "grow":
+        grow(trainrun, python)
+    elif mode == "blacklist":
+        blacklist(trainrun, python)
     else:
         sys.exit(f"unknown mode {mode!r}")
     print("elastic check ok")

@@ -180,6 +180,43 @@ TEST_CASE("Join refuses unknown ranks, second joins and a wrong claimed rank", "
   CHECK(job.server->JoinedRanks() == std::vector<int>{1});
 }
 
+// HostsOf lists every rank's host, as the join answer's runs give them.
+std::vector<std::string> HostsOf(const Assignment& a) {
+  std::vector<std::string> hosts;
+  for (int r = 0; r < a.size; ++r) hosts.push_back(a.HostOf(r));
+  return hosts;
+}
+
+TEST_CASE("AddRanks: ranks added while the job runs join by their number on their host",
+          "[rendezvous][elastic]") {
+  Job job = StartJob(TwoHostPlan());
+  CHECK(job.server->AddRanks({{"c", 0, 1, 0, 1}, {"c", 1, 1, 0, 1}}) == 3);
+  ClientOptions added = job.ClientFor(0);
+  added.host = "c";
+  added.local_rank = 0;  // its place in a later generation: not how it is found
+  added.expected_rank = 4;
+  auto session = Join(added, seconds(10));
+  REQUIRE(session.ok());
+  CHECK(session->assignment.rank == 4);
+  CHECK(session->assignment.size == 5);
+  CHECK(HostsOf(session->assignment) == std::vector<std::string>{"a", "a", "b", "c", "c"});
+  CHECK(job.server->JoinedRanks() == std::vector<int>{4});
+  // On another host, the number does not let it in; nor does a number without a host's slot.
+  ClientOptions elsewhere = added;
+  elsewhere.host = "b";
+  elsewhere.expected_rank = 3;
+  CHECK(Join(elsewhere, seconds(5)).status().code() == absl::StatusCode::kInvalidArgument);
+  ClientOptions unnumbered = added;
+  unnumbered.expected_rank = -1;
+  CHECK(Join(unnumbered, seconds(5)).status().code() == absl::StatusCode::kNotFound);
+  job.server->NoteRankExit(3, "exited with code 1");
+  CHECK(job.server->Ranks()[3].exited == "exited with code 1");
+  // A rank of the start that joins late is told the start's job, not the grown one.
+  WorkerSession late = job.JoinAs(2);
+  CHECK(late.assignment.size == 3);
+  CHECK(HostsOf(late.assignment) == std::vector<std::string>{"a", "a", "b"});
+}
+
 TEST_CASE("A wrong or missing token is refused and changes nothing", "[rendezvous]") {
   Job job = StartJob(OneHostPlan(2));
   for (std::string token : {std::string("wrong"), std::string(), job.options.token + "x",

@@ -47,13 +47,20 @@ class State:
     def check_host_updates(self):
         """Raises HostsUpdatedInterrupt on every rank when the job has a newer generation than
         this one. Rank 0's view decides, so every rank raises, or none."""
-        # Only rank 0 asks the launcher (one call, not one per rank); one allreduce of one number
-        # tells the others (half the time of a broadcast_object, which takes two).
-        asked = numpy.array([_core.latest_generation() if self._rank() == 0 else 0], numpy.int64)
-        latest = int(trainrun.allreduce(asked, op=trainrun.Max, name="elastic.check_host_updates")[0])
-        if latest > _core.generation():
-            # Generations only shrink the job today: the survivors' state agrees, no sync needed.
-            raise HostsUpdatedInterrupt(skip_sync=True)
+        # Only rank 0 asks the launcher (one call, not one per rank); one allreduce of two numbers
+        # tells the others (half the time of a broadcast_object, which takes two): the newest
+        # generation, and whether it adds ranks.
+        if self._rank() == 0:
+            latest = _core.latest_generation()
+            adds = latest > _core.generation() and _core.latest_generation_adds()
+            asked = numpy.array([latest, int(adds)], numpy.int64)
+        else:
+            asked = numpy.zeros(2, numpy.int64)
+        told = trainrun.allreduce(asked, op=trainrun.Max, name="elastic.check_host_updates")
+        if int(told[0]) > _core.generation():
+            # Horovod's rule: when ranks only left, the survivors' committed state agrees and no
+            # sync is needed; ranks that joined get rank 0's state by the sync.
+            raise HostsUpdatedInterrupt(skip_sync=not bool(told[1]))
 
     def save(self):
         raise NotImplementedError()

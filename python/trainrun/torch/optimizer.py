@@ -162,7 +162,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _check_layout(self):
         """Raises on every rank when the ranks' parameter lists differ (names, shapes, dtypes)."""
-        if self._solo:
+        # A rank that joined a running elastic job (generation > 0 at once) checks nothing: the
+        # others are training, not building their optimizer, and the state's sync gives it rank
+        # 0's parameters.
+        if self._solo or _core.generation() > 0:
             return
         layout = [(self._names[p], tuple(p.shape), str(p.dtype))
                   for b in self._buckets for p in b.params]

@@ -63,6 +63,7 @@ struct RunOptions {
   std::optional<std::string> host_discovery_script;  // --host-discovery-script SCRIPT
   std::optional<int> slots_per_host;                 // --slots-per-host N
   std::optional<int> reset_limit;                    // --reset-limit N
+  std::vector<int> blacklist_cooldown_range;         // --blacklist-cooldown-range MIN MAX
   std::optional<int> elastic_timeout_s;              // --elastic-timeout SECONDS
   bool verbose = false;                              // --verbose
   bool quiet = false;                                // -q/--quiet: no start line, no notes

@@ -45,6 +45,10 @@ class JobEnvironment {
   // ForRank returns rank `rank`'s whole environment as "NAME=value" strings, sorted by name, for
   // a rank on the host `host` describes.
   std::vector<std::string> ForRank(int rank, const HostView& host) const;
+  // ForPlace is ForRank for a rank that is not in the job's starting plan (an elastic job that
+  // grew): its place `a` in a job of `size` ranks.
+  std::vector<std::string> ForPlace(const hostfile::RankAssignment& a, int size,
+                                    const HostView& host) const;
 
   // Lookup returns the value `name` has in every rank's environment (base and -x), if any.
   std::optional<std::string> Lookup(const std::string& name) const;

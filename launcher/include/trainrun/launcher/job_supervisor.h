@@ -46,12 +46,16 @@ struct SupervisorOptions {
 };
 
 // MembershipChange is one change of an elastic job's members: generation `generation` is made of
-// `members` (slots, that is generation-0 ranks, ascending; member i is rank i) after `lost_ranks`
-// left, `why` saying how ("rank 2 on localhost was killed by SIGKILL").
+// `members` (slots, that is generation-0 ranks and then the ranks the job grew by, in the order
+// they started, ascending; member i is rank i) after `lost_ranks` left or `joined_ranks` came,
+// `why` saying how ("rank 2 on localhost was killed by SIGKILL", "host b joined (from the host
+// discovery script): ranks 4-5 started").
 struct MembershipChange {
   int generation = 0;
-  std::vector<int> lost_ranks;  // every rank lost (a lost host's ranks), ascending; never empty
-  std::string lost_host;        // the host lost with its agent; "" when ranks were lost
+  std::vector<int> lost_ranks;    // every rank lost (a lost host's ranks), ascending
+  std::string lost_host;          // the host lost with its agent; "" when ranks were lost
+  std::vector<int> joined_ranks;  // the ranks the job grew by, ascending (lost or joined: not both)
+  std::string joined_host;        // the host they run on
   std::string why;
   std::vector<int> members;
   std::chrono::steady_clock::time_point when;  // when the loss was seen
@@ -89,6 +93,19 @@ class JobSupervisor {
   // (`why` says so): those still running are stopped (SIGTERM, SIGKILL after the grace period)
   // and are one membership change, as lost ranks are.
   void OnRanksRemoved(const std::vector<int>& ranks, const std::string& why);
+  // Growing (elastic jobs): OnRanksAdded counts ranks started while the job runs (slots past the
+  // start's, already in the plan); they are pending, not members, until OnRanksJoined makes them
+  // one membership change (`why` names the host; `since`: when the host was found). A pending rank
+  // that ends, or is removed, is lost without a change. OnRanksJoined drops the ranks that ended
+  // and returns false when none is left or the job is ending.
+  void OnRanksAdded(const std::vector<int>& ranks);
+  bool OnRanksJoined(const std::vector<int>& ranks, const std::string& why,
+                     std::chrono::steady_clock::time_point since, const std::string& host);
+  // Live: `rank` was started and has neither ended nor been given up (a member or pending).
+  bool Live(int rank) const;
+  // StoppedOnPurpose: `rank` was stopped by trainrun (the teardown, or its host left the discovery
+  // output), so its end is not its host's failure.
+  bool StoppedOnPurpose(int rank) const;
   // OnSignal: trainrun got SIGINT/SIGTERM/SIGHUP. The first starts the teardown (exit 128+N);
   // a second one skips the grace period.
   void OnSignal(int signal);
@@ -114,6 +131,10 @@ class JobSupervisor {
   std::string ElasticSummary() const;
 
   bool done() const { return done_; }
+  // finishing: a member exited 0 (the job is ending well): it grows no more.
+  bool finishing() const { return finishing_; }
+  // ending: the teardown has begun (every rank is being stopped).
+  bool ending() const { return teardown_started_.has_value(); }
   // interrupted: trainrun was told to stop (SIGINT, SIGTERM, SIGHUP), whatever the ranks did.
   bool interrupted() const { return signal_.has_value(); }
   // exit_code is what trainrun exits with: the blamed rank's code, 128+N after signal N, 1 when a
@@ -182,7 +203,13 @@ class JobSupervisor {
   // Elastic mode.
   std::function<void(const MembershipChange&)> on_membership_change_;
   std::vector<MembershipChange> changes_;
-  std::set<int> lost_;  // ranks whose failure the job survived (never blamed)
+  std::set<int> lost_;      // ranks whose failure the job survived (never blamed)
+  std::set<int> pending_;   // ranks started while the job runs, not yet members
+  bool finishing_ = false;  // a member exited 0
+  // GiveUpPending stops the pending ranks (a member finished: the job ends without them).
+  void GiveUpPending();
+  std::set<int> stopped_;  // ranks stopped because their host left the discovery output
+  int start_size_ = 0;     // the plan's size at the start (slots past it are the job's growth)
   struct BelowMinimum {
     int rank = 0;         // the failure that left too few ranks
     std::string why;      // how it was lost ("rank 2 on a was killed by SIGKILL")

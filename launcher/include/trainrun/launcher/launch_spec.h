@@ -50,6 +50,10 @@ struct ElasticSpec {
   std::chrono::milliseconds discovery_interval{1000};
   // --reset-limit: the most membership changes the job survives (0: no limit); one more ends it.
   int reset_limit = 0;
+  // --blacklist-cooldown-range MIN MAX (Horovod's): a host whose rank failed gets no new ranks
+  // (the job does not grow onto it) for MIN seconds, doubling with each later blacklisting up to
+  // MAX; unset: a blacklisted host is never retried, as with horovodrun.
+  std::optional<std::pair<std::chrono::seconds, std::chrono::seconds>> blacklist_cooldown;
 };
 inline constexpr std::chrono::milliseconds kDefaultGracePeriod{3000};
 inline constexpr SshClient kDefaultSshClient = SshClient::kLibssh2;

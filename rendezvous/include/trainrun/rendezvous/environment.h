@@ -46,6 +46,10 @@ inline constexpr char kMaxRestarts[] = "TRAINRUN_MAX_RESTARTS";
 // waits for that generation (--elastic-timeout, plus a margin so the launcher ends a job first).
 inline constexpr char kElastic[] = "TRAINRUN_ELASTIC";
 inline constexpr char kElasticTimeout[] = "TRAINRUN_ELASTIC_TIMEOUT";
+// Set only in a rank started while its elastic job runs (the job grew onto a new host or slot):
+// its slot, by which it joins the rendezvous (its TRAINRUN_RANK is its place in the generation it
+// joins). Such a rank joins the first generation that includes it, not generation 0.
+inline constexpr char kElasticSlot[] = "TRAINRUN_ELASTIC_SLOT";
 // Horovod's name for kElastic.
 inline constexpr char kHorovodElastic[] = "HOROVOD_ELASTIC";
 

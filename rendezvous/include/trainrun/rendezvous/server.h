@@ -117,6 +117,11 @@ class Server {
   // (see ServerOptions::on_exit_before_join).
   void NoteRankExit(int rank, const std::string& how, bool success = false);
 
+  // AddRanks appends ranks to the job (an elastic job that grows onto a new host) and returns the
+  // first one's number; the others follow in order. Such a rank joins by its number (its
+  // JoinRequest's rank, which must be given) on its host, whatever its local_rank says.
+  int AddRanks(const std::vector<RankSlot>& slots);
+
   // Ranks returns what the server knows about every rank, indexed by rank.
   std::vector<RankState> Ranks() const;
   // JoinedRanks lists the ranks that have joined, ascending.
