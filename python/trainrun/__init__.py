@@ -248,6 +248,9 @@ def synchronize(handle):
                                    "synchronized, or never started)")
     if op.name is not None:
         _names_in_flight.discard(op.name)
+    if len(op.core) == 1:  # the common case, without the loop's bookkeeping
+        _core.wait(op.core[0])
+        return op.finish()
     error = None
     for h in op.core:
         try:
@@ -322,6 +325,26 @@ def allreduce_async_(tensor, op=None, name=None, process_set=None, prescale_fact
 
 def _allreduce_start(tensor, op, name, process_set, prescale_factor, postscale_factor, awaited):
     """allreduce_async_; `awaited`: the caller synchronizes next, so nothing is held back."""
+    # The common case (a CPU tensor, an op, the whole job, no scaling) in as few steps as
+    # possible: 200 small allreduces in a row spend more time here than in the fused allreduce.
+    # Anything else, and every error, goes the general way below.
+    if (process_set is None and type(op) is ReduceOp and prescale_factor == 1.0
+            and postscale_factor == 1.0):
+        code = _buffers.torch_cpu_code(tensor)
+        key = (0, name) if name else None
+        if code is not None and key not in _names_in_flight:
+            if key is not None:
+                _names_in_flight.add(key)
+            ptr = tensor.data_ptr()
+            try:
+                h = _core.allreduce_async(ptr, ptr, tensor.numel(), code, op, 0, name or "",
+                                          tensor.shape, awaited)
+            except Exception:
+                _names_in_flight.discard(key)
+                raise
+            handle = next(_next_handle)
+            _ops[handle] = _Op([h], lambda: tensor, tensor, key)
+            return handle
     what = _what("allreduce", name)
     op = _check_op(op, what)
     set_id = _set_id(process_set, what)

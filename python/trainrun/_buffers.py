@@ -29,6 +29,19 @@ def _is_torch_tensor(obj):
 is_torch = _is_torch_tensor
 
 
+def torch_cpu_code(obj):
+    """The dtype code of `obj` when it is a contiguous, dense CPU torch tensor of a supported
+    dtype seen before (the common case, decided in a few attribute reads), else None: then view()
+    decides, and says what is wrong."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(obj, torch.Tensor):
+        return None
+    name = _torch_names.get(obj.dtype)
+    if name is None or not obj.is_cpu or obj.is_sparse or not obj.is_contiguous():
+        return None
+    return _SUPPORTED[name]
+
+
 def _numpy():
     import numpy
 
