@@ -307,6 +307,38 @@ class Communicator::Impl {
     }
   }
 
+  // RunAllreduceChecked is Run(call, RunAllreduce(...)), with the call records exchanged in the
+  // allreduce's own step where the transport can (a small allreduce over shared memory): one
+  // synchronisation instead of two. A mismatch still throws on every rank; when a rank has
+  // joined, its zeros come in a second step, as it expects (Join).
+  void RunAllreduceChecked(const internal::CallRecord& call, const void* input, void* output,
+                           size_t count, DataType type, ReduceOp op) {
+    if (!check_calls_ || info_.size == 1) {
+      Run(call, [&](internal::AlgorithmContext& ctx) {
+        RunAllreduce(ctx, input, output, count, type, op);
+      });
+      return;
+    }
+    const bool traced = timeline_->enabled();
+    const int64_t start = traced ? internal::Timeline::Now() : 0;
+    int64_t agreed = start;
+    Guard(internal::KindName(call.kind), [&](internal::AlgorithmContext& ctx) {
+      std::vector<internal::CallRecord> records(info_.size);
+      auto joined = [&] {
+        return std::any_of(records.begin(), records.end(),
+                           [](const internal::CallRecord& r) { return r.kind == kJoinKind; });
+      };
+      const bool folded = ctx.transport.TryCheckedAllreduce(
+          input, output, count, type, op, &call, sizeof(call), records.data(),
+          [&] { return !joined() && internal::Disagreement(records, set_name_).empty(); });
+      if (!folded) records = internal::ExchangeRecords(ctx, call);
+      internal::CheckAgreement(records, set_name_);
+      if (traced) agreed = internal::Timeline::Now();
+      if (!folded || joined()) RunAllreduce(ctx, input, output, count, type, op);
+    });
+    if (traced) timeline_->Record(call, set_name_, start, agreed, internal::Timeline::Now());
+  }
+
   internal::Timeline& timeline() { return *timeline_; }
 
   // Join takes part, with zeros, in the allreduces (sum, average) and barriers the other ranks
@@ -513,9 +545,7 @@ void Communicator::Allreduce(const void* input, void* output, size_t count, Data
   CheckBuffer(input, count, "allreduce input");
   CheckBuffer(output, count, "allreduce output");
   auto call = DescribeCall(CollectiveKind::kAllreduce, type, count, static_cast<int>(op), check);
-  impl_->Run(call, [&](internal::AlgorithmContext& ctx) {
-    Impl::RunAllreduce(ctx, input, output, count, type, op);
-  });
+  impl_->RunAllreduceChecked(call, input, output, count, type, op);
 }
 
 void Communicator::GroupedAllreduce(const std::vector<Buffer>& buffers, DataType type, ReduceOp op,
