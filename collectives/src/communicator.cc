@@ -237,14 +237,37 @@ class Communicator::Impl {
     Guard("allreduce", [&](internal::AlgorithmContext& ctx) {
       size_t agreed_k = ready.size();
       if (info_.size > 1) {
-        // The exchange happens even when checks are off: it is how the ranks agree on k.
-        std::vector<internal::CallRecord> records = internal::ExchangeRecords(ctx, call);
+        // The exchange happens even when checks are off: it is how the ranks agree on k. Where
+        // the transport can, ready[0]'s data goes with it, and is reduced right there when k is 1
+        // (one synchronisation, as a lone Allreduce).
+        std::vector<internal::CallRecord> records(info_.size);
+        bool joined = false;
+        auto fewest_ready = [&] {
+          size_t fewest = ready.size();
+          joined = false;
+          for (const internal::CallRecord& r : records) {
+            // A joined rank (or one whose call cannot be fused) takes part in one allreduce.
+            joined |= r.kind == kJoinKind;
+            const uint64_t theirs = r.kind == kJoinKind ? 1 : std::max<uint64_t>(r.ready, 1);
+            fewest = std::min<size_t>(fewest, theirs);
+          }
+          return fewest;
+        };
+        bool reduced = false;
+        const bool folded = ctx.transport.TryCheckedAllreduce(
+            ready[0].data, ready[0].data, ready[0].count, type, op, &call, sizeof(call),
+            records.data(), [&] {
+              reduced = fewest_ready() == 1 && !joined &&
+                        (!check_calls_ || internal::Disagreement(records, set_name_).empty());
+              return reduced;
+            });
+        if (!folded) records = internal::ExchangeRecords(ctx, call);
         if (check_calls_) internal::CheckAgreement(records, set_name_);
-        for (const internal::CallRecord& r : records) {
-          // A joined rank (or one whose call cannot be fused) takes part in one allreduce.
-          const uint64_t theirs = r.kind == kJoinKind ? 1 : std::max<uint64_t>(r.ready, 1);
-          agreed_k = std::min<size_t>(agreed_k, theirs);
+        if (reduced) {
+          if (traced) agreed = internal::Timeline::Now();
+          return;  // k = 1, done
         }
+        agreed_k = fewest_ready();
         if (agreed_k > 1 && check_calls_) {
           // The other k - 1 as one record: on a disagreement, ready[0] runs alone and the caller
           // goes on one call at a time, so that the culprit gets its own message.
