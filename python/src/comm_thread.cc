@@ -24,8 +24,8 @@ CommThread::Handle CommThread::Submit(Job job) {
   return Enqueue(Entry{0, std::move(job), std::nullopt});
 }
 
-CommThread::Handle CommThread::SubmitAllreduce(Allreduce allreduce, bool awaited) {
-  return Enqueue(Entry{0, nullptr, std::move(allreduce), awaited});
+CommThread::Handle CommThread::SubmitAllreduce(Allreduce allreduce, bool prompt) {
+  return Enqueue(Entry{0, nullptr, std::move(allreduce), prompt});
 }
 
 CommThread::Handle CommThread::Enqueue(Entry entry) {
@@ -36,8 +36,8 @@ CommThread::Handle CommThread::Enqueue(Entry entry) {
     handle = next_handle_++;
     entry.handle = handle;
     outcomes_.emplace(handle, Outcome{});
-    // A thread holding for more allreduces must see one that is awaited, or something else.
-    idle = queue_.empty() || (holding_ && (entry.awaited || !entry.allreduce));
+    // A thread holding for more allreduces must see one to run promptly, or something else.
+    idle = queue_.empty() || (holding_ && (entry.prompt || !entry.allreduce));
     queue_.push_back(std::move(entry));
     queued_at_ = std::chrono::steady_clock::now();
   }
@@ -139,7 +139,7 @@ void CommThread::HoldForMore(std::unique_lock<std::mutex>& lock) {
     size_t bytes = 0;
     for (const Entry& entry : queue_) {
       // Something else comes next, or someone waits: run what there is.
-      if (!entry.allreduce || entry.awaited) return;
+      if (!entry.allreduce || entry.prompt) return;
       bytes += entry.allreduce->count * collectives::ElementSize(entry.allreduce->type);
     }
     if (bytes >= fusion_bytes_) return;

@@ -67,9 +67,9 @@ class CommThread {
   // Submit queues `job` and returns its handle at once.
   Handle Submit(Job job);
   // SubmitAllreduce queues an in-place allreduce, which may run fused with its neighbours.
-  // `awaited`: the caller waits for it next (a synchronous allreduce), so the thread holds back
-  // nothing that is queued.
-  Handle SubmitAllreduce(Allreduce allreduce, bool awaited = false);
+  // `prompt`: run it, with what is queued before it, without waiting for more (the caller waits
+  // for it next, as a synchronous allreduce does, or it must start now, as a gradient bucket).
+  Handle SubmitAllreduce(Allreduce allreduce, bool prompt = false);
 
   // Done returns whether the job `handle` has finished (successfully or not). Throws
   // InvalidArgumentError for a handle that is unknown or already waited for.
@@ -87,7 +87,7 @@ class CommThread {
     Handle handle;
     Job job;  // when not an allreduce
     std::optional<Allreduce> allreduce;
-    bool awaited = false;
+    bool prompt = false;
   };
 
   Handle Enqueue(Entry entry);

@@ -532,7 +532,7 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "allreduce_async",
       [](uintptr_t input, uintptr_t output, size_t count, int dtype, ReduceOp op, int set,
-         std::string name, std::optional<std::vector<int64_t>> shape, bool awaited) {
+         std::string name, std::optional<std::vector<int64_t>> shape, bool prompt) {
         const void* in = ToPointer(input, count);
         void* out = ToPointer(output, count);
         DataType type = ToDataType(dtype);
@@ -540,13 +540,13 @@ PYBIND11_MODULE(_core, m) {
         if (in == out) {  // in place: may be fused with the allreduces queued next to it
           Communicator* comm = &Runtime::Get().Set(set);
           return Runtime::Get().thread().SubmitAllreduce(
-              {comm, out, count, type, op, std::move(check)}, awaited);
+              {comm, out, count, type, op, std::move(check)}, prompt);
         }
         return Submit(set, [=](Communicator& c) { c.Allreduce(in, out, count, type, op, check); });
       },
       py::arg("input"), py::arg("output"), py::arg("count"), py::arg("dtype"), py::arg("op"),
       py::arg("set") = 0, py::arg("name") = "", py::arg("shape") = py::none(),
-      py::arg("awaited") = false);
+      py::arg("prompt") = false);
   // One allreduce of several buffers of one type, in place, without concatenating them where the
   // transport can (grouped_allreduce).
   m.def(
