@@ -54,6 +54,10 @@ struct CallRecord {
   uint64_t name_hash = 0;       // of the whole name, which may be longer than `name`
   int64_t dims[kMaxDims] = {};  // the shape; with count_varies, without its first dimension
   char name[kNameBytes] = {};   // the start of the name, NUL-padded
+  // How many in-place allreduces like this one the rank has queued and could run as one
+  // (Communicator::AllreduceReady); 0 for a call that cannot be fused. Not compared: the ranks
+  // run the fewest any of them has ready.
+  uint64_t ready = 0;
 };
 
 CallRecord DescribeCall(CollectiveKind kind, DataType type, uint64_t count, int op_or_root,

@@ -222,6 +222,146 @@ class Communicator::Impl {
     if (traced) timeline_->Record(call, set_name_, start, agreed, internal::Timeline::Now());
   }
 
+  // RunReady runs Communicator::AllreduceReady (see there) and sets `k` (1 until the ranks have
+  // agreed); what the k together fail with propagates.
+  void RunReady(const std::vector<Communicator::ReadyAllreduce>& ready, DataType type, ReduceOp op,
+                size_t& k) {
+    const bool traced = timeline_->enabled();
+    const int64_t start = traced ? internal::Timeline::Now() : 0;
+    int64_t agreed = start;
+    internal::CallRecord call =
+        internal::DescribeCall(internal::CollectiveKind::kAllreduce, type, ready[0].count,
+                               static_cast<int>(op), *ready[0].check);
+    call.ready = ready.size();
+    k = 1;
+    Guard("allreduce", [&](internal::AlgorithmContext& ctx) {
+      size_t agreed_k = ready.size();
+      if (info_.size > 1) {
+        // The exchange happens even when checks are off: it is how the ranks agree on k. Where
+        // the transport can, ready[0]'s data goes with it, and is reduced right there when k is 1
+        // (one synchronisation, as a lone Allreduce).
+        std::vector<internal::CallRecord> records(info_.size);
+        bool joined = false;
+        auto fewest_ready = [&] {
+          size_t fewest = ready.size();
+          joined = false;
+          for (const internal::CallRecord& r : records) {
+            // A joined rank (or one whose call cannot be fused) takes part in one allreduce.
+            joined |= r.kind == kJoinKind;
+            const uint64_t theirs = r.kind == kJoinKind ? 1 : std::max<uint64_t>(r.ready, 1);
+            fewest = std::min<size_t>(fewest, theirs);
+          }
+          return fewest;
+        };
+        bool reduced = false;
+        const bool folded = ctx.transport.TryCheckedAllreduce(
+            ready[0].data, ready[0].data, ready[0].count, type, op, &call, sizeof(call),
+            records.data(), [&] {
+              reduced = fewest_ready() == 1 && !joined &&
+                        (!check_calls_ || internal::Disagreement(records, set_name_).empty());
+              return reduced;
+            });
+        if (!folded) records = internal::ExchangeRecords(ctx, call);
+        if (check_calls_) internal::CheckAgreement(records, set_name_);
+        if (reduced) {
+          if (traced) agreed = internal::Timeline::Now();
+          return;  // k = 1, done
+        }
+        agreed_k = fewest_ready();
+        if (agreed_k > 1 && check_calls_) {
+          // The other k - 1 as one record: on a disagreement, ready[0] runs alone and the caller
+          // goes on one call at a time, so that the culprit gets its own message.
+          internal::CallRecord rest = internal::DescribeCall(
+              internal::CollectiveKind::kAllreduce, type, 0, static_cast<int>(op), CallCheck{},
+              false, RestHash(ready, agreed_k));
+          for (size_t i = 1; i < agreed_k; ++i) rest.count += ready[i].count;
+          if (!internal::Disagreement(internal::ExchangeRecords(ctx, rest), set_name_).empty()) {
+            agreed_k = 1;
+          }
+        }
+      }
+      k = agreed_k;
+      if (traced) agreed = internal::Timeline::Now();
+      if (k == 1) {
+        RunAllreduce(ctx, ready[0].data, ready[0].data, ready[0].count, type, op);
+        return;
+      }
+      std::vector<internal::Transport::Piece> pieces;
+      size_t total = 0;
+      for (size_t i = 0; i < k; ++i) {
+        total += ready[i].count;
+        if (ready[i].count > 0)
+          pieces.push_back({static_cast<char*>(ready[i].data), ready[i].count});
+      }
+      AllreducePieces(ctx, pieces, total, type, op, /*overlap=*/false);
+    });
+    if (traced) {
+      for (size_t i = 1; i < k; ++i) call.count += ready[i].count;
+      timeline_->Record(call, set_name_, start, agreed, internal::Timeline::Now());
+    }
+  }
+
+  // AllreducePieces reduces `pieces` (`total` elements in all) in place as one allreduce of their
+  // concatenation: where they are when the transport can and they do not overlap, else through
+  // one contiguous copy (kept for the next call).
+  void AllreducePieces(internal::AlgorithmContext& ctx,
+                       const std::vector<internal::Transport::Piece>& pieces, size_t total,
+                       DataType type, ReduceOp op, bool overlap) {
+    if (ctx.transport.size() == 1) return;  // in place among one rank: nothing to do
+    if (pieces.size() <= 1) {               // as Allreduce of that buffer (or of nothing)
+      char* data = pieces.empty() ? nullptr : pieces[0].data;
+      RunAllreduce(ctx, data, data, total, type, op);
+      return;
+    }
+    if (!overlap && ctx.transport.TryAllreducePieces(pieces, total, type, op)) return;
+    const size_t e = ElementSize(type);
+    if (fusion_buffer_.size() < total * e) fusion_buffer_.resize(total * e);
+    char* flat = fusion_buffer_.data();
+    size_t at = 0;
+    for (const auto& piece : pieces) {
+      std::memcpy(flat + at, piece.data, piece.count * e);
+      at += piece.count * e;
+    }
+    RunAllreduce(ctx, flat, flat, total, type, op);
+    at = 0;
+    for (const auto& piece : pieces) {
+      std::memcpy(piece.data, flat + at, piece.count * e);
+      at += piece.count * e;
+    }
+  }
+
+  // RunAllreduceChecked is Run(call, RunAllreduce(...)), with the call records exchanged in the
+  // allreduce's own step where the transport can (a small allreduce over shared memory): one
+  // synchronisation instead of two. A mismatch still throws on every rank; when a rank has
+  // joined, its zeros come in a second step, as it expects (Join).
+  void RunAllreduceChecked(const internal::CallRecord& call, const void* input, void* output,
+                           size_t count, DataType type, ReduceOp op) {
+    if (!check_calls_ || info_.size == 1) {
+      Run(call, [&](internal::AlgorithmContext& ctx) {
+        RunAllreduce(ctx, input, output, count, type, op);
+      });
+      return;
+    }
+    const bool traced = timeline_->enabled();
+    const int64_t start = traced ? internal::Timeline::Now() : 0;
+    int64_t agreed = start;
+    Guard(internal::KindName(call.kind), [&](internal::AlgorithmContext& ctx) {
+      std::vector<internal::CallRecord> records(info_.size);
+      auto joined = [&] {
+        return std::any_of(records.begin(), records.end(),
+                           [](const internal::CallRecord& r) { return r.kind == kJoinKind; });
+      };
+      const bool folded = ctx.transport.TryCheckedAllreduce(
+          input, output, count, type, op, &call, sizeof(call), records.data(),
+          [&] { return !joined() && internal::Disagreement(records, set_name_).empty(); });
+      if (!folded) records = internal::ExchangeRecords(ctx, call);
+      internal::CheckAgreement(records, set_name_);
+      if (traced) agreed = internal::Timeline::Now();
+      if (!folded || joined()) RunAllreduce(ctx, input, output, count, type, op);
+    });
+    if (traced) timeline_->Record(call, set_name_, start, agreed, internal::Timeline::Now());
+  }
+
   internal::Timeline& timeline() { return *timeline_; }
 
   // Join takes part, with zeros, in the allreduces (sum, average) and barriers the other ranks
@@ -269,6 +409,25 @@ class Communicator::Impl {
 
  private:
   static constexpr uint32_t kJoinKind = static_cast<uint32_t>(internal::CollectiveKind::kJoin);
+
+  // RestHash is a hash of what must agree about ready[1..k): each one's call record.
+  static uint64_t RestHash(const std::vector<Communicator::ReadyAllreduce>& ready, size_t k) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the records' compared fields
+    auto mix = [&h](const void* p, size_t n) {
+      const auto* b = static_cast<const unsigned char*>(p);
+      for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+    };
+    for (size_t i = 1; i < k; ++i) {
+      internal::CallRecord r =
+          internal::DescribeCall(internal::CollectiveKind::kAllreduce, DataType::kUInt8,
+                                 ready[i].count, 0, *ready[i].check);
+      mix(&r.count, sizeof(r.count));
+      mix(&r.name_hash, sizeof(r.name_hash));
+      mix(&r.ndim, sizeof(r.ndim));
+      mix(r.dims, sizeof(r.dims));
+    }
+    return h | 1;
+  }
 
   // LastToJoin returns the last rank to join once every record is a join, else -1.
   static int LastToJoin(const std::vector<internal::CallRecord>& records) {
@@ -323,7 +482,8 @@ class Communicator::Impl {
   std::string set_name_;  // "" for a communicator of its own; a subset's name otherwise
   std::shared_ptr<internal::Transport> transport_;
   std::vector<char> scratch_;
-  std::vector<char> join_zeros_;  // what a joined rank contributes
+  std::vector<char> join_zeros_;     // what a joined rank contributes
+  std::vector<char> fusion_buffer_;  // AllreducePieces' contiguous copy
   size_t segment_bytes_ = 0;
   size_t small_bytes_ = 0;
   bool check_calls_ = true;
@@ -408,9 +568,7 @@ void Communicator::Allreduce(const void* input, void* output, size_t count, Data
   CheckBuffer(input, count, "allreduce input");
   CheckBuffer(output, count, "allreduce output");
   auto call = DescribeCall(CollectiveKind::kAllreduce, type, count, static_cast<int>(op), check);
-  impl_->Run(call, [&](internal::AlgorithmContext& ctx) {
-    Impl::RunAllreduce(ctx, input, output, count, type, op);
-  });
+  impl_->RunAllreduceChecked(call, input, output, count, type, op);
 }
 
 void Communicator::GroupedAllreduce(const std::vector<Buffer>& buffers, DataType type, ReduceOp op,
@@ -435,25 +593,23 @@ void Communicator::GroupedAllreduce(const std::vector<Buffer>& buffers, DataType
   }
   auto call = DescribeCall(CollectiveKind::kAllreduce, type, total, static_cast<int>(op), check);
   impl_->Run(call, [&](internal::AlgorithmContext& ctx) {
-    if (pieces.size() <= 1) {  // as Allreduce of that buffer (or of nothing)
-      char* data = pieces.empty() ? nullptr : pieces[0].data;
-      Impl::RunAllreduce(ctx, data, data, total, type, op);
-      return;
-    }
-    if (!overlap && ctx.transport.TryAllreducePieces(pieces, total, type, op)) return;
-    std::vector<char> flat(total * e);
-    size_t at = 0;
-    for (const auto& piece : pieces) {
-      std::memcpy(flat.data() + at, piece.data, piece.count * e);
-      at += piece.count * e;
-    }
-    Impl::RunAllreduce(ctx, flat.data(), flat.data(), total, type, op);
-    at = 0;
-    for (const auto& piece : pieces) {
-      std::memcpy(piece.data, flat.data() + at, piece.count * e);
-      at += piece.count * e;
-    }
+    impl_->AllreducePieces(ctx, pieces, total, type, op, overlap);
   });
+}
+
+size_t Communicator::AllreduceReady(const std::vector<ReadyAllreduce>& ready, DataType type,
+                                    ReduceOp op, std::exception_ptr* error) {
+  size_t k = 1;
+  try {
+    CheckType(type);
+    CheckOp(op);
+    if (ready.empty()) throw InvalidArgumentError("AllreduceReady needs at least one allreduce");
+    for (const ReadyAllreduce& r : ready) CheckBuffer(r.data, r.count, "allreduce buffer");
+    impl_->RunReady(ready, type, op, k);
+  } catch (...) {
+    *error = std::current_exception();
+  }
+  return k;
 }
 
 void Communicator::Broadcast(void* data, size_t count, DataType type, int root,

@@ -667,6 +667,35 @@ bool ShmTransport::TryAllgather(const void* input, void* output, size_t bytes) {
   return true;
 }
 
+bool ShmTransport::TryCheckedAllreduce(const void* input, void* output, size_t count, DataType type,
+                                       ReduceOp op, const void* record, size_t record_bytes,
+                                       void* records, const std::function<bool()>& reduce) {
+  const size_t e = ElementSize(type);
+  const size_t data_at = RoundUp(record_bytes, 64);
+  if (size_ == 1 || count == 0 ||
+      data_at + count * e > std::min(options_.small_bytes, options_.chunk_bytes)) {
+    return false;
+  }
+  SetState(kWorking);
+  const uint32_t g = generation_++;
+  char* mine = slot(rank_, g);
+  std::memcpy(mine, record, record_bytes);
+  std::memcpy(mine + data_at, input, count * e);
+  Post(2 * g + 1);
+  AwaitSteps(2 * g + 1);
+  char* all = static_cast<char*>(records);
+  for (int p = 0; p < size_; ++p) std::memcpy(all + p * record_bytes, slot(p, g), record_bytes);
+  if (reduce()) {
+    char* out = static_cast<char*>(output);
+    Reduce(type, op, out, slot(0, g) + data_at, slot(1, g) + data_at, count);
+    for (int p = 2; p < size_; ++p) Reduce(type, op, out, out, slot(p, g) + data_at, count);
+    if (op == ReduceOp::kAverage) Divide(type, out, count, size_);
+  }
+  Post(2 * g + 2);
+  SetState(kOutside);
+  return true;
+}
+
 // Every rank copies its input to its slot, then reduces all slots in rank order.
 void ShmTransport::SmallAllreduce(const char* in, char* out, size_t count, DataType type,
                                   ReduceOp op) {

@@ -90,6 +90,11 @@ class ShmTransport : public Transport {
   // collective exchanges first) go through the allreduce slots: one synchronisation, where the
   // ring over Send/Recv takes n-1 (each a sleep and a wake-up when ranks share cores).
   bool TryAllgather(const void* input, void* output, size_t bytes) override;
+  // An allreduce whose record and input fit one slot (ShmOptions::small_bytes) together: the
+  // record at the slot's start (where TryAllgather puts it), the input one cache line further.
+  bool TryCheckedAllreduce(const void* input, void* output, size_t count, DataType type,
+                           ReduceOp op, const void* record, size_t record_bytes, void* records,
+                           const std::function<bool()>& reduce) override;
   const char* name() const override { return "shm"; }
 
   // PartAllreduce allreduces `count` elements at `data` in place among other groups (hosts).

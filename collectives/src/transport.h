@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,21 @@ class Transport {
   // the transport's own way and returns true, or returns false when it has no such path for this
   // size (every rank decides alike from `bytes`). `input` may be this rank's place in `output`.
   virtual bool TryAllgather(const void* /*input*/, void* /*output*/, size_t /*bytes*/) {
+    return false;
+  }
+  // TryCheckedAllreduce is TryAllreduce with the call-record exchange (call_check.h) folded into
+  // the same step, so that a small allreduce synchronises the ranks once instead of twice: every
+  // rank publishes `record` (`record_bytes`) with its input, the records of all ranks are copied
+  // to `records` (rank order, `record_bytes` apart), and the reduction into `output` happens only
+  // when `reduce()` (which reads `records`) returns true. Returns false, having done nothing, when
+  // the transport has no such path for this count. A rank that takes the path and one that
+  // exchanges records the ordinary way (TryAllgather of one record: a different call, a count
+  // too large) stay in step: both publish their record at the same place and synchronise once,
+  // so each sees the other's record and both raise the mismatch.
+  virtual bool TryCheckedAllreduce(const void* /*input*/, void* /*output*/, size_t /*count*/,
+                                   DataType /*type*/, ReduceOp /*op*/, const void* /*record*/,
+                                   size_t /*record_bytes*/, void* /*records*/,
+                                   const std::function<bool()>& /*reduce*/) {
     return false;
   }
   // name says which transport this is ("tcp", "shm"), for logs and benchmarks.

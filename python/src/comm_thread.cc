@@ -1,11 +1,15 @@
 #include "comm_thread.h"
 
+#include <iterator>
+#include <map>
+#include <vector>
+
 #include "trainrun/collectives/errors.h"
 
 namespace trainrun::python {
 
-CommThread::CommThread(collectives::Communicator& comm)
-    : comm_(&comm), thread_([this] { Loop(); }) {}
+CommThread::CommThread(collectives::Communicator& comm, size_t fusion_bytes)
+    : comm_(&comm), fusion_bytes_(fusion_bytes), thread_([this] { Loop(); }) {}
 
 CommThread::~CommThread() {
   {
@@ -17,14 +21,28 @@ CommThread::~CommThread() {
 }
 
 CommThread::Handle CommThread::Submit(Job job) {
+  return Enqueue(Entry{0, std::move(job), std::nullopt});
+}
+
+CommThread::Handle CommThread::SubmitAllreduce(Allreduce allreduce, bool prompt) {
+  return Enqueue(Entry{0, nullptr, std::move(allreduce), prompt});
+}
+
+CommThread::Handle CommThread::Enqueue(Entry entry) {
   Handle handle;
+  bool idle;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     handle = next_handle_++;
+    entry.handle = handle;
     outcomes_.emplace(handle, Outcome{});
-    queue_.emplace_back(handle, std::move(job));
+    // A thread holding for more allreduces must see one to run promptly, or something else.
+    idle = queue_.empty() || (holding_ && (entry.prompt || !entry.allreduce));
+    queue_.push_back(std::move(entry));
+    queued_at_ = std::chrono::steady_clock::now();
   }
-  queued_.notify_one();
+  // A busy thread looks at the queue again before it sleeps: waking it costs a system call.
+  if (idle) queued_.notify_one();
   return handle;
 }
 
@@ -38,8 +56,29 @@ bool CommThread::Done(Handle handle) {
   return it->second.done;
 }
 
+bool CommThread::TryCollect(Handle handle) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = outcomes_.find(handle);
+  if (it == outcomes_.end()) {
+    throw InvalidArgumentError(internal::MakeMessage(
+        "handle ", handle, " is not a pending operation (already synchronized, or never started)"));
+  }
+  if (!it->second.done) return false;
+  std::exception_ptr error = it->second.error;
+  outcomes_.erase(it);
+  if (error) std::rethrow_exception(error);
+  return true;
+}
+
 bool CommThread::WaitFor(Handle handle, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
+  // A waiter ends the communication thread's wait for more allreduces to fuse.
+  ++waiters_;
+  if (holding_) queued_.notify_one();
+  struct Leave {
+    int& waiters;
+    ~Leave() { --waiters; }
+  } leave{waiters_};
   // Look the handle up afresh after every wake-up: another waiter may have erased it meanwhile.
   auto pending = [&] {
     auto it = outcomes_.find(handle);
@@ -58,27 +97,101 @@ bool CommThread::WaitFor(Handle handle, std::chrono::milliseconds timeout) {
   return true;
 }
 
+void CommThread::Finish(Handle handle, std::exception_ptr error) {
+  auto it = outcomes_.find(handle);
+  if (it != outcomes_.end()) {
+    it->second.done = true;
+    it->second.error = std::move(error);
+  }
+}
+
 void CommThread::Loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stopping_, and nothing left to run
-    auto [handle, job] = std::move(queue_.front());
+    if (queue_.front().allreduce) {
+      HoldForMore(lock);
+      RunFused(lock);
+      finished_.notify_all();
+      continue;
+    }
+    Entry entry = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
     std::exception_ptr error;
     try {
-      job(*comm_);
+      entry.job(*comm_);
     } catch (...) {
       error = std::current_exception();
     }
     lock.lock();
-    auto it = outcomes_.find(handle);
-    if (it != outcomes_.end()) {
-      it->second.done = true;
-      it->second.error = error;
-    }
+    Finish(entry.handle, error);
     finished_.notify_all();
+  }
+}
+
+void CommThread::HoldForMore(std::unique_lock<std::mutex>& lock) {
+  if (fusion_bytes_ == 0) return;
+  while (!stopping_ && waiters_ == 0) {
+    const auto until = queued_at_ + kHold;
+    if (std::chrono::steady_clock::now() >= until) return;
+    size_t bytes = 0;
+    for (const Entry& entry : queue_) {
+      // Something else comes next, or someone waits: run what there is.
+      if (!entry.allreduce || entry.prompt) return;
+      bytes += entry.allreduce->count * collectives::ElementSize(entry.allreduce->type);
+    }
+    if (bytes >= fusion_bytes_) return;
+    holding_ = true;
+    queued_.wait_until(lock, until);
+    holding_ = false;
+  }
+}
+
+void CommThread::RunFused(std::unique_lock<std::mutex>& lock) {
+  const Allreduce& head = *queue_.front().allreduce;
+  collectives::Communicator* comm = head.comm;
+  std::vector<collectives::Communicator::ReadyAllreduce> ready;
+  const size_t element = collectives::ElementSize(head.type);
+  size_t bytes = 0;
+  // Buffers taken so far, by start: a buffer that overlaps one of them ends the group (reduced
+  // twice in a row is not reduced once).
+  std::map<const char*, const char*> taken;
+  for (const Entry& entry : queue_) {
+    if (!entry.allreduce) break;
+    const Allreduce& a = *entry.allreduce;
+    if (a.comm != comm || a.type != head.type || a.op != head.op) break;
+    const size_t size = a.count * element;
+    if (!ready.empty() && (fusion_bytes_ == 0 || bytes + size > fusion_bytes_)) break;
+    const char* begin = static_cast<const char*>(a.data);
+    const char* end = begin + size;
+    if (size > 0) {
+      auto next = taken.lower_bound(begin);
+      if (next != taken.end() && next->first < end) break;
+      if (next != taken.begin() && std::prev(next)->second > begin) break;
+      taken.emplace(begin, end);
+    }
+    bytes += size;
+    ready.push_back({a.data, a.count, &a.check});
+  }
+  lock.unlock();
+  std::exception_ptr error;
+  size_t k;
+  if (ready.size() == 1 && fusion_bytes_ == 0) {
+    k = 1;
+    try {
+      comm->Allreduce(head.data, head.count, head.type, head.op, head.check);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  } else {
+    k = comm->AllreduceReady(ready, head.type, head.op, &error);
+  }
+  lock.lock();
+  for (size_t i = 0; i < k; ++i) {
+    Finish(queue_.front().handle, error);
+    queue_.pop_front();
   }
 }
 

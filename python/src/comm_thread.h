@@ -9,6 +9,15 @@
 //
 // Every collective, synchronous ones included, goes through Submit, so the order on every rank is
 // the order of the calls in Python.
+//
+// Tensor fusion (Horovod's): in-place allreduces submitted with SubmitAllreduce that wait in the
+// queue one after another (same communicator, element type and op, buffers apart, at most
+// `fusion_bytes` together) run as one allreduce (Communicator::AllreduceReady: as many as every
+// rank has queued), so 200 small allreduce_async_ calls cost about one allreduce of their total.
+// Whatever queued while the previous collective ran is fused; and while Python is still queueing
+// allreduces (one queued within the last kHold, and nobody waiting for any job), the thread waits
+// for more (Horovod's cycle time), up to `fusion_bytes` queued. Waiting for a job (WaitFor:
+// Python's synchronize) ends the wait at once, so a synchronous allreduce is not held back.
 #pragma once
 
 #include <chrono>
@@ -19,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -30,9 +40,23 @@ class CommThread {
  public:
   using Handle = int64_t;
   using Job = std::function<void(collectives::Communicator&)>;
+  // How long after the last allreduce was queued the thread waits for another before it runs the
+  // ones queued (unless someone waits for one of them, or the fusion cap is queued).
+  static constexpr std::chrono::microseconds kHold{1000};
+
+  // An in-place allreduce that may be fused with the ones queued next to it.
+  struct Allreduce {
+    collectives::Communicator* comm;  // kept alive by the caller until the job has run
+    void* data;
+    size_t count;
+    collectives::DataType type;
+    collectives::ReduceOp op;
+    collectives::CallCheck check;
+  };
 
   // CommThread starts the thread, which drives `comm` (the caller keeps it alive longer).
-  explicit CommThread(collectives::Communicator& comm);
+  // `fusion_bytes` caps one fused allreduce (0: no fusion, every allreduce runs alone).
+  explicit CommThread(collectives::Communicator& comm, size_t fusion_bytes = 0);
   // ~CommThread finishes the jobs already submitted, then stops the thread.
   ~CommThread();
   CommThread(const CommThread&) = delete;
@@ -42,6 +66,10 @@ class CommThread {
 
   // Submit queues `job` and returns its handle at once.
   Handle Submit(Job job);
+  // SubmitAllreduce queues an in-place allreduce, which may run fused with its neighbours.
+  // `prompt`: run it, with what is queued before it, without waiting for more (the caller waits
+  // for it next, as a synchronous allreduce does, or it must start now, as a gradient bucket).
+  Handle SubmitAllreduce(Allreduce allreduce, bool prompt = false);
 
   // Done returns whether the job `handle` has finished (successfully or not). Throws
   // InvalidArgumentError for a handle that is unknown or already waited for.
@@ -50,22 +78,44 @@ class CommThread {
   // WaitFor waits up to `timeout` for job `handle`; returns false if it is still running. Once it
   // has finished, it forgets the handle and rethrows the job's exception if it threw.
   bool WaitFor(Handle handle, std::chrono::milliseconds timeout);
+  // TryCollect is WaitFor without waiting, and without ending the thread's wait for more
+  // allreduces to fuse (a poll, not a wait).
+  bool TryCollect(Handle handle);
 
  private:
+  struct Entry {
+    Handle handle;
+    Job job;  // when not an allreduce
+    std::optional<Allreduce> allreduce;
+    bool prompt = false;
+  };
+
+  Handle Enqueue(Entry entry);
   void Loop();
+  // RunFused runs the allreduce at the queue's head with the fusable ones after it (lock held on
+  // entry and exit, released meanwhile), then records how the ones that ran ended.
+  void RunFused(std::unique_lock<std::mutex>& lock);
+  // HoldForMore waits (lock held) while more allreduces are likely to come to fuse with the head.
+  void HoldForMore(std::unique_lock<std::mutex>& lock);
+  void Finish(Handle handle, std::exception_ptr error);
 
   collectives::Communicator* comm_;
   std::mutex mutex_;
   std::condition_variable queued_;    // a job arrived, or stopping_
   std::condition_variable finished_;  // a job finished
-  std::deque<std::pair<Handle, Job>> queue_;
+  // Only Loop pops, so references to queued entries stay valid while it runs them unlocked.
+  std::deque<Entry> queue_;
   // Jobs submitted and not yet waited for; the value is set (maybe to null) once it has run.
   struct Outcome {
     bool done = false;
     std::exception_ptr error;
   };
   std::unordered_map<Handle, Outcome> outcomes_;
+  int waiters_ = 0;                                  // threads in WaitFor
+  bool holding_ = false;                             // the thread waits in HoldForMore
+  std::chrono::steady_clock::time_point queued_at_;  // of the last job queued
   Handle next_handle_ = 1;
+  size_t fusion_bytes_ = 0;
   bool stopping_ = false;
   std::thread thread_;
 };

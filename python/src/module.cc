@@ -101,6 +101,23 @@ std::unique_ptr<Communicator> Connect() {
   return std::make_unique<Communicator>(std::make_shared<rendezvous::MemoryStore>(), 0, 1, options);
 }
 
+// FusionBytes is the most bytes of in-place allreduces the communication thread fuses into one:
+// TRAINRUN_FUSION_BYTES (`--fusion-threshold-mb`; 0 turns fusion off), else 64 MiB, Horovod's
+// default fusion threshold.
+size_t FusionBytes() {
+  constexpr int64_t kDefault = int64_t{64} << 20;
+  auto value = GetEnv(env::kFusionBytes.name);
+  if (!value) return kDefault;
+  try {
+    size_t used = 0;
+    long long parsed = std::stoll(*value, &used);
+    if (used == value->size() && parsed >= 0) return static_cast<size_t>(parsed);
+  } catch (const std::exception&) {
+  }
+  throw Error(internal::MakeMessage(env::kFusionBytes.name, "=", *value,
+                                    " is not a number of bytes (0 or more)"));
+}
+
 // ElasticWorld is an elastic worker's hold on its job (TRAINRUN_ELASTIC=1): the rendezvous store it
 // joined through, its slot (its rank at the start), and the generation its communicator is of.
 struct ElasticWorld {
@@ -234,7 +251,7 @@ class Runtime {
         }
       }
     }
-    thread_ = std::make_unique<CommThread>(*world_);
+    thread_ = std::make_unique<CommThread>(*world_, FusionBytes());
   }
 
   // NoteFailure: a collective failed with IoError or TimeoutError (of the world or a process set).
@@ -393,20 +410,25 @@ void* ToPointer(uintptr_t address, size_t count) {
 // Wait blocks until job `handle` has finished, without the GIL, checking for Ctrl-C now and then.
 void Wait(CommThread::Handle handle) {
   CommThread& thread = Runtime::Get().thread();
+  // A job already done (the 199 others of a fused batch) is collected without giving up the GIL.
+  bool first = true;
   while (true) {
-    {
-      py::gil_scoped_release release;
-      try {
+    try {
+      if (first) {
+        if (thread.TryCollect(handle)) return;
+      } else {
+        py::gil_scoped_release release;
         if (thread.WaitFor(handle, kSignalCheckInterval)) return;
-      } catch (const IoError&) {
-        Runtime::Get().NoteFailure();
-        throw;
-      } catch (const TimeoutError&) {
-        Runtime::Get().NoteFailure();
-        throw;
       }
+    } catch (const IoError&) {
+      Runtime::Get().NoteFailure();
+      throw;
+    } catch (const TimeoutError&) {
+      Runtime::Get().NoteFailure();
+      throw;
     }
-    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (!first && PyErr_CheckSignals() != 0) throw py::error_already_set();
+    first = false;
   }
 }
 
@@ -547,15 +569,21 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "allreduce_async",
       [](uintptr_t input, uintptr_t output, size_t count, int dtype, ReduceOp op, int set,
-         std::string name, std::optional<std::vector<int64_t>> shape) {
+         std::string name, std::optional<std::vector<int64_t>> shape, bool prompt) {
         const void* in = ToPointer(input, count);
         void* out = ToPointer(output, count);
         DataType type = ToDataType(dtype);
         CallCheck check = MakeCheck(std::move(name), std::move(shape));
+        if (in == out) {  // in place: may be fused with the allreduces queued next to it
+          Communicator* comm = &Runtime::Get().Set(set);
+          return Runtime::Get().thread().SubmitAllreduce(
+              {comm, out, count, type, op, std::move(check)}, prompt);
+        }
         return Submit(set, [=](Communicator& c) { c.Allreduce(in, out, count, type, op, check); });
       },
       py::arg("input"), py::arg("output"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-      py::arg("set") = 0, py::arg("name") = "", py::arg("shape") = py::none());
+      py::arg("set") = 0, py::arg("name") = "", py::arg("shape") = py::none(),
+      py::arg("prompt") = false);
   // One allreduce of several buffers of one type, in place, without concatenating them where the
   // transport can (grouped_allreduce).
   m.def(

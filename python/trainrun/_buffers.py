@@ -29,6 +29,19 @@ def _is_torch_tensor(obj):
 is_torch = _is_torch_tensor
 
 
+def torch_cpu_code(obj):
+    """The dtype code of `obj` when it is a contiguous, dense CPU torch tensor of a supported
+    dtype seen before (the common case, decided in a few attribute reads), else None: then view()
+    decides, and says what is wrong."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(obj, torch.Tensor):
+        return None
+    name = _torch_names.get(obj.dtype)
+    if name is None or not obj.is_cpu or obj.is_sparse or not obj.is_contiguous():
+        return None
+    return _SUPPORTED[name]
+
+
 def _numpy():
     import numpy
 
@@ -82,15 +95,23 @@ def view(obj, what, writable):
     return _view_numpy(obj, what, writable)
 
 
+_torch_names = {}  # torch.dtype -> its name, for the supported ones seen so far
+
+
 def _view_torch(t, what):
-    if t.device.type != "cpu":
+    # Every collective of every tensor comes here (200 small allreduce_async_ calls in a row are
+    # common): the cheapest checks first, the dtype's name remembered.
+    if not t.is_cpu:
         raise InvalidArgumentError(
             f"{what}: tensor is on {t.device}; the Python bindings reduce CPU tensors only, "
             "so move it with .cpu() first")
     if t.is_sparse:
         raise InvalidArgumentError(f"{what}: sparse tensors are not supported; pass a dense one")
-    name = str(t.dtype).replace("torch.", "")
-    _check_dtype(name, what)
+    name = _torch_names.get(t.dtype)
+    if name is None:
+        name = str(t.dtype).replace("torch.", "")
+        _check_dtype(name, what)
+        _torch_names[t.dtype] = name
     if not t.is_contiguous():
         raise InvalidArgumentError(
             f"{what}: tensor of shape {tuple(t.shape)} is not contiguous; "

@@ -120,6 +120,26 @@ TEST_CASE("a mismatched collective raises on every rank and the next one works",
       ExpectMismatch(
           [&] { comm.Allreduce(x.data(), 4, DataType::kFloat32, ReduceOp::kSum, shaped); },
           "[4, 1]");
+      // A small allreduce carries its record in its data step over shared memory; a rank whose
+      // call exchanges records on their own (a large allreduce, an allgather) still meets it there,
+      // and every rank raises.
+      std::vector<float> big(1 << 16, 1.0f);
+      ExpectMismatch(
+          [&] {
+            comm.Allreduce(rank == 1 ? big.data() : x.data(), rank == 1 ? big.size() : x.size(),
+                           DataType::kFloat32, ReduceOp::kSum);
+          },
+          "rank 1 called allreduce of float32 x 65536");
+      std::vector<float> gathered(4 * size);
+      ExpectMismatch(
+          [&] {
+            if (rank == 0) {
+              comm.Allgather(x.data(), gathered.data(), 4, DataType::kFloat32);
+            } else {
+              comm.Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
+            }
+          },
+          "rank 0 called allgather of float32 x 4 but rank 1 called allreduce of float32 x 4");
       ExpectHealthy(comm);
       comm.Barrier();
     });

@@ -147,6 +147,118 @@ def test_async_allreduce_and_objects():
     trainrun.barrier()
 
 
+def _timeline_allreduces(run):
+    """Runs `run()` under a timeline and returns this rank's allreduce events (name, bytes)."""
+    import json
+    import tempfile
+
+    path = trainrun.broadcast_object(tempfile.mktemp(prefix="trainrun-fusion-", suffix=".json")
+                                     if trainrun.rank() == 0 else None)
+    trainrun.start_timeline(path)
+    try:
+        run()
+    finally:
+        trainrun.stop_timeline()
+    trainrun.barrier()
+    text = open(path).read().rstrip().rstrip(",")
+    events = json.loads(text if text.endswith("]") else text + "]")
+    trainrun.barrier()
+    if trainrun.rank() == 0:
+        os.unlink(path)
+    return [(e["name"], e["args"]["bytes"]) for e in events
+            if e.get("ph") == "X" and e.get("cat") != "phase" and e["pid"] == trainrun.rank()
+            and e["name"].startswith("allreduce")]
+
+
+def test_async_allreduces_run_fused():
+    # Horovod's tensor fusion: allreduce_async_ calls queued one after another run as one
+    # allreduce, each tensor still getting its own result; a change of dtype or op, or a tensor
+    # queued twice, starts a new group.
+    n = trainrun.size()
+    count = 60
+    tensors = [torch.full((100 + 37 * i,), float(trainrun.rank() + i)) for i in range(count)]
+    doubles = [torch.full((5,), float(trainrun.rank()), dtype=torch.float64) for _ in range(3)]
+    twice = torch.ones(7)
+
+    def run():
+        handles = [trainrun.allreduce_async_(t, op=trainrun.Sum, name=f"fused.{i}")
+                   for i, t in enumerate(tensors)]
+        handles += [trainrun.allreduce_async_(d, op=trainrun.Sum, name=f"double.{i}")
+                    for i, d in enumerate(doubles)]
+        handles.append(trainrun.allreduce_async_(twice, op=trainrun.Sum, name="twice.a"))
+        handles.append(trainrun.allreduce_async_(twice, op=trainrun.Sum, name="twice.b"))
+        handles.append(trainrun.allreduce_async_(torch.full((3,), 2.0), op=trainrun.Max,
+                                                 name="max"))
+        results = [trainrun.synchronize(h) for h in handles]
+        for i, t in enumerate(tensors):
+            assert results[i] is t
+            assert torch.all(t == n * i + n * (n - 1) / 2), f"tensor {i}: {t[:3]}"
+        for d in doubles:
+            assert torch.all(d == n * (n - 1) / 2)
+        assert torch.all(twice == n * n)  # reduced twice, as two calls would
+        assert torch.all(results[-1] == 2.0)
+
+    events = _timeline_allreduces(run)
+    names = [name for name, _ in events]
+    if n == 1:
+        return
+    # Fewer collectives than calls: the 60 float32 tensors went in a few groups (as many as the
+    # ranks had queued when their thread looked), whose events carry the first tensor's name
+    # and the whole group's bytes.
+    fused = [(name, b) for name, b in events if name.startswith("allreduce fused.")]
+    assert len(fused) <= count // 2, names
+    assert sum(b for _, b in fused) == sum(4 * t.numel() for t in tensors)
+    assert "allreduce twice.a" in names and "allreduce twice.b" in names, names
+    assert "allreduce max" in names, names
+
+
+def test_fusion_off_runs_every_allreduce_alone():
+    old = os.environ.get("TRAINRUN_FUSION_BYTES")
+    os.environ["TRAINRUN_FUSION_BYTES"] = "0"
+    trainrun.shutdown()
+    trainrun.init()
+    try:
+        tensors = [torch.full((10,), 1.0) for _ in range(8)]
+
+        def run():
+            handles = [trainrun.allreduce_async_(t, op=trainrun.Sum, name=f"alone.{i}")
+                       for i, t in enumerate(tensors)]
+            for h in handles:
+                assert torch.all(trainrun.synchronize(h) == trainrun.size())
+
+        events = _timeline_allreduces(run)
+        if trainrun.size() > 1:
+            assert [name for name, _ in events] == [f"allreduce alone.{i}" for i in range(8)]
+    finally:
+        if old is None:
+            del os.environ["TRAINRUN_FUSION_BYTES"]
+        else:
+            os.environ["TRAINRUN_FUSION_BYTES"] = old
+        trainrun.shutdown()
+        trainrun.init()
+
+
+def test_mismatch_within_fused_allreduces_names_the_culprit():
+    # Ranks that disagree on one of many queued allreduces: that one raises MismatchError naming
+    # the ranks and the shapes, as it would alone; the others are reduced; the job goes on.
+    if trainrun.size() == 1:
+        pytest.skip("needs two ranks")
+    n = trainrun.size()
+    tensors = [torch.ones(50) for _ in range(12)]
+    tensors[7] = torch.ones(50 + (1 if trainrun.rank() == 1 else 0))
+    handles = [trainrun.allreduce_async_(t, op=trainrun.Sum, name=f"g.{i}")
+               for i, t in enumerate(tensors)]
+    for i, h in enumerate(handles):
+        if i == 7:
+            with pytest.raises(trainrun.MismatchError,
+                               match=r"rank 0 called allreduce 'g\.7' of float32\[50\] \(op sum\) "
+                                     r"but rank 1 called allreduce 'g\.7' of float32\[51\]"):
+                trainrun.synchronize(h)
+        else:
+            assert torch.all(trainrun.synchronize(h) == n), i
+    assert trainrun.allreduce(np.ones(2), op=trainrun.Sum).tolist() == [n] * 2
+
+
 # --- Bad input: a clear exception on every rank, and the job goes on ------------------------------
 
 

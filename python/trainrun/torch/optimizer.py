@@ -225,7 +225,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         ptr = wire.data_ptr()
         bucket.handle = _core.allreduce_async(ptr, ptr, wire.numel(), code, self._op, self._set_id,
                                               f"DistributedOptimizer bucket {bucket.index}",
-                                              [wire.numel()])
+                                              [wire.numel()], prompt=True)
 
     def _finish(self, bucket):
         if bucket.wire is not bucket.flat:

@@ -27,6 +27,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -131,6 +132,26 @@ class Communicator {
   };
   void GroupedAllreduce(const std::vector<Buffer>& buffers, DataType type, ReduceOp op,
                         const CallCheck& check = {});
+
+  // AllreduceReady is tensor fusion (Horovod's) for a caller that holds several in-place
+  // allreduces queued, in the order every rank calls them (the Python bindings' communication
+  // thread): it reduces the first k of `ready` as one allreduce of their elements, where k >= 1 is
+  // the fewest any rank has ready, and returns k. The ranks agree on k within the exchange of call
+  // records that every collective makes, so one allreduce alone costs what Allreduce does, and k
+  // of them one exchange more (which checks names and shapes of the other k - 1). Each entry is
+  // checked as if called alone: when the ranks disagree on ready[0], *error is its MismatchError
+  // and k = 1; when they disagree on a later one, only ready[0] is reduced (k = 1), so the caller
+  // comes to the culprit one call at a time and gets its own message. A failure of the k together
+  // is stored in *error (it applies to all k); nothing is thrown. A rank whose next collective is
+  // a plain Allreduce of the same buffer description takes part as one with one ready entry.
+  // Callers keep every entry's buffer apart from the others' (k stops before one that overlaps).
+  struct ReadyAllreduce {
+    void* data;
+    size_t count;
+    const CallCheck* check;  // not null
+  };
+  size_t AllreduceReady(const std::vector<ReadyAllreduce>& ready, DataType type, ReduceOp op,
+                        std::exception_ptr* error);
 
   // Broadcast copies `count` elements of `data` on rank `root` into `data` on every other rank.
   void Broadcast(void* data, size_t count, DataType type, int root, const CallCheck& check = {});

@@ -325,8 +325,11 @@ inline constexpr char kHorovodTimeline[] = "HOROVOD_TIMELINE";
 
 // Read by python/trainrun (Python code reads the environment itself; declared here so every
 // variable stays listed in one place).
-// Size of the gradient buckets trainrun.torch.DistributedOptimizer reduces as one message.
-inline constexpr EnvParam kFusionBytes{"TRAINRUN_FUSION_BYTES", 1 << 20,
-                                       "DistributedOptimizer gradient bucket size, bytes"};
+// Size of the gradient buckets trainrun.torch.DistributedOptimizer reduces as one message (default
+// 1 MiB), and the most bytes of in-place allreduces the Python bindings' communication thread fuses
+// into one (python/src/comm_thread.h; default 64 MiB there; 0 turns fusion off).
+inline constexpr EnvParam kFusionBytes{
+    "TRAINRUN_FUSION_BYTES", 1 << 20,
+    "DistributedOptimizer gradient bucket size, and the fusion cap of queued allreduces, bytes"};
 
 }  // namespace trainrun::env
