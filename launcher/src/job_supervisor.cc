@@ -155,14 +155,9 @@ bool JobSupervisor::OnRanksJoined(const std::vector<int>& ranks, const std::stri
     elastic_timer_.cancel();
   }
   MembershipChange change;
-  change.generation = static_cast<int>(changes_.size()) + 1;
   change.joined_ranks = joined;
   change.joined_host = host;
-  change.why = why;
-  change.members = members;
-  change.when = since;
-  changes_.push_back(change);
-  if (on_membership_change_) on_membership_change_(change);
+  Record(std::move(change), why, members, since);
   return true;
 }
 
@@ -249,11 +244,17 @@ void JobSupervisor::Loss(const std::vector<int>& ranks, const std::string& why,
     return;
   }
   MembershipChange change;
-  change.generation = static_cast<int>(changes_.size()) + 1;
   change.lost_ranks = ranks;
   change.lost_host = host;
+  Record(std::move(change), why, survivors, when);
+}
+
+void JobSupervisor::Record(MembershipChange change, const std::string& why,
+                           const std::vector<int>& members,
+                           std::chrono::steady_clock::time_point when) {
+  change.generation = static_cast<int>(changes_.size()) + 1;
   change.why = why;
-  change.members = survivors;
+  change.members = members;
   change.when = when;
   changes_.push_back(change);
   if (on_membership_change_) on_membership_change_(change);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "test_job.h"
 #include "trainrun/rendezvous/client.h"
 #include "trainrun/rendezvous/memory_store.h"
 #include "trainrun/rendezvous/server.h"
@@ -35,34 +36,9 @@ std::vector<RankSlot> Plan(int n) {
   return ranks;
 }
 
-struct Job {
-  ServerOptions options;
-  std::unique_ptr<Server> server;
+using testing::Job;
 
-  WorkerSession JoinAs(int rank) const {
-    ClientOptions client;
-    client.address = server->address();
-    client.job_id = options.job_id;
-    client.token = options.token;
-    client.host = options.ranks[rank].host;
-    client.local_rank = options.ranks[rank].local_rank;
-    auto session = Join(client, seconds(10));
-    REQUIRE(session.ok());
-    return *std::move(session);
-  }
-};
-
-Job StartJob(int n, ServerLimits limits = {}) {
-  Job job;
-  job.options.job_id = "gather-job";
-  job.options.token = "gather-token-0123456789";
-  job.options.ranks = Plan(n);
-  job.options.limits = limits;
-  auto server = Server::Start(job.options);
-  REQUIRE(server.ok());
-  job.server = *std::move(server);
-  return job;
-}
+Job StartJob(int n, ServerLimits limits = {}) { return testing::StartJob(Plan(n), limits); }
 
 // What rank r contributes: addresses of one host share most bytes, some values are empty or
 // binary, so the front coding meets every case.

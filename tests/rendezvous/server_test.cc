@@ -26,6 +26,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/rendezvous.grpc.pb.h"
+#include "test_job.h"
 #include "trainrun/rendezvous/client.h"
 #include "trainrun/rendezvous/generation.h"
 
@@ -37,6 +38,8 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using Clock = std::chrono::steady_clock;
+using testing::Job;
+using testing::StartJob;
 
 bool Contains(const absl::Status& status, const std::string& text) {
   return std::string(status.message()).find(text) != std::string::npos;
@@ -52,39 +55,6 @@ std::vector<RankSlot> OneHostPlan(int n) {
   std::vector<RankSlot> ranks;
   for (int r = 0; r < n; ++r) ranks.push_back({"localhost", r, n, 0, 1});
   return ranks;
-}
-
-struct Job {
-  ServerOptions options;
-  std::unique_ptr<Server> server;
-
-  ClientOptions ClientFor(int rank) const {
-    ClientOptions client;
-    client.address = server->address();
-    client.job_id = options.job_id;
-    client.token = options.token;
-    client.host = options.ranks[rank].host;
-    client.local_rank = options.ranks[rank].local_rank;
-    client.call_timeout = seconds(10);
-    return client;
-  }
-  WorkerSession JoinAs(int rank) const {
-    auto session = Join(ClientFor(rank), seconds(10));
-    REQUIRE(session.ok());
-    return *std::move(session);
-  }
-};
-
-Job StartJob(std::vector<RankSlot> ranks, ServerLimits limits = {}) {
-  Job job;
-  job.options.job_id = "test-job";
-  job.options.token = "s3cret-token-0123456789";
-  job.options.ranks = std::move(ranks);
-  job.options.limits = limits;
-  auto server = Server::Start(job.options);
-  REQUIRE(server.ok());
-  job.server = *std::move(server);
-  return job;
 }
 
 TEST_CASE("Server binds port 0 on loopback and reports it", "[rendezvous]") {

@@ -153,6 +153,10 @@ class JobSupervisor {
   // Loss is OnElasticLoss's and OnHostLost's common part: `ranks` (already in exits_) are lost.
   void Loss(const std::vector<int>& ranks, const std::string& why,
             std::chrono::steady_clock::time_point when, const std::string& host = "");
+  // Record gives `change` the next generation, `why`, `members` and `when`, keeps it and reports
+  // it.
+  void Record(MembershipChange change, const std::string& why, const std::vector<int>& members,
+              std::chrono::steady_clock::time_point when);
   void WaitForRanks();
   // Survivors lists the ranks started and not yet exited, ascending.
   std::vector<int> Survivors() const;
