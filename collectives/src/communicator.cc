@@ -456,8 +456,10 @@ class Communicator::Impl {
     stall_watch_->Enter(op);
     try {
       body(ctx);
+      transport_->Finished();
       stall_watch_->Leave();
     } catch (const Error& e) {
+      transport_->Finished();
       stall_watch_->Leave();
       if (dynamic_cast<const InvalidArgumentError*>(&e) != nullptr) throw;  // mismatch included
       broken_ = e.what();

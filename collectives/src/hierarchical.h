@@ -42,6 +42,7 @@ class HierarchicalTransport : public Transport {
   void Abort(int peer, const std::string& message) override;
   bool TryAllreduce(const void* input, void* output, size_t count, DataType type,
                     ReduceOp op) override;
+  void Finished() override { local_->Finished(); }
   const char* name() const override { return "shm+tcp"; }
 
  private:

@@ -651,6 +651,8 @@ void ShmTransport::PipelinedAcross(const char* in, char* out, size_t count, Data
   }
 }
 
+void ShmTransport::Finished() { SetState(kOutside); }
+
 bool ShmTransport::TryAllgather(const void* input, void* output, size_t bytes) {
   if (size_ == 1 || bytes == 0 || bytes > std::min(options_.small_bytes, options_.chunk_bytes)) {
     return false;

@@ -95,6 +95,7 @@ class ShmTransport : public Transport {
   bool TryCheckedAllreduce(const void* input, void* output, size_t count, DataType type,
                            ReduceOp op, const void* record, size_t record_bytes, void* records,
                            const std::function<bool()>& reduce) override;
+  void Finished() override;
   const char* name() const override { return "shm"; }
 
   // PartAllreduce allreduces `count` elements at `data` in place among other groups (hosts).

@@ -33,6 +33,7 @@ class SubsetTransport : public Transport {
   // failed_peer is a rank of the parent (the job's numbering), which is what reports need.
   int failed_peer() const override { return parent_->failed_peer(); }
   void Abort(int peer, const std::string& message) override { parent_->Abort(peer, message); }
+  void Finished() override { parent_->Finished(); }
   const char* name() const override { return parent_->name(); }
 
  private:

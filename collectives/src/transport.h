@@ -93,6 +93,10 @@ class Transport {
                                    const std::function<bool()>& /*reduce*/) {
     return false;
   }
+  // Finished says a collective is over: until the next one this rank computes, so a peer's
+  // shared-memory waiter must not spin on it (Send/Recv/Wait leave it marked as working, since an
+  // algorithm's next step follows at once).
+  virtual void Finished() {}
   // name says which transport this is ("tcp", "shm"), for logs and benchmarks.
   virtual const char* name() const = 0;
 };
