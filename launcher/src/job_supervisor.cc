@@ -135,15 +135,7 @@ bool JobSupervisor::OnRanksJoined(const std::vector<int>& ranks, const std::stri
   }
   if (joined.empty() || teardown_started_.has_value() || done_ || finishing_) return false;
   const std::vector<int> members = Survivors();
-  if (options_.elastic->reset_limit > 0 &&
-      static_cast<int>(changes_.size()) >= options_.elastic->reset_limit) {
-    reset_limit_hit_ =
-        absl::StrCat(why, "; the job's membership had already changed ", changes_.size(),
-                     changes_.size() == 1 ? " time" : " times", ", as many as --reset-limit ",
-                     options_.elastic->reset_limit, " allows, so the job was stopped");
-    StartTeardown();
-    return false;
-  }
+  if (PastResetLimit(why)) return false;
   if (below_minimum_.has_value()) {
     // The job waited for ranks: these may be enough.
     if (static_cast<int>(members.size()) < options_.elastic->min_np) {
@@ -219,20 +211,25 @@ void JobSupervisor::OnRanksRemoved(const std::vector<int>& ranks, const std::str
        std::chrono::steady_clock::now(), plan_.HostOf(members.front()).host);
 }
 
+bool JobSupervisor::PastResetLimit(const std::string& why) {
+  if (options_.elastic->reset_limit <= 0 ||
+      static_cast<int>(changes_.size()) < options_.elastic->reset_limit) {
+    return false;
+  }
+  reset_limit_hit_ =
+      absl::StrCat(why, "; the job's membership had already changed ", changes_.size(),
+                   changes_.size() == 1 ? " time" : " times", ", as many as --reset-limit ",
+                   options_.elastic->reset_limit, " allows, so the job was stopped");
+  StartTeardown();
+  return true;
+}
+
 void JobSupervisor::Loss(const std::vector<int>& ranks, const std::string& why,
                          std::chrono::steady_clock::time_point when, const std::string& host) {
   for (int r : ranks) lost_.insert(r);
   const std::vector<int> survivors = Survivors();
   const int rank = ranks.front();
-  if (options_.elastic->reset_limit > 0 &&
-      static_cast<int>(changes_.size()) >= options_.elastic->reset_limit) {
-    reset_limit_hit_ =
-        absl::StrCat(why, "; the job's membership had already changed ", changes_.size(),
-                     changes_.size() == 1 ? " time" : " times", ", as many as --reset-limit ",
-                     options_.elastic->reset_limit, " allows, so the job was stopped");
-    StartTeardown();
-    return;
-  }
+  if (PastResetLimit(why)) return;
   if (static_cast<int>(survivors.size()) < options_.elastic->min_np) {
     below_minimum_ = BelowMinimum{rank, why, static_cast<int>(survivors.size())};
     Logger().warn(

@@ -153,6 +153,9 @@ class JobSupervisor {
   // Loss is OnElasticLoss's and OnHostLost's common part: `ranks` (already in exits_) are lost.
   void Loss(const std::vector<int>& ranks, const std::string& why,
             std::chrono::steady_clock::time_point when, const std::string& host = "");
+  // PastResetLimit ends the job (saying `why` and the limit) when one more membership change would
+  // pass --reset-limit, and then returns true.
+  bool PastResetLimit(const std::string& why);
   // Record gives `change` the next generation, `why`, `members` and `when`, keeps it and reports
   // it.
   void Record(MembershipChange change, const std::string& why, const std::vector<int>& members,
