@@ -14,6 +14,9 @@
 # than one slice a loaded run measures only whether a preemption fell into it),
 # -c conditions: quiet, loaded (one more process spinning, `yes >/dev/null`, for the whole pair),
 # -B the build directory whose bin/trainrun and bin/allreduce_perf to run (default build/).
+# The bound (n=2 only) is bench/collectives/peers/shm_bound.c: two bare processes doing, per
+# operation, the least a copy-in shared-memory allreduce must do (copy in, publish, wait for the
+# peer, sum its slot), timed by the same rule and in the same condition, alternating with the rest.
 # Open MPI's probe (bench/collectives/peers/mpi_allreduce_sizes.c) is built with mpicc into a
 # temporary directory; install Open MPI with ../shared/bench/peers.sh setup (or apt-get install
 # openmpi-bin libopenmpi-dev). Both run float32 sum with the same sizes, iterations and warm-up;
@@ -54,12 +57,15 @@ cleanup() {
 }
 trap cleanup EXIT
 mpicc -O2 "$here/peers/mpi_allreduce_sizes.c" -o "$work/mpi_allreduce_sizes"
+cc -O2 "$here/peers/shm_bound.c" -o "$work/shm_bound"
 
 # ours|mpi NP OUTFILE: one table, data rows only (size count type redop time algbw busbw #wrong).
 run() {
   if [[ $1 == ours ]]; then
     "$build/bin/trainrun" -q -np "$2" --no-tag-output "$build/bin/allreduce_perf" \
       -b "$min" -e "$max" -f 2 -n "$iters" -w "$warmup" -T "$min_ms" -c 1
+  elif [[ $1 == bound ]]; then
+    "$work/shm_bound" "$min" "$max" 2 "$iters" "$warmup" "$min_ms"
   else
     mpirun -np "$2" --oversubscribe --bind-to none "$work/mpi_allreduce_sizes" \
       "$min" "$max" 2 "$iters" "$warmup" "$min_ms"
@@ -77,6 +83,7 @@ for ((r = 1; r <= rounds; r++)); do
     for np in $nps; do
       run ours "$np" "$work/ours.$c.$np.$r"
       run mpi "$np" "$work/mpi.$c.$np.$r"
+      [[ $np == 2 ]] && run bound "$np" "$work/bound.$c.$np.$r"
     done
     [[ $c == loaded ]] && stop_busy
   done
@@ -87,9 +94,11 @@ for c in $conditions; do
   for np in $nps; do
     echo
     echo "# n=$np, $c$([[ $c == loaded ]] && echo ' (beside yes >/dev/null)'): median of $rounds rounds;" \
-      "ratio = trainrun time / Open MPI time (<= 1: trainrun as fast or faster)"
-    printf "# %10s %12s %8s %6s | %-8s %10s %8s %8s %8s | %-8s %10s %8s %8s %8s | %6s\n" \
-      size count type redop trainrun time algbw busbw '#wrong' 'Open MPI' time algbw busbw '#wrong' ratio
+      "ratio = trainrun time / Open MPI time (<= 1: trainrun as fast or faster);" \
+      "bound = shm_bound's time (n=2 only), ours/bound = trainrun time / bound"
+    printf "# %10s %12s %8s %6s | %-8s %10s %8s %8s %8s | %-8s %10s %8s %8s %8s | %6s | %8s %10s\n" \
+      size count type redop trainrun time algbw busbw '#wrong' 'Open MPI' time algbw busbw '#wrong' ratio \
+      bound ours/bound
     awk -v np="$np" -v rounds="$rounds" '
       function median(list,   a, k, t, i, j) {
         k = split(list, a, " ")
@@ -97,7 +106,7 @@ for c in $conditions; do
         return k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2
       }
       {
-        src = FILENAME ~ /\/ours\./ ? "ours" : "mpi"
+        src = FILENAME ~ /\/ours\./ ? "ours" : FILENAME ~ /\/bound\./ ? "bound" : "mpi"
         key = src SUBSEP $1
         times[key] = times[key] " " $5
         if ($8 > wrong[key]) wrong[key] = $8
@@ -109,10 +118,14 @@ for c in $conditions; do
           s = order[i]
           to = median(times["ours" SUBSEP s]); tm = median(times["mpi" SUBSEP s])
           ao = s / to / 1e3; am = s / tm / 1e3; f = 2 * (np - 1) / np
-          printf "%12d %12d %8s %6s | %-8s %10.1f %8.3f %8.3f %8d | %-8s %10.1f %8.3f %8.3f %8d | %6.2f\n",
+          printf "%12d %12d %8s %6s | %-8s %10.1f %8.3f %8.3f %8d | %-8s %10.1f %8.3f %8.3f %8d | %6.2f | ",
             s, count[s], type[s], op[s], "", to, ao, ao * f, wrong["ours" SUBSEP s],
             "", tm, am, am * f, wrong["mpi" SUBSEP s], to / tm
+          if (("bound" SUBSEP s) in times) {
+            tb = median(times["bound" SUBSEP s])
+            printf "%8.1f %10.2f\n", tb, to / tb
+          } else printf "%8s %10s\n", "-", "-"
         }
-      }' "$work"/ours."$c"."$np".* "$work"/mpi."$c"."$np".*
+      }' "$work"/ours."$c"."$np".* "$work"/mpi."$c"."$np".* $(compgen -G "$work/bound.$c.$np.*")
   done
 done
