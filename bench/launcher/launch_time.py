@@ -11,7 +11,10 @@ MPI_Barrier (`peers.sh launch mpirun B`) for B of --barrier-np. Every round runs
 in order, so the machine's noise falls on all of them alike. Prints each case's median, min and
 max, then per pair the ratio of medians, the median of the per-round ratios (robust to slow
 phases of a shared machine) and the goal it is held to (issue 20: -np 8 <= 0.5, -np 32 <= 0.4,
-the barrier <= 0.2), with the load average before and after.
+the barrier <= 0.2), with the load average before and after. The bound, timed in the same rounds:
+`bound -np N`, this script itself starting N /bin/true with posix_spawn and waiting for them all
+(no launcher, no rendezvous: the least any launcher of N local processes takes here), and how
+far each build is above it.
 """
 import argparse
 import os
@@ -53,7 +56,20 @@ HUNG = []  # the launches that did not end within TIMEOUT_S and were run again
 TIMEOUT_S = 30
 
 
+def spawn_all(np):
+    """The bound: N /bin/true started with posix_spawn, all waited for; seconds."""
+    start = time.perf_counter()
+    pids = [os.posix_spawn("/bin/true", ["/bin/true"], os.environ) for _ in range(np)]
+    for pid in pids:
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            sys.exit(f"/bin/true failed ({status}) in the bound")
+    return time.perf_counter() - start
+
+
 def run_once(argv):
+    if callable(argv):
+        return argv()
     for _ in range(3):
         start = time.perf_counter()
         try:
@@ -92,6 +108,8 @@ def main():
         builds["before"] = args.before
     table = pairs(args.np, args.barrier_np, builds)
     cases = list(dict((case[0], case) for ours, peer, _ in table for case in (ours, peer)).values())
+    bounds = {np: (f"bound -np {np} /bin/true", lambda np=np: spawn_all(np)) for np in args.np}
+    cases += list(bounds.values())
     load_before = load()
     for _, argv in cases:  # warm the page cache; not timed
         run_once(argv)
@@ -115,6 +133,12 @@ def main():
         bound = f"<= {goal}" if goal is not None else "-"
         verdict = "" if goal is None else ("  met" if per_round <= goal else "  MISSED")
         print(f"  {ours:<28} {ratio:9.3f} {per_round:9.3f} {bound:>9}{verdict}")
+    print(f"# {'ours - bound':<28} {'median':>9}   (ms above the bound: the launcher's own cost)")
+    for np, (bound_name, _) in bounds.items():
+        for label in builds:
+            name = f"{label} -np {np} /bin/true"
+            above = statistics.median(a - b for a, b in zip(times[name], times[bound_name]))
+            print(f"  {name:<28} {above*1e3:8.1f}")
 
 
 if __name__ == "__main__":
