@@ -26,7 +26,10 @@
 # a faster link would measure the CPUs. The bound printed is the algbw of a perfect allreduce that
 # sends each byte across the slowest link as often as an allreduce must: each host sends and
 # receives 2(H-1)/H of the buffer, so bound = rate * H / (2(H-1)) (the rate itself at 2 hosts). A
-# TCP stream carries at most 1448 payload bytes per 1514-byte frame: 95.6% of the rate.
+# TCP stream carries at most 1448 payload bytes per 1514-byte frame: 95.6% of the rate. With
+# iperf3, each layout's hosts also send to the next at once (a ring's traffic) for 2 s, and the
+# slowest host's goodput gives the machine's bound, %mach (ours algbw / that bound): on these 2
+# cores, which forward every packet through the router namespace, it is what limits 4 hosts.
 #
 # trainrun runs in per-node mode (one `trainrun --nnodes H --node-rank i` per namespace, node 0's
 # address as the rendezvous endpoint; no sshd needed). Open MPI's mpirun runs in the router
@@ -269,6 +272,37 @@ if command -v iperf3 >/dev/null; then
     /usr/bin/python3 -c 'import json,sys; e=json.load(sys.stdin)["end"]; print("%.2f / %.2f" % (e["sum_sent"]["bits_per_second"]/1e9, e["sum_received_bidir_reverse"]["bits_per_second"]/1e9))' 2>/dev/null || echo "?")
   echo "# iperf3 --bidir host 1 <-> host 2: $gbit Gbit/s each way (TCP goodput)"
 fi
+# ring_goodput H: every one of hosts 1..H sends to the next (H to 1) at once for 2 s, the traffic
+# pattern of a ring allreduce; prints the smallest host's goodput in Gbit/s. This is what the links
+# and this machine's CPUs (which forward every packet through the router namespace) carry together:
+# the machine's bound for the layout, beside the links' own.
+declare -A ring_gbit=()
+ring_goodput() {
+  local h=$1 i next pids=() min=
+  for ((i = 1; i <= h; i++)); do
+    ip netns exec "${prefix}h$i" iperf3 -s -1 -D -p $((5300 + i)) >/dev/null 2>&1
+  done
+  sleep 0.3
+  for ((i = 1; i <= h; i++)); do
+    next=$((i % h + 1))
+    ip netns exec "${prefix}h$i" iperf3 -c "$(host_addr "$next")" -p $((5300 + next)) -t 2 -J \
+      >"$work/ring.$h.$i.json" 2>/dev/null &
+    pids+=($!)
+  done
+  wait "${pids[@]}" 2>/dev/null || true
+  for ((i = 1; i <= h; i++)); do
+    /usr/bin/python3 -c 'import json,sys; print("%.2f" % (json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"]/1e9))' \
+      "$work/ring.$h.$i.json" 2>/dev/null
+  done | sort -n | head -1
+}
+if command -v iperf3 >/dev/null; then
+  for l in $layouts; do
+    h=${l%x*}
+    [[ -n ${ring_gbit[$h]:-} ]] && continue
+    ring_gbit[$h]=$(ring_goodput "$h")
+    echo "# iperf3, $h hosts each sending to the next at once (a ring's pattern): ${ring_gbit[$h]:-?} Gbit/s per host (the slowest)"
+  done
+fi
 for ((r = 1; r <= rounds; r++)); do
   for l in $layouts; do
     for p in $peers; do
@@ -284,14 +318,18 @@ for l in $layouts; do
   echo "# ${hosts} hosts x ${per} ranks ($((hosts * per)) ranks), links ${rate} Mbit/s$( ((delay > 0)) && echo " +${delay} µs"):" \
     "median of $rounds rounds; time in µs, algbw/busbw in GB/s;" \
     "bound = algbw of a perfect allreduce over these links; %bound = ours algbw / bound"
+  if [[ -n ${ring_gbit[$hosts]:-} ]]; then
+    echo "# machine bound: the same allreduce at the ring goodput measured above (${ring_gbit[$hosts]} Gbit/s per host):" \
+      "$(awk -v g="${ring_gbit[$hosts]}" -v h="$hosts" 'BEGIN { printf "%.3f GB/s algbw", g / 8 * h / (2 * (h - 1)) }')"
+  fi
   [[ -f $work/ours.$l.1.transport ]] && sed 's/^# /#   /' "$work/ours.$l.1.transport"
   printf "# %10s |" size
   for p in $peers; do printf " %-5s %10s %7s %7s %6s |" "$p" time algbw busbw '#wrong'; done
-  printf " %7s %6s" bound '%bound'
+  printf " %7s %6s %6s" bound '%bound' '%mach'
   for p in $peers; do [[ $p != ours ]] && printf " %9s" "ours/$p"; done
   echo
   for p in $peers; do cat "$work/$p.$l".[0-9]* 2>/dev/null | sed "s|^|$p |"; done | grep -v '^[a-z]* *$' |
-    awk -v hosts="$hosts" -v n="$((hosts * per))" -v rate="$rate" -v peers="$peers" '
+    awk -v hosts="$hosts" -v n="$((hosts * per))" -v rate="$rate" -v peers="$peers" -v ring="${ring_gbit[$hosts]:-0}" '
       function median(list,   a, k, t, i, j) {
         k = split(list, a, " ")
         for (i = 2; i <= k; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
@@ -315,9 +353,11 @@ for l in $layouts; do
           }
           if (p[1] == "ours") {
             printf " %7.3f %5.1f%%", bound, 100 * s / t[1] / 1e3 / bound
+            mach = ring / 8 * hosts / (2 * (hosts - 1))
+            if (mach > 0) printf " %5.0f%%", 100 * s / t[1] / 1e3 / mach; else printf " %6s", "-"
             for (q = 2; q <= np; q++) printf " %9.2f", t[1] / t[q]
           } else {
-            printf " %7.3f %6s", bound, "-"
+            printf " %7.3f %6s %6s", bound, "-", "-"
           }
           printf "\n"
         }
