@@ -24,6 +24,7 @@
 // `trainrun -np N PROGRAM`, e.g. with build/bin/barrier_example.
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -351,10 +352,30 @@ double SpawnOnce(int n, char** argv) {
   return failed ? -1 : seconds;
 }
 
-void PrintRow(const char* what, std::vector<double> times_ms) {
+// CpuMs returns the user + system CPU milliseconds of this process (`who` RUSAGE_SELF: the server
+// and its threads, with the workers in other processes) or of its reaped children
+// (RUSAGE_CHILDREN: the worker processes).
+double CpuMs(int who) {
+  struct rusage usage {};
+  getrusage(who, &usage);
+  auto ms = [](const timeval& t) { return t.tv_sec * 1e3 + t.tv_usec / 1e3; };
+  return ms(usage.ru_utime) + ms(usage.ru_stime);
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+void PrintRow(const char* what, std::vector<double> times_ms, const std::vector<double>& server_cpu,
+              const std::vector<double>& workers_cpu) {
   std::sort(times_ms.begin(), times_ms.end());
-  std::printf("  %10s %6zu %12.2f %12.2f %12.2f\n", what, times_ms.size(), times_ms.front(),
+  std::printf("  %10s %6zu %12.2f %12.2f %12.2f", what, times_ms.size(), times_ms.front(),
               times_ms[times_ms.size() / 2], times_ms.back());
+  if (!server_cpu.empty()) {
+    std::printf(" %14.0f %14.0f", Median(server_cpu), Median(workers_cpu));
+  }
+  std::printf("\n");
   std::fflush(stdout);
 }
 
@@ -390,7 +411,7 @@ int main(int argc, char** argv) {
       std::printf("# %d processes of %s: server start to last exit\n", n, argv[i + 2]);
       std::printf("# %10s %6s %12s %12s %12s\n", "workers", "runs", "min(ms)", "median(ms)",
                   "max(ms)");
-      PrintRow(std::to_string(n).c_str(), times);
+      PrintRow(std::to_string(n).c_str(), times, {}, {});
       return 0;
     } else {
       sizes.push_back(std::atoi(argv[i]));
@@ -409,15 +430,27 @@ int main(int argc, char** argv) {
               per_key ? "Set, then Get of N keys" : "one Allgather",
               processes > 0 ? absl::StrCat("threads in ", processes, " processes").c_str()
                             : "threads of this process");
-  std::printf("# %10s %6s %12s %12s %12s\n", "workers", "runs", "min(ms)", "median(ms)", "max(ms)");
+  if (processes > 0) {
+    std::printf(
+        "# server cpu: CPU ms of this process (the rendezvous server) per run; workers cpu:\n"
+        "# of the worker processes (medians); the server's alone bounds the time on a\n"
+        "# machine where the workers run elsewhere\n");
+  }
+  std::printf("# %10s %6s %12s %12s %12s%s\n", "workers", "runs", "min(ms)", "median(ms)",
+              "max(ms)", processes > 0 ? "  server cpu(ms) workers cpu(ms)" : "");
   for (int n : sizes) {
-    std::vector<double> times;
+    std::vector<double> times, server_cpu, workers_cpu;
     for (int run = 0; run < runs; ++run) {
+      const double self = CpuMs(RUSAGE_SELF), children = CpuMs(RUSAGE_CHILDREN);
       const double t = RunOnce(n, std::min(processes, n), per_key, verbose);
       if (t < 0) return 1;
       times.push_back(t * 1e3);
+      if (processes > 0) {
+        server_cpu.push_back(CpuMs(RUSAGE_SELF) - self);
+        workers_cpu.push_back(CpuMs(RUSAGE_CHILDREN) - children);
+      }
     }
-    PrintRow(std::to_string(n).c_str(), times);
+    PrintRow(std::to_string(n).c_str(), times, server_cpu, workers_cpu);
   }
   return 0;
 }
