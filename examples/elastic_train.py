@@ -10,7 +10,10 @@ next generation (new rank and size), rescales the learning rate for the new size
 callback), broadcasts rank 0's state, and the epoch resumes where it stopped, re-sharded.
 
 For tests and the benchmark: --kill-rank R --kill-at-step S makes the rank that started as R kill
-itself with SIGKILL after step S (mid-epoch); --times FILE appends "kill T" (just before the kill)
+itself with SIGKILL after step S (mid-epoch); --kill-in-reset R makes the rank that started as R
+kill itself in the reset that follows (once the launcher has published the next generation, before
+this rank connects to it: the others are then forming a generation that has lost a member);
+--times FILE appends "kill T" (just before each kill)
 and "step T" (after the first step completed in each new generation) lines, wall-clock seconds;
 --fail-on-host HOST makes every rank started on HOST exit 1 at once (a flapping host). A rank that
 trainrun starts while the job runs (it grew onto a host of --host-discovery-script) joins the
@@ -21,6 +24,7 @@ that the parameters are bit-identical on every rank (exit 2 otherwise) and print
 """
 
 import argparse
+import functools
 import hashlib
 import os
 import signal
@@ -43,6 +47,8 @@ except ImportError:
 
 import torch
 import torch.nn.functional as F
+from trainrun import _core
+from trainrun.common.elastic import run_fn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train import evaluate, load_data, make_model, parameter_hash  # noqa: E402
@@ -58,6 +64,7 @@ def parse_args():
     parser.add_argument("--min-accuracy", type=float, default=0.0)
     parser.add_argument("--kill-rank", type=int, default=-1)
     parser.add_argument("--kill-at-step", type=int, default=-1)
+    parser.add_argument("--kill-in-reset", type=int, default=-1)
     parser.add_argument("--times", default="")
     parser.add_argument("--step-sleep", type=float, default=0.0,
                         help="seconds each step sleeps from epoch --sleep-from-epoch on (tests: "
@@ -101,7 +108,18 @@ def main():
 
     state.register_reset_callbacks([on_reset])
 
-    @hvd.elastic.run
+    def die_in_reset():
+        # Waits for the generation the survivors now form, then dies before joining it.
+        while _core.latest_generation() <= _core.generation():
+            time.sleep(0.01)
+        note_time(args.times, "kill")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    elastic_run = hvd.elastic.run
+    if start_rank == args.kill_in_reset:
+        elastic_run = functools.partial(run_fn, reset=die_in_reset)
+
+    @elastic_run
     def train(state):
         if progress["resumed"]:
             progress["resumed"] = False

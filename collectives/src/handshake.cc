@@ -80,7 +80,7 @@ bool SameMac(const Mac& a, const Mac& b) {
 }  // namespace
 
 void HandshakeConnect(int fd, const HandshakeParams& params, int from, int to, int index,
-                      Clock::time_point deadline) {
+                      const WaitLimit& limit) {
   Hello hello{};
   std::memcpy(hello.data(), kMagic, sizeof kMagic);
   unsigned char* p = hello.data() + sizeof kMagic;
@@ -91,20 +91,20 @@ void HandshakeConnect(int fd, const HandshakeParams& params, int from, int to, i
   PutU32(p + 16, static_cast<uint32_t>(params.size));
   Nonce mine = RandomNonce();
   std::memcpy(p + 20, mine.data(), mine.size());
-  WriteFull(fd, hello.data(), hello.size(), deadline);
+  WriteFull(fd, hello.data(), hello.size(), limit);
 
   Nonce theirs;
   Mac their_mac;
-  ReadFull(fd, theirs.data(), theirs.size(), deadline);
-  ReadFull(fd, their_mac.data(), their_mac.size(), deadline);
+  ReadFull(fd, theirs.data(), theirs.size(), limit);
+  ReadFull(fd, their_mac.data(), their_mac.size(), limit);
   if (!SameMac(their_mac, ComputeMac(params, "acceptor", hello, theirs))) {
     throw IoError(MakeMessage("the listener at ", PeerName(fd), " is not rank ", to,
                               " of this job (its handshake proof does not match the job token)"));
   }
   Mac proof = ComputeMac(params, "connector", hello, theirs);
-  WriteFull(fd, proof.data(), proof.size(), deadline);
+  WriteFull(fd, proof.data(), proof.size(), limit);
   char accepted = 0;
-  ReadFull(fd, &accepted, 1, deadline);
+  ReadFull(fd, &accepted, 1, limit);
   if (accepted != kAccepted) {
     throw IoError(MakeMessage("rank ", to, " refused the connection"));
   }

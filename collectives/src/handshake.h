@@ -60,9 +60,10 @@ PeerIdentity CheckProof(const HandshakeParams& params, const AcceptorChallenge& 
                         const unsigned char* proof);
 
 // HandshakeConnect runs the connector's side on `fd` as rank `from` for connection `index` to rank
-// `to`. Throws IoError (the other end is not that rank of this job) or TimeoutError.
+// `to`. Throws IoError (the other end is not that rank of this job), TimeoutError or
+// InterruptedError (wait_limit.h).
 void HandshakeConnect(int fd, const HandshakeParams& params, int from, int to, int index,
-                      Clock::time_point deadline);
+                      const WaitLimit& limit);
 
 // HandshakeAccept runs the acceptor's side on `fd` for rank `self`, and returns who connected.
 // Throws IoError saying why the connection was refused, or TimeoutError.

@@ -6,46 +6,17 @@
 #include <cstring>
 #include <sstream>
 
+#include "store_calls.h"
 #include "trainrun/collectives/errors.h"
 
 namespace trainrun::collectives::internal {
 
 using ::trainrun::internal::MakeMessage;
 
-std::vector<std::string> StoreGet(rendezvous::Store& store, const std::vector<std::string>& keys,
-                                  std::chrono::milliseconds timeout, const std::string& what) {
-  auto values = store.Get(keys, timeout);
-  if (!values.ok()) {
-    const std::string message = MakeMessage(what, ": ", values.status().message());
-    if (absl::IsDeadlineExceeded(values.status())) throw TimeoutError(message);
-    throw IoError(message);
-  }
-  return *values;
-}
-
-std::vector<std::string> StoreAllgather(rendezvous::Store& store, const std::string& name, int rank,
-                                        int count, const std::string& value,
-                                        std::chrono::milliseconds timeout,
-                                        const std::string& what) {
-  auto values = store.Allgather(name, rank, count, value, timeout);
-  if (!values.ok()) {
-    const std::string message = MakeMessage(what, ": ", values.status().message());
-    if (absl::IsDeadlineExceeded(values.status())) throw TimeoutError(message);
-    throw IoError(message);
-  }
-  return *std::move(values);
-}
-
-void StorePut(rendezvous::Store& store, const std::string& key, const std::string& value) {
-  auto status = store.Set(key, value);
-  if (!status.ok()) throw IoError(MakeMessage("cannot publish ", key, ": ", status.ToString()));
-}
-
 std::optional<ShmSegment> ProveSharedMemory(rendezvous::Store& store, const std::string& prefix,
                                             int rank, const std::vector<int>& members, size_t bytes,
-                                            const std::string& extra,
-                                            std::chrono::milliseconds timeout, std::string* why,
-                                            std::string* extra_out) {
+                                            const std::string& extra, const WaitLimit& limit,
+                                            std::string* why, std::string* extra_out) {
   TRAINRUN_ENFORCE(!members.empty() && bytes >= kNonceBytes, "bad shared-memory group");
   const bool leader = rank == members[0];
   const std::string segment_key = prefix + "/segment";
@@ -67,7 +38,7 @@ std::optional<ShmSegment> ProveSharedMemory(rendezvous::Store& store, const std:
                  : std::string("none"));
     if (extra_out != nullptr) *extra_out = extra;
   } else {
-    const std::string published = StoreGet(store, {segment_key}, timeout,
+    const std::string published = StoreGet(store, {segment_key}, limit,
                                            MakeMessage("rank ", rank, ": waiting for rank ",
                                                        members[0], "'s shared-memory segment"))[0];
     std::istringstream in(published);
@@ -98,7 +69,7 @@ std::optional<ShmSegment> ProveSharedMemory(rendezvous::Store& store, const std:
       static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
   const auto verdicts =
       StoreAllgather(store, prefix + "/verdict", index, static_cast<int>(members.size()), verdict,
-                     timeout, MakeMessage("rank ", rank, ": waiting for the same-host check"));
+                     limit, MakeMessage("rank ", rank, ": waiting for the same-host check"));
   // Every member has mapped the segment (or given up): the descriptor is no longer needed.
   if (segment) segment->CloseFd();
   for (size_t i = 0; i < verdicts.size(); ++i) {

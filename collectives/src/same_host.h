@@ -10,7 +10,7 @@
 //
 //   std::string why;
 //   auto segment = ProveSharedMemory(store, "collectives/world/shm", rank, members, bytes, "",
-//                                    timeout, &why, &extra);
+//                                    WaitLimit::After(timeout), &why, &extra);
 //   if (!segment) { /* fall back to TCP; `why` says which rank could not see the segment */ }
 #pragma once
 
@@ -21,32 +21,20 @@
 
 #include "shm_segment.h"
 #include "trainrun/rendezvous/store.h"
+#include "wait_limit.h"
 
 namespace trainrun::collectives::internal {
-
-// StoreGet waits for `keys` in `store`; a failure throws TimeoutError (deadline) or IoError, with
-// `what` (e.g. "rank 3: waiting for the same-host check") in front of the store's message.
-std::vector<std::string> StoreGet(rendezvous::Store& store, const std::vector<std::string>& keys,
-                                  std::chrono::milliseconds timeout, const std::string& what);
-// StoreAllgather contributes `value` as `rank` of `count` to the gather `name` and returns every
-// contribution in rank order (Store::Allgather: one call, where a Get would read `count` keys);
-// fails as StoreGet does.
-std::vector<std::string> StoreAllgather(rendezvous::Store& store, const std::string& name, int rank,
-                                        int count, const std::string& value,
-                                        std::chrono::milliseconds timeout, const std::string& what);
-// StorePut sets `key` to `value` in `store`, or throws IoError naming the key.
-void StorePut(rendezvous::Store& store, const std::string& key, const std::string& value);
 
 // ProveSharedMemory runs the check among `members` (global ranks; members[0] leads) and returns the
 // mapped segment of `bytes` bytes on every member when all of them could map it, or nullopt on all
 // of them otherwise, with `why` set. The leader publishes `extra` (e.g. its layout), which every
 // member gets back in `*extra_out`. Keys go under `prefix`, which must be fresh for each call.
-// Throws TimeoutError when a member does not take part within `timeout`.
+// Throws TimeoutError when a member does not take part within `limit`, InterruptedError when its
+// interrupt says so.
 std::optional<ShmSegment> ProveSharedMemory(rendezvous::Store& store, const std::string& prefix,
                                             int rank, const std::vector<int>& members, size_t bytes,
-                                            const std::string& extra,
-                                            std::chrono::milliseconds timeout, std::string* why,
-                                            std::string* extra_out);
+                                            const std::string& extra, const WaitLimit& limit,
+                                            std::string* why, std::string* extra_out);
 
 // The nonce occupies the first kNonceBytes of the segment.
 inline constexpr size_t kNonceBytes = 64;

@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -24,18 +25,19 @@ using ::trainrun::internal::MakeMessage;
 
 std::string ErrnoText(int error) { return std::strerror(error); }
 
-int RemainingMs(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  return left.count() < 0 ? 0 : static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
-}
-
-// Waits for `events` on `fd` until `deadline`; returns false on timeout.
-bool PollOne(int fd, short events, Clock::time_point deadline) {
+// Waits for `events` on `fd` within `limit`; returns false at its deadline. `what` names the wait
+// in an InterruptedError.
+bool PollOne(int fd, short events, const WaitLimit& limit, const char* what) {
   for (;;) {
     pollfd p{fd, events, 0};
-    int n = ::poll(&p, 1, RemainingMs(deadline));
+    const int ms = static_cast<int>(std::min<int64_t>(limit.Slice().count(), 1 << 30));
+    int n = ::poll(&p, 1, ms);
     if (n > 0) return true;
-    if (n == 0) return false;
+    if (n == 0) {
+      if (!limit.interruptible() || Clock::now() >= limit.deadline) return false;
+      limit.Poll(what);
+      continue;
+    }
     if (errno != EINTR) throw IoError(MakeMessage("poll failed: ", ErrnoText(errno)));
   }
 }
@@ -180,7 +182,8 @@ Fd Listen(const std::string& host, int buffer_bytes, SocketAddress* bound) {
   return fd;
 }
 
-Fd Connect(const SocketAddress& address, int buffer_bytes, Clock::time_point deadline) {
+Fd Connect(const SocketAddress& address, int buffer_bytes, const WaitLimit& limit) {
+  auto asked = Clock::now();
   for (;;) {
     Fd fd(::socket(address.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     if (!fd.valid()) throw IoError(MakeMessage("socket() failed: ", ErrnoText(errno)));
@@ -190,7 +193,7 @@ Fd Connect(const SocketAddress& address, int buffer_bytes, Clock::time_point dea
         0) {
       error = errno;
       if (error == EINPROGRESS) {
-        if (!PollOne(fd.get(), POLLOUT, deadline)) {
+        if (!PollOne(fd.get(), POLLOUT, limit, "connecting")) {
           throw TimeoutError(MakeMessage("timed out connecting to ", address.ToString()));
         }
         socklen_t length = sizeof error;
@@ -198,8 +201,14 @@ Fd Connect(const SocketAddress& address, int buffer_bytes, Clock::time_point dea
       }
     }
     if (error == 0) return fd;
-    if ((error != ECONNREFUSED && error != EAGAIN) || Clock::now() >= deadline) {
+    const auto now = Clock::now();
+    if ((error != ECONNREFUSED && error != EAGAIN) || now >= limit.deadline) {
       throw IoError(MakeMessage("cannot connect to ", address.ToString(), ": ", ErrnoText(error)));
+    }
+    // Refused again: the peer is not listening (yet, or any more).
+    if (now - asked >= kInterruptCheck) {
+      asked = now;
+      limit.Poll("connecting");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -213,7 +222,7 @@ void ConfigureDataSocket(int fd, int buffer_bytes) {
   SetBuffers(fd, buffer_bytes);
 }
 
-void ReadFull(int fd, void* data, size_t bytes, Clock::time_point deadline) {
+void ReadFull(int fd, void* data, size_t bytes, const WaitLimit& limit) {
   auto* p = static_cast<char*>(data);
   while (bytes > 0) {
     ssize_t n = ::recv(fd, p, bytes, MSG_DONTWAIT);
@@ -223,14 +232,14 @@ void ReadFull(int fd, void* data, size_t bytes, Clock::time_point deadline) {
     } else if (n == 0) {
       throw IoError("connection closed");
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (!PollOne(fd, POLLIN, deadline)) throw TimeoutError("timed out reading");
+      if (!PollOne(fd, POLLIN, limit, "reading")) throw TimeoutError("timed out reading");
     } else if (errno != EINTR) {
       throw IoError(ErrnoText(errno));
     }
   }
 }
 
-void WriteFull(int fd, const void* data, size_t bytes, Clock::time_point deadline) {
+void WriteFull(int fd, const void* data, size_t bytes, const WaitLimit& limit) {
   const auto* p = static_cast<const char*>(data);
   while (bytes > 0) {
     ssize_t n = ::send(fd, p, bytes, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -238,7 +247,7 @@ void WriteFull(int fd, const void* data, size_t bytes, Clock::time_point deadlin
       p += n;
       bytes -= static_cast<size_t>(n);
     } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (!PollOne(fd, POLLOUT, deadline)) throw TimeoutError("timed out writing");
+      if (!PollOne(fd, POLLOUT, limit, "writing")) throw TimeoutError("timed out writing");
     } else if (n < 0 && errno != EINTR) {
       throw IoError(ErrnoText(errno));
     }

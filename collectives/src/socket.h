@@ -9,9 +9,9 @@
 #include <string>
 #include <utility>
 
-namespace trainrun::collectives::internal {
+#include "wait_limit.h"
 
-using Clock = std::chrono::steady_clock;
+namespace trainrun::collectives::internal {
 
 // Fd owns a file descriptor and closes it on destruction.
 class Fd {
@@ -59,17 +59,17 @@ std::string ChooseListenHost(const std::string& requested);
 // Listen opens a non-blocking listening socket on `host` with a kernel-chosen port.
 Fd Listen(const std::string& host, int buffer_bytes, SocketAddress* bound);
 
-// Connect opens a non-blocking connection to `address`, retrying refused attempts until `deadline`;
-// throws IoError or TimeoutError.
-Fd Connect(const SocketAddress& address, int buffer_bytes, Clock::time_point deadline);
+// Connect opens a non-blocking connection to `address`, retrying refused attempts until the
+// limit's deadline; throws IoError, TimeoutError or InterruptedError (wait_limit.h).
+Fd Connect(const SocketAddress& address, int buffer_bytes, const WaitLimit& limit);
 
 // ConfigureDataSocket sets non-blocking mode, TCP_NODELAY and (when > 0) the buffer sizes.
 void ConfigureDataSocket(int fd, int buffer_bytes);
 
 // ReadFull / WriteFull move exactly `bytes` bytes or throw: IoError on a closed or failed socket,
-// TimeoutError at `deadline`.
-void ReadFull(int fd, void* data, size_t bytes, Clock::time_point deadline);
-void WriteFull(int fd, const void* data, size_t bytes, Clock::time_point deadline);
+// TimeoutError at the limit's deadline, InterruptedError when its interrupt says so.
+void ReadFull(int fd, void* data, size_t bytes, const WaitLimit& limit);
+void WriteFull(int fd, const void* data, size_t bytes, const WaitLimit& limit);
 
 // PeerName describes the remote end of a connected socket ("127.0.0.1:4242") for log lines.
 std::string PeerName(int fd);

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "acceptor.h"
+#include "store_calls.h"
 #include "trainrun/collectives/errors.h"
 
 namespace trainrun::collectives::internal {
@@ -37,13 +38,6 @@ std::string AddressGather(const std::string& name) {
   return MakeMessage("collectives/", name, "/addr");
 }
 
-[[noreturn]] void ThrowStoreError(const absl::Status& status, const std::string& what) {
-  if (absl::IsDeadlineExceeded(status)) {
-    throw TimeoutError(MakeMessage(what, ": ", status.message()));
-  }
-  throw IoError(MakeMessage(what, ": ", status.ToString()));
-}
-
 }  // namespace
 
 TcpTransport::TcpTransport(rendezvous::Store& store, int rank, int size, TcpOptions options)
@@ -61,6 +55,7 @@ TcpTransport::TcpTransport(rendezvous::Store& store, int rank, int size, TcpOpti
 
 void TcpTransport::Establish(rendezvous::Store& store) {
   const auto deadline = Clock::now() + options_.timeout;
+  const WaitLimit limit(deadline, &options_.interrupt);
   const int per_peer = options_.sockets_per_peer + 1;  // data connections, then control
   SocketAddress bound;
   Fd listener = Listen(options_.listen_host, options_.buffer_bytes, &bound);
@@ -82,22 +77,21 @@ void TcpTransport::Establish(rendezvous::Store& store) {
   Acceptor acceptor(std::move(listener), params_, rank_, deadline, place);
   // One call gives every rank's address (the server builds the answer once for all ranks); this
   // rank connects to the lower ones and accepts the higher ones.
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  auto addresses = store.Allgather(AddressGather(options_.name), rank_, size_, bound.ToString(),
-                                   std::max(left, std::chrono::milliseconds(1)));
-  if (!addresses.ok()) {
-    ThrowStoreError(addresses.status(),
-                    MakeMessage("rank ", rank_, " exchanged addresses with the other ranks"));
-  }
+  const std::vector<std::string> addresses =
+      StoreAllgather(store, AddressGather(options_.name), rank_, size_, bound.ToString(), limit,
+                     MakeMessage("rank ", rank_, " exchanged addresses with the other ranks"));
 
   if (rank_ > 0) {
     for (int peer = 0; peer < rank_; ++peer) {
-      SocketAddress address = SocketAddress::Parse((*addresses)[peer]);
+      SocketAddress address = SocketAddress::Parse(addresses[peer]);
       for (int index = 0; index < per_peer; ++index) {
         Fd fd;
         try {
-          fd = Connect(address, options_.buffer_bytes, deadline);
-          HandshakeConnect(fd.get(), params_, rank_, peer, index, deadline);
+          fd = Connect(address, options_.buffer_bytes, limit);
+          HandshakeConnect(fd.get(), params_, rank_, peer, index, limit);
+        } catch (const InterruptedError& e) {
+          throw InterruptedError(MakeMessage("rank ", rank_, " connecting to rank ", peer, " at ",
+                                             address.ToString(), ": ", e.what()));
         } catch (const TimeoutError& e) {
           failed_peer_ = peer;
           throw TimeoutError(MakeMessage("rank ", rank_, " could not connect to rank ", peer,
@@ -115,7 +109,13 @@ void TcpTransport::Establish(rendezvous::Store& store) {
   }
 
   std::unique_lock<std::mutex> lock(mutex);
-  if (!arrived.wait_until(lock, deadline, [&] { return accepted == expected; })) {
+  const auto all_arrived = [&] { return accepted == expected; };
+  while (!arrived.wait_for(lock, limit.Slice(), all_arrived) && Clock::now() < deadline) {
+    lock.unlock();
+    limit.Poll(MakeMessage("rank ", rank_, " waiting for ranks above it to connect"));
+    lock.lock();
+  }
+  if (!all_arrived()) {
     std::string missing;
     for (int peer = rank_ + 1; peer < size_; ++peer) {
       if (!controls_[peer].fd.valid() || !DataConn(peer, 0).fd.valid()) {
@@ -387,7 +387,6 @@ void TcpTransport::Wait(Request request) {
   if (request >= remaining_.size()) return;
   auto last_progress = Clock::now();
   auto last_interrupt_check = last_progress;
-  constexpr auto kInterruptCheck = std::chrono::milliseconds(100);
   while (remaining_[request] > 0) {
     if (Progress()) {
       if (remaining_[request] == 0) break;
@@ -401,9 +400,7 @@ void TcpTransport::Wait(Request request) {
       last_interrupt_check = now;
       if (options_.interrupt()) {
         failed_peer_ = -1;
-        throw IoError(MakeMessage("rank ", rank_,
-                                  ": interrupted: the job's membership changed while this rank "
-                                  "waited in a collective (a peer was lost)"));
+        ThrowInterrupted(MakeMessage("rank ", rank_, ": waiting in a collective"));
       }
     }
     int wait_ms = 0;

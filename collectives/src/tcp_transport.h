@@ -32,7 +32,8 @@ struct TcpOptions {
   int sockets_per_peer = 1;
   int buffer_bytes = 4 << 20;
   std::chrono::microseconds spin{0};  // busy-poll before sleeping in poll(2)
-  // CommunicatorOptions::interrupt: asked while a wait moves nothing; true makes it give up.
+  // CommunicatorOptions::interrupt: asked while a wait (of the start-up or of a collective) moves
+  // nothing; true makes it give up with InterruptedError (wait_limit.h).
   std::function<bool()> interrupt;
 };
 
@@ -40,7 +41,7 @@ class TcpTransport : public Transport {
  public:
   // TcpTransport listens, gathers every rank's address (Store::Allgather "collectives/<name>/addr",
   // which also leaves its own under "collectives/<name>/addr/<rank>"), connects to every lower rank
-  // and accepts every higher one. Throws TimeoutError or IoError.
+  // and accepts every higher one. Throws TimeoutError, IoError or InterruptedError.
   TcpTransport(rendezvous::Store& store, int rank, int size, TcpOptions options);
   // Sends "bye" to every peer and closes.
   ~TcpTransport() override;

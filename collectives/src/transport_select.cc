@@ -6,6 +6,7 @@
 #include "hierarchical.h"
 #include "log.h"
 #include "same_host.h"
+#include "store_calls.h"
 #include "trainrun/collectives/errors.h"
 
 namespace trainrun::collectives::internal {
@@ -14,11 +15,16 @@ using ::trainrun::internal::MakeMessage;
 
 namespace {
 
+// The limit of one wait of the start-up: the communicator's timeout, and its interrupt.
+WaitLimit StartLimit(const TcpOptions& tcp) {
+  return WaitLimit::After(tcp.timeout, &tcp.interrupt);
+}
+
 // Maps the segment shared by the ranks [first, first + count) (which this rank belongs to) after
 // proving they share memory; null with `why` when they do not.
 std::optional<ShmSegment> ProveGroup(rendezvous::Store& store, const std::string& prefix, int rank,
                                      int first, int count, ShmOptions* options,
-                                     std::chrono::milliseconds timeout, std::string* why) {
+                                     const TcpOptions& tcp, std::string* why) {
   std::vector<int> members(count);
   std::iota(members.begin(), members.end(), first);
   // The leader's layout wins, so ranks with different tunables still agree.
@@ -26,7 +32,7 @@ std::optional<ShmSegment> ProveGroup(rendezvous::Store& store, const std::string
   auto segment = ProveSharedMemory(
       store, prefix, rank, members, ShmTransport::SegmentBytes(count, *options),
       MakeMessage(options->chunk_bytes, " ", options->channel_bytes, " ", options->small_bytes),
-      timeout, why, &layout);
+      StartLimit(tcp), why, &layout);
   if (!segment) return segment;
   std::istringstream in(layout);
   in >> options->chunk_bytes >> options->channel_bytes >> options->small_bytes;
@@ -38,29 +44,25 @@ std::optional<ShmSegment> ProveGroup(rendezvous::Store& store, const std::string
 // Builds the shared-memory transport of a proven group and waits until every member has.
 std::unique_ptr<ShmTransport> StartShm(rendezvous::Store& store, const std::string& prefix,
                                        ShmSegment segment, int group_rank, int group_size,
-                                       const ShmOptions& options,
-                                       std::chrono::milliseconds timeout) {
+                                       const ShmOptions& options, const TcpOptions& tcp) {
   auto transport =
       std::make_unique<ShmTransport>(std::move(segment), group_rank, group_size, options);
-  // Every rank has registered its pid before any starts watching the others.
-  auto status = store.Barrier(prefix + "/ready", group_size, timeout);
-  if (!status.ok()) {
-    throw TimeoutError(
-        MakeMessage("rank ", group_rank + options.rank_offset,
-                    ": waiting for every rank to map shared memory: ", status.message()));
-  }
+  // Every rank has registered its pid before any starts watching the others. A gather, not a
+  // store barrier: a gather may be repeated (the slices of an interruptible wait).
+  StoreAllgather(store, prefix + "/ready", group_rank, group_size, "", StartLimit(tcp),
+                 MakeMessage("rank ", group_rank + options.rank_offset,
+                             ": waiting for every rank to map shared memory"));
   transport->WatchPeers();
   return transport;
 }
 
 // Whether the ranks fill hosts evenly, in order (rank = cross_rank * local_size + local_rank, the
 // same local_size everywhere), as hierarchical allreduce needs.
-bool EvenHosts(rendezvous::Store& store, const RankInfo& info, const std::string& name,
-               std::chrono::milliseconds timeout) {
-  const auto layouts =
-      StoreAllgather(store, MakeMessage("collectives/", name, "/layout"), info.rank, info.size,
-                     MakeMessage(info.local_rank, " ", info.local_size, " ", info.cross_rank),
-                     timeout, MakeMessage("rank ", info.rank, ": waiting for every rank's place"));
+bool EvenHosts(rendezvous::Store& store, const RankInfo& info, const TcpOptions& tcp) {
+  const auto layouts = StoreAllgather(
+      store, MakeMessage("collectives/", tcp.name, "/layout"), info.rank, info.size,
+      MakeMessage(info.local_rank, " ", info.local_size, " ", info.cross_rank), StartLimit(tcp),
+      MakeMessage("rank ", info.rank, ": waiting for every rank's place"));
   for (int r = 0; r < info.size; ++r) {
     std::istringstream in(layouts[r]);
     int local_rank = -1, local_size = -1, cross_rank = -1;
@@ -75,7 +77,7 @@ std::unique_ptr<Transport> MakeHierarchical(rendezvous::Store& store, const Rank
                                             size_t segment_bytes, size_t small_bytes) {
   auto flat = std::make_unique<TcpTransport>(store, info.rank, info.size, tcp);
   // Every rank takes part in the layout check, so all decide alike.
-  if (!EvenHosts(store, info, tcp.name, tcp.timeout) || info.local_size == 1) return flat;
+  if (!EvenHosts(store, info, tcp) || info.local_size == 1) return flat;
   const int first = info.rank - info.local_rank;
   // The host's group does only the allreduce across hosts, in chunks large enough that each
   // rank's part crosses the network in pipelined segments while the next chunk is reduced.
@@ -83,12 +85,11 @@ std::unique_ptr<Transport> MakeHierarchical(rendezvous::Store& store, const Rank
   const std::string prefix =
       MakeMessage("collectives/", tcp.name, "/host", info.cross_rank, "/shm");
   std::string why;
-  auto segment =
-      ProveGroup(store, prefix, info.rank, first, info.local_size, &shm, tcp.timeout, &why);
+  auto segment = ProveGroup(store, prefix, info.rank, first, info.local_size, &shm, tcp, &why);
   // All hosts must agree, or some ranks would run hierarchically and others flat.
   for (const std::string& verdict :
        StoreAllgather(store, MakeMessage("collectives/", tcp.name, "/hosts_share_memory"),
-                      info.rank, info.size, segment ? "ok" : why, tcp.timeout,
+                      info.rank, info.size, segment ? "ok" : why, StartLimit(tcp),
                       MakeMessage("rank ", info.rank, ": waiting for hosts"))) {
     if (verdict != "ok") {
       if (info.rank == 0) LogWarning(MakeMessage(verdict, "; running flat over TCP"));
@@ -96,8 +97,8 @@ std::unique_ptr<Transport> MakeHierarchical(rendezvous::Store& store, const Rank
     }
   }
   shm.rank_offset = first;
-  auto local = StartShm(store, prefix, std::move(*segment), info.local_rank, info.local_size, shm,
-                        tcp.timeout);
+  auto local =
+      StartShm(store, prefix, std::move(*segment), info.local_rank, info.local_size, shm, tcp);
   TcpOptions cross_options = tcp;
   cross_options.name = MakeMessage(tcp.name, "/cross", info.local_rank);
   auto cross = std::make_unique<TcpTransport>(store, info.cross_rank, info.size / info.local_size,
@@ -129,10 +130,9 @@ std::unique_ptr<Transport> MakeTransport(rendezvous::Store& store, const RankInf
     const std::string prefix = MakeMessage("collectives/", tcp.name, "/shm");
     ShmOptions options = shm;
     std::string why;
-    auto segment = ProveGroup(store, prefix, info.rank, 0, info.size, &options, tcp.timeout, &why);
+    auto segment = ProveGroup(store, prefix, info.rank, 0, info.size, &options, tcp, &why);
     if (segment) {
-      return StartShm(store, prefix, std::move(*segment), info.rank, info.size, options,
-                      tcp.timeout);
+      return StartShm(store, prefix, std::move(*segment), info.rank, info.size, options, tcp);
     }
     if (mode == "shm") {
       throw IoError(MakeMessage("TRAINRUN_TRANSPORT=shm, but ", why,

@@ -18,6 +18,7 @@
 #include "trainrun/collectives/communicator.h"
 #include "trainrun/rendezvous/file_store.h"
 #include "trainrun/rendezvous/generation.h"
+#include "trainrun/rendezvous/memory_store.h"
 
 namespace trainrun::collectives {
 namespace {
@@ -183,6 +184,55 @@ TEST_CASE("a stalled peer makes the others time out naming it", "[failure]") {
   CHECK(!messages[1].empty());
   for (int r = 0; r < n; ++r) {
     if (r != staller) CHECK(took[r] < std::chrono::milliseconds(2400));
+  }
+}
+
+// A start-up that cannot finish (a peer never comes, or stops half-way) ends as soon as
+// CommunicatorOptions::interrupt says so, wherever it waits: in the store (the address gather, the
+// same-host check), connecting (a listener that never answers the handshake) or accepting (a peer
+// that published its address and never connects).
+TEST_CASE("a communicator's start-up gives up when its interrupt says so", "[failure][elastic]") {
+  const std::string stuck = GENERATE("absent tcp", "absent shm", "silent listener", "no connect");
+  const int n = 3;
+  // The fake rank: absent, or one that published the address of a socket nobody serves.
+  const int fake = stuck == "silent listener" ? 0 : 2;
+  auto store = std::make_shared<rendezvous::MemoryStore>();
+  internal::SocketAddress bound;
+  internal::Fd listener = internal::Listen("127.0.0.1", 0, &bound);
+  if (stuck == "silent listener" || stuck == "no connect") {
+    REQUIRE(store->Set("collectives/world/addr/" + std::to_string(fake), bound.ToString()).ok());
+  }
+  std::atomic<bool> lost{false};
+  CommunicatorOptions options = WithToken("t");
+  options.transport = stuck == "absent shm" ? "shm" : "tcp";
+  options.interrupt = [&lost] { return lost.load(); };
+  std::vector<std::string> messages(n);
+  std::vector<Clock::duration> took(n);
+  std::vector<std::thread> ranks;
+  const auto start = Clock::now();
+  for (int rank = 0; rank < n; ++rank) {
+    if (rank == fake) continue;
+    ranks.emplace_back([&, rank] {
+      try {
+        Communicator comm(store, rank, n, options);
+        messages[rank] = "started";
+      } catch (const IoError& e) {
+        messages[rank] = e.what();
+      } catch (const Error& e) {
+        messages[rank] = std::string("not an IoError: ") + e.what();
+      }
+      took[rank] = Clock::now() - start;
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  lost = true;
+  for (std::thread& t : ranks) t.join();
+  for (int rank = 0; rank < n; ++rank) {
+    if (rank == fake) continue;
+    INFO(stuck << ", rank " << rank << ": " << messages[rank]);
+    CHECK(messages[rank].find("interrupted") != std::string::npos);
+    // The timeout is 20 s: the interrupt is asked every 100 ms.
+    CHECK(took[rank] < std::chrono::seconds(3));
   }
 }
 

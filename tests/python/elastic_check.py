@@ -2,6 +2,12 @@
 
     elastic_check.py TRAINRUN PYTHON survive [--tcp]   4 ranks, --min-np 2, rank 2 SIGKILLed
                                                         mid-epoch: the job finishes at 3 ranks
+    elastic_check.py TRAINRUN PYTHON second-loss [--tcp]
+                                                        as survive, and rank 1 SIGKILLs itself
+                                                        in the reset (once generation 1 is out,
+                                                        before it connects): the others, forming
+                                                        generation 1, move on to generation 2 in
+                                                        seconds, not TRAINRUN_TIMEOUT (60 s here)
     elastic_check.py TRAINRUN PYTHON below-min          2 ranks, --min-np 2, rank 1 SIGKILLed: the
                                                         job waits --elastic-timeout 3, then ends
     elastic_check.py TRAINRUN PYTHON discovery          --host-discovery-script lists localhost:2
@@ -75,6 +81,43 @@ def survive(trainrun, python, tcp):
     if "parameters bit-identical on every rank" not in out:
         fail("the parameters differ across ranks", out)
     print(f"accuracy {final.group(1)} at 3 ranks, resumed at step {last_commit}")
+
+
+def second_loss(trainrun, python, tcp):
+    import os
+    import tempfile
+    os.environ["TRAINRUN_TIMEOUT"] = "60"  # what the survivors waited before the fix
+    with tempfile.TemporaryDirectory() as tmp:
+        times = os.path.join(tmp, "times")
+        flags = ["-np", "4", "--min-np", "2"] + (["--tcp"] if tcp else [])
+        code, out, took = run(trainrun, python, flags,
+                              ["--kill-rank", "2", "--kill-at-step", str(KILL_AT_STEP),
+                               "--kill-in-reset", "1", "--times", times,
+                               "--min-accuracy", "0.95"])
+        with open(times) as f:
+            events = [line.split() for line in f]
+    if code != 0:
+        fail(f"trainrun exited {code}, not 0", out)
+    kills = [float(t) for what, t in events if what == "kill"]
+    steps = [float(t) for what, t in events if what == "step"]
+    if len(kills) != 2 or not steps or steps[-1] < kills[-1]:
+        fail(f"expected two kills, then a step; the times file has {events}", out)
+    recovery = steps[-1] - kills[-1]
+    if not re.search(r"rank 1 on localhost was killed by SIGKILL; the job goes on at 2 ranks "
+                     r"\(generation 2, formed by ranks 0,3 of the start\)", out):
+        fail("no membership-change line for rank 1's loss", out)
+    if "the job survived 2 membership changes, 2 of 4 ranks remain" not in out:
+        fail("the end does not count both membership changes", out)
+    final = re.search(r"final test accuracy (\d\.\d+) on 2 rank\(s\)", out)
+    if not final or float(final.group(1)) < 0.95:
+        fail("no final accuracy of 0.95 or more at 2 ranks", out)
+    if "parameters bit-identical on every rank" not in out:
+        fail("the parameters differ across ranks", out)
+    # Before the bootstrap could be interrupted, this took TRAINRUN_TIMEOUT (60 s).
+    if recovery > 15:
+        fail(f"the survivors took {recovery:.2f} s after the second loss to train again", out)
+    print(f"recovered {recovery:.2f} s after the second loss (job {took:.1f} s), "
+          f"accuracy {final.group(1)} at 2 ranks")
 
 
 def below_min(trainrun, python):
@@ -238,6 +281,8 @@ def main():
     trainrun, python, mode = sys.argv[1:4]
     if mode == "survive":
         survive(trainrun, python, "--tcp" in sys.argv[4:])
+    elif mode == "second-loss":
+        second_loss(trainrun, python, "--tcp" in sys.argv[4:])
     elif mode == "below-min":
         below_min(trainrun, python)
     elif mode == "discovery":

@@ -60,11 +60,15 @@ struct CommunicatorOptions {
   // TRAINRUN_TRANSPORT, whose default is auto: shared memory when every rank is on one host and
   // proven to share its memory, else TCP.
   std::string transport;
-  // When set, a wait in a collective over TCP that has moved no data for 100 ms asks it, at most
-  // every 100 ms, and gives up with an IoError ("interrupted: ...") when it returns true, as if a
-  // peer were lost. An elastic worker answers true once the job's next generation leaves out one of
-  // this communicator's members: a host lost behind a cut link sends no end-of-file, so its peers
-  // would otherwise wait for the timeout. Called on the thread that runs the collective.
+  // When set, every wait of the communicator's start-up (the store's gathers and gets, TCP
+  // connects, handshakes and accepts, the shared-memory ranks meeting) and every wait of a
+  // collective over TCP asks it once it has waited 100 ms for nothing, then every 100 ms, and gives
+  // up with an IoError ("interrupted: ...") when it returns true, as if a peer were lost; the
+  // constructor then throws that IoError. An elastic worker answers true once the job's next
+  // generation leaves out one of this communicator's members: a host lost behind a cut link sends
+  // no end-of-file, and a member lost while the others start up never comes, so its peers would
+  // otherwise wait for the timeout. Called on the thread that runs the collective or constructs
+  // the communicator. Unset, the waits are those of the timeout alone, with no added cost.
   std::function<bool()> interrupt;
 };
 
