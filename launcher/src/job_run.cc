@@ -348,6 +348,14 @@ void JobRun::Grow(const hostfile::HostSpec& host, int count, bool joined_host,
   }
   remote::Job job = RemoteJob();
   for (int slot : ranks) {
+    // --output-filename and --log-dir files, as for the start's ranks.
+    if (absl::Status files = output_.AddRank(slot); !files.ok()) {
+      const std::string note =
+          absl::StrCat(files.message(), "; rank ", slot, "'s output goes to the console only");
+      if (discovery_said_.insert(std::string(files.message())).second) {
+        Logger().warn("{}", note);
+      }
+    }
     // Its environment says its place in the generation it will join.
     hostfile::RankAssignment& a = slots_.ranks[slot];
     std::optional<rendezvous::RankPlace> place = PlaceWith(ranks, slot);

@@ -82,12 +82,13 @@ Round RunRound(const SshWorld& world, const NetnsCluster& cluster, int round) {
 // printed epoch 5 the script's file is rewritten to `hosts_then`. `train_flags` go to
 // elastic_train.py.
 Round RunDiscoveryRound(const SshWorld& world, const NetnsCluster& cluster, const std::string& name,
-                        const std::string& hosts_then, const std::string& train_flags) {
+                        const std::string& hosts_then, const std::string& train_flags,
+                        const std::string& trainrun_flags = "") {
   const std::string out = absl::StrCat(world.dir(), "/", name, ".out");
   const std::string times = absl::StrCat(world.dir(), "/", name, ".times");
   const std::string hosts = absl::StrCat(world.dir(), "/", name, ".hosts");
   const std::string args = absl::StrCat(
-      "--min-np 2 --max-np 4 --host-discovery-script 'cat ", hosts,
+      trainrun_flags, " --min-np 2 --max-np 4 --host-discovery-script 'cat ", hosts,
       "' -x PYTHONPATH=", TRAINRUN_PYTHONPATH,
       " -x TRAINRUN_TIMEOUT=60 -x PYTHONDONTWRITEBYTECODE=1 ", TRAINRUN_PYTHON, " ",
       TRAINRUN_SOURCE_DIR, "/examples/elastic_train.py --times ", times, " ", train_flags);
@@ -154,12 +155,16 @@ TEST_CASE("elastic: a netns host added to the discovery script's output; the job
   std::vector<double> times;
   for (int round = 0; round < rounds; ++round) {
     // From epoch 5 each step sleeps 0.3 s until the job has 4 ranks, however long the new host's
-    // ranks take to start (a Python with torch each) and join.
+    // ranks take to start (a Python with torch each) and join. ELASTIC_GROW_LOG=1 prints the
+    // output, with trainrun's --verbose lines.
+    const bool show = std::getenv("ELASTIC_GROW_LOG") != nullptr;
+    const std::string files = absl::StrCat(world.dir(), "/grow", round, ".files");
     Round result = RunDiscoveryRound(
         world, cluster, absl::StrCat("grow", round), absl::StrCat(first, ":2\\n", added, ":2\\n"),
         "--epochs 12 --min-accuracy 0.95 --step-sleep 0.3 --sleep-from-epoch 5 "
-        "--sleep-until-size 4");
-    if (std::getenv("ELASTIC_GROW_LOG") != nullptr) std::cout << result.log << std::endl;
+        "--sleep-until-size 4",
+        absl::StrCat(show ? "--verbose " : "", "--output-filename ", files));
+    if (show) std::cout << result.log << std::endl;
     INFO(result.log);
     CHECK(result.status == 0);
     CHECK(result.log.find(absl::StrCat("host ", added,
@@ -175,7 +180,12 @@ TEST_CASE("elastic: a netns host added to the discovery script's output; the job
       CHECK(result.log.find(absl::StrCat("[", rank, "]<stdout>:rank ", rank, " (slot ", rank,
                                          ", on ", added, "): joined at step ")) !=
             std::string::npos);
+      // And in their --output-filename files, as the start's ranks' are.
+      CHECK(ReadFileText(absl::StrCat(files, "/rank.", rank, "/stdout"))
+                .find(absl::StrCat("rank ", rank, " (slot ", rank, ", on ", added,
+                                   "): joined at step ")) != std::string::npos);
     }
+    CHECK(ReadFileText(files + "/rank.0/stdout").find("final test accuracy") != std::string::npos);
     // Ranks 0-1 resume at their last commit on 4 ranks, and the new ranks join at that same step:
     // the committed step never goes back, nor does the epochs' step count.
     const std::vector<int> resumed = ResumedSteps(result.log);
