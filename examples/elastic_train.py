@@ -17,7 +17,8 @@ this rank connects to it: the others are then forming a generation that has lost
 and "step T" (after the first step completed in each new generation) lines, wall-clock seconds;
 --fail-on-host HOST makes every rank started on HOST exit 1 at once (a flapping host). A rank that
 trainrun starts while the job runs (it grew onto a host of --host-discovery-script) joins the
-newest generation and gets the state from rank 0 by the sync, as Horovod's do.
+newest generation and gets the state from rank 0 by the sync, as Horovod's do, and prints
+"rank R (slot S, on HOST): joined at step N of epoch E on SIZE ranks".
 Every rank checks that it resumed at the last commit (exit 3 otherwise); at the end rank 0 checks
 that the parameters are bit-identical on every rank (exit 2 otherwise) and prints the accuracy
 (exit 1 below --min-accuracy).
@@ -98,7 +99,9 @@ def main():
     sampler = hvd.elastic.ElasticSampler(range(len(x_train)), shuffle=True, seed=args.seed)
     state = hvd.elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler, epoch=0,
                                    step=0)
-    progress = {"last_commit": 0, "resumed": False, "timed": True}
+    # A rank started while the job runs (TRAINRUN_ELASTIC_SLOT) says where it joined, once.
+    progress = {"last_commit": 0, "resumed": False, "timed": True,
+                "joined": os.environ.get("TRAINRUN_ELASTIC_SLOT")}
 
     def on_reset():
         for group in optimizer.param_groups:
@@ -121,6 +124,11 @@ def main():
 
     @elastic_run
     def train(state):
+        if progress["joined"] is not None:
+            print(f"rank {hvd.rank()} (slot {progress['joined']}, on "
+                  f"{os.environ.get('TRAINRUN_HOSTNAME')}): joined at step {state.step} of epoch "
+                  f"{state.epoch} on {hvd.size()} ranks", flush=True)
+            progress["joined"] = None
         if progress["resumed"]:
             progress["resumed"] = False
             if state.step != progress["last_commit"]:

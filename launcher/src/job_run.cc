@@ -5,9 +5,12 @@
 
 #include <boost/asio/post.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "rank_ranges.h"
 #include "remote/host_access.h"
 #include "trainrun/launcher/cpu_binding.h"
@@ -76,7 +79,15 @@ JobRun::JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& out
   if (plan.rank_is_local[0]) stdin_forwarder_ = internal::StdinForwarder::Create(io_);
 }
 
-JobRun::~JobRun() { StopDiscovery(); }
+JobRun::~JobRun() {
+  StopDiscovery();
+  // A connection still under way (growing onto a remote host) posts nothing from now on, and
+  // closes its agent when it completes; a moment is given for it to end first.
+  std::unique_lock<std::mutex> lock(connections_->mu);
+  connections_->closed = true;
+  connections_->changed.wait_for(lock, std::chrono::seconds(1),
+                                 [this] { return connections_->running == 0; });
+}
 
 void JobRun::StartDiscovery() {
   if (!spec_.elastic.has_value() || spec_.elastic->discovery_script.empty()) return;
@@ -138,27 +149,130 @@ void JobRun::OnDiscovered(const absl::StatusOr<std::vector<hostfile::HostSpec>>&
   }
   // A host that appeared, or has free slots: the job grows onto it, up to --max-np, unless it is
   // blacklisted or the job is finishing.
+  listed_ = listed;
   if (supervisor_->finishing()) return;
-  int live = 0;
-  for (const hostfile::RankAssignment& a : slots_.ranks) live += supervisor_->Live(a.rank) ? 1 : 0;
-  int room = spec_.elastic->max_np - live;
+  int room = spec_.elastic->max_np - LiveOrConnecting();
   const auto now = std::chrono::steady_clock::now();
   for (const hostfile::HostSpec& host : *hosts) {
     if (room <= 0) break;
-    const int here = static_cast<int>(live_on(host.host).size());
+    auto connecting = connecting_.find(host.host);
+    const int here = static_cast<int>(live_on(host.host).size()) +
+                     (connecting != connecting_.end() ? connecting->second : 0);
     const int count = std::min(host.slots - here, room);
     if (count <= 0 || Blacklisted(host.host, now)) continue;
-    if (!IsLocalHost(host.host)) {
-      const std::string note = absl::StrCat(
-          "host ", host.host,
-          " appeared in the host discovery script's output; growing a running job onto a host "
-          "that is not this machine is not built yet, so the job goes on without it");
-      if (discovery_said_.insert(note).second) Logger().warn("{}", note);
+    if (IsLocalHost(host.host)) {
+      Grow(host, count, here == 0, when);
+    } else if (std::string why = CannotReachFromRanks(host.host); !why.empty()) {
+      if (discovery_said_.insert(why).second) Logger().warn("{}", why);
       continue;
+    } else {
+      ConnectToGrow(host, count, here == 0, when);
     }
-    Grow(host, count, here == 0, when);
     room -= count;
   }
+}
+
+int JobRun::LiveOrConnecting() const {
+  int count = 0;
+  for (const hostfile::RankAssignment& a : slots_.ranks) count += supervisor_->Live(a.rank) ? 1 : 0;
+  for (const auto& [host, ranks] : connecting_) count += ranks;
+  return count;
+}
+
+std::string JobRun::CannotReachFromRanks(const std::string& host) const {
+  const std::string said =
+      absl::StrCat("host ", host,
+                   " appeared in the host discovery script's output, but the job goes on without "
+                   "it: ");
+  if (spec_.per_node) {
+    return absl::StrCat(said,
+                        "a job started per node (--nnodes) grows only onto this machine's host");
+  }
+  const bool loopback = absl::StartsWith(bind_address_, "127.") || bind_address_ == "::1" ||
+                        bind_address_ == "localhost";
+  if (loopback) {
+    return absl::StrCat(said, "the job's rendezvous server listens on ", bind_address_,
+                        ", which only this machine reaches (every rank of the start ran here); "
+                        "--rendezvous-addr ADDRESS or --network-interface NAME makes it reachable");
+  }
+  return "";
+}
+
+void JobRun::ConnectToGrow(const hostfile::HostSpec& host, int count, bool joined_host,
+                           std::chrono::steady_clock::time_point since) {
+  connecting_[host.host] += count;
+  Logger().debug(
+      "host {} appeared in the host discovery script's output: connecting to it for {} "
+      "ranks",
+      host.host, count);
+  // The channel and the greeting of the start (SSH options, host keys, the agent), on a thread of
+  // its own: the io thread goes on meanwhile.
+  std::shared_ptr<channel::HostChannel> channel = remote::MakeHostChannel(spec_);
+  const std::string command = remote::AgentCommand(remote::RemoteTrainrunPath(spec_));
+  const absl::Time deadline = absl::Now() + absl::FromChrono(spec_.start_timeout);
+  {
+    std::lock_guard<std::mutex> lock(connections_->mu);
+    ++connections_->running;
+  }
+  std::thread([this, connections = connections_, channel, host, command, deadline, count,
+               joined_host, since] {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<remote::RemoteAgent> agent =
+        remote::ConnectAgent(*channel, host, command, deadline);
+    Logger().debug("host {}: {} in {}", host.host, agent.ok() ? "agent connected" : "no agent",
+                   absl::FormatDuration(absl::Now() - start));
+    std::lock_guard<std::mutex> lock(connections->mu);
+    --connections->running;
+    connections->changed.notify_all();
+    if (connections->closed) return;  // the job is over: `agent` closes here
+    boost::asio::post(io_,
+                      [this, host, count, joined_host, since, agent = std::move(agent)]() mutable {
+                        OnGrowConnected(host, count, joined_host, since, std::move(agent));
+                      });
+  }).detach();
+}
+
+void JobRun::OnGrowConnected(const hostfile::HostSpec& host, int count, bool joined_host,
+                             std::chrono::steady_clock::time_point since,
+                             absl::StatusOr<remote::RemoteAgent> agent) {
+  if (auto it = connecting_.find(host.host);
+      it != connecting_.end() && (it->second -= count) <= 0) {
+    connecting_.erase(it);
+  }
+  if (supervisor_->done() || supervisor_->ending()) return;  // an agent closes with `agent`
+  if (!agent.ok()) {
+    // Not the job's failure: the pending ranks are given up, and the host waits its cooldown.
+    // The message names the host ("host h: why", "host h (address:port): why"): said once.
+    absl::string_view message = agent.status().message();
+    std::string why(message);
+    if (absl::ConsumePrefix(&message, absl::StrCat("host ", host.host))) {
+      const size_t address_end = message.find("): ");
+      if (absl::ConsumePrefix(&message, ": ")) {
+        why = std::string(message);
+      } else if (absl::StartsWith(message, " (") && address_end != absl::string_view::npos) {
+        why =
+            absl::StrCat(message.substr(2, address_end - 2), ": ", message.substr(address_end + 3));
+      }
+    }
+    const std::string what =
+        absl::StrCat("trainrun could not reach its agent to grow the job onto it (", why, ")");
+    if (Blacklisted(host.host, std::chrono::steady_clock::now())) {
+      Logger().warn("host {}: {}; the job goes on without it", host.host, what);
+    } else {
+      Blacklist(host.host, what);
+    }
+    return;
+  }
+  // The job may have changed meanwhile: finishing, the host gone from the output or blacklisted,
+  // or fewer free places. The agent then closes unused.
+  if (supervisor_->finishing() || listed_.count(host.host) == 0 ||
+      Blacklisted(host.host, std::chrono::steady_clock::now())) {
+    Logger().debug("host {} connected, but the job no longer grows onto it", host.host);
+    return;
+  }
+  const int fit = std::min(count, spec_.elastic->max_np - LiveOrConnecting());
+  if (fit <= 0) return;
+  Grow(host, fit, joined_host, since, std::move(*agent));
 }
 
 std::optional<rendezvous::RankPlace> JobRun::PlaceWith(const std::vector<int>& added,
@@ -172,9 +286,34 @@ std::optional<rendezvous::RankPlace> JobRun::PlaceWith(const std::vector<int>& a
   return generation.PlaceOf(slot);
 }
 
+HostView JobRun::GrownHostView(const hostfile::HostSpec& host,
+                               const remote::RemoteAgent* agent) const {
+  HostView view;
+  view.name = host.host;
+  view.rendezvous_addr = server_->address();
+  view.master_addr = views_.empty() ? host.host : views_[0].master_addr;
+  view.gpu_count = CountHostGpus();
+  if (agent == nullptr) return view;
+  // A remote host: as HostViews sees the start's (this machine as that host sees it).
+  const std::string launcher_address = remote::LauncherAddress(*agent);
+  view.address = agent->stream->RemoteAddress();
+  view.gpu_count = static_cast<int>(agent->hello.gpu_count);
+  if (IsWildcard(bind_address_) && !launcher_address.empty()) {
+    view.rendezvous_addr = HostPort(launcher_address, server_->port());
+  }
+  const int master_host = spec_.plan.ranks[0].host_index;
+  if (plan_.rank_is_local[0] && !launcher_address.empty()) {
+    view.master_addr = launcher_address;
+  } else if (master_host < static_cast<int>(views_.size())) {
+    view.master_addr = views_[master_host].master_addr;
+  }
+  return view;
+}
+
 void JobRun::Grow(const hostfile::HostSpec& host, int count, bool joined_host,
-                  std::chrono::steady_clock::time_point since) {
-  // The host's index among the job's hosts; a new one gets this machine's view.
+                  std::chrono::steady_clock::time_point since,
+                  std::optional<remote::RemoteAgent> agent) {
+  // The host's index among the job's hosts; a new one gets its view.
   int host_index = -1;
   for (size_t h = 0; h < slots_.hosts.size(); ++h) {
     if (slots_.hosts[h].host == host.host) host_index = static_cast<int>(h);
@@ -182,12 +321,7 @@ void JobRun::Grow(const hostfile::HostSpec& host, int count, bool joined_host,
   if (host_index < 0) {
     host_index = static_cast<int>(slots_.hosts.size());
     slots_.hosts.push_back(host);
-    HostView view;
-    view.name = host.host;
-    view.rendezvous_addr = server_->address();
-    view.master_addr = views_.empty() ? host.host : views_[0].master_addr;
-    view.gpu_count = CountHostGpus();
-    views_.push_back(std::move(view));
+    views_.push_back(GrownHostView(host, agent ? &*agent : nullptr));
   }
   std::vector<int> ranks;
   std::vector<rendezvous::RankSlot> server_slots;
@@ -212,7 +346,16 @@ void JobRun::Grow(const hostfile::HostSpec& host, int count, bool joined_host,
     Logger().info("host {} {} the host discovery script's output: starting {} on it", host.host,
                   joined_host ? "appeared in" : "has more slots in", RankRanges(ranks));
   }
+  remote::Job job = RemoteJob();
   for (int slot : ranks) {
+    // --output-filename and --log-dir files, as for the start's ranks.
+    if (absl::Status files = output_.AddRank(slot); !files.ok()) {
+      const std::string note =
+          absl::StrCat(files.message(), "; rank ", slot, "'s output goes to the console only");
+      if (discovery_said_.insert(std::string(files.message())).second) {
+        Logger().warn("{}", note);
+      }
+    }
     // Its environment says its place in the generation it will join.
     hostfile::RankAssignment& a = slots_.ranks[slot];
     std::optional<rendezvous::RankPlace> place = PlaceWith(ranks, slot);
@@ -222,13 +365,19 @@ void JobRun::Grow(const hostfile::HostSpec& host, int count, bool joined_host,
     a.cross_size = place->cross_size;
     hostfile::RankAssignment in_generation = a;
     in_generation.rank = place->rank;
+    std::vector<std::string> env =
+        plan_.environment.ForPlace(in_generation, place->size, views_[host_index]);
+    env.push_back(absl::StrCat(env::kElasticSlot, "=", slot));
+    if (agent.has_value()) {
+      job.ranks.push_back({static_cast<uint32_t>(slot), std::move(env)});
+      continue;
+    }
     ProcessSpec process;
     process.cpus = CpusForRank(plan_.cpus, spec_.bind_to, a.local_rank, a.local_size);
     process.cwd = plan_.working_dir;
     process.executable = plan_.executable.path;
     process.argv = spec_.command;
-    process.env = plan_.environment.ForPlace(in_generation, place->size, views_[host_index]);
-    process.env.push_back(absl::StrCat(env::kElasticSlot, "=", slot));
+    process.env = std::move(env);
     process.stdout_pty = spec_.stdout_pty;
     if (absl::Status started = local_ranks_.Start(slot, process); !started.ok()) {
       Logger().warn("cannot start rank {} on {}: {}", slot, host.host,
@@ -239,6 +388,8 @@ void JobRun::Grow(const hostfile::HostSpec& host, int count, bool joined_host,
       supervisor_->OnRankExit(slot, exit);
     }
   }
+  // A remote host's ranks: one Job to the agent connected for them (RemoteRanks::Add).
+  if (agent.has_value()) remote_ranks_.Add(*std::move(agent), job);
   growing_.push_back({ranks, host.host, why, since, std::chrono::steady_clock::now()});
   WatchGrowth();
 }
@@ -422,6 +573,7 @@ absl::Status JobRun::ServeRendezvous() {
   }
   server_ = *std::move(server);
   Logger().debug("rendezvous server at {}", server_->address());
+  bind_address_ = bind_address;
   views_ = HostViews(bind_address);
   return absl::OkStatus();
 }
@@ -466,20 +618,25 @@ std::vector<HostView> JobRun::HostViews(const std::string& bind_address) const {
   return views;
 }
 
+remote::Job JobRun::RemoteJob() const {
+  remote::Job job;
+  job.cwd = plan_.working_dir.empty() ? CurrentDirectory() : plan_.working_dir;
+  job.bind_to = static_cast<uint32_t>(spec_.bind_to);
+  job.argv = spec_.command;
+  job.grace_period_ms = static_cast<uint32_t>(spec_.grace_period.count());
+  job.stdout_pty = spec_.stdout_pty;
+  if (spec_.elastic.has_value()) {
+    job.silence_limit_ms = static_cast<uint32_t>(remote::kElasticSilenceLimit.count());
+  }
+  return job;
+}
+
 void JobRun::StartRanks(const StartDeadline& deadline) {
   launched_ = deadline.when - deadline.timeout;
   if (!plan_.remote_hosts.empty()) {
     std::vector<remote::Job> jobs;
     for (int host_index : plan_.remote_hosts) {
-      remote::Job job;
-      job.cwd = plan_.working_dir.empty() ? CurrentDirectory() : plan_.working_dir;
-      job.bind_to = static_cast<uint32_t>(spec_.bind_to);
-      job.argv = spec_.command;
-      job.grace_period_ms = static_cast<uint32_t>(spec_.grace_period.count());
-      job.stdout_pty = spec_.stdout_pty;
-      if (spec_.elastic.has_value()) {
-        job.silence_limit_ms = static_cast<uint32_t>(remote::kElasticSilenceLimit.count());
-      }
+      remote::Job job = RemoteJob();
       for (const hostfile::RankAssignment& a : spec_.plan.ranks) {
         if (a.host_index != host_index) continue;
         job.ranks.push_back(

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "job_plan.h"
 #include "remote/agent_connector.h"
 #include "remote/remote_ranks.h"
@@ -102,8 +103,27 @@ class JobRun {
   // Growing: Grow starts `count` ranks on `host` (this machine) as slots past the plan's, pending
   // in the supervisor; WatchGrowth polls until each batch's ranks have joined the rendezvous, then
   // makes them one membership change (JobSupervisor::OnRanksJoined).
+  // A remote host (not this machine) is grown onto through an agent of its own: ConnectToGrow
+  // connects one on a thread (the start's HostChannel and greeting) and posts the outcome to
+  // OnGrowConnected, which gives the ranks to Grow with the agent (they run as RemoteRanks), or,
+  // when the host cannot be reached, gives them up and blacklists the host. `agent` absent: this
+  // machine's ranks, started under their shims.
   void Grow(const hostfile::HostSpec& host, int count, bool joined_host,
-            std::chrono::steady_clock::time_point since);
+            std::chrono::steady_clock::time_point since,
+            std::optional<remote::RemoteAgent> agent = std::nullopt);
+  void ConnectToGrow(const hostfile::HostSpec& host, int count, bool joined_host,
+                     std::chrono::steady_clock::time_point since);
+  void OnGrowConnected(const hostfile::HostSpec& host, int count, bool joined_host,
+                       std::chrono::steady_clock::time_point since,
+                       absl::StatusOr<remote::RemoteAgent> agent);
+  // The view of a host the job grew onto (`agent`: its agent; null for this machine).
+  HostView GrownHostView(const hostfile::HostSpec& host, const remote::RemoteAgent* agent) const;
+  // Why the ranks of a remote host could not join this job ("" when they can).
+  std::string CannotReachFromRanks(const std::string& host) const;
+  // The ranks running or pending, and those whose agent is being connected.
+  int LiveOrConnecting() const;
+  // RemoteJob is a remote host's Job without its ranks.
+  remote::Job RemoteJob() const;
   void WatchGrowth();
   // Blacklisting (elastic jobs with --host-discovery-script): a host whose rank failed gets no new
   // ranks until its cooldown (--blacklist-cooldown-range; forever without it) has passed.
@@ -133,8 +153,20 @@ class JobRun {
   std::mutex discovery_mutex_;
   std::condition_variable discovery_wake_;
   bool discovery_stop_ = false;
-  std::set<std::string> discovery_said_;  // what OnDiscovered has said once
-  bool host_failed_ = false;              // a remote host's agent failed or was lost
+  std::set<std::string> discovery_said_;   // what OnDiscovered has said once
+  std::set<std::string> listed_;           // the hosts of the discovery script's latest output
+  std::map<std::string, int> connecting_;  // ranks waiting for an agent, by host
+  // What the connecting threads share with JobRun: once `closed`, they post nothing and close the
+  // agent they got. JobRun waits up to a second for `running` to reach 0 when destroyed.
+  struct Connections {
+    std::mutex mu;
+    std::condition_variable changed;
+    bool closed = false;
+    int running = 0;
+  };
+  std::shared_ptr<Connections> connections_ = std::make_shared<Connections>();
+  std::string bind_address_;  // the rendezvous server's
+  bool host_failed_ = false;  // a remote host's agent failed or was lost
   std::chrono::steady_clock::time_point
       launched_;  // when Launch began (the start deadline's clock)
   int started_ = 0;

@@ -170,12 +170,25 @@ void JobSupervisor::OnHostLost(const std::vector<int>& ranks, const std::string&
     if (exits_.count(rank) == 0) exits_[rank] = exit;
   }
   Logger().debug("{}: ranks {}", why, RankRanges(ranks));
+  // Ranks the job was growing by (not members yet) are given up without a change.
+  std::vector<int> members;
+  for (int rank : ranks) {
+    if (pending_.erase(rank) > 0) {
+      lost_.insert(rank);
+    } else {
+      members.push_back(rank);
+    }
+  }
+  if (members.empty()) {
+    MaybeDone();
+    return;
+  }
   if (options_.elastic.has_value() && !teardown_started_.has_value() &&
       !below_minimum_.has_value()) {
-    Loss(ranks, absl::StrCat(why, ": ", RankRanges(ranks), " lost"), now,
-         plan_.HostOf(ranks.front()).host);
+    Loss(members, absl::StrCat(why, ": ", RankRanges(members), " lost"), now,
+         plan_.HostOf(members.front()).host);
   } else if (!options_.elastic.has_value()) {
-    OnStartFailure(ranks.front(), why);
+    OnStartFailure(members.front(), why);
   }
   MaybeDone();
 }

@@ -52,38 +52,51 @@ absl::StatusOr<std::unique_ptr<OutputForwarder>> OutputForwarder::Create(
   std::unique_ptr<OutputForwarder> forwarder(new OutputForwarder(options));
   if (options.log_dir.has_value() && options.log_streams != 0) {
     if (auto made = MakeDirectory(*options.log_dir, "--log-dir"); !made.ok()) return made.status();
-    for (int rank = 0; rank < options.world_size; ++rank) {
-      std::string dir = absl::StrCat(*options.log_dir, "/", rank);
-      if (auto made = MakeDirectory(dir, "--log-dir"); !made.ok()) return made.status();
-      for (OutputStream stream : {OutputStream::kStdout, OutputStream::kStderr}) {
-        if ((options.log_streams & StreamBit(stream)) == 0) continue;
-        std::string path = dir + (stream == OutputStream::kStdout ? "/stdout.log" : "/stderr.log");
-        int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("--log-dir: cannot create '", path, "': ", std::strerror(errno)));
-        }
-        forwarder->log_files_[{rank, stream}] = fd;
-      }
-    }
   }
-  if (!options.output_dir.has_value()) return forwarder;
-  if (auto made = MakeDirectory(*options.output_dir); !made.ok()) return made.status();
-  const int width = static_cast<int>(absl::StrCat(std::max(options.world_size - 1, 0)).size());
+  if (options.output_dir.has_value()) {
+    if (auto made = MakeDirectory(*options.output_dir); !made.ok()) return made.status();
+  }
   for (int rank = 0; rank < options.world_size; ++rank) {
-    std::string dir = absl::StrFormat("%s/rank.%0*d", *options.output_dir, width, rank);
-    if (auto made = MakeDirectory(dir); !made.ok()) return made.status();
-    for (OutputStream stream : {OutputStream::kStdout, OutputStream::kStderr}) {
-      std::string path = dir + (stream == OutputStream::kStdout ? "/stdout" : "/stderr");
-      int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (fd < 0) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("--output-filename: cannot create '", path, "': ", std::strerror(errno)));
-      }
-      forwarder->files_[{rank, stream}] = fd;
-    }
+    if (absl::Status opened = forwarder->AddRank(rank); !opened.ok()) return opened;
   }
   return forwarder;
+}
+
+absl::Status OutputForwarder::AddRank(int rank) {
+  auto open_file = [](const std::string& path, const char* flag) -> absl::StatusOr<int> {
+    int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(flag, ": cannot create '", path, "': ", std::strerror(errno)));
+    }
+    return fd;
+  };
+  if (options_.log_dir.has_value() && options_.log_streams != 0) {
+    std::string dir = absl::StrCat(*options_.log_dir, "/", rank);
+    if (auto made = MakeDirectory(dir, "--log-dir"); !made.ok()) return made.status();
+    for (OutputStream stream : {OutputStream::kStdout, OutputStream::kStderr}) {
+      if ((options_.log_streams & StreamBit(stream)) == 0 || log_files_.count({rank, stream})) {
+        continue;
+      }
+      absl::StatusOr<int> fd = open_file(
+          dir + (stream == OutputStream::kStdout ? "/stdout.log" : "/stderr.log"), "--log-dir");
+      if (!fd.ok()) return fd.status();
+      log_files_[{rank, stream}] = *fd;
+    }
+  }
+  if (!options_.output_dir.has_value()) return absl::OkStatus();
+  // Padded to the width of the start's last rank (horovodrun's names); a later rank may be wider.
+  const int width = static_cast<int>(absl::StrCat(std::max(options_.world_size - 1, 0)).size());
+  std::string dir = absl::StrFormat("%s/rank.%0*d", *options_.output_dir, width, rank);
+  if (auto made = MakeDirectory(dir); !made.ok()) return made.status();
+  for (OutputStream stream : {OutputStream::kStdout, OutputStream::kStderr}) {
+    if (files_.count({rank, stream})) continue;
+    absl::StatusOr<int> fd = open_file(
+        dir + (stream == OutputStream::kStdout ? "/stdout" : "/stderr"), "--output-filename");
+    if (!fd.ok()) return fd.status();
+    files_[{rank, stream}] = *fd;
+  }
+  return absl::OkStatus();
 }
 
 OutputForwarder::OutputForwarder(const OutputOptions& options)

@@ -502,6 +502,27 @@ TEST_CASE("elastic: a pending rank that fails is no change and never blamed",
   CHECK(f.supervisor.Summary().empty());
 }
 
+TEST_CASE("elastic: a remote host lost while its ranks were pending is no change, never blamed",
+          "[launcher][supervisor][elastic]") {
+  ElasticFixture f(2, 2);
+  const std::vector<int> added = GrowPlan(f.plan, "b", 2);
+  f.supervisor.OnRanksAdded(added);
+  // The agent connected for them fell silent (or could not start them) before they joined.
+  f.supervisor.OnHostLost(added, "host b lost its agent or its link (no word)");
+  CHECK_FALSE(f.supervisor.Live(2));
+  CHECK_FALSE(f.supervisor.Live(3));
+  CHECK(f.changes.empty());
+  CHECK_FALSE(f.supervisor.ending());
+  CHECK_FALSE(
+      f.supervisor.OnRanksJoined(added, "host b joined", std::chrono::steady_clock::now(), "b"));
+  const auto now = std::chrono::steady_clock::now();
+  for (int r : {0, 1}) f.supervisor.OnRankExit(r, Exit(0, now));
+  CHECK(f.done);
+  CHECK(f.supervisor.exit_code() == 0);
+  CHECK(f.supervisor.Summary().empty());
+  CHECK(f.supervisor.ElasticSummary().empty());
+}
+
 TEST_CASE("elastic: a member that finishes gives up the pending ranks; no growth then",
           "[launcher][supervisor][elastic]") {
   ElasticFixture f(2, 2);

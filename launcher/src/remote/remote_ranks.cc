@@ -29,6 +29,7 @@ struct RemoteRanks::Host {
   bool done = false;    // the agent said Done
   bool ended = false;   // its stream ended (or was given up on)
   bool failed = false;  // a failure was reported for it
+  bool added = false;   // connected while the job ran (RemoteRanks::Add)
   std::thread reader;
 
   const std::string& name() const { return agent->name(); }
@@ -67,10 +68,10 @@ void RemoteRanks::Start(std::vector<Job> jobs, const StartDeadline& deadline) {
     for (const RankJob& rank : jobs[i].ranks) host.ranks.push_back(static_cast<int>(rank.rank));
     Send(host, EncodeJob(jobs[i]));
   }
-  for (auto& host : hosts_) {
-    host->reader = std::thread([this, h = host.get()] { ReaderLoop(*h); });
+  for (size_t i = 0; i < agents_.size(); ++i) {
+    hosts_[i]->reader = std::thread([this, h = hosts_[i].get()] { ReaderLoop(*h); });
   }
-  Heartbeat();
+  if (!heartbeating_) Heartbeat();
   start_deadline_.expires_at(deadline.when);
   start_deadline_.async_wait([this,
                               timeout = deadline.timeout](const boost::system::error_code& error) {
@@ -78,12 +79,25 @@ void RemoteRanks::Start(std::vector<Job> jobs, const StartDeadline& deadline) {
     for (auto& host : hosts_) {
       size_t reported = host->started.size();
       for (int rank : host->exited) reported += host->started.count(rank) ? 0 : 1;
-      if (host->ended || host->failed || reported >= host->ranks.size()) continue;
+      if (host->added || host->ended || host->failed || reported >= host->ranks.size()) continue;
       Fail(*host,
            absl::StrCat("host ", host->name(), ": only ", reported, " of its ", host->ranks.size(),
                         " ranks started within ", timeout.count(), " s; raise --start-timeout"));
     }
   });
+}
+
+void RemoteRanks::Add(RemoteAgent agent, const Job& job) {
+  if (stopping_) return;  // the connection closes with `agent`
+  added_agents_.push_back(std::make_unique<RemoteAgent>(std::move(agent)));
+  auto host = std::make_unique<Host>();
+  host->agent = added_agents_.back().get();
+  host->added = true;
+  for (const RankJob& rank : job.ranks) host->ranks.push_back(static_cast<int>(rank.rank));
+  Send(*host, EncodeJob(job));
+  host->reader = std::thread([this, h = host.get()] { ReaderLoop(*h); });
+  hosts_.push_back(std::move(host));
+  if (!heartbeating_) Heartbeat();
 }
 
 void RemoteRanks::TerminateAll() {
@@ -126,6 +140,7 @@ void RemoteRanks::Send(Host& host, const std::string& frame) {
 }
 
 void RemoteRanks::Heartbeat() {
+  heartbeating_ = true;
   for (auto& host : hosts_) Send(*host, EncodeFrame(MessageType::kHeartbeat));
   heartbeat_.expires_after(timing_.heartbeat);
   heartbeat_.async_wait([this](const boost::system::error_code& error) {
@@ -233,11 +248,7 @@ void RemoteRanks::OnEnd(Host& host, const std::string& reason) {
   if (missing.empty()) return;  // every rank reported its end: a normal finish
   absl::string_view why = reason;
   absl::ConsumePrefix(&why, absl::StrCat("host ", host.name(), ": "));
-  if (events_.on_host_lost) {
-    for (int rank : missing) host.exited.insert(rank);
-    host.failed = true;
-    events_.on_host_lost(
-        missing, absl::StrCat("host ", host.name(), " lost its agent or its link (", why, ")"));
+  if (Lost(host, absl::StrCat("host ", host.name(), " lost its agent or its link (", why, ")"))) {
     return;
   }
   Fail(host, absl::StrCat("host ", host.name(), ": lost its agent before its ranks ended (", why,
@@ -252,8 +263,21 @@ void RemoteRanks::OnEnd(Host& host, const std::string& reason) {
   }
 }
 
+bool RemoteRanks::Lost(Host& host, const std::string& why) {
+  if (!events_.on_host_lost) return false;
+  std::vector<int> missing;
+  for (int rank : host.ranks) {
+    if (host.exited.insert(rank).second) missing.push_back(rank);
+  }
+  host.failed = true;
+  if (!missing.empty()) events_.on_host_lost(missing, why);
+  return true;
+}
+
 void RemoteRanks::Fail(Host& host, const std::string& message) {
   if (host.failed) return;
+  // An agent added while the job runs that cannot start its ranks: they are lost, the job goes on.
+  if (host.added && Lost(host, message)) return;
   host.failed = true;
   events_.on_failure(host.ranks.empty() ? 0 : host.ranks.front(), message);
 }

@@ -71,6 +71,13 @@ class RemoteRanks : public RankControl {
   // deadline, which began before the hosts were connected) fails the job, naming it.
   void Start(std::vector<Job> jobs, const StartDeadline& deadline);
 
+  // Add takes an agent connected while the job runs (an elastic job growing onto a host of its
+  // discovery script) and sends it `job`: from then on its ranks are the job's like those of the
+  // start (output, exits, heartbeats, teardown, a lost host). One Job per agent: a later batch on
+  // the same host comes with another agent. An agent that reports an error (it cannot start a
+  // rank) is its ranks' loss through on_host_lost when set, else a failure.
+  void Add(RemoteAgent agent, const Job& job);
+
   void TerminateAll() override;
   void KillAll() override;
   void TerminateRanks(const std::vector<int>& ranks) override;
@@ -88,15 +95,19 @@ class RemoteRanks : public RankControl {
   void OnFrame(Host& host, const Frame& frame);
   void OnEnd(Host& host, const std::string& reason);
   void Fail(Host& host, const std::string& message);
+  // Lost: the host's ranks not yet ended are gone (on_host_lost); false without on_host_lost.
+  bool Lost(Host& host, const std::string& why);
   void Heartbeat();
 
   boost::asio::io_context& io_;
   std::vector<RemoteAgent> agents_;
+  std::vector<std::unique_ptr<RemoteAgent>> added_agents_;  // Add's, each its Host's
   RemoteEvents events_;
   RemoteTiming timing_;
   std::vector<std::unique_ptr<Host>> hosts_;
   boost::asio::steady_timer heartbeat_;
   boost::asio::steady_timer start_deadline_;
+  bool heartbeating_ = false;
   std::atomic<bool> stopping_{false};
 };
 

@@ -87,7 +87,8 @@ class JobSupervisor {
   void OnRankExit(int rank, const ExitInfo& exit);
   // OnHostLost (elastic jobs): the ranks `ranks` of one host are gone with its agent (`why`
   // names the host and how it was lost). They count as lost ranks, recorded as killed now: one
-  // membership change while at least min_np ranks survive, else the wait for ranks.
+  // membership change while at least min_np ranks survive, else the wait for ranks. Pending
+  // ranks among them (the job was growing onto the host) are given up without a change.
   void OnHostLost(const std::vector<int>& ranks, const std::string& why);
   // OnRanksRemoved (elastic jobs): the host discovery script no longer lists the host of `ranks`
   // (`why` says so): those still running are stopped (SIGTERM, SIGKILL after the grace period)

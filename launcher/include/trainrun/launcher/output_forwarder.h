@@ -47,6 +47,10 @@ class OutputForwarder {
   OutputForwarder(const OutputForwarder&) = delete;
   OutputForwarder& operator=(const OutputForwarder&) = delete;
 
+  // AddRank makes the --output-filename and --log-dir files of a rank past the start's world_size
+  // (an elastic job that grew), as Create does for the start's; an error names the path.
+  absl::Status AddRank(int rank);
+
   // Write forwards one piece of rank `rank`'s output (RankProcessSet's on_output).
   void Write(int rank, OutputStream stream, std::string_view bytes);
 
