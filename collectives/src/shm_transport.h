@@ -25,8 +25,9 @@
 // needs a CPU, not a wake-up: the waiter yields its CPU (sched_yield) for a few ms, so that ranks
 // sharing cores hand the CPU to each other without a futex sleep and wake-up per step (tens of µs
 // each here). A rank outside the transport (computing) or asleep in another wait makes it sleep at
-// once; and a yield that kept it off its CPU for a whole time slice (a busy process took it, which
-// a sleeper's wake-up would have preempted) makes its waits sleep instead of yielding for 100 ms.
+// once; and, when ranks outnumber CPUs, a yield that kept it off its CPU for a whole time slice (a
+// busy process took it, which a sleeper's wake-up would have preempted) makes its waits sleep
+// instead of yielding for 100 ms.
 #pragma once
 
 #include <sys/types.h>
@@ -172,7 +173,8 @@ class ShmTransport : public Transport {
   PeerActivity Activity(int blame, Clock::time_point now, bool grace);
   // YieldCpu gives this CPU to whatever else is runnable on it (sched_yield). A yield that kept
   // this rank off the CPU long gave it to other work than a rank's quick step (a busy process
-  // takes a whole time slice): then this rank's waits sleep instead of yielding for a while.
+  // takes a whole time slice): then, when ranks outnumber CPUs, this rank's waits sleep instead
+  // of yielding for a while.
   void YieldCpu();
   void SetState(uint32_t state);
   void Watch(std::vector<int> pidfds);
@@ -216,6 +218,7 @@ class ShmTransport : public Transport {
   std::vector<uint32_t> last_beat_;             // per peer, in the current wait
   std::vector<Clock::time_point> last_change_;  // when that beat last moved
   Clock::time_point no_yield_until_{};          // after a long yield (YieldCpu)
+  bool oversubscribed_ = false;                 // more ranks than CPUs this process may use
 };
 
 }  // namespace trainrun::collectives::internal
