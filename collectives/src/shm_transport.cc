@@ -35,13 +35,16 @@ constexpr int kPollsPerCheck = 16;
 // preempted peer is back within about a scheduler tick (4 ms at HZ=250) and a time slice.
 constexpr auto kYieldFor = std::chrono::microseconds(5000);
 // A yield that kept the waiter off its CPU this long gave it to a time slice of other work (a rank
-// hands it back within its step, µs). When ranks outnumber the CPUs, the rank's waits then sleep
-// instead of yielding for kNoYieldFor, since a sleeper's wake-up preempts such work and a yielder
-// waits out its slice: 4 ranks on 2 cores beside a busy process took 0.9-4 ms per small allreduce
-// yielding throughout, 0.1-0.7 ms with this. With a core per rank, yielding on held up better (n=2
-// beside busy processes: 11-26 µs against 17-55 µs with the back-off), so it stays on there.
+// hands it back within its step, µs). When ranks outnumber the CPUs and that happens twice within
+// kLongYieldsApart, the rank's waits sleep instead of yielding for kNoYieldFor, since a sleeper's
+// wake-up preempts such work and a yielder waits out its slice: 4 ranks on 2 cores beside a busy
+// process took 0.9-4 ms per small allreduce yielding throughout, 0.1-0.7 ms with this. With a core
+// per rank, yielding on held up better (2 ranks beside busy processes: 11-26 µs per allreduce
+// against 17-55 µs with the back-off), so it stays on there.
 constexpr auto kLongYield = std::chrono::microseconds(1000);
 constexpr auto kNoYieldFor = std::chrono::milliseconds(100);
+// ... after the second long yield this close to the one before.
+constexpr auto kLongYieldsApart = std::chrono::milliseconds(20);
 
 // Control::state values (ShmRankState).
 constexpr uint32_t kOutside = static_cast<uint32_t>(ShmRankState::kOutside);
@@ -410,7 +413,11 @@ void ShmTransport::YieldCpu() {
   const auto before = Clock::now();
   ::sched_yield();
   const auto after = Clock::now();
-  if (oversubscribed_ && after - before > kLongYield) no_yield_until_ = after + kNoYieldFor;
+  if (!oversubscribed_ || after - before <= kLongYield) return;
+  // One long yield may be a stray interruption (a kernel thread, the hypervisor); a busy process
+  // sharing the CPU takes its slice again within a few ticks.
+  if (after - last_long_yield_ < kLongYieldsApart) no_yield_until_ = after + kNoYieldFor;
+  last_long_yield_ = after;
 }
 
 void ShmTransport::Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, uint32_t seen,

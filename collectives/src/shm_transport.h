@@ -218,6 +218,7 @@ class ShmTransport : public Transport {
   std::vector<uint32_t> last_beat_;             // per peer, in the current wait
   std::vector<Clock::time_point> last_change_;  // when that beat last moved
   Clock::time_point no_yield_until_{};          // after a long yield (YieldCpu)
+  Clock::time_point last_long_yield_{};         // the last one (YieldCpu)
   bool oversubscribed_ = false;                 // more ranks than CPUs this process may use
 };
 
