@@ -34,17 +34,16 @@ constexpr int kPollsPerCheck = 16;
 // An adaptive wait yields its CPU (PeerActivity::kNeedsCpu) at most this long before it sleeps: a
 // preempted peer is back within about a scheduler tick (4 ms at HZ=250) and a time slice.
 constexpr auto kYieldFor = std::chrono::microseconds(5000);
-// A yield that kept the waiter off its CPU this long gave it to a time slice of other work (a rank
-// hands it back within its step, µs). When ranks outnumber the CPUs and that happens twice within
-// kLongYieldsApart, the rank's waits sleep instead of yielding for kNoYieldFor, since a sleeper's
-// wake-up preempts such work and a yielder waits out its slice: 4 ranks on 2 cores beside a busy
-// process took 0.9-4 ms per small allreduce yielding throughout, 0.1-0.7 ms with this. With a core
-// per rank, yielding on held up better (2 ranks beside busy processes: 11-26 µs per allreduce
-// against 17-55 µs with the back-off), so it stays on there.
-constexpr auto kLongYield = std::chrono::microseconds(1000);
+// A waiter that was kept off its CPU this long between two looks at its peers (a yield that gave
+// the CPU away, or a preemption) lost a time slice to other work: a rank hands the CPU back within
+// its step, in µs. When that happens twice within kLongGapsApart (once may be a stray
+// interruption), the rank's waits sleep instead of yielding for kNoYieldFor, since a sleeper's
+// wake-up preempts such work where a yielder waits out its slice. Measured beside busy processes
+// (load 8-10 on 2 cores), yielding throughout took 100-1700 µs per small allreduce at n=2 and 0.9-4
+// ms at n=4; the futex sleeps of the back-off, 20-160 µs and 120-900 µs.
+constexpr auto kLongGap = std::chrono::microseconds(1000);
+constexpr auto kLongGapsApart = std::chrono::milliseconds(20);
 constexpr auto kNoYieldFor = std::chrono::milliseconds(100);
-// ... after the second long yield this close to the one before.
-constexpr auto kLongYieldsApart = std::chrono::milliseconds(20);
 
 // Control::state values (ShmRankState).
 constexpr uint32_t kOutside = static_cast<uint32_t>(ShmRankState::kOutside);
@@ -136,8 +135,6 @@ ShmTransport::ShmTransport(ShmSegment segment, int rank, int size, ShmOptions op
       recvs_(size),
       last_beat_(size),
       last_change_(size) {
-  cpu_set_t cpus;
-  oversubscribed_ = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && size_ > CPU_COUNT(&cpus);
   options_.channel_bytes = RoundUp(options_.channel_bytes, kPage);
   options_.chunk_bytes = RoundUp(options_.chunk_bytes, kPage);
   const size_t n = static_cast<size_t>(size);
@@ -409,15 +406,12 @@ PeerActivity ShmTransport::Activity(int blame, Clock::time_point now, bool grace
   return least;
 }
 
-void ShmTransport::YieldCpu() {
-  const auto before = Clock::now();
-  ::sched_yield();
-  const auto after = Clock::now();
-  if (!oversubscribed_ || after - before <= kLongYield) return;
-  // One long yield may be a stray interruption (a kernel thread, the hypervisor); a busy process
-  // sharing the CPU takes its slice again within a few ticks.
-  if (after - last_long_yield_ < kLongYieldsApart) no_yield_until_ = after + kNoYieldFor;
-  last_long_yield_ = after;
+void ShmTransport::NoteGap(Clock::time_point now) {
+  const auto gap = now - last_look_;
+  last_look_ = now;
+  if (gap <= kLongGap) return;
+  if (now - last_long_gap_ < kLongGapsApart) no_yield_until_ = now + kNoYieldFor;
+  last_long_gap_ = now;
 }
 
 void ShmTransport::Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, uint32_t seen,
@@ -443,6 +437,8 @@ void ShmTransport::Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& wait
       CheckPeers(blame);
     }
     const auto now = Clock::now();
+    if (clock.polls > 1) NoteGap(now);
+    last_look_ = now;
     switch (Activity(blame, now, now - clock.start < kGrace)) {
       case PeerActivity::kRunning:
         if (now < clock.spin_until) {
@@ -452,7 +448,7 @@ void ShmTransport::Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& wait
         break;
       case PeerActivity::kNeedsCpu:
         if (now - clock.start < kYieldFor && now >= no_yield_until_) {
-          YieldCpu();
+          ::sched_yield();  // to a rank queued on this CPU, or whatever else runs here
           return;
         }
         break;

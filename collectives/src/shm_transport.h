@@ -25,9 +25,8 @@
 // needs a CPU, not a wake-up: the waiter yields its CPU (sched_yield) for a few ms, so that ranks
 // sharing cores hand the CPU to each other without a futex sleep and wake-up per step (tens of µs
 // each here). A rank outside the transport (computing) or asleep in another wait makes it sleep at
-// once; and, when ranks outnumber CPUs, a yield that kept it off its CPU for a whole time slice (a
-// busy process took it, which a sleeper's wake-up would have preempted) makes its waits sleep
-// instead of yielding for 100 ms.
+// once; and a waiter kept off its CPU for whole time slices while waiting (busy processes took it,
+// which a sleeper's wake-up would have preempted) sleeps instead of yielding for 100 ms.
 #pragma once
 
 #include <sys/types.h>
@@ -171,11 +170,10 @@ class ShmTransport : public Transport {
   // Activity is, in an adaptive wait, the least active of the ranks this one waits on (kIdle over
   // kNeedsCpu over kRunning; see ClassifyPeer); `blame` is the one a point-to-point wait waits on.
   PeerActivity Activity(int blame, Clock::time_point now, bool grace);
-  // YieldCpu gives this CPU to whatever else is runnable on it (sched_yield). A yield that kept
-  // this rank off the CPU long gave it to other work than a rank's quick step (a busy process
-  // takes a whole time slice): then, when ranks outnumber CPUs, this rank's waits sleep instead
-  // of yielding for a while.
-  void YieldCpu();
+  // NoteGap notes, at each look at the peers in an adaptive wait, how long since the last one: a
+  // gap of a whole time slice means other work took this rank's CPU (a yield gave it away, or a
+  // preemption); two close together turn yielding off for a while (see kLongGap).
+  void NoteGap(Clock::time_point now);
   void SetState(uint32_t state);
   void Watch(std::vector<int> pidfds);
   [[noreturn]] void Fail(int peer, const std::string& message);
@@ -217,9 +215,9 @@ class ShmTransport : public Transport {
   int cpu_ = -1;                                // the CPU this rank last ran on
   std::vector<uint32_t> last_beat_;             // per peer, in the current wait
   std::vector<Clock::time_point> last_change_;  // when that beat last moved
-  Clock::time_point no_yield_until_{};          // after a long yield (YieldCpu)
-  Clock::time_point last_long_yield_{};         // the last one (YieldCpu)
-  bool oversubscribed_ = false;                 // more ranks than CPUs this process may use
+  Clock::time_point last_look_{};               // NoteGap: the last look at the peers
+  Clock::time_point last_long_gap_{};           // the last gap of a time slice
+  Clock::time_point no_yield_until_{};          // set by two such gaps close together
 };
 
 }  // namespace trainrun::collectives::internal
