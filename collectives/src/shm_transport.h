@@ -218,6 +218,7 @@ class ShmTransport : public Transport {
   Clock::time_point last_look_{};               // NoteGap: the last look at the peers
   Clock::time_point last_long_gap_{};           // the last gap of a time slice
   Clock::time_point no_yield_until_{};          // set by two such gaps close together
+  bool oversubscribed_ = false;                 // more ranks than CPUs this process may use
 };
 
 }  // namespace trainrun::collectives::internal
