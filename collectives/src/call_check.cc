@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <type_traits>
 
 #include "trainrun/collectives/errors.h"
 
@@ -157,6 +158,17 @@ std::string Disagreement(const std::vector<CallRecord>& records, const std::stri
       "; every rank must call the same collectives in the same order, with the same name, "
       "element type, shape, op and root (this call did nothing; the next one can go on)";
   return message;
+}
+
+// Equal calls are equal bytes: no padding, and DescribeCall zeroes what it does not set.
+static_assert(std::has_unique_object_representations_v<CallRecord>);
+
+bool Unanimous(const CallRecord* records, size_t n) {
+  if (n == 0 || records[0].kind == kJoinedKind) return false;
+  for (size_t r = 1; r < n; ++r) {
+    if (std::memcmp(&records[0], &records[r], sizeof(CallRecord)) != 0) return false;
+  }
+  return true;
 }
 
 void CheckAgreement(const std::vector<CallRecord>& records, const std::string& set) {

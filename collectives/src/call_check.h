@@ -73,6 +73,11 @@ std::vector<CallRecord> ExchangeRecords(AlgorithmContext& ctx, const CallRecord&
 // rank computes the same answer from the same records.
 std::string Disagreement(const std::vector<CallRecord>& records, const std::string& set);
 
+// Unanimous is Disagreement's fast path: true when every record is the same bytes as the first and
+// none is a join, so the calls run together and no rank has joined. False says nothing: ask
+// Disagreement.
+bool Unanimous(const CallRecord* records, size_t n);
+
 // CheckAgreement throws MismatchError with Disagreement's message when it is not empty.
 void CheckAgreement(const std::vector<CallRecord>& records, const std::string& set);
 

@@ -346,18 +346,24 @@ class Communicator::Impl {
     const int64_t start = traced ? internal::Timeline::Now() : 0;
     int64_t agreed = start;
     Guard(internal::KindName(call.kind), [&](internal::AlgorithmContext& ctx) {
-      std::vector<internal::CallRecord> records(info_.size);
+      // The records' buffer is kept from call to call (no allocation on a small allreduce's path),
+      // and the common case (every rank made the same call) is one comparison of bytes.
+      std::vector<internal::CallRecord>& records = records_;
+      records.resize(info_.size);
+      bool unanimous = false;
       auto joined = [&] {
         return std::any_of(records.begin(), records.end(),
                            [](const internal::CallRecord& r) { return r.kind == kJoinKind; });
       };
       const bool folded = ctx.transport.TryCheckedAllreduce(
-          input, output, count, type, op, &call, sizeof(call), records.data(),
-          [&] { return !joined() && internal::Disagreement(records, set_name_).empty(); });
+          input, output, count, type, op, &call, sizeof(call), records.data(), [&] {
+            unanimous = internal::Unanimous(records.data(), records.size());
+            return unanimous || (!joined() && internal::Disagreement(records, set_name_).empty());
+          });
       if (!folded) records = internal::ExchangeRecords(ctx, call);
-      internal::CheckAgreement(records, set_name_);
+      if (!unanimous) internal::CheckAgreement(records, set_name_);
       if (traced) agreed = internal::Timeline::Now();
-      if (!folded || joined()) RunAllreduce(ctx, input, output, count, type, op);
+      if (!folded || (!unanimous && joined())) RunAllreduce(ctx, input, output, count, type, op);
     });
     if (traced) timeline_->Record(call, set_name_, start, agreed, internal::Timeline::Now());
   }
@@ -484,8 +490,9 @@ class Communicator::Impl {
   std::string set_name_;  // "" for a communicator of its own; a subset's name otherwise
   std::shared_ptr<internal::Transport> transport_;
   std::vector<char> scratch_;
-  std::vector<char> join_zeros_;     // what a joined rank contributes
-  std::vector<char> fusion_buffer_;  // AllreducePieces' contiguous copy
+  std::vector<char> join_zeros_;               // what a joined rank contributes
+  std::vector<internal::CallRecord> records_;  // RunAllreduceChecked's, kept between calls
+  std::vector<char> fusion_buffer_;            // AllreducePieces' contiguous copy
   size_t segment_bytes_ = 0;
   size_t small_bytes_ = 0;
   bool check_calls_ = true;

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "reduce.h"
@@ -30,12 +31,30 @@ constexpr auto kGrace = std::chrono::microseconds(4);
 constexpr auto kBeatWindow = std::chrono::microseconds(4);
 // Spinning waiters beat, check the clock and look at their peers every this many polls.
 constexpr int kPollsPerCheck = 16;
+// An adaptive wait yields its CPU (PeerActivity::kNeedsCpu) at most this long before it sleeps: a
+// preempted peer is back within about a scheduler tick (4 ms at HZ=250) and a time slice.
+constexpr auto kYieldFor = std::chrono::microseconds(5000);
+// A waiter that was kept off its CPU this long between two looks at its peers (a yield that gave
+// the CPU away, or a preemption) lost a time slice to other work: a rank hands the CPU back within
+// its step, in µs. When that happens twice within kLongGapsApart (once may be a stray
+// interruption), the rank's waits sleep instead of yielding for kNoYieldFor, since a sleeper's
+// wake-up preempts such work where a yielder waits out its slice. Measured beside busy processes
+// (load 8-10 on 2 cores), yielding throughout took 100-1700 µs per small allreduce at n=2 and 0.9-4
+// ms at n=4; the futex sleeps of the back-off, 20-160 µs and 120-900 µs.
+constexpr auto kLongGap = std::chrono::microseconds(1000);
+constexpr auto kLongGapsApart = std::chrono::milliseconds(20);
+constexpr auto kNoYieldFor = std::chrono::milliseconds(100);
+// Where ranks outnumber the CPUs, every yield may hand a busy process a slice while the ranks on
+// the other CPUs wait for the yielder: one such gap turns yielding off, for a second. (With the
+// rule above, 4 ranks on 2 cores at load 6-7 took 100-1700 µs per small allreduce against 68-490
+// µs sleeping throughout.)
+constexpr auto kNoYieldOversubscribedFor = std::chrono::milliseconds(1000);
 
-// Control::state values.
-constexpr uint32_t kOutside = 0;   // not in a transport operation (computing, or between calls)
-constexpr uint32_t kWorking = 1;   // copying, reducing, or about to wait
-constexpr uint32_t kSpinning = 2;  // spinning in a wait (heartbeat moving while it runs)
-constexpr uint32_t kSleeping = 3;  // asleep on a futex
+// Control::state values (ShmRankState).
+constexpr uint32_t kOutside = static_cast<uint32_t>(ShmRankState::kOutside);
+constexpr uint32_t kWorking = static_cast<uint32_t>(ShmRankState::kWorking);
+constexpr uint32_t kSpinning = static_cast<uint32_t>(ShmRankState::kSpinning);
+constexpr uint32_t kSleeping = static_cast<uint32_t>(ShmRankState::kSleeping);
 
 size_t RoundUp(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
@@ -121,6 +140,8 @@ ShmTransport::ShmTransport(ShmSegment segment, int rank, int size, ShmOptions op
       recvs_(size),
       last_beat_(size),
       last_change_(size) {
+  cpu_set_t cpus;
+  oversubscribed_ = ::sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && size_ > CPU_COUNT(&cpus);
   options_.channel_bytes = RoundUp(options_.channel_bytes, kPage);
   options_.chunk_bytes = RoundUp(options_.chunk_bytes, kPage);
   const size_t n = static_cast<size_t>(size);
@@ -351,31 +372,57 @@ void ShmTransport::SetState(uint32_t state) {
   me.state.store(state, std::memory_order_relaxed);
 }
 
-bool ShmTransport::KeepSpinning(int blame, Clock::time_point now, bool grace) {
-  auto running = [&](int p) {
+PeerActivity ClassifyPeer(ShmRankState state, bool on_this_cpu, bool beating, bool awaiting_step) {
+  switch (state) {
+    case ShmRankState::kOutside:
+      return PeerActivity::kIdle;
+    case ShmRankState::kSleeping:
+      return awaiting_step ? PeerActivity::kNeedsCpu : PeerActivity::kIdle;
+    case ShmRankState::kWorking:
+      return on_this_cpu ? PeerActivity::kNeedsCpu : PeerActivity::kRunning;
+    case ShmRankState::kSpinning:
+      return !on_this_cpu && beating ? PeerActivity::kRunning : PeerActivity::kNeedsCpu;
+  }
+  return PeerActivity::kIdle;
+}
+
+PeerActivity ShmTransport::Activity(int blame, Clock::time_point now, bool grace) {
+  auto activity = [&](int p) {
     const Control& c = control(p);
-    if (c.cpu.load(std::memory_order_relaxed) == cpu_) return false;  // this CPU is ours
-    if (grace) return true;
-    const uint32_t state = c.state.load(std::memory_order_relaxed);
-    if (state == kWorking) return true;
-    if (state != kSpinning) return false;  // asleep, or outside the transport
+    const auto state = static_cast<ShmRankState>(c.state.load(std::memory_order_relaxed));
+    const bool here = c.cpu.load(std::memory_order_relaxed) == cpu_;
     const uint32_t beat = c.beat.load(std::memory_order_relaxed);
     if (beat != last_beat_[p]) {
       last_beat_[p] = beat;
       last_change_[p] = now;
     }
-    return now - last_change_[p] < kBeatWindow;
+    // Until the grace ends, a peer on another CPU may be copying or reducing (which publishes
+    // nothing) or about to enter: spin.
+    if (grace && !here) return PeerActivity::kRunning;
+    return ClassifyPeer(state, here, now - last_change_[p] < kBeatWindow, awaiting_step_);
   };
-  if (awaiting_step_) {
-    for (int p = 0; p < size_; ++p) {
-      if (p != rank_ && !Reached(control(p).step.load(std::memory_order_relaxed), awaited_step_) &&
-          !running(p)) {
-        return false;
-      }
+  if (!awaiting_step_) return blame < 0 ? PeerActivity::kRunning : activity(blame);
+  PeerActivity least = PeerActivity::kRunning;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_ || Reached(control(p).step.load(std::memory_order_relaxed), awaited_step_)) {
+      continue;
     }
-    return true;
+    least = std::max(least, activity(p));
+    if (least == PeerActivity::kIdle) break;
   }
-  return blame < 0 || running(blame);
+  return least;
+}
+
+void ShmTransport::NoteGap(Clock::time_point now) {
+  const auto gap = now - last_look_;
+  last_look_ = now;
+  if (gap <= kLongGap) return;
+  if (oversubscribed_) {
+    no_yield_until_ = now + kNoYieldOversubscribedFor;
+  } else if (now - last_long_gap_ < kLongGapsApart) {
+    no_yield_until_ = now + kNoYieldFor;
+  }
+  last_long_gap_ = now;
 }
 
 void ShmTransport::Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, uint32_t seen,
@@ -401,9 +448,23 @@ void ShmTransport::Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& wait
       CheckPeers(blame);
     }
     const auto now = Clock::now();
-    if (now < clock.spin_until && KeepSpinning(blame, now, now - clock.start < kGrace)) {
-      CpuRelax();
-      return;
+    if (clock.polls > 1) NoteGap(now);
+    last_look_ = now;
+    switch (Activity(blame, now, now - clock.start < kGrace)) {
+      case PeerActivity::kRunning:
+        if (now < clock.spin_until) {
+          CpuRelax();
+          return;
+        }
+        break;
+      case PeerActivity::kNeedsCpu:
+        if (now - clock.start < kYieldFor && now >= no_yield_until_) {
+          ::sched_yield();  // to a rank queued on this CPU, or whatever else runs here
+          return;
+        }
+        break;
+      case PeerActivity::kIdle:
+        break;
     }
     clock.gave_up = true;  // this wait sleeps from now on, until something moves
   } else if (options_.wait == ShmWait::kSpin && options_.spin.count() > 0) {
@@ -420,7 +481,9 @@ void ShmTransport::Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& wait
   }
   SetState(kSleeping);
   waiters.fetch_add(1);
-  FutexWait(&word, seen, kSleepSlice);
+  // A step's last poster moves the epoch only when it sees a waiter (Post): look once more now that
+  // this rank is one, in case that post came before.
+  if (!awaiting_step_ || !StepReached(awaited_step_)) FutexWait(&word, seen, kSleepSlice);
   waiters.fetch_sub(1);
   SetState(kWorking);
   CheckPeers(blame);
@@ -486,20 +549,27 @@ void ShmTransport::Abort(int peer, const std::string& message) {
 
 void ShmTransport::Post(uint32_t step) {
   control(rank_).step.store(step);
-  // The rank that completes a step for everyone moves the epoch and wakes the sleepers. (Stores
-  // and loads here are sequentially consistent: of two ranks posting at once, one sees the other's
-  // step; a waiter that read the epoch before it moved does not sleep on it.)
-  for (int p = 0; p < size_; ++p) {
-    if (p != rank_ && !Reached(control(p).step.load(), step)) return;
-  }
+  // The rank that completes a step for everyone moves the epoch and wakes the sleepers, if any: a
+  // rank registers in epoch_waiters before it sleeps and then looks at the steps once more (Idle),
+  // so of it and the last poster one sees the other (stores and loads here are sequentially
+  // consistent). A step nobody sleeps on costs no write to the shared epoch's line.
   Shared& all = shared();
+  if (all.epoch_waiters.load() == 0) return;
+  if (!StepReached(step)) return;
   all.epoch.fetch_add(1);
-  if (all.epoch_waiters.load() != 0) FutexWakeAll(&all.epoch);
+  FutexWakeAll(&all.epoch);
+}
+
+bool ShmTransport::StepReached(uint32_t step) const {
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_ && !Reached(control(p).step.load(), step)) return false;
+  }
+  return true;
 }
 
 void ShmTransport::AwaitSteps(uint32_t step) {
   Shared& all = shared();
-  WaitClock clock(options_);
+  std::optional<WaitClock> clock;  // started when it must wait: a step already reached reads none
   awaiting_step_ = true;
   awaited_step_ = step;
   int last_missing = -1;
@@ -513,9 +583,13 @@ void ShmTransport::AwaitSteps(uint32_t step) {
       if (!Reached(c.step.load(), step)) missing = p;
     }
     if (missing < 0) break;
-    if (last_missing >= 0 && missing != last_missing) clock.Moved(options_);  // one arrived
+    if (!clock) {
+      clock.emplace(options_);
+    } else if (last_missing >= 0 && missing != last_missing) {
+      clock->Moved(options_);  // one arrived
+    }
     last_missing = missing;
-    Idle(all.epoch, all.epoch_waiters, seen, clock, missing);
+    Idle(all.epoch, all.epoch_waiters, seen, *clock, missing);
   }
   awaiting_step_ = false;
   SetState(kWorking);
@@ -664,14 +738,13 @@ bool ShmTransport::TryAllgather(const void* input, void* output, size_t bytes) {
   Post(2 * g + 1);
   AwaitSteps(2 * g + 1);
   for (int p = 0; p < size_; ++p) std::memcpy(out + p * bytes, slot(p, g), bytes);
-  Post(2 * g + 2);
   SetState(kOutside);
   return true;
 }
 
 bool ShmTransport::TryCheckedAllreduce(const void* input, void* output, size_t count, DataType type,
                                        ReduceOp op, const void* record, size_t record_bytes,
-                                       void* records, const std::function<bool()>& reduce) {
+                                       void* records, FunctionRef<bool()> reduce) {
   const size_t e = ElementSize(type);
   const size_t data_at = RoundUp(record_bytes, 64);
   if (size_ == 1 || count == 0 ||
@@ -693,12 +766,14 @@ bool ShmTransport::TryCheckedAllreduce(const void* input, void* output, size_t c
     for (int p = 2; p < size_; ++p) Reduce(type, op, out, out, slot(p, g) + data_at, count);
     if (op == ReduceOp::kAverage) Divide(type, out, count, size_);
   }
-  Post(2 * g + 2);
   SetState(kOutside);
   return true;
 }
 
-// Every rank copies its input to its slot, then reduces all slots in rank order.
+// Every rank copies its input to its slot, then reduces all slots in rank order. It posts step 2g+1
+// only: that it has read the others' slots is told by its next generation's step, which every rank
+// awaits before it writes a slot of this one's parity again. (TryAllgather and TryCheckedAllreduce
+// alike.)
 void ShmTransport::SmallAllreduce(const char* in, char* out, size_t count, DataType type,
                                   ReduceOp op) {
   const size_t bytes = count * ElementSize(type);
@@ -709,7 +784,6 @@ void ShmTransport::SmallAllreduce(const char* in, char* out, size_t count, DataT
   Reduce(type, op, out, slot(0, g), slot(1, g), count);
   for (int p = 2; p < size_; ++p) Reduce(type, op, out, out, slot(p, g), count);
   if (op == ReduceOp::kAverage) Divide(type, out, count, size_);
-  Post(2 * g + 2);
 }
 
 // Pieces maps element ranges of the concatenation of the pieces onto the pieces.

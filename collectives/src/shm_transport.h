@@ -20,7 +20,13 @@
 // for, and a woken one is often placed on its waker's CPU. So by default (kAdaptive) each rank
 // publishes what it is doing (working, spinning with a heartbeat, sleeping) and on which CPU, and a
 // waiter spins past a short grace period only while every rank it still waits on is on another CPU
-// and running (working, or spinning with a beating heart); otherwise it sleeps at once.
+// and running (working, or spinning with a beating heart). A rank it waits on that is in the
+// transport but not running (preempted, queued on the waiter's own CPU, woken and not yet run)
+// needs a CPU, not a wake-up: the waiter yields its CPU (sched_yield) for a few ms, so that ranks
+// sharing cores hand the CPU to each other without a futex sleep and wake-up per step (tens of µs
+// each here). A rank outside the transport (computing) or asleep in another wait makes it sleep at
+// once; and a waiter kept off its CPU for whole time slices while waiting (busy processes took it,
+// which a sleeper's wake-up would have preempted) sleeps instead of yielding for 100 ms.
 #pragma once
 
 #include <sys/types.h>
@@ -42,6 +48,29 @@ namespace trainrun::collectives::internal {
 // the ranks it waits on are running on other CPUs, then sleeps; kSpin spins `spin` whatever they do
 // (with `spin` 0: yields a few times), then sleeps; kSleep sleeps at once.
 enum class ShmWait { kAdaptive, kSpin, kSleep };
+
+// ShmRankState is what each rank publishes about itself for its peers' adaptive waits.
+enum class ShmRankState : uint32_t {
+  kOutside = 0,   // not in a transport operation (computing, or between calls)
+  kWorking = 1,   // copying, reducing, or about to wait
+  kSpinning = 2,  // spinning or yielding in a wait (heartbeat moving while it runs)
+  kSleeping = 3,  // asleep on a futex (or woken and not yet running again)
+};
+
+// PeerActivity is what an adaptive waiter makes of one rank it waits on: kRunning (on another CPU:
+// spin, it will post soon), kNeedsCpu (in the transport but not running: preempted, queued behind
+// this very waiter on its CPU, or woken and not yet run; give up the CPU with sched_yield so that
+// it, or whoever took its CPU, runs), kIdle (outside the transport, or asleep waiting for another
+// rank: sleep on the futex, as a wait of unknown length).
+enum class PeerActivity { kRunning, kNeedsCpu, kIdle };
+
+// ClassifyPeer decides from the peer's published `state`, whether it last ran on the waiter's CPU,
+// whether its heartbeat moved lately (`beating`) and whether the waiter awaits allreduce steps
+// (where a sleeping peer has been or is about to be woken, since the step it waits for is one the
+// waiter has posted; in a point-to-point wait it may wait on a third rank). For the first few µs
+// of a wait the caller counts a peer on another CPU as running whatever it says (it may be copying
+// or reducing, which publishes nothing).
+PeerActivity ClassifyPeer(ShmRankState state, bool on_this_cpu, bool beating, bool awaiting_step);
 
 struct ShmOptions {
   std::chrono::milliseconds timeout{300000};
@@ -94,7 +123,7 @@ class ShmTransport : public Transport {
   // record at the slot's start (where TryAllgather puts it), the input one cache line further.
   bool TryCheckedAllreduce(const void* input, void* output, size_t count, DataType type,
                            ReduceOp op, const void* record, size_t record_bytes, void* records,
-                           const std::function<bool()>& reduce) override;
+                           FunctionRef<bool()> reduce) override;
   void Finished() override;
   const char* name() const override { return "shm"; }
 
@@ -133,13 +162,18 @@ class ShmTransport : public Transport {
   void Ring(int peer);
   void Post(uint32_t step);
   void AwaitSteps(uint32_t step);
+  bool StepReached(uint32_t step) const;  // every peer has posted `step`
   // Sleeps (after spinning) until `word` may have moved from `seen`; checks peers and the deadline.
   void Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, uint32_t seen,
             WaitClock& clock, int blame);
   void CheckPeers(int blame);
-  // KeepSpinning tells, in an adaptive wait, whether the ranks this one waits on are running on
-  // other CPUs (see ShmWait); `blame` is the one a point-to-point wait waits on.
-  bool KeepSpinning(int blame, Clock::time_point now, bool grace);
+  // Activity is, in an adaptive wait, the least active of the ranks this one waits on (kIdle over
+  // kNeedsCpu over kRunning; see ClassifyPeer); `blame` is the one a point-to-point wait waits on.
+  PeerActivity Activity(int blame, Clock::time_point now, bool grace);
+  // NoteGap notes, at each look at the peers in an adaptive wait, how long since the last one: a
+  // gap of a whole time slice means other work took this rank's CPU (a yield gave it away, or a
+  // preemption); two close together turn yielding off for a while (see kLongGap).
+  void NoteGap(Clock::time_point now);
   void SetState(uint32_t state);
   void Watch(std::vector<int> pidfds);
   [[noreturn]] void Fail(int peer, const std::string& message);
@@ -181,6 +215,10 @@ class ShmTransport : public Transport {
   int cpu_ = -1;                                // the CPU this rank last ran on
   std::vector<uint32_t> last_beat_;             // per peer, in the current wait
   std::vector<Clock::time_point> last_change_;  // when that beat last moved
+  Clock::time_point last_look_{};               // NoteGap: the last look at the peers
+  Clock::time_point last_long_gap_{};           // the last gap of a time slice
+  Clock::time_point no_yield_until_{};          // set by two such gaps close together
+  bool oversubscribed_ = false;                 // more ranks than CPUs this process may use
 };
 
 }  // namespace trainrun::collectives::internal

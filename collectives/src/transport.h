@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "function_ref.h"
 #include "trainrun/collectives/types.h"
 
 namespace trainrun::collectives::internal {
@@ -90,7 +91,7 @@ class Transport {
   virtual bool TryCheckedAllreduce(const void* /*input*/, void* /*output*/, size_t /*count*/,
                                    DataType /*type*/, ReduceOp /*op*/, const void* /*record*/,
                                    size_t /*record_bytes*/, void* /*records*/,
-                                   const std::function<bool()>& /*reduce*/) {
+                                   FunctionRef<bool()> /*reduce*/) {
     return false;
   }
   // Finished says a collective is over: until the next one this rank computes, so a peer's
