@@ -23,8 +23,8 @@ std::vector<std::string> StoreGet(rendezvous::Store& store, const std::vector<st
 // contribution in rank order (Store::Allgather: one call, where a Get would read `count` keys);
 // fails as StoreGet does.
 std::vector<std::string> StoreAllgather(rendezvous::Store& store, const std::string& name, int rank,
-                                        int count, const std::string& value,
-                                        const WaitLimit& limit, const std::string& what);
+                                        int count, const std::string& value, const WaitLimit& limit,
+                                        const std::string& what);
 // StorePut sets `key` to `value` in `store`, or throws IoError naming the key.
 void StorePut(rendezvous::Store& store, const std::string& key, const std::string& value);
 

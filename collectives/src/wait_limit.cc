@@ -6,8 +6,9 @@ namespace trainrun::collectives::internal {
 
 void ThrowInterrupted(const std::string& what) {
   throw InterruptedError(::trainrun::internal::MakeMessage(
-      what, ": interrupted: the job's membership changed while this rank waited (a peer was "
-            "lost)"));
+      what,
+      ": interrupted: the job's membership changed while this rank waited (a peer was "
+      "lost)"));
 }
 
 std::chrono::milliseconds WaitLimit::Left() const {
