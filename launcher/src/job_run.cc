@@ -294,20 +294,25 @@ HostView JobRun::GrownHostView(const hostfile::HostSpec& host,
   view.master_addr = views_.empty() ? host.host : views_[0].master_addr;
   view.gpu_count = CountHostGpus();
   if (agent == nullptr) return view;
-  // A remote host: as HostViews sees the start's (this machine as that host sees it).
-  const std::string launcher_address = remote::LauncherAddress(*agent);
-  view.address = agent->stream->RemoteAddress();
-  view.gpu_count = static_cast<int>(agent->hello.gpu_count);
-  if (IsWildcard(bind_address_) && !launcher_address.empty()) {
-    view.rendezvous_addr = HostPort(launcher_address, server_->port());
-  }
+  // A remote host: as HostViews sees the start's.
   const int master_host = spec_.plan.ranks[0].host_index;
-  if (plan_.rank_is_local[0] && !launcher_address.empty()) {
-    view.master_addr = launcher_address;
-  } else if (master_host < static_cast<int>(views_.size())) {
+  if (master_host < static_cast<int>(views_.size())) {
     view.master_addr = views_[master_host].master_addr;
   }
+  SeenThrough(*agent, bind_address_, /*master_here=*/plan_.rank_is_local[0], view);
   return view;
+}
+
+void JobRun::SeenThrough(const remote::RemoteAgent& agent, const std::string& bind_address,
+                         bool master_here, HostView& view) const {
+  // This machine as that host sees it.
+  const std::string launcher_address = remote::LauncherAddress(agent);
+  view.address = agent.stream->RemoteAddress();
+  view.gpu_count = static_cast<int>(agent.hello.gpu_count);
+  if (IsWildcard(bind_address) && !launcher_address.empty()) {
+    view.rendezvous_addr = HostPort(launcher_address, server_->port());
+  }
+  if (master_here && !launcher_address.empty()) view.master_addr = launcher_address;
 }
 
 void JobRun::Grow(const hostfile::HostSpec& host, int count, bool joined_host,
@@ -604,14 +609,7 @@ std::vector<HostView> JobRun::HostViews(const std::string& bind_address) const {
     view.master_addr = master_addr;
     view.gpu_count = local_gpus;
     if (const remote::RemoteAgent* agent = agent_of(static_cast<int>(h))) {
-      // This machine as that host sees it.
-      const std::string launcher_address = remote::LauncherAddress(*agent);
-      view.address = agent->stream->RemoteAddress();
-      view.gpu_count = static_cast<int>(agent->hello.gpu_count);
-      if (IsWildcard(bind_address) && !launcher_address.empty()) {
-        view.rendezvous_addr = HostPort(launcher_address, server_->port());
-      }
-      if (master_agent == nullptr && !launcher_address.empty()) view.master_addr = launcher_address;
+      SeenThrough(*agent, bind_address, /*master_here=*/master_agent == nullptr, view);
     }
     views.push_back(std::move(view));
   }

@@ -118,6 +118,11 @@ class JobRun {
                        absl::StatusOr<remote::RemoteAgent> agent);
   // The view of a host the job grew onto (`agent`: its agent; null for this machine).
   HostView GrownHostView(const hostfile::HostSpec& host, const remote::RemoteAgent* agent) const;
+  // SeenThrough fills in what a remote host's agent decides of its view: the host's address and GPU
+  // count, and this machine as that host sees it (the rendezvous address when the server listens on
+  // every interface, MASTER_ADDR when rank 0 runs here (`master_here`)).
+  void SeenThrough(const remote::RemoteAgent& agent, const std::string& bind_address,
+                   bool master_here, HostView& view) const;
   // Why the ranks of a remote host could not join this job ("" when they can).
   std::string CannotReachFromRanks(const std::string& host) const;
   // The ranks running or pending, and those whose agent is being connected.

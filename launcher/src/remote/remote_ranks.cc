@@ -63,11 +63,7 @@ RemoteRanks::~RemoteRanks() {
 }
 
 void RemoteRanks::Start(std::vector<Job> jobs, const StartDeadline& deadline) {
-  for (size_t i = 0; i < hosts_.size() && i < jobs.size(); ++i) {
-    Host& host = *hosts_[i];
-    for (const RankJob& rank : jobs[i].ranks) host.ranks.push_back(static_cast<int>(rank.rank));
-    Send(host, EncodeJob(jobs[i]));
-  }
+  for (size_t i = 0; i < hosts_.size() && i < jobs.size(); ++i) SendJob(*hosts_[i], jobs[i]);
   for (size_t i = 0; i < agents_.size(); ++i) {
     hosts_[i]->reader = std::thread([this, h = hosts_[i].get()] { ReaderLoop(*h); });
   }
@@ -93,8 +89,7 @@ void RemoteRanks::Add(RemoteAgent agent, const Job& job) {
   auto host = std::make_unique<Host>();
   host->agent = added_agents_.back().get();
   host->added = true;
-  for (const RankJob& rank : job.ranks) host->ranks.push_back(static_cast<int>(rank.rank));
-  Send(*host, EncodeJob(job));
+  SendJob(*host, job);
   host->reader = std::thread([this, h = host.get()] { ReaderLoop(*h); });
   hosts_.push_back(std::move(host));
   if (!heartbeating_) Heartbeat();
@@ -137,6 +132,11 @@ void RemoteRanks::Send(Host& host, const std::string& frame) {
     Logger().debug("host {}: cannot write to its agent: {}", host.name(),
                    std::string(written.message()));
   }
+}
+
+void RemoteRanks::SendJob(Host& host, const Job& job) {
+  for (const RankJob& rank : job.ranks) host.ranks.push_back(static_cast<int>(rank.rank));
+  Send(host, EncodeJob(job));
 }
 
 void RemoteRanks::Heartbeat() {

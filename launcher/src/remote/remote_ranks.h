@@ -91,6 +91,8 @@ class RemoteRanks : public RankControl {
   struct Host;
 
   void Send(Host& host, const std::string& frame);
+  // SendJob sends `job` to the host's agent; its ranks become the host's.
+  void SendJob(Host& host, const Job& job);
   void ReaderLoop(Host& host);
   void OnFrame(Host& host, const Frame& frame);
   void OnEnd(Host& host, const std::string& reason);
