@@ -13,7 +13,10 @@
 # -r rounds (default 3), -l layouts HxL (H hosts, L ranks on each; default "2x1 2x2 4x1"),
 # -b/-e smallest/largest size in bytes, K/M suffixes (default 4K and 64M, doubling),
 # -R link rate in Mbit/s each way (default 3000), -d added one-way latency host to host in µs
-# (default 0; half of it on each link's egress, both ways), -p which to run (default "ours mpi
+# (default 0; with netem half of it on each link's egress, both ways; on a kernel without netem,
+# such as this machine's, the router holds every packet it forwards that long in user space,
+# bench/collectives/peers/nfq_delay.c through an iptables NFQUEUE rule, and the script prints the
+# one-way latency that adds, measured: the set delay plus ~13 µs for the trip through user space), -p which to run (default "ours mpi
 # gloo"), -n/-w timed and warm-up iterations per size (default 5 and 2), -T at least this many ms
 # timed per size (default 200), -B the build directory with bin/trainrun and bin/allreduce_perf
 # (default build/), -x NAME=VALUE an environment variable for our ranks (repeatable; e.g.
@@ -38,7 +41,7 @@
 # host's namespace with MASTER_ADDR = host 1. All three run float32 sum, same sizes and iterations;
 # time is the mean per operation on the slowest rank, in µs.
 #
-# Needs root, iproute2 (ip, tc with netem: the kernel's sch_netem), Open MPI (mpicc, mpirun:
+# Needs root, iproute2 (ip, tc; for -d netem, or iptables and cc), Open MPI (mpicc, mpirun:
 # ../shared/bench/peers.sh setup, or apt-get install openmpi-bin libopenmpi-dev), /usr/bin/python3
 # with torch (python3-torch). iperf3 (apt-get install iperf3), when present, measures each layout's
 # TCP goodput between host 1 and host 2 once, for reference. Every namespace and process it made is
@@ -157,15 +160,25 @@ trap 'echo "cross_host.sh: interrupted" >&2; exit 130' INT TERM
 router=${prefix}r
 ip netns exec "$router" sysctl -q -w net.ipv4.ip_forward=1
 ip -n "$router" link set lo up
+# The delay: netem on every link where the kernel has it; else (this machine's kernel has no
+# sch_netem) every packet the router forwards is held by nfq_delay (an iptables NFQUEUE rule in the
+# router's FORWARD chain), and the latency it adds is measured, as it is the set delay plus the
+# queue's own trip through user space.
+delay_how=
 if ((delay > 0)); then
-  # This kernel may lack sch_netem (tc says "Specified qdisc kind is unknown"): say so once.
   ip -n "$router" link add probe0 type veth peer name probe1
-  ip netns exec "$router" tc qdisc add dev probe0 root netem delay 1us 2>/dev/null ||
-    die "-d needs tc's netem qdisc, which this kernel lacks (no sch_netem); run without -d (tbf shaping only)"
+  if ip netns exec "$router" tc qdisc add dev probe0 root netem delay 1us 2>/dev/null; then
+    delay_how=netem
+  else
+    command -v iptables >/dev/null ||
+      die "-d needs tc's netem qdisc, which this kernel lacks (no sch_netem), or iptables for the NFQUEUE delayer (apt-get install iptables)"
+    cc -O2 "$here/peers/nfq_delay.c" -o "$work/nfq_delay"
+    delay_how=nfqueue
+  fi
   ip -n "$router" link del probe0
 fi
 shape() {  # NS DEV
-  if ((delay > 0)); then
+  if [[ $delay_how == netem ]]; then
     ip netns exec "$1" tc qdisc add dev "$2" root netem rate "${rate}mbit" delay "$((delay / 2))us" limit 100000
   else
     ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "${rate}mbit" burst 128kb latency 10ms
@@ -185,6 +198,35 @@ for ((i = 1; i <= max_hosts; i++)); do
   shape "$router" "r$i"
   shape "$ns" eth0
 done
+
+# udp_rtt: the median round trip of 2000 one-byte UDP pings from host 1 to host 2, in µs.
+udp_rtt() {
+  ip netns exec "${prefix}h2" /usr/bin/python3 -c '
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", 9799))
+for _ in range(2100):
+    d, a = s.recvfrom(64); s.sendto(d, a)' &
+  local server=$!
+  sleep 0.3
+  ip netns exec "${prefix}h1" /usr/bin/python3 -c '
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2); r = []
+for i in range(2100):
+    t = time.perf_counter(); s.sendto(b"x", (sys.argv[1], 9799)); s.recvfrom(64)
+    r.append(time.perf_counter() - t)
+r = sorted(r[100:]); print("%.1f" % (r[len(r) // 2] * 1e6))' "$(host_addr 2)"
+  wait "$server" 2>/dev/null || true
+}
+delay_note=
+if [[ $delay_how == nfqueue ]]; then
+  rtt0=$(udp_rtt)
+  ip netns exec "$router" iptables -A FORWARD -j NFQUEUE --queue-num 7 --queue-bypass
+  ip netns exec "$router" "$work/nfq_delay" 7 "$delay" 2>"$work/nfq_delay.log" &
+  delay_pid=$!
+  sleep 0.3
+  rtt1=$(udp_rtt)
+  delay_note="nfq_delay holding each forwarded packet ${delay} µs: UDP round trip host 1 to 2 ${rtt0} µs without, ${rtt1} µs with, so +$(awk -v a="$rtt0" -v b="$rtt1" 'BEGIN { printf "%.1f", (b - a) / 2 }') µs one-way"
+fi
 
 # Open MPI: the probe, and an rsh agent that enters the namespace of the host (an address) named.
 if [[ " $peers " == *" mpi "* ]]; then
@@ -262,7 +304,8 @@ run() {
 }
 
 echo "# $(date -u +%FT%TZ) $(getconf _NPROCESSORS_ONLN) cores, load average $(cut -d' ' -f1-3 /proc/loadavg);" \
-  "links ${rate} Mbit/s each way ($( ((delay > 0)) && echo "netem rate, +${delay} µs one-way host to host" || echo "tbf, burst 128 KiB"))"
+  "links ${rate} Mbit/s each way ($( [[ $delay_how == netem ]] && echo "netem rate, +${delay} µs one-way host to host" || echo "tbf, burst 128 KiB"))"
+[[ -n $delay_note ]] && echo "# added latency: $delay_note"
 echo "# the CPUs of this machine, not the shaping, limit above ~4-5 Gbit/s each way: hence ${rate} Mbit/s"
 echo "# $rounds alternating rounds ($peers), $iters iterations (+$warmup warm-up) per size and at least $min_ms ms"
 echo "# ours: trainrun per-node mode, one trainrun per namespace${ours_env[*]:+, with ${ours_env[*]}}"
@@ -363,3 +406,8 @@ for l in $layouts; do
         }
       }'
 done
+if [[ $delay_how == nfqueue ]]; then
+  kill -TERM "$delay_pid" 2>/dev/null || true
+  sleep 0.3
+  echo "# $(tail -1 "$work/nfq_delay.log")"
+fi
