@@ -208,7 +208,8 @@ int main(int argc, char** argv) {
          h = NLMSG_NEXT(h, n)) {
       if ((h->nlmsg_type & 0xff) != NFQNL_MSG_PACKET) continue;
       int len = h->nlmsg_len - NLMSG_LENGTH(sizeof(struct nfgenmsg));
-      struct nlattr* a = (struct nlattr*)((char*)NLMSG_DATA(h) + NLMSG_ALIGN(sizeof(struct nfgenmsg)));
+      struct nlattr* a =
+          (struct nlattr*)((char*)NLMSG_DATA(h) + NLMSG_ALIGN(sizeof(struct nfgenmsg)));
       for (; len >= NLA_HDRLEN && a->nla_len >= NLA_HDRLEN && a->nla_len <= len;
            len -= NLA_ALIGN(a->nla_len), a = (struct nlattr*)((char*)a + NLA_ALIGN(a->nla_len))) {
         if ((a->nla_type & NLA_TYPE_MASK) != NFQA_PACKET_HDR) continue;
@@ -232,7 +233,8 @@ int main(int argc, char** argv) {
   uint64_t m = packets < LATE_SAMPLES ? packets : LATE_SAMPLES;
   if (m > 0) {
     qsort(late, m, sizeof late[0], cmp_i64);
-    fprintf(stderr, "nfq_delay: %llu packets delayed; late past %lld us: median %.1f us, p99 %.1f us\n",
+    fprintf(stderr,
+            "nfq_delay: %llu packets delayed; late past %lld us: median %.1f us, p99 %.1f us\n",
             (unsigned long long)packets, (long long)(delay / 1000), late[m / 2] / 1e3,
             late[m * 99 / 100] / 1e3);
   } else {
