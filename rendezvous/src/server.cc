@@ -181,6 +181,9 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
   std::vector<int> host_run_hosts_;
   std::vector<int> host_run_lengths_;
   void AppendHostRun(int host);  // one more rank, on host_names_[host]
+  // host_names_ front-coded (JoinResponse.host_table), encoded at the first join that asks and
+  // again after AddRanks changed them.
+  std::shared_ptr<const std::string> host_table_;
   std::vector<RankState> ranks_;
   std::vector<PeerFailure> peer_failures_;
   std::set<int> exited_without_joining_;  // ranks that exited 0 and never joined
@@ -255,6 +258,7 @@ int Server::Impl::AddRanks(const std::vector<RankSlot>& slots) {
     if (it == host_names_.end()) it = host_names_.insert(host_names_.end(), slot.host);
     AppendHostRun(static_cast<int>(it - host_names_.begin()));
   }
+  host_table_.reset();
   return first;
 }
 
@@ -280,6 +284,11 @@ absl::Status Server::Impl::Listen() {
   // Notice a worker whose host vanished without closing its connection.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+  // Per connection and call, what the server never uses (grpc_store.cc's NewChannel says the
+  // same for the clients): channelz's registry and traces, and HTTP/2 bandwidth probes.
+  builder.AddChannelArgument(GRPC_ARG_ENABLE_CHANNELZ, 0);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CHANNEL_TRACE_EVENT_MEMORY_PER_NODE, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   if (listener_ != nullptr) server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
     server_.reset();
@@ -422,7 +431,18 @@ grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* contex
   response->set_local_size(slot.local_size);
   response->set_cross_rank(slot.cross_rank);
   response->set_cross_size(slot.cross_size);
-  *response->mutable_host_names() = {host_names_.begin(), host_names_.end()};
+  std::shared_ptr<const std::string> host_table;
+  if (request->host_table()) {
+    if (host_table_ == nullptr) {
+      std::vector<const std::string*> names;
+      names.reserve(host_names_.size());
+      for (const std::string& name : host_names_) names.push_back(&name);
+      host_table_ = std::make_shared<const std::string>(internal::EncodeTable(names));
+    }
+    host_table = host_table_;
+  } else {
+    *response->mutable_host_names() = {host_names_.begin(), host_names_.end()};
+  }
   // The runs that cover ranks 0 .. size-1 (the last one cut short where the start ends inside it).
   for (size_t k = 0, end = 0; k < host_run_hosts_.size() && end < static_cast<size_t>(size); ++k) {
     const int length = std::min(host_run_lengths_[k], size - static_cast<int>(end));
@@ -435,6 +455,7 @@ grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* contex
     lock.unlock();
     options_.on_exit_before_join(*early);
   }
+  if (host_table != nullptr) response->set_host_table(*host_table);
   response->set_job_id(options_.job_id);
   return FinishNow(context, grpc::Status::OK);
 }
