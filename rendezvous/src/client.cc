@@ -43,13 +43,23 @@ absl::Status ReadHosts(const proto::JoinResponse& response, Assignment& a) {
   const absl::Status malformed =
       absl::InternalError("the rendezvous server sent a malformed host list");
   if (response.host_run_lengths_size() != response.host_run_hosts_size()) return malformed;
-  a.host_names.assign(response.host_names().begin(), response.host_names().end());
+  if (!response.host_table().empty()) {
+    absl::StatusOr<std::vector<std::string>> names = internal::DecodeTable(response.host_table());
+    if (!names.ok()) return malformed;
+    a.host_names = *std::move(names);
+  } else {
+    // A server of an older release sends the names one by one.
+    a.host_names.assign(response.host_names().begin(), response.host_names().end());
+  }
+  const int64_t hosts = static_cast<int64_t>(a.host_names.size());
+  a.host_run_hosts.reserve(static_cast<size_t>(response.host_run_hosts_size()));
+  a.host_run_ends.reserve(static_cast<size_t>(response.host_run_hosts_size()));
   int64_t end = 0;
   for (int k = 0; k < response.host_run_hosts_size(); ++k) {
     const int host = response.host_run_hosts(k);
     const int length = response.host_run_lengths(k);
     end += length;
-    if (host < 0 || host >= response.host_names_size() || length <= 0 || end > a.size) {
+    if (host < 0 || host >= hosts || length <= 0 || end > a.size) {
       return malformed;
     }
     a.host_run_hosts.push_back(host);
@@ -73,6 +83,7 @@ absl::StatusOr<WorkerSession> Join(const ClientOptions& options,
   request.set_local_rank(options.local_rank);
   request.set_pid(static_cast<int64_t>(::getpid()));
   if (options.expected_rank >= 0) request.set_rank(options.expected_rank);
+  request.set_host_table(true);
   proto::JoinResponse response;
   grpc::Status status = stub->Join(&context, request, &response);
   if (!status.ok()) return internal::ClientError(status, options, timeout);

@@ -63,6 +63,14 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
+  // What a rendezvous client never uses, and each channel and call would pay for (a worker's
+  // start-up cost, times the job's ranks on the server's side): channelz's registry and trace of
+  // every channel and socket, the retry filter's per-call state (no service config asks for
+  // retries; a worker's own loops retry), and HTTP/2 bandwidth probes (answers are KiB).
+  args.SetInt(GRPC_ARG_ENABLE_CHANNELZ, 0);
+  args.SetInt(GRPC_ARG_MAX_CHANNEL_TRACE_EVENT_MEMORY_PER_NODE, 0);
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   return grpc::CreateCustomChannel(ChannelTarget(address), grpc::InsecureChannelCredentials(),
                                    args);
 }

@@ -124,72 +124,103 @@ void Listener::Refused(const char* why) {
   }
 }
 
-void Listener::Sweep() {
+void Listener::Sweep(bool all) {
   const Clock::time_point now = Clock::now();
-  for (size_t i = 0; i < connections_.size();) {
-    Connection& c = connections_[i];
-    if (InodeOf(c.fd) != c.inode) {  // gRPC closed it (the number may already be reused)
-      connections_[i] = connections_.back();
-      connections_.pop_back();
+  // Forgets the connections of `list` whose fd gRPC closed (the number may already be reused).
+  auto forget_closed = [](std::vector<Connection>& list, size_t& i) {
+    if (InodeOf(list[i].fd) == list[i].inode) return false;
+    list[i] = list.back();
+    list.pop_back();
+    return true;
+  };
+  for (size_t i = 0; i < quiet_.size();) {
+    if (forget_closed(quiet_, i)) continue;
+    Connection& c = quiet_[i];
+    tcp_info info{};
+    socklen_t length = sizeof(info);
+    if (getsockopt(c.fd, IPPROTO_TCP, TCP_INFO, &info, &length) == 0 &&
+        length >= offsetof(tcp_info, tcpi_bytes_received) + sizeof(info.tcpi_bytes_received)) {
+      c.spoke = info.tcpi_bytes_received > 0;
+    } else {
+      c.spoke = true;  // cannot tell: leave it to gRPC
+    }
+    if (!c.spoke && now - c.accepted >= kSilentTimeout) {
+      // gRPC sees the end of the stream and closes its fd; a later sweep forgets it.
+      shutdown(c.fd, SHUT_RDWR);
+      c.spoke = true;
+    }
+    if (c.spoke) {
+      spoken_.push_back(c);
+      quiet_[i] = quiet_.back();
+      quiet_.pop_back();
       continue;
     }
-    if (!c.spoke) {
-      tcp_info info{};
-      socklen_t length = sizeof(info);
-      if (getsockopt(c.fd, IPPROTO_TCP, TCP_INFO, &info, &length) == 0 &&
-          length >= offsetof(tcp_info, tcpi_bytes_received) + sizeof(info.tcpi_bytes_received)) {
-        c.spoke = info.tcpi_bytes_received > 0;
-      } else {
-        c.spoke = true;  // cannot tell: leave it to gRPC
-      }
-      if (!c.spoke && now - c.accepted >= kSilentTimeout) {
-        // gRPC sees the end of the stream and closes its fd; the next sweep forgets it.
-        shutdown(c.fd, SHUT_RDWR);
-        c.spoke = true;
-      }
-    }
     ++i;
+  }
+  if (!all) return;
+  for (size_t i = 0; i < spoken_.size();) {
+    if (!forget_closed(spoken_, i)) ++i;
   }
 }
 
 void Listener::Run() {
   Clock::time_point next_sweep = Clock::now();
+  Clock::time_point next_full_sweep = next_sweep;
   Clock::time_point rest_until{};
+  // Connections accepted but not yet given to gRPC. The loop empties the kernel's accept queue
+  // (a few microseconds a connection) before giving a few to gRPC (tens of microseconds each), so
+  // thousands of workers connecting at once wait here rather than overflow the queue, whose
+  // dropped connections their kernels would retry only a second or more later.
+  std::vector<int> accepted;
+  size_t given = 0;
   while (!stop_) {
     const Clock::time_point now = Clock::now();
     if (now >= next_sweep) {
-      Sweep();
+      const bool all = now >= next_full_sweep;
+      Sweep(all);
       next_sweep = now + std::chrono::milliseconds(100);
+      if (all) next_full_sweep = now + kSpokenSweepPeriod;
     }
     // The eventfd ends the wait at once when Stop() is called (a job's end waits for this thread).
     pollfd p[2] = {{now >= rest_until ? fd_ : -1, POLLIN, 0}, {wake_, POLLIN, 0}};
-    if (poll(p, 2, 50) <= 0 || (p[0].revents & POLLIN) == 0) continue;
-    for (int batch = 0; batch < 256 && !stop_; ++batch) {
-      int fd = accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-          // Out of descriptors: the connection waits in the backlog; try again shortly, once
-          // gRPC or the sweep has closed some.
-          Refused("out of file descriptors; accepting again in 100 ms");
-          rest_until = Clock::now() + std::chrono::milliseconds(100);
-          next_sweep = Clock::now();
+    const bool waiting = given < accepted.size();
+    if (poll(p, 2, waiting ? 0 : 50) > 0 && (p[0].revents & POLLIN) != 0) {
+      for (int batch = 0; batch < 4096 && !stop_; ++batch) {
+        int fd = accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            // Out of descriptors: the connection waits in the backlog; try again shortly, once
+            // gRPC or the sweep has closed some.
+            Refused("out of file descriptors; accepting again in 100 ms");
+            rest_until = Clock::now() + std::chrono::milliseconds(100);
+            next_sweep = next_full_sweep = Clock::now();
+          }
+          break;
         }
-        break;
-      }
-      if (connections_.size() >= max_connections_) {
-        Sweep();
-        if (connections_.size() >= max_connections_) {
-          close(fd);
-          Refused("too many connections open at once");
-          continue;
+        if (quiet_.size() + spoken_.size() >= max_connections_) {
+          Sweep(/*all=*/true);
+          if (quiet_.size() + spoken_.size() >= max_connections_) {
+            close(fd);
+            Refused("too many connections open at once");
+            continue;
+          }
         }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        quiet_.push_back(Connection{fd, InodeOf(fd), Clock::now()});
+        accepted.push_back(fd);
       }
-      int one = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      connections_.push_back(Connection{fd, InodeOf(fd), Clock::now()});
-      grpc::AddInsecureChannelFromFd(server_, fd);
+    }
+    for (int batch = 0; batch < 32 && given < accepted.size(); ++batch) {
+      grpc::AddInsecureChannelFromFd(server_, accepted[given++]);
+    }
+    if (given == accepted.size()) {
+      accepted.clear();
+      given = 0;
     }
   }
+  // Stopped: the connections gRPC never got are closed here.
+  for (; given < accepted.size(); ++given) close(accepted[given]);
 }
 
 }  // namespace trainrun::rendezvous::internal

@@ -59,7 +59,10 @@ bool IsWildcard(const std::string& host) {
 // reactors indexed by the keys or barrier they wait for and by deadline; whoever takes a waiter
 // out of those indexes (a Set, the barrier's last arrival, the deadline thread, a cancellation,
 // shutdown) is the one that finishes it, after letting go of the mutex.
-class Server::Impl final : public proto::Rendezvous::CallbackService {
+// Allgather is served raw: its answer is serialized once per gather and every caller's response
+// refers to those same bytes (a 8192-rank gather's 40 KiB, once, not once per rank).
+class Server::Impl final : public proto::Rendezvous::WithRawCallbackMethod_Allgather<
+                               proto::Rendezvous::CallbackService> {
  public:
   explicit Impl(ServerOptions options);
   ~Impl() override;
@@ -104,7 +107,8 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
     int arrived = 0;
     std::vector<bool> contributed;
     std::vector<Waiter*> waiters;
-    std::shared_ptr<const std::string> table;
+    // The serialized AllgatherResponse every caller gets, once all have contributed.
+    std::optional<grpc::Slice> answer;
     grpc::Status failed;
   };
   using Completion = std::pair<Waiter*, grpc::Status>;
@@ -125,8 +129,8 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
                                     const proto::BarrierRequest* request,
                                     proto::BarrierResponse* response) override;
   grpc::ServerUnaryReactor* Allgather(grpc::CallbackServerContext* context,
-                                      const proto::AllgatherRequest* request,
-                                      proto::AllgatherResponse* response) override;
+                                      const grpc::ByteBuffer* raw_request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ReportExit(grpc::CallbackServerContext* context,
                                        const proto::ExitReport* request,
                                        proto::ExitResponse* response) override;
@@ -181,6 +185,9 @@ class Server::Impl final : public proto::Rendezvous::CallbackService {
   std::vector<int> host_run_hosts_;
   std::vector<int> host_run_lengths_;
   void AppendHostRun(int host);  // one more rank, on host_names_[host]
+  // host_names_ front-coded (JoinResponse.host_table), encoded at the first join that asks and
+  // again after AddRanks changed them.
+  std::shared_ptr<const std::string> host_table_;
   std::vector<RankState> ranks_;
   std::vector<PeerFailure> peer_failures_;
   std::set<int> exited_without_joining_;  // ranks that exited 0 and never joined
@@ -217,10 +224,10 @@ class Server::Impl::Waiter final : public grpc::ServerUnaryReactor {
   size_t missing = 0;
   // A Barrier: its name.
   std::string barrier;
-  // An Allgather: its name, its response, and (once complete) the table to answer with.
+  // An Allgather: its name, its response, and (once complete) the serialized answer.
   std::string gather;
-  proto::AllgatherResponse* gather_response = nullptr;
-  std::shared_ptr<const std::string> table;
+  grpc::ByteBuffer* gather_response = nullptr;
+  std::optional<grpc::Slice> answer;
   int rank = -1;
 };
 
@@ -255,6 +262,7 @@ int Server::Impl::AddRanks(const std::vector<RankSlot>& slots) {
     if (it == host_names_.end()) it = host_names_.insert(host_names_.end(), slot.host);
     AppendHostRun(static_cast<int>(it - host_names_.begin()));
   }
+  host_table_.reset();
   return first;
 }
 
@@ -280,6 +288,11 @@ absl::Status Server::Impl::Listen() {
   // Notice a worker whose host vanished without closing its connection.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+  // Per connection and call, what the server never uses (grpc_store.cc's NewChannel says the
+  // same for the clients): channelz's registry and traces, and HTTP/2 bandwidth probes.
+  builder.AddChannelArgument(GRPC_ARG_ENABLE_CHANNELZ, 0);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CHANNEL_TRACE_EVENT_MEMORY_PER_NODE, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   if (listener_ != nullptr) server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
     server_.reset();
@@ -422,7 +435,18 @@ grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* contex
   response->set_local_size(slot.local_size);
   response->set_cross_rank(slot.cross_rank);
   response->set_cross_size(slot.cross_size);
-  *response->mutable_host_names() = {host_names_.begin(), host_names_.end()};
+  std::shared_ptr<const std::string> host_table;
+  if (request->host_table()) {
+    if (host_table_ == nullptr) {
+      std::vector<const std::string*> names;
+      names.reserve(host_names_.size());
+      for (const std::string& name : host_names_) names.push_back(&name);
+      host_table_ = std::make_shared<const std::string>(internal::EncodeTable(names));
+    }
+    host_table = host_table_;
+  } else {
+    *response->mutable_host_names() = {host_names_.begin(), host_names_.end()};
+  }
   // The runs that cover ranks 0 .. size-1 (the last one cut short where the start ends inside it).
   for (size_t k = 0, end = 0; k < host_run_hosts_.size() && end < static_cast<size_t>(size); ++k) {
     const int length = std::min(host_run_lengths_[k], size - static_cast<int>(end));
@@ -435,6 +459,7 @@ grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* contex
     lock.unlock();
     options_.on_exit_before_join(*early);
   }
+  if (host_table != nullptr) response->set_host_table(*host_table);
   response->set_job_id(options_.job_id);
   return FinishNow(context, grpc::Status::OK);
 }
@@ -686,7 +711,9 @@ void Server::Impl::CompleteGather(const std::string& name, GatherState& gather,
   std::vector<const std::string*> values;
   values.reserve(static_cast<size_t>(gather.count));
   for (int r = 0; r < gather.count; ++r) values.push_back(&values_.at(absl::StrCat(name, "/", r)));
-  auto table = std::make_shared<const std::string>(internal::EncodeTable(values));
+  proto::AllgatherResponse response;
+  response.set_table(internal::EncodeTable(values));
+  const std::string* table = &response.table();
   if (table->size() > options_.limits.max_response_bytes) {
     gather.failed =
         grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -695,22 +722,38 @@ void Server::Impl::CompleteGather(const std::string& name, GatherState& gather,
                                   " bytes for one answer; gather smaller values"));
   } else {
     stored_bytes_ += table->size();
-    gather.table = std::move(table);
+    gather.answer.emplace(response.SerializeAsString());
   }
   gather.contributed = {};
   std::vector<Waiter*> waiters = std::move(gather.waiters);
   gather.waiters.clear();
   for (Waiter* waiter : waiters) {
     Claim(waiter);
-    waiter->table = gather.table;
+    waiter->answer = gather.answer;
     completions.emplace_back(waiter, gather.failed);
   }
 }
 
 grpc::ServerUnaryReactor* Server::Impl::Allgather(grpc::CallbackServerContext* context,
-                                                  const proto::AllgatherRequest* request,
-                                                  proto::AllgatherResponse* response) {
+                                                  const grpc::ByteBuffer* raw_request,
+                                                  grpc::ByteBuffer* response) {
   if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
+  proto::AllgatherRequest parsed;
+  {
+    std::vector<grpc::Slice> slices;
+    std::string bytes;
+    if (raw_request->Dump(&slices).ok()) {
+      for (const grpc::Slice& slice : slices) {
+        bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+      }
+    }
+    if (!parsed.ParseFromString(bytes)) {
+      return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                             "an allgather request could not be parsed; is the "
+                                             "worker the same trainrun version?"));
+    }
+  }
+  const proto::AllgatherRequest* request = &parsed;
   if (grpc::Status status = CheckKey(request->name(), "gather name"); !status.ok()) {
     return FinishNow(context, status);
   }
@@ -748,7 +791,7 @@ grpc::ServerUnaryReactor* Server::Impl::Allgather(grpc::CallbackServerContext* c
   GatherState* gather = FindGather(*request, status);
   if (gather == nullptr) return FinishNow(context, status);
   // A complete gather answers a late caller (a retry) with the table it already built.
-  if (gather->table == nullptr && gather->failed.ok()) {
+  if (!gather->answer.has_value() && gather->failed.ok()) {
     status = StoreLocked(key, request->value(), completions);
     if (status.ok() && !gather->contributed[static_cast<size_t>(request->rank())]) {
       gather->contributed[static_cast<size_t>(request->rank())] = true;
@@ -757,12 +800,12 @@ grpc::ServerUnaryReactor* Server::Impl::Allgather(grpc::CallbackServerContext* c
       }
     }
   }
-  if (!status.ok() || gather->table != nullptr || !gather->failed.ok()) {
+  if (!status.ok() || gather->answer.has_value() || !gather->failed.ok()) {
     if (status.ok()) status = gather->failed;
-    std::shared_ptr<const std::string> table = gather->table;
+    std::optional<grpc::Slice> answer = gather->answer;
     lock.unlock();
     FinishAll(completions);
-    if (status.ok()) response->set_table(*table);
+    if (status.ok()) *response = grpc::ByteBuffer(&*answer, 1);
     return FinishNow(context, status);
   }
   if (status = CanWait(); !status.ok()) {
@@ -853,8 +896,10 @@ void Server::Impl::Cancel(Waiter* waiter) {
 
 void Server::Impl::FinishAll(std::vector<Completion>& completions) {
   for (auto& [waiter, status] : completions) {
-    // A gather's table is copied into each answer here, without the server's lock.
-    if (waiter->table != nullptr && status.ok()) waiter->gather_response->set_table(*waiter->table);
+    // A gather's answer: a reference to the bytes serialized once, without the server's lock.
+    if (waiter->answer.has_value() && status.ok()) {
+      *waiter->gather_response = grpc::ByteBuffer(&*waiter->answer, 1);
+    }
     waiter->Finish(status);
   }
   completions.clear();

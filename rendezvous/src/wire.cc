@@ -92,17 +92,13 @@ std::string EncodeTable(const std::vector<const std::string*>& values) {
   return out;
 }
 
-absl::StatusOr<std::vector<std::string>> DecodeTable(std::string_view table, size_t count) {
+namespace {
+
+// DecodeValues reads `count` values from `table`, starting at `at` (just past the count).
+absl::StatusOr<std::vector<std::string>> DecodeValues(std::string_view table, size_t at,
+                                                      size_t count) {
   const absl::Status malformed =
       absl::InternalError("the rendezvous server sent a malformed gather table");
-  size_t at = 0;
-  uint32_t stored = 0;
-  if (!GetVarint(table, at, stored)) return malformed;
-  if (stored != count) {
-    return absl::InternalError(absl::StrCat("the rendezvous server gathered ", stored,
-                                            " values for ", count,
-                                            " ranks; is it the same trainrun version?"));
-  }
   std::vector<std::string> values(count);
   for (size_t i = 0; i < count; ++i) {
     uint32_t shared = 0;
@@ -119,6 +115,32 @@ absl::StatusOr<std::vector<std::string>> DecodeTable(std::string_view table, siz
   }
   if (at != table.size()) return malformed;
   return values;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> DecodeTable(std::string_view table, size_t count) {
+  size_t at = 0;
+  uint32_t stored = 0;
+  if (!GetVarint(table, at, stored)) {
+    return absl::InternalError("the rendezvous server sent a malformed gather table");
+  }
+  if (stored != count) {
+    return absl::InternalError(absl::StrCat("the rendezvous server gathered ", stored,
+                                            " values for ", count,
+                                            " ranks; is it the same trainrun version?"));
+  }
+  return DecodeValues(table, at, count);
+}
+
+absl::StatusOr<std::vector<std::string>> DecodeTable(std::string_view table) {
+  size_t at = 0;
+  uint32_t stored = 0;
+  // Each value takes at least two bytes, so a count past that is damage, not a reason to allocate.
+  if (!GetVarint(table, at, stored) || stored > (table.size() - at) / 2) {
+    return absl::InternalError("the rendezvous server sent a malformed table");
+  }
+  return DecodeValues(table, at, stored);
 }
 
 void QuietAbseilMutexes() {

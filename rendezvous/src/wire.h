@@ -44,5 +44,7 @@ std::string EncodeTable(const std::vector<const std::string*>& values);
 // DecodeTable reads EncodeTable's buffer back; fails with INTERNAL when it is malformed or does
 // not hold `count` values.
 absl::StatusOr<std::vector<std::string>> DecodeTable(std::string_view table, size_t count);
+// DecodeTable without an expected count reads however many values the table says it holds.
+absl::StatusOr<std::vector<std::string>> DecodeTable(std::string_view table);
 
 }  // namespace trainrun::rendezvous::internal

@@ -272,10 +272,18 @@ TEST_CASE("The gather table is compact and its decoder refuses malformed input",
   REQUIRE(decoded.ok());
   CHECK(*decoded == addresses);
   CHECK_FALSE(internal::DecodeTable(table, addresses.size() - 1).ok());
+  // Without an expected count (the join answer's host names), the table's own count is read.
+  auto uncounted = internal::DecodeTable(table);
+  REQUIRE(uncounted.ok());
+  CHECK(*uncounted == addresses);
+  CHECK_FALSE(internal::DecodeTable(table + "x").ok());
+  CHECK_FALSE(internal::DecodeTable("").ok());
+  CHECK_FALSE(internal::DecodeTable(std::string("\xff\xff\x03", 3)).ok());  // 65535 in 0 bytes
   CHECK_FALSE(internal::DecodeTable(table + "x", addresses.size()).ok());
   // Every truncation, and random damage, fails cleanly or decodes to something of the right count.
   for (size_t cut = 0; cut < 200; ++cut) {
     CHECK_FALSE(internal::DecodeTable(table.substr(0, cut), addresses.size()).ok());
+    CHECK_FALSE(internal::DecodeTable(table.substr(0, cut)).ok());
   }
   std::vector<const std::string*> four(pointers.begin(), pointers.begin() + 4);
   const std::string small = internal::EncodeTable(four);

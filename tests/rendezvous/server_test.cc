@@ -29,6 +29,7 @@
 #include "test_job.h"
 #include "trainrun/rendezvous/client.h"
 #include "trainrun/rendezvous/generation.h"
+#include "wire.h"
 
 extern char** environ;
 
@@ -131,6 +132,35 @@ TEST_CASE("Join gives each rank its place in the slot plan", "[rendezvous]") {
   CHECK(job.server->JoinedRanks() == std::vector<int>{0, 1, 2});
 }
 
+TEST_CASE("Join sends the host names encoded once, or one by one to an older worker",
+          "[rendezvous]") {
+  Job job = StartJob(TwoHostPlan());
+  auto stub = proto::Rendezvous::NewStub(
+      grpc::CreateChannel(job.server->address(), grpc::InsecureChannelCredentials()));
+  for (int r = 0; r < 2; ++r) {
+    grpc::ClientContext context;
+    context.AddMetadata("trainrun-job-token", job.options.token);
+    context.set_deadline(std::chrono::system_clock::now() + seconds(10));
+    proto::JoinRequest request;
+    request.set_host(job.options.ranks[r].host);
+    request.set_local_rank(job.options.ranks[r].local_rank);
+    request.set_host_table(r == 1);  // rank 0 is a worker of a release before the table
+    proto::JoinResponse response;
+    REQUIRE(stub->Join(&context, request, &response).ok());
+    CHECK(response.host_run_hosts_size() == 2);
+    if (r == 0) {
+      CHECK(response.host_table().empty());
+      CHECK(std::vector<std::string>(response.host_names().begin(), response.host_names().end()) ==
+            std::vector<std::string>{"a", "b"});
+    } else {
+      CHECK(response.host_names_size() == 0);
+      auto names = internal::DecodeTable(response.host_table());
+      REQUIRE(names.ok());
+      CHECK(*names == std::vector<std::string>{"a", "b"});
+    }
+  }
+}
+
 TEST_CASE("Join refuses unknown ranks, second joins and a wrong claimed rank", "[rendezvous]") {
   Job job = StartJob(TwoHostPlan());
   ClientOptions nowhere = job.ClientFor(0);
@@ -160,6 +190,9 @@ std::vector<std::string> HostsOf(const Assignment& a) {
 TEST_CASE("AddRanks: ranks added while the job runs join by their number on their host",
           "[rendezvous][elastic]") {
   Job job = StartJob(TwoHostPlan());
+  // A join before the job grows: the host names the server encoded for it must not stay.
+  WorkerSession first = job.JoinAs(0);
+  CHECK(first.assignment.host_names == std::vector<std::string>{"a", "b"});
   CHECK(job.server->AddRanks({{"c", 0, 1, 0, 1}, {"c", 1, 1, 0, 1}}) == 3);
   ClientOptions added = job.ClientFor(0);
   added.host = "c";
@@ -170,7 +203,7 @@ TEST_CASE("AddRanks: ranks added while the job runs join by their number on thei
   CHECK(session->assignment.rank == 4);
   CHECK(session->assignment.size == 5);
   CHECK(HostsOf(session->assignment) == std::vector<std::string>{"a", "a", "b", "c", "c"});
-  CHECK(job.server->JoinedRanks() == std::vector<int>{4});
+  CHECK(job.server->JoinedRanks() == std::vector<int>{0, 4});
   // On another host, the number does not let it in; nor does a number without a host's slot.
   ClientOptions elsewhere = added;
   elsewhere.host = "b";
