@@ -52,17 +52,15 @@ class BufferReader {
   // Finds numpy.ndarray once NumPy is loaded (false until then).
   bool FindNumpy();
 
-  PyObject* tensor_type_ = nullptr;  // torch.Tensor (a strong reference), once found
+  PyObject* tensor_type_ = nullptr;   // torch.Tensor (a strong reference), once found
   PyObject* ndarray_type_ = nullptr;  // numpy.ndarray, once found
   // torch.dtype objects of the supported types, with their DataType (strong references).
   std::vector<std::pair<PyObject*, collectives::DataType>> torch_dtypes_;
   // Interned attribute names.
   PyObject* is_cpu_ = nullptr;
-  PyObject* is_sparse_ = nullptr;
   PyObject* dtype_ = nullptr;
   PyObject* is_contiguous_ = nullptr;
   PyObject* data_ptr_ = nullptr;
-  PyObject* numel_ = nullptr;
   PyObject* shape_ = nullptr;
 };
 

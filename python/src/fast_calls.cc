@@ -20,10 +20,19 @@ using collectives::ReduceOp;
 
 // Pending is an operation a fast call started and synchronize has not yet collected.
 struct Pending {
-  std::vector<CommThread::Handle> core;  // the communication thread's jobs
-  PyObject* result = nullptr;            // strong: what synchronize returns
-  PyObject* name_key = nullptr;          // strong or null: its (0, name) in the names in flight
+  // The communication thread's jobs: `first`, then `rest` (more element types of a grouped
+  // allreduce; one allreduce_async_ has none, and allocates nothing for them).
+  CommThread::Handle first = 0;
+  std::vector<CommThread::Handle> rest;
+  PyObject* result = nullptr;    // strong: what synchronize returns
+  PyObject* name_key = nullptr;  // strong or null: its name, in the names in flight
 };
+
+// Arguments of allreduce_async_, by position or keyword (interned, for the usual keyword names
+// of a call, which are interned too).
+constexpr const char* kAllreduceArgs[] = {
+    "tensor", "op", "name", "process_set", "prescale_factor", "postscale_factor"};
+constexpr int kAllreduceArgCount = 6;
 
 constexpr int kOps = 5;  // ReduceOp's values are 0 .. kOps - 1
 
@@ -33,9 +42,9 @@ struct State {
   BufferReader reader;
   std::unordered_map<int64_t, Pending> pending;
   int64_t next_handle = 1;
-  std::vector<BufferView> views;  // grouped_allreduce_fast's, kept between calls
-  PyObject* ops[kOps] = {};       // ReduceOp's members (trainrun.Sum, ...), by value
-  PyObject* zero = nullptr;       // 0, the whole job's process set id in a name key
+  std::vector<BufferView> views;                 // grouped_allreduce_fast's, kept between calls
+  PyObject* ops[kOps] = {};                      // ReduceOp's members (trainrun.Sum, ...), by value
+  PyObject* arg_names[kAllreduceArgCount] = {};  // kAllreduceArgs, interned
   // From bind(): trainrun's set of names in flight and the Python implementations.
   PyObject* names = nullptr;
   PyObject* allreduce_py = nullptr;
@@ -48,12 +57,6 @@ State& S() {
   return state;
 }
 
-// Arguments of allreduce_async_, by position or keyword.
-constexpr const char* kAllreduceArgs[] = {"tensor",      "op",
-                                          "name",        "process_set",
-                                          "prescale_factor", "postscale_factor"};
-constexpr int kAllreduceArgCount = 6;
-
 // CollectArgs places the call's arguments by position and keyword; false (no error set) for one it
 // does not know or a duplicate: the Python implementation then raises Python's TypeError.
 bool CollectArgs(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
@@ -64,6 +67,9 @@ bool CollectArgs(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
   for (Py_ssize_t k = 0; k < keywords; ++k) {
     PyObject* key = PyTuple_GET_ITEM(kwnames, k);
     int slot = -1;
+    for (int j = 0; j < kAllreduceArgCount && slot < 0; ++j) {
+      if (key == S().arg_names[j]) slot = j;
+    }
     for (int j = 0; j < kAllreduceArgCount && slot < 0; ++j) {
       if (PyUnicode_CompareWithASCIIString(key, kAllreduceArgs[j]) == 0) slot = j;
     }
@@ -116,35 +122,31 @@ bool IsOne(PyObject* factor) {
   return false;
 }
 
-// ClaimableKey returns a new reference to the key (0, name) when `name` (a str) is not in flight;
-// null, with no error set, when there is nothing to claim (no name) or when it is in flight
-// (`*in_flight` set: the Python way raises).
+// ClaimableKey returns a new reference to the key of `name` (a str) in the names in flight (for
+// the whole job, the name itself: see trainrun._claim_name) when it is not in flight; null, with
+// no error set, when there is nothing to claim (no name) or when it is in flight (`*in_flight`
+// set: the Python way raises).
 PyObject* ClaimableKey(PyObject* name, bool* in_flight) {
   *in_flight = false;
   if (name == nullptr || name == Py_None || PyUnicode_GET_LENGTH(name) == 0) return nullptr;
-  PyObject* key = PyTuple_Pack(2, S().zero, name);
-  if (key == nullptr) {
-    PyErr_Clear();
-    *in_flight = true;  // go the Python way, which will say what is wrong
-    return nullptr;
-  }
-  const int found = PySet_Contains(S().names, key);
+  const int found = PySet_Contains(S().names, name);
   if (found != 0) {
     if (found < 0) PyErr_Clear();
-    Py_DECREF(key);
     *in_flight = true;
     return nullptr;
   }
-  return key;
+  Py_INCREF(name);
+  return name;
 }
 
 // Register records a started operation and returns its handle (a new reference to an int).
-PyObject* Register(std::vector<CommThread::Handle> core, PyObject* result, PyObject* name_key) {
+PyObject* Register(CommThread::Handle first, std::vector<CommThread::Handle> rest, PyObject* result,
+                   PyObject* name_key) {
   State& s = S();
   if (name_key != nullptr && PySet_Add(s.names, name_key) != 0) PyErr_Clear();
   const int64_t handle = s.next_handle++;
   Py_INCREF(result);
-  s.pending.emplace(handle, Pending{std::move(core), result, name_key});
+  s.pending.emplace(handle, Pending{first, std::move(rest), result, name_key});
   return PyLong_FromLongLong(handle);
 }
 
@@ -189,7 +191,7 @@ PyObject* AllreduceAsync(PyObject* /*module*/, PyObject* const* args, Py_ssize_t
     check.shape = std::move(view.shape);
     const CommThread::Handle core =
         thread.SubmitAllreduce({comm, view.data, view.count, view.type, op, std::move(check)});
-    return Register({core}, a[0], key);
+    return Register(core, {}, a[0], key);
   } catch (...) {
     Py_XDECREF(key);
     return Fail();
@@ -209,9 +211,9 @@ PyObject* Synchronize(PyObject* /*module*/, PyObject* handle) {
   }
   // Wait for all, then raise the first error; Ctrl-C at once.
   std::exception_ptr error;
-  for (CommThread::Handle core : op.core) {
+  for (size_t i = 0; i <= op.rest.size(); ++i) {
     try {
-      s.hooks.wait(core);
+      s.hooks.wait(i == 0 ? op.first : op.rest[i - 1]);
     } catch (py::error_already_set& e) {
       Py_DECREF(op.result);
       e.restore();
@@ -235,7 +237,9 @@ PyObject* Poll(PyObject* /*module*/, PyObject* handle) {
   if (it == s.pending.end()) return PyObject_CallOneArg(s.poll_py, handle);
   try {
     CommThread& thread = s.hooks.thread();
-    for (CommThread::Handle core : it->second.core) {
+    const Pending& op = it->second;
+    if (!thread.Done(op.first)) Py_RETURN_FALSE;
+    for (CommThread::Handle core : op.rest) {
       if (!thread.Done(core)) Py_RETURN_FALSE;
     }
     Py_RETURN_TRUE;
@@ -303,10 +307,9 @@ PyObject* GroupedAllreduceFast(PyObject* /*module*/, PyObject* const* args, Py_s
         check.shape.push_back(static_cast<int64_t>(s.views[i].count));
       }
       const DataType t = type;
-      core.push_back(thread.Submit(
-          [comm, buffers = std::move(buffers), t, op, check = std::move(check)](Communicator&) {
-            comm->GroupedAllreduce(buffers, t, op, check);
-          }));
+      core.push_back(
+          thread.Submit([comm, buffers = std::move(buffers), t, op, check = std::move(check)](
+                            Communicator&) { comm->GroupedAllreduce(buffers, t, op, check); }));
     }
   } catch (...) {
     for (CommThread::Handle h : core) {  // what was queued runs: wait for it before raising
@@ -319,7 +322,9 @@ PyObject* GroupedAllreduceFast(PyObject* /*module*/, PyObject* const* args, Py_s
     Py_XDECREF(key);
     return Fail();
   }
-  PyObject* handle = Register(std::move(core), result, key);
+  const CommThread::Handle first = core.front();
+  core.erase(core.begin());
+  PyObject* handle = Register(first, std::move(core), result, key);
   Py_DECREF(result);
   return handle;
 }
@@ -345,8 +350,8 @@ constexpr char kPollDoc[] =
     "True when the async operation `handle` has finished (synchronize() then returns at once).";
 
 PyMethodDef kMethods[] = {
-    {"fast_allreduce_async_", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(
-                                  &AllreduceAsync)),
+    {"fast_allreduce_async_",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&AllreduceAsync)),
      METH_FASTCALL | METH_KEYWORDS, kAllreduceDoc},
     {"fast_synchronize", &Synchronize, METH_O, kSynchronizeDoc},
     {"fast_poll", &Poll, METH_O, kPollDoc},
@@ -360,7 +365,6 @@ PyMethodDef kMethods[] = {
 void AddFastCalls(py::module_& m, FastCallHooks hooks) {
   State& s = S();
   s.hooks = std::move(hooks);
-  s.zero = PyLong_FromLong(0);
   py::object ops = m.attr("ReduceOp");
   const char* members[kOps] = {"Sum", "Average", "Min", "Max", "Product"};
   for (int i = 0; i < kOps; ++i) {
@@ -369,6 +373,9 @@ void AddFastCalls(py::module_& m, FastCallHooks hooks) {
       throw std::logic_error("ReduceOp's members are not in value order");
     }
     s.ops[i] = member.release().ptr();
+  }
+  for (int j = 0; j < kAllreduceArgCount; ++j) {
+    s.arg_names[j] = PyUnicode_InternFromString(kAllreduceArgs[j]);
   }
   for (PyMethodDef& def : kMethods) {
     PyObject* function = PyCFunction_NewEx(&def, nullptr, m.attr("__name__").ptr());

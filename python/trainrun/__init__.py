@@ -197,7 +197,10 @@ def shutdown():
 # plus a `finish` that makes the result (copying out, scaling, reshaping) once they are done.
 
 _ops = {}  # the Python way's handles; the fast calls' live in _core (fast_calls.h)
-_names_in_flight = set()  # (process set, name) of async operations not yet synchronized
+# Names of async operations not yet synchronized: the name itself for the whole job (a str hashes
+# once, and 200 allreduce_async_ calls in a row each add and remove one), (process set id, name)
+# for a process set.
+_names_in_flight = set()
 
 
 class _Op:
@@ -213,7 +216,7 @@ class _Op:
 def _claim_name(set_id, name, what):
     if not name:
         return None
-    key = (set_id, name)
+    key = name if set_id == 0 else (set_id, name)
     if key in _names_in_flight:
         raise InvalidArgumentError(f"{what}: an operation named {name!r} is already in flight; "
                                    "synchronize it first or use another name")
@@ -321,7 +324,7 @@ def _allreduce_start(tensor, op, name, process_set, prescale_factor, postscale_f
     if (process_set is None and type(op) is ReduceOp and prescale_factor == 1.0
             and postscale_factor == 1.0):
         code = _buffers.torch_cpu_code(tensor)
-        key = (0, name) if name else None
+        key = name or None
         if code is not None and key not in _names_in_flight:
             if key is not None:
                 _names_in_flight.add(key)
