@@ -42,7 +42,6 @@ struct State {
   BufferReader reader;
   std::unordered_map<int64_t, Pending> pending;
   int64_t next_handle = 1;
-  std::vector<BufferView> views;                 // grouped_allreduce_fast's, kept between calls
   PyObject* ops[kOps] = {};                      // ReduceOp's members (trainrun.Sum, ...), by value
   PyObject* arg_names[kAllreduceArgCount] = {};  // kAllreduceArgs, interned
   // From bind(): trainrun's set of names in flight and the Python implementations.
@@ -268,9 +267,10 @@ PyObject* GroupedAllreduceFast(PyObject* /*module*/, PyObject* const* args, Py_s
   }
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(tensors);
   PyObject** items = PySequence_Fast_ITEMS(tensors);
-  s.views.resize(static_cast<size_t>(n));
+  // Local: reading a tensor may run Python code (a subclass's attributes), which may call here.
+  std::vector<BufferView> views(static_cast<size_t>(n));
   for (Py_ssize_t i = 0; i < n; ++i) {
-    BufferView& v = s.views[static_cast<size_t>(i)];
+    BufferView& v = views[static_cast<size_t>(i)];
     if (!s.reader.Read(items[i], /*writable=*/true, &v) || (v.data == nullptr && v.count != 0)) {
       Py_RETURN_NONE;
     }
@@ -285,8 +285,8 @@ PyObject* GroupedAllreduceFast(PyObject* /*module*/, PyObject* const* args, Py_s
   }
   // Element types in the order they first appear, each with its tensors.
   std::vector<std::pair<DataType, std::vector<size_t>>> groups;
-  for (size_t i = 0; i < s.views.size(); ++i) {
-    const DataType type = s.views[i].type;
+  for (size_t i = 0; i < views.size(); ++i) {
+    const DataType type = views[i].type;
     auto group = groups.begin();
     while (group != groups.end() && group->first != type) ++group;
     if (group == groups.end()) group = groups.insert(groups.end(), {type, {}});
@@ -303,8 +303,8 @@ PyObject* GroupedAllreduceFast(PyObject* /*module*/, PyObject* const* args, Py_s
       check.has_shape = true;
       check.shape.push_back(static_cast<int64_t>(members.size()));
       for (size_t i : members) {
-        buffers.push_back({s.views[i].data, s.views[i].count});
-        check.shape.push_back(static_cast<int64_t>(s.views[i].count));
+        buffers.push_back({views[i].data, views[i].count});
+        check.shape.push_back(static_cast<int64_t>(views[i].count));
       }
       const DataType t = type;
       core.push_back(
@@ -350,11 +350,11 @@ constexpr char kPollDoc[] =
     "True when the async operation `handle` has finished (synchronize() then returns at once).";
 
 PyMethodDef kMethods[] = {
-    {"fast_allreduce_async_",
+    {"allreduce_async_",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&AllreduceAsync)),
      METH_FASTCALL | METH_KEYWORDS, kAllreduceDoc},
-    {"fast_synchronize", &Synchronize, METH_O, kSynchronizeDoc},
-    {"fast_poll", &Poll, METH_O, kPollDoc},
+    {"synchronize", &Synchronize, METH_O, kSynchronizeDoc},
+    {"poll", &Poll, METH_O, kPollDoc},
     {"grouped_allreduce_fast",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&GroupedAllreduceFast)),
      METH_FASTCALL, "grouped_allreduce_async_'s common case in one pass; None: go the Python way"},
@@ -378,9 +378,13 @@ void AddFastCalls(py::module_& m, FastCallHooks hooks) {
     s.arg_names[j] = PyUnicode_InternFromString(kAllreduceArgs[j]);
   }
   for (PyMethodDef& def : kMethods) {
-    PyObject* function = PyCFunction_NewEx(&def, nullptr, m.attr("__name__").ptr());
+    PyObject* function = PyCFunction_NewEx(&def, m.ptr(), m.attr("__name__").ptr());
     if (function == nullptr) throw py::error_already_set();
-    m.attr(def.ml_name) = py::reinterpret_steal<py::object>(function);
+    // Named as trainrun's functions (their __name__ and signature), kept in _core as fast_*
+    // (except grouped_allreduce_fast, an internal call) beside the core's own poll.
+    const std::string name = def.ml_name;
+    m.attr((name == "grouped_allreduce_fast" ? name : "fast_" + name).c_str()) =
+        py::reinterpret_steal<py::object>(function);
   }
   m.def(
       "bind",

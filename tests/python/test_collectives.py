@@ -290,6 +290,11 @@ def test_grouped_allreduce_reads_torch_and_numpy_in_one_pass():
 def test_fast_calls_share_names_handles_and_errors_with_the_python_way():
     # allreduce_async_, synchronize and poll are C functions for the common case; everything else
     # goes the Python way. Names in flight, handles and errors are the same either way.
+    import inspect
+
+    assert list(inspect.signature(trainrun.allreduce_async_).parameters) == [
+        "tensor", "op", "name", "process_set", "prescale_factor", "postscale_factor"]
+    assert trainrun.synchronize.__name__ == "synchronize"
     n = trainrun.size()
     t = torch.ones(6)
     h = trainrun.allreduce_async_(t, op=trainrun.Sum, name="shared.name")
