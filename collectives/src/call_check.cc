@@ -75,7 +75,10 @@ CallRecord DescribeCall(CollectiveKind kind, DataType type, uint64_t count, int 
       if (d < CallRecord::kMaxDims) {
         r.dims[d++] = shape[i];
       } else {
-        r.dims[CallRecord::kMaxDims - 1] *= shape[i];
+        // Unsigned: a grouped allreduce's many counts wrap instead of overflowing.
+        r.dims[CallRecord::kMaxDims - 1] =
+            static_cast<int64_t>(static_cast<uint64_t>(r.dims[CallRecord::kMaxDims - 1]) *
+                                 static_cast<uint64_t>(shape[i]));
       }
     }
   }

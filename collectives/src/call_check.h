@@ -58,6 +58,10 @@ struct CallRecord {
   // (Communicator::AllreduceReady); 0 for a call that cannot be fused. Not compared: the ranks
   // run the fewest any of them has ready.
   uint64_t ready = 0;
+  // With `ready` > 1: a hash of the records of the ready allreduces after the first (all of them;
+  // Communicator::AllreduceReady). Ranks with as many ready and the same hash agree on them all
+  // within this one exchange; otherwise a second exchange checks the ones they run. Not compared.
+  uint64_t ready_hash = 0;
 };
 
 CallRecord DescribeCall(CollectiveKind kind, DataType type, uint64_t count, int op_or_root,

@@ -868,26 +868,32 @@ void ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataT
     }
     Post(2 * g + 1);
     AwaitSteps(2 * g + 1);
-    if (own_length > 0) {
-      char* result = mine + own_begin * e;
-      // The first operand of the first reduction: the input in place, or gathered from the pieces.
-      const char* own = in + (begin + own_begin) * e;
-      if (pieces != nullptr) {
-        pieces->Gather(result, begin + own_begin, own_length);
-        own = result;
-      }
+    // ReduceOwn reduces `count` elements of this rank's part, `at` bytes into it, from `own` (this
+    // rank's input) and every peer's slot into `result` (this rank's slot), then finishes them
+    // (across, average).
+    auto reduce_own = [&](char* result, const char* own, size_t at, size_t count) {
       bool first = true;
       for (int p = 0; p < size_; ++p) {
         if (p == rank_) continue;
-        Reduce(type, op, result, first ? own : result, slot(p, g) + own_begin * e, own_length);
+        Reduce(type, op, result, first ? own : result, slot(p, g) + own_begin * e + at, count);
         first = false;
       }
-      if (first && own != result) std::memcpy(result, own, own_length * e);  // no peers
-      if (across != nullptr) (*across)(result, own_length);
-      if (op == ReduceOp::kAverage) Divide(type, result, own_length, divisor);
+      if (first) std::memcpy(result, own, count * e);  // no peers
+      if (across != nullptr) (*across)(result, count);
+      if (op == ReduceOp::kAverage) Divide(type, result, count, divisor);
+    };
+    if (own_length > 0) {
+      char* result = mine + own_begin * e;
       if (pieces != nullptr) {
-        pieces->Scatter(result, begin + own_begin, own_length);
+        // Piece by piece, straight from the pieces and back into them while in cache: no gather
+        // of this rank's part into its slot first (a copy of 1/n of the data, which the
+        // contiguous path does not make either).
+        pieces->Visit(begin + own_begin, own_length, [&](char* piece, size_t at, size_t bytes) {
+          reduce_own(result + at, piece, at, bytes / e);
+          std::memcpy(piece, result + at, bytes);
+        });
       } else {
+        reduce_own(result, in + (begin + own_begin) * e, 0, own_length);
         std::memcpy(out + (begin + own_begin) * e, result, own_length * e);
       }
     }

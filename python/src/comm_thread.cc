@@ -1,5 +1,6 @@
 #include "comm_thread.h"
 
+#include <algorithm>
 #include <iterator>
 #include <map>
 #include <vector>
@@ -149,32 +150,52 @@ void CommThread::HoldForMore(std::unique_lock<std::mutex>& lock) {
   }
 }
 
+size_t CommThread::WithoutOverlap(
+    const std::vector<collectives::Communicator::ReadyAllreduce>& ready, size_t element) {
+  // The common case (nothing overlaps) is one sort of the ranges, no map.
+  std::vector<std::pair<const char*, const char*>> ranges;
+  ranges.reserve(ready.size());
+  for (const auto& r : ready) {
+    const char* begin = static_cast<const char*>(r.data);
+    if (r.count > 0) ranges.emplace_back(begin, begin + r.count * element);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  bool overlap = false;
+  for (size_t i = 1; i < ranges.size() && !overlap; ++i) {
+    overlap = ranges[i - 1].second > ranges[i].first;
+  }
+  if (!overlap) return ready.size();
+  // Buffers taken so far, by start: the first buffer that overlaps one of them ends the group
+  // (reduced twice in a row is not reduced once).
+  std::map<const char*, const char*> taken;
+  for (size_t i = 0; i < ready.size(); ++i) {
+    if (ready[i].count == 0) continue;
+    const char* begin = static_cast<const char*>(ready[i].data);
+    const char* end = begin + ready[i].count * element;
+    auto next = taken.lower_bound(begin);
+    if (next != taken.end() && next->first < end) return i;
+    if (next != taken.begin() && std::prev(next)->second > begin) return i;
+    taken.emplace(begin, end);
+  }
+  return ready.size();
+}
+
 void CommThread::RunFused(std::unique_lock<std::mutex>& lock) {
   const Allreduce& head = *queue_.front().allreduce;
   collectives::Communicator* comm = head.comm;
   std::vector<collectives::Communicator::ReadyAllreduce> ready;
   const size_t element = collectives::ElementSize(head.type);
   size_t bytes = 0;
-  // Buffers taken so far, by start: a buffer that overlaps one of them ends the group (reduced
-  // twice in a row is not reduced once).
-  std::map<const char*, const char*> taken;
   for (const Entry& entry : queue_) {
     if (!entry.allreduce) break;
     const Allreduce& a = *entry.allreduce;
     if (a.comm != comm || a.type != head.type || a.op != head.op) break;
     const size_t size = a.count * element;
     if (!ready.empty() && (fusion_bytes_ == 0 || bytes + size > fusion_bytes_)) break;
-    const char* begin = static_cast<const char*>(a.data);
-    const char* end = begin + size;
-    if (size > 0) {
-      auto next = taken.lower_bound(begin);
-      if (next != taken.end() && next->first < end) break;
-      if (next != taken.begin() && std::prev(next)->second > begin) break;
-      taken.emplace(begin, end);
-    }
     bytes += size;
     ready.push_back({a.data, a.count, &a.check});
   }
+  ready.resize(WithoutOverlap(ready, element));
   lock.unlock();
   std::exception_ptr error;
   size_t k;

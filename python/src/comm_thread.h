@@ -31,6 +31,7 @@
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "trainrun/collectives/communicator.h"
 
@@ -95,6 +96,10 @@ class CommThread {
   // RunFused runs the allreduce at the queue's head with the fusable ones after it (lock held on
   // entry and exit, released meanwhile), then records how the ones that ran ended.
   void RunFused(std::unique_lock<std::mutex>& lock);
+  // WithoutOverlap returns how many of `ready` (buffers of `element`-byte elements) run together:
+  // all, or up to the first whose buffer overlaps an earlier one's.
+  static size_t WithoutOverlap(const std::vector<collectives::Communicator::ReadyAllreduce>& ready,
+                               size_t element);
   // HoldForMore waits (lock held) while more allreduces are likely to come to fuse with the head.
   void HoldForMore(std::unique_lock<std::mutex>& lock);
   void Finish(Handle handle, std::exception_ptr error);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "comm_thread.h"
+#include "fast_calls.h"
 #include "trainrun/collectives/communicator.h"
 #include "trainrun/collectives/errors.h"
 #include "trainrun/collectives/types.h"
@@ -298,6 +299,7 @@ class Runtime {
 
   void Shutdown() {
     if (!thread_) return;
+    ForgetFastHandles();
     py::gil_scoped_release release;
     thread_.reset();  // Finishes what was submitted.
     sets_.clear();
@@ -468,37 +470,55 @@ py::object NewException(py::module_& m, const char* name, py::tuple bases) {
   return type;
 }
 
+// The Python exception classes of the library's errors (kept alive by the module's attributes).
+struct ErrorTypes {
+  PyObject* error = nullptr;
+  PyObject* io_error = nullptr;
+  PyObject* timeout_error = nullptr;
+  PyObject* invalid_argument_error = nullptr;
+  PyObject* mismatch_error = nullptr;
+};
+ErrorTypes error_types;
+
+// SetPythonError sets the Python error for a library exception (what the module's exception
+// translator does for pybind11's functions; the fast calls use it directly).
+void SetPythonError(std::exception_ptr p) {
+  try {
+    if (p) std::rethrow_exception(p);
+  } catch (const IoError& e) {
+    PyErr_SetString(error_types.io_error, e.what());
+  } catch (const TimeoutError& e) {
+    PyErr_SetString(error_types.timeout_error, e.what());
+  } catch (const MismatchError& e) {
+    PyErr_SetString(error_types.mismatch_error, e.what());
+  } catch (const InvalidArgumentError& e) {
+    PyErr_SetString(error_types.invalid_argument_error, e.what());
+  } catch (const Error& e) {
+    PyErr_SetString(error_types.error, e.what());
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+}
+
 void RegisterExceptions(py::module_& m) {
-  // Kept alive by the module's attributes for as long as the translator can run.
-  static PyObject* error = nullptr;
-  static PyObject* io_error = nullptr;
-  static PyObject* timeout_error = nullptr;
-  static PyObject* invalid_argument_error = nullptr;
-  static PyObject* mismatch_error = nullptr;
   py::object base = NewException(m, "Error", py::make_tuple(py::handle(PyExc_RuntimeError)));
-  error = base.ptr();
+  error_types.error = base.ptr();
   // InternalError: the job's communication failed (a peer died or stalled); what Horovod calls
   // HorovodInternalError, which elastic training catches to restart.
   py::object internal_error = NewException(m, "InternalError", py::make_tuple(base));
-  io_error = NewException(m, "IoError", py::make_tuple(internal_error)).ptr();
-  timeout_error = NewException(m, "TimeoutError", py::make_tuple(internal_error)).ptr();
+  error_types.io_error = NewException(m, "IoError", py::make_tuple(internal_error)).ptr();
+  error_types.timeout_error = NewException(m, "TimeoutError", py::make_tuple(internal_error)).ptr();
   py::object invalid =
       NewException(m, "InvalidArgumentError", py::make_tuple(base, py::handle(PyExc_ValueError)));
-  invalid_argument_error = invalid.ptr();
-  mismatch_error = NewException(m, "MismatchError", py::make_tuple(invalid)).ptr();
+  error_types.invalid_argument_error = invalid.ptr();
+  error_types.mismatch_error = NewException(m, "MismatchError", py::make_tuple(invalid)).ptr();
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
-    } catch (const IoError& e) {
-      PyErr_SetString(io_error, e.what());
-    } catch (const TimeoutError& e) {
-      PyErr_SetString(timeout_error, e.what());
-    } catch (const MismatchError& e) {
-      PyErr_SetString(mismatch_error, e.what());
-    } catch (const InvalidArgumentError& e) {
-      PyErr_SetString(invalid_argument_error, e.what());
-    } catch (const Error& e) {
-      PyErr_SetString(error, e.what());
+    } catch (const Error&) {
+      SetPythonError(std::current_exception());
     }
   });
 }
@@ -520,6 +540,13 @@ PYBIND11_MODULE(_core, m) {
       .value("Min", ReduceOp::kMin)
       .value("Max", ReduceOp::kMax)
       .value("Product", ReduceOp::kProduct);
+  AddFastCalls(m,
+               FastCallHooks{
+                   []() -> CommThread& { return Runtime::Get().thread(); },
+                   []() -> trainrun::collectives::Communicator& { return Runtime::Get().Set(0); },
+                   [](CommThread::Handle h) { Wait(h); },
+                   [](std::exception_ptr p) { SetPythonError(p); },
+               });
 
   m.def(
       "dtypes",

@@ -28,7 +28,6 @@ rank of a new job and returns the ranks' return values (see trainrun/_launch.py)
 """
 
 import array as _array
-import itertools as _itertools
 import pickle as _pickle
 
 from trainrun import _core
@@ -197,9 +196,11 @@ def shutdown():
 # A handle stands for one Python-level operation: one or more operations of the core's thread
 # plus a `finish` that makes the result (copying out, scaling, reshaping) once they are done.
 
-_ops = {}
-_next_handle = _itertools.count(1)
-_names_in_flight = set()  # (process set, name) of async operations not yet synchronized
+_ops = {}  # the Python way's handles; the fast calls' live in _core (fast_calls.h)
+# Names of async operations not yet synchronized: the name itself for the whole job (a str hashes
+# once, and 200 allreduce_async_ calls in a row each add and remove one), (process set id, name)
+# for a process set.
+_names_in_flight = set()
 
 
 class _Op:
@@ -215,7 +216,7 @@ class _Op:
 def _claim_name(set_id, name, what):
     if not name:
         return None
-    key = (set_id, name)
+    key = name if set_id == 0 else (set_id, name)
     if key in _names_in_flight:
         raise InvalidArgumentError(f"{what}: an operation named {name!r} is already in flight; "
                                    "synchronize it first or use another name")
@@ -224,24 +225,22 @@ def _claim_name(set_id, name, what):
 
 
 def _register(core, finish, keep, name_key=None):
-    h = next(_next_handle)
+    h = _core.new_handle()
     _ops[h] = _Op(list(core), finish, keep, name_key)
     return h
 
 
-def poll(handle):
-    """True when the async operation `handle` has finished (synchronize() then returns at once)."""
+def _poll_py(handle):
+    """poll() of a handle the Python way made (poll itself is _core.fast_poll)."""
     op = _ops.get(handle)
     if op is None:
         raise InvalidArgumentError(f"handle {handle!r} is not a pending operation")
     return all(_core.poll(h) for h in op.core)
 
 
-def synchronize(handle):
-    """Waits for the async operation `handle` (GIL released) and returns its result.
-
-    Raises the operation's error, if it failed.
-    """
+def _synchronize_py(handle):
+    """synchronize() of a handle the Python way made (synchronize itself is
+    _core.fast_synchronize, which takes every handle and passes these on)."""
     op = _ops.pop(handle, None)
     if op is None:
         raise InvalidArgumentError(f"handle {handle!r} is not a pending operation (already "
@@ -309,16 +308,10 @@ def _scale_(t, factor):
 # --- allreduce ---------------------------------------------------------------------------------
 
 
-def allreduce_async_(tensor, op=None, name=None, process_set=None, prescale_factor=1.0,
-                     postscale_factor=1.0):
-    """Starts reducing `tensor` across ranks in place with `op` (default Average); returns a
-    handle for synchronize(), which returns the tensor. The tensor must stay untouched until then.
-
-    prescale_factor and postscale_factor multiply the tensor before and the result after.
-    Allreduces started one after another run fused, as one (Horovod's tensor fusion: up to
-    TRAINRUN_FUSION_BYTES, default 64 MiB, 0 for none); the background thread waits for more while
-    they keep coming (within 100 us of each other) and no synchronize() waits.
-    """
+def _allreduce_async_py(tensor, op=None, name=None, process_set=None, prescale_factor=1.0,
+                        postscale_factor=1.0):
+    """allreduce_async_ the Python way: every call _core.fast_allreduce_async_ (which is
+    trainrun.allreduce_async_, documented there) does not handle itself, and every error."""
     return _allreduce_start(tensor, op, name, process_set, prescale_factor, postscale_factor,
                             False)
 
@@ -331,7 +324,7 @@ def _allreduce_start(tensor, op, name, process_set, prescale_factor, postscale_f
     if (process_set is None and type(op) is ReduceOp and prescale_factor == 1.0
             and postscale_factor == 1.0):
         code = _buffers.torch_cpu_code(tensor)
-        key = (0, name) if name else None
+        key = name or None
         if code is not None and key not in _names_in_flight:
             if key is not None:
                 _names_in_flight.add(key)
@@ -342,7 +335,7 @@ def _allreduce_start(tensor, op, name, process_set, prescale_factor, postscale_f
             except Exception:
                 _names_in_flight.discard(key)
                 raise
-            handle = next(_next_handle)
+            handle = _core.new_handle()
             _ops[handle] = _Op([h], lambda: tensor, tensor, key)
             return handle
     what = _what("allreduce", name)
@@ -368,7 +361,7 @@ def _allreduce_start(tensor, op, name, process_set, prescale_factor, postscale_f
             _scale_(tensor, postscale_factor)
             return tensor
 
-    handle = next(_next_handle)
+    handle = _core.new_handle()
     _ops[handle] = _Op([h], finish, tensor, key)
     return handle
 
@@ -408,6 +401,12 @@ def grouped_allreduce_async_(tensors, op=None, name=None, process_set=None, pres
     """Starts one fused allreduce of every tensor in the list, in place; synchronize() returns
     the list. Tensors of one dtype make one collective, which reduces them where they are (over
     shared memory chunk by chunk, without first copying them into one buffer)."""
+    if process_set is None and prescale_factor == 1.0 and postscale_factor == 1.0:
+        # The common case, every tensor read in one pass in C++ (fast_calls.h); None: any
+        # other case, and every error, goes the way below.
+        h = _core.grouped_allreduce_fast(tensors, op, name)
+        if h is not None:
+            return h
     what = _what("grouped_allreduce", name)
     tensors = _group("allreduce", tensors, what)
     op = _check_op(op, what)
@@ -441,6 +440,14 @@ def grouped_allreduce_async_(tensors, op=None, name=None, process_set=None, pres
         return tensors
 
     return _register(core, finish, tensors, key)
+
+
+# The per-tensor calls, in C++ for the common case (python/src/fast_calls.h); every other call goes
+# to the Python implementations above.
+_core.bind(_names_in_flight, _allreduce_async_py, _synchronize_py, _poll_py)
+allreduce_async_ = _core.fast_allreduce_async_
+synchronize = _core.fast_synchronize
+poll = _core.fast_poll
 
 
 def grouped_allreduce_async(tensors, op=None, name=None, process_set=None, prescale_factor=1.0,

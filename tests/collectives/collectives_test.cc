@@ -1,6 +1,7 @@
 // Every collective, type and op against a float64 (or exact integer) reference, with ranks as
 // threads over the in-memory store. Inputs are fresh random numbers each run (the seed is printed
 // on failure).
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -350,6 +351,28 @@ TEST_CASE(
         for (size_t i = 0; i < pieces; ++i) {
           for (size_t k = 0; k < data[i].size(); ++k) {
             REQUIRE(data[i][k] == n * (n - 1) / 2.0 + n * static_cast<double>(i + k % 11));
+          }
+        }
+        // Average (divided piece by piece) and max, which this rank's part reduces straight
+        // from the pieces.
+        for (size_t i = 0; i < pieces; ++i) {
+          for (size_t k = 0; k < data[i].size(); ++k) data[i][k] = rank * 3.0 + (k % 7);
+        }
+        comm.GroupedAllreduce(buffers, DataType::kFloat64, ReduceOp::kAverage);
+        for (size_t i = 0; i < pieces; ++i) {
+          for (size_t k = 0; k < data[i].size(); ++k) {
+            REQUIRE(data[i][k] == (3.0 * n * (n - 1) / 2.0 + n * static_cast<double>(k % 7)) / n);
+          }
+        }
+        for (size_t i = 0; i < pieces; ++i) {
+          for (size_t k = 0; k < data[i].size(); ++k) data[i][k] = (rank * 7 + k) % 13;
+        }
+        comm.GroupedAllreduce(buffers, DataType::kFloat64, ReduceOp::kMax);
+        for (size_t i = 0; i < pieces; ++i) {
+          for (size_t k = 0; k < data[i].size(); ++k) {
+            double most = 0;
+            for (int r = 0; r < n; ++r) most = std::max<double>(most, (r * 7 + k) % 13);
+            REQUIRE(data[i][k] == most);
           }
         }
         // Two views of one buffer overlap: reduced as their concatenation (each view's own sum).

@@ -259,6 +259,102 @@ def test_mismatch_within_fused_allreduces_names_the_culprit():
     assert trainrun.allreduce(np.ones(2), op=trainrun.Sum).tolist() == [n] * 2
 
 
+def test_grouped_allreduce_reads_torch_and_numpy_in_one_pass():
+    # The list is read in C++ (fast_calls.h): torch tensors and NumPy arrays, mixed, of several
+    # dtypes (one collective each), shapes kept, in place; a tuple too; a generator goes the
+    # Python way, with the same results.
+    n, r = trainrun.size(), trainrun.rank()
+    tensors = [torch.full((3, 4), float(r)), np.full(5, r, dtype=np.float32),
+               torch.full((7,), float(r), dtype=torch.float64), np.full((2, 2), r, dtype=np.int64),
+               torch.full((2,), float(r), dtype=torch.bfloat16), np.full(3, r % 2 == 0),
+               torch.empty(0)]
+    addresses = [t.data_ptr() if isinstance(t, torch.Tensor) else t.ctypes.data for t in tensors]
+    out = trainrun.grouped_allreduce_(tensors, op=trainrun.Sum, name="mixed")
+    assert isinstance(out, list) and all(a is b for a, b in zip(out, tensors))
+    total = n * (n - 1) / 2
+    assert torch.all(tensors[0] == total) and tensors[0].shape == (3, 4)
+    np.testing.assert_array_equal(tensors[1], np.full(5, total, dtype=np.float32))
+    assert torch.all(tensors[2] == total) and tensors[2].dtype == torch.float64
+    np.testing.assert_array_equal(tensors[3], np.full((2, 2), total, dtype=np.int64))
+    assert torch.all(tensors[4] == total)
+    np.testing.assert_array_equal(tensors[5], np.full(3, True))  # logical or
+    assert [t.data_ptr() if isinstance(t, torch.Tensor) else t.ctypes.data
+            for t in tensors] == addresses  # in place
+    averaged = trainrun.grouped_allreduce_((torch.full((4,), float(r)), torch.ones(2)))
+    assert torch.all(averaged[0] == (n - 1) / 2) and torch.all(averaged[1] == 1)
+    generated = trainrun.grouped_allreduce_((torch.full((3,), 1.0) for _ in range(2)),
+                                            op=trainrun.Sum)
+    assert len(generated) == 2 and all(torch.all(t == n) for t in generated)
+
+
+def test_fast_calls_share_names_handles_and_errors_with_the_python_way():
+    # allreduce_async_, synchronize and poll are C functions for the common case; everything else
+    # goes the Python way. Names in flight, handles and errors are the same either way.
+    import inspect
+
+    assert list(inspect.signature(trainrun.allreduce_async_).parameters) == [
+        "tensor", "op", "name", "process_set", "prescale_factor", "postscale_factor"]
+    assert trainrun.synchronize.__name__ == "synchronize"
+    n = trainrun.size()
+    t = torch.ones(6)
+    h = trainrun.allreduce_async_(t, op=trainrun.Sum, name="shared.name")
+    with pytest.raises(trainrun.InvalidArgumentError, match="'shared.name' is already in flight"):
+        trainrun.allreduce_async_(torch.ones(6), trainrun.Sum, "shared.name", None, 2.0)  # Python
+    with pytest.raises(trainrun.InvalidArgumentError, match="'shared.name' is already in flight"):
+        trainrun.allreduce_async_(torch.ones(6), op=trainrun.Sum, name="shared.name")
+    with pytest.raises(trainrun.InvalidArgumentError, match="'shared.name' is already in flight"):
+        trainrun.grouped_allreduce_async_([torch.ones(2)], op=trainrun.Sum, name="shared.name")
+    assert trainrun.poll(h) in (True, False)
+    assert trainrun.synchronize(h) is t and torch.all(t == n)
+    with pytest.raises(trainrun.InvalidArgumentError, match="not a pending operation"):
+        trainrun.synchronize(h)
+    with pytest.raises(trainrun.InvalidArgumentError, match="not a pending operation"):
+        trainrun.poll(h)
+    # The name is free again; scaling, numpy and a process set go the Python way.
+    a = np.full(4, 2.0, dtype=np.float32)
+    handles = [trainrun.allreduce_async_(torch.ones(3), op=trainrun.Sum, name="shared.name",
+                                         prescale_factor=2.0, postscale_factor=0.5),
+               trainrun.allreduce_async_(a, trainrun.Max),
+               trainrun.allreduce_async_(torch.ones(2), op=trainrun.Sum,
+                                         process_set=trainrun.global_process_set),
+               trainrun.grouped_allreduce_async_([torch.ones(2)], op=trainrun.Sum,
+                                                 prescale_factor=3.0)]
+    assert all(isinstance(h, int) for h in handles) and len(set(handles)) == len(handles)
+    while not all(trainrun.poll(h) for h in handles):
+        pass
+    results = [trainrun.synchronize(h) for h in handles]
+    assert torch.all(results[0] == n) and results[1] is a and (a == 2.0).all()
+    assert torch.all(results[2] == n) and torch.all(results[3][0] == 3 * n)
+    # Errors are the Python way's: the culprit named, Python's own TypeError for a wrong call.
+    with pytest.raises(trainrun.InvalidArgumentError, match="not contiguous"):
+        trainrun.allreduce_async_(torch.ones(4, 6).t())
+    with pytest.raises(trainrun.InvalidArgumentError, match="read-only"):
+        ro = np.ones(3)
+        ro.flags.writeable = False
+        trainrun.allreduce_async_(ro)
+    with pytest.raises(trainrun.InvalidArgumentError, match="op must be"):
+        trainrun.allreduce_async_(torch.ones(2), op="sum")
+    with pytest.raises(TypeError):
+        trainrun.allreduce_async_(torch.ones(2), colour="red")
+    with pytest.raises(trainrun.InvalidArgumentError, match="the list of tensors is empty"):
+        trainrun.grouped_allreduce_([])
+    with pytest.raises(trainrun.InvalidArgumentError, match="not contiguous"):
+        trainrun.grouped_allreduce_([torch.ones(2), torch.ones(4, 6).t()])
+    assert trainrun.allreduce(np.ones(2), op=trainrun.Sum).tolist() == [n] * 2
+
+
+def test_grouped_allreduce_mismatch_names_the_culprit():
+    if trainrun.size() == 1:
+        pytest.skip("needs two ranks")
+    tensors = [torch.ones(4), torch.ones(5 + (1 if trainrun.rank() == 1 else 0))]
+    with pytest.raises(trainrun.MismatchError,
+                       match=r"rank 0 called allreduce 'uneven#float32' of float32\[2, 4, 5\] "
+                             r"\(op sum\) but rank 1 called allreduce 'uneven#float32' of "
+                             r"float32\[2, 4, 6\]"):
+        trainrun.grouped_allreduce_(tensors, op=trainrun.Sum, name="uneven")
+    assert trainrun.allreduce(np.ones(2), op=trainrun.Sum).tolist() == [trainrun.size()] * 2
+
+
 # --- Bad input: a clear exception on every rank, and the job goes on ------------------------------
 
 
