@@ -1,6 +1,9 @@
 #include "trainrun/collectives/communicator.h"
 
+#include <time.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -26,11 +29,13 @@ namespace {
 // warning time (env::kStallWarningSeconds), so that the launcher can say which ranks wait in which
 // collective and which have not joined it; and clears it when the collective completes.
 //
-// A collective only notes, under an uncontended lock, which it is and since when: it never wakes
-// the thread. The thread sleeps until the collective it last saw would be due (or a whole warning
-// time when none was running), so it wakes about once per warning time, and a collective that
-// started while it slept is due no earlier than it wakes. Waking it per collective cost a thread
-// switch and a contended lock per call (hundreds of µs per small allreduce on a loaded machine).
+// A collective only notes, in atomics of its own, which it is and since when (a coarse clock, a
+// few ns): it never wakes the thread and takes no lock unless a warning is out. The thread sleeps
+// until the collective it last saw would be due (or a whole warning time when none was running),
+// so it wakes about once per warning time, and a collective that started while it slept is due no
+// earlier than it wakes. Waking it per collective cost a thread switch and a contended lock per
+// call (hundreds of µs per small allreduce on a loaded machine); an uncontended lock around each
+// note, ~100 instructions of a small allreduce's ~1,100.
 class StallWatch {
  public:
   StallWatch(rendezvous::Store& store, int rank, std::string communicator)
@@ -50,48 +55,69 @@ class StallWatch {
   // `op` must outlive the communicator (the collectives pass string literals).
   void Enter(const char* op) {
     if (warning_.count() == 0) return;
-    const auto now = std::chrono::steady_clock::now();
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!thread_.joinable()) thread_ = std::thread([this] { Watch(); });
-    op_ = op;
-    ++sequence_;
-    since_ = now;
-    in_collective_ = true;
+    if (!started_) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      thread_ = std::thread([this] { Watch(); });
+      started_ = true;
+    }
+    op_.store(op, std::memory_order_relaxed);
+    since_.store(CoarseNow(), std::memory_order_relaxed);
+    sequence_.store(sequence_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    in_collective_.store(true, std::memory_order_release);
   }
 
   void Leave() {
     if (warning_.count() == 0) return;
-    bool clear = false;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      in_collective_ = false;
-      clear = published_;
-      published_ = false;
-    }
-    if (clear) (void)store_.Set(key_, "");
+    // No fence here (a fence would wait for this call's stores to shared memory to reach the
+    // peers): a warning Watch publishes as this collective ends is either seen here and cleared,
+    // after Watch's Set (it holds the lock through it), or cleared by Watch itself, which looks at
+    // in_collective_ again after its Set (a store to the rendezvous, long after this one).
+    in_collective_.store(false, std::memory_order_release);
+    if (!published_.load(std::memory_order_acquire)) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!published_.load()) return;
+    published_.store(false);
+    (void)store_.Set(key_, "");
   }
 
  private:
+  // CoarseNow: CLOCK_MONOTONIC_COARSE in ns (a tick's resolution, for warnings of seconds).
+  static int64_t CoarseNow() {
+    timespec t{};
+    ::clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+    return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+  }
+
   void Watch() {
+    const int64_t warning_ns = std::chrono::nanoseconds(warning_).count();
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stop_) {
-      if (!in_collective_ || published_) {
+      const uint64_t sequence = sequence_.load(std::memory_order_acquire);
+      if (!in_collective_.load(std::memory_order_acquire) || published_.load()) {
         wake_.wait_for(lock, warning_);
         continue;
       }
-      auto due = since_ + warning_;
-      if (std::chrono::steady_clock::now() < due) {
-        wake_.wait_until(lock, due);
+      const int64_t due = since_.load(std::memory_order_relaxed) + warning_ns;
+      const int64_t now = CoarseNow();
+      if (now < due || sequence_.load(std::memory_order_acquire) != sequence) {
+        wake_.wait_for(lock, std::chrono::nanoseconds(std::max<int64_t>(due - now, 1000000)));
         continue;
       }
-      published_ = true;
-      std::string value = MakeMessage(op_, " #", sequence_,
+      published_.store(true);
+      if (!in_collective_.load() || sequence_.load() != sequence) {
+        published_.store(false);  // it left meanwhile; Leave waits for the lock, then sees false
+        continue;
+      }
+      const char* op = op_.load(std::memory_order_relaxed);
+      std::string value = MakeMessage(op, " #", sequence,
                                       communicator_.empty() || communicator_ == "world"
                                           ? ""
                                           : MakeMessage(" of '", communicator_, "'"));
-      lock.unlock();
       (void)store_.Set(key_, value);
-      lock.lock();
+      if (!in_collective_.load() || sequence_.load() != sequence) {
+        published_.store(false);  // it ended while the warning went out (Leave)
+        (void)store_.Set(key_, "");
+      }
     }
   }
 
@@ -99,15 +125,16 @@ class StallWatch {
   const std::string key_;
   const std::string communicator_;
   const std::chrono::seconds warning_;
-  std::mutex mutex_;
+  std::mutex mutex_;  // the thread's sleep and stop; a published warning's Set and clearing
   std::condition_variable wake_;
   std::thread thread_;
+  bool started_ = false;  // the collective's thread only
   bool stop_ = false;
-  bool in_collective_ = false;
-  bool published_ = false;
-  uint64_t sequence_ = 0;
-  const char* op_ = "";
-  std::chrono::steady_clock::time_point since_;
+  std::atomic<bool> in_collective_{false};
+  std::atomic<bool> published_{false};
+  std::atomic<uint64_t> sequence_{0};
+  std::atomic<const char*> op_{""};
+  std::atomic<int64_t> since_{0};
 };
 
 }  // namespace
@@ -257,7 +284,8 @@ class Communicator::Impl {
         bool reduced = false;
         const bool folded = ctx.transport.TryCheckedAllreduce(
             ready[0].data, ready[0].data, ready[0].count, type, op, &call, sizeof(call),
-            records.data(), [&] {
+            records.data(), [&](bool same) {
+              if (same) records.assign(records.size(), call);
               reduced = fewest_ready() == 1 && !joined &&
                         (!check_calls_ || internal::Disagreement(records, set_name_).empty());
               return reduced;
@@ -362,8 +390,11 @@ class Communicator::Impl {
                            [](const internal::CallRecord& r) { return r.kind == kJoinKind; });
       };
       const bool folded = ctx.transport.TryCheckedAllreduce(
-          input, output, count, type, op, &call, sizeof(call), records.data(), [&] {
-            unanimous = internal::Unanimous(records.data(), records.size());
+          input, output, count, type, op, &call, sizeof(call), records.data(), [&](bool same) {
+            // Every record the same bytes as this rank's (no copies): unanimous unless a join.
+            unanimous =
+                same ? call.kind != kJoinKind : internal::Unanimous(records.data(), records.size());
+            if (same && !unanimous) records.assign(records.size(), call);
             return unanimous || (!joined() && internal::Disagreement(records, set_name_).empty());
           });
       if (!folded) records = internal::ExchangeRecords(ctx, call);

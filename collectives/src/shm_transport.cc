@@ -32,7 +32,11 @@ constexpr auto kBeatWindow = std::chrono::microseconds(4);
 // Spinning waiters beat, check the clock and look at their peers every this many polls.
 constexpr int kPollsPerCheck = 16;
 // An adaptive wait yields its CPU (PeerActivity::kNeedsCpu) at most this long before it sleeps: a
-// preempted peer is back within about a scheduler tick (4 ms at HZ=250) and a time slice.
+// preempted peer is back within about a scheduler tick (4 ms at HZ=250) and a time slice. Where
+// ranks outnumber the CPUs, at most kLongGap, and then yielding backs off (NoYieldPeriod): ranks
+// that share cores hand them over within µs, so a millisecond means that other work holds the CPU
+// a peer needs (on another CPU, which no yield here gives it; seen with other jobs' compilers on
+// the machine, whose waits yielded for their whole 5 ms without a gap here).
 constexpr auto kYieldFor = std::chrono::microseconds(5000);
 // A waiter that was kept off its CPU this long between two looks at its peers (a yield that gave
 // the CPU away, or a preemption) lost a time slice to other work: a rank hands the CPU back within
@@ -45,10 +49,18 @@ constexpr auto kLongGap = std::chrono::microseconds(1000);
 constexpr auto kLongGapsApart = std::chrono::milliseconds(20);
 constexpr auto kNoYieldFor = std::chrono::milliseconds(100);
 // Where ranks outnumber the CPUs, every yield may hand a busy process a slice while the ranks on
-// the other CPUs wait for the yielder: one such gap turns yielding off, for a second. (With the
-// rule above, 4 ranks on 2 cores at load 6-7 took 100-1700 µs per small allreduce against 68-490
-// µs sleeping throughout.)
-constexpr auto kNoYieldOversubscribedFor = std::chrono::milliseconds(1000);
+// the other CPUs wait for the yielder: one such gap turns yielding off at once, for a back-off that
+// starts at kNoYieldOversubscribedMin and doubles with each gap that follows within kCalm of
+// yielding coming back on, up to kNoYieldOversubscribedMax. (With the two-gap rule, 4 ranks on 2
+// cores at load 6-7 took 100-1700 µs per small allreduce against 68-490 µs sleeping throughout.)
+// The back-off starts small because one gap also comes from the job's own start-up (ranks still
+// loading and connecting while the first collectives wait): a fixed second of sleeping after it
+// made 4 ranks on 2 quiet cores take 30-39 µs per allreduce at 8-256 B, the sizes timed first,
+// against 11-17 µs yielding at 512 B-8 KiB. Beside busy work every probe of yielding meets a gap
+// within a slice, so the back-off soon sleeps for whole seconds between probes.
+constexpr auto kNoYieldOversubscribedMin = std::chrono::milliseconds(20);
+constexpr auto kNoYieldOversubscribedMax = std::chrono::milliseconds(1000);
+constexpr auto kCalm = std::chrono::milliseconds(1000);
 
 // Control::state values (ShmRankState).
 constexpr uint32_t kOutside = static_cast<uint32_t>(ShmRankState::kOutside);
@@ -364,11 +376,17 @@ void ShmTransport::WaitAll() {
 
 // --- Waiting and failure ----------------------------------------------------------------------
 
-void ShmTransport::SetState(uint32_t state) {
+void ShmTransport::SetState(uint32_t state, int cpu) {
   if (state == state_) return;
   state_ = state;
   Control& me = control(rank_);
-  me.cpu.store(::sched_getcpu(), std::memory_order_relaxed);
+  // Only a working or spinning rank's CPU means anything to its peers (ClassifyPeer).
+  if (state == kWorking || state == kSpinning) {
+    cpu_ = cpu >= 0 ? cpu : ::sched_getcpu();
+    if (me.cpu.load(std::memory_order_relaxed) != cpu_) {
+      me.cpu.store(cpu_, std::memory_order_relaxed);
+    }
+  }
   me.state.store(state, std::memory_order_relaxed);
 }
 
@@ -418,11 +436,22 @@ void ShmTransport::NoteGap(Clock::time_point now) {
   last_look_ = now;
   if (gap <= kLongGap) return;
   if (oversubscribed_) {
-    no_yield_until_ = now + kNoYieldOversubscribedFor;
+    BackOff(now);
   } else if (now - last_long_gap_ < kLongGapsApart) {
     no_yield_until_ = now + kNoYieldFor;
   }
   last_long_gap_ = now;
+}
+
+std::chrono::nanoseconds NoYieldPeriod(std::chrono::nanoseconds last,
+                                       std::chrono::nanoseconds yielding_for) {
+  if (yielding_for > kCalm || last.count() <= 0) return kNoYieldOversubscribedMin;
+  return std::min<std::chrono::nanoseconds>(2 * last, kNoYieldOversubscribedMax);
+}
+
+void ShmTransport::BackOff(Clock::time_point now) {
+  no_yield_period_ = NoYieldPeriod(no_yield_period_, now - no_yield_until_);
+  no_yield_until_ = now + no_yield_period_;
 }
 
 void ShmTransport::Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, uint32_t seen,
@@ -440,14 +469,18 @@ void ShmTransport::Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& wait
       return;
     }
     Control& me = control(rank_);
-    cpu_ = ::sched_getcpu();
-    SetState(kSpinning);
-    me.cpu.store(cpu_, std::memory_order_relaxed);
+    const int cpu = ::sched_getcpu();
+    if (state_ == kSpinning) {
+      if (cpu != cpu_) me.cpu.store(cpu_ = cpu, std::memory_order_relaxed);
+    } else {
+      SetState(kSpinning, cpu);
+    }
     me.beat.store(me.beat.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     if ((clock.polls & 4095) == 0 || peer_ended_.load(std::memory_order_relaxed)) {
       CheckPeers(blame);
     }
-    const auto now = Clock::now();
+    // The first look is at the wait's start, which the clock has just read.
+    const auto now = clock.polls == 1 ? clock.start : Clock::now();
     if (clock.polls > 1) NoteGap(now);
     last_look_ = now;
     switch (Activity(blame, now, now - clock.start < kGrace)) {
@@ -458,9 +491,12 @@ void ShmTransport::Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& wait
         }
         break;
       case PeerActivity::kNeedsCpu:
-        if (now - clock.start < kYieldFor && now >= no_yield_until_) {
-          ::sched_yield();  // to a rank queued on this CPU, or whatever else runs here
-          return;
+        if (now >= no_yield_until_) {
+          if (now - clock.start < (oversubscribed_ ? kLongGap : kYieldFor)) {
+            ::sched_yield();  // to a rank queued on this CPU, or whatever else runs here
+            return;
+          }
+          if (oversubscribed_) BackOff(now);
         }
         break;
       case PeerActivity::kIdle:
@@ -592,7 +628,7 @@ void ShmTransport::AwaitSteps(uint32_t step) {
     Idle(all.epoch, all.epoch_waiters, seen, *clock, missing);
   }
   awaiting_step_ = false;
-  SetState(kWorking);
+  SetState(kWorking, cpu_);  // the CPU its wait last looked from (Idle), at most µs ago
 }
 
 bool ShmTransport::TryAllreduce(const void* input, void* output, size_t count, DataType type,
@@ -727,6 +763,16 @@ void ShmTransport::PipelinedAcross(const char* in, char* out, size_t count, Data
 
 void ShmTransport::Finished() { SetState(kOutside); }
 
+void ShmTransport::PrefetchSlots(uint32_t generation, size_t bytes) const {
+  constexpr size_t kMostBytes = 2048;  // beyond, the hardware's own prefetch follows the reads
+  const size_t lines = (std::min(bytes, kMostBytes) + 63) / 64;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    const char* from = slot(p, generation);
+    for (size_t i = 0; i < lines; ++i) __builtin_prefetch(from + i * 64);
+  }
+}
+
 bool ShmTransport::TryAllgather(const void* input, void* output, size_t bytes) {
   if (size_ == 1 || bytes == 0 || bytes > std::min(options_.small_bytes, options_.chunk_bytes)) {
     return false;
@@ -744,7 +790,7 @@ bool ShmTransport::TryAllgather(const void* input, void* output, size_t bytes) {
 
 bool ShmTransport::TryCheckedAllreduce(const void* input, void* output, size_t count, DataType type,
                                        ReduceOp op, const void* record, size_t record_bytes,
-                                       void* records, FunctionRef<bool()> reduce) {
+                                       void* records, FunctionRef<bool(bool)> reduce) {
   const size_t e = ElementSize(type);
   const size_t data_at = RoundUp(record_bytes, 64);
   if (size_ == 1 || count == 0 ||
@@ -758,9 +804,16 @@ bool ShmTransport::TryCheckedAllreduce(const void* input, void* output, size_t c
   std::memcpy(mine + data_at, input, count * e);
   Post(2 * g + 1);
   AwaitSteps(2 * g + 1);
-  char* all = static_cast<char*>(records);
-  for (int p = 0; p < size_; ++p) std::memcpy(all + p * record_bytes, slot(p, g), record_bytes);
-  if (reduce()) {
+  PrefetchSlots(g, data_at + count * e);
+  bool same = true;
+  for (int p = 0; p < size_ && same; ++p) {
+    same = p == rank_ || std::memcmp(slot(p, g), record, record_bytes) == 0;
+  }
+  if (!same) {
+    char* all = static_cast<char*>(records);
+    for (int p = 0; p < size_; ++p) std::memcpy(all + p * record_bytes, slot(p, g), record_bytes);
+  }
+  if (reduce(same)) {
     char* out = static_cast<char*>(output);
     Reduce(type, op, out, slot(0, g) + data_at, slot(1, g) + data_at, count);
     for (int p = 2; p < size_; ++p) Reduce(type, op, out, out, slot(p, g) + data_at, count);
@@ -781,6 +834,7 @@ void ShmTransport::SmallAllreduce(const char* in, char* out, size_t count, DataT
   std::memcpy(slot(rank_, g), in, bytes);
   Post(2 * g + 1);
   AwaitSteps(2 * g + 1);
+  PrefetchSlots(g, bytes);
   Reduce(type, op, out, slot(0, g), slot(1, g), count);
   for (int p = 2; p < size_; ++p) Reduce(type, op, out, out, slot(p, g), count);
   if (op == ReduceOp::kAverage) Divide(type, out, count, size_);

@@ -26,7 +26,10 @@
 // sharing cores hand the CPU to each other without a futex sleep and wake-up per step (tens of µs
 // each here). A rank outside the transport (computing) or asleep in another wait makes it sleep at
 // once; and a waiter kept off its CPU for whole time slices while waiting (busy processes took it,
-// which a sleeper's wake-up would have preempted) sleeps instead of yielding for 100 ms.
+// which a sleeper's wake-up would have preempted) sleeps instead of yielding for 100 ms. Where
+// ranks outnumber the CPUs, one such gap, or a millisecond of yielding without progress, turns
+// yielding off for a back-off that starts at 20 ms and doubles while yielding keeps failing, up to
+// a second (NoYieldPeriod).
 #pragma once
 
 #include <sys/types.h>
@@ -71,6 +74,14 @@ enum class PeerActivity { kRunning, kNeedsCpu, kIdle };
 // of a wait the caller counts a peer on another CPU as running whatever it says (it may be copying
 // or reducing, which publishes nothing).
 PeerActivity ClassifyPeer(ShmRankState state, bool on_this_cpu, bool beating, bool awaiting_step);
+
+// NoYieldPeriod is how long an adaptive waiter sleeps instead of yielding, where ranks outnumber
+// the CPUs, after yielding failed (its CPU was taken for a time slice between two looks at its
+// peers, or it yielded for a millisecond without progress): 20 ms where yielding had been back on
+// for a second (or never turned off: `last` 0), else twice `last`, at most a second. `yielding_for`
+// is how long yielding has been back on (negative while still off).
+std::chrono::nanoseconds NoYieldPeriod(std::chrono::nanoseconds last,
+                                       std::chrono::nanoseconds yielding_for);
 
 struct ShmOptions {
   std::chrono::milliseconds timeout{300000};
@@ -123,7 +134,7 @@ class ShmTransport : public Transport {
   // record at the slot's start (where TryAllgather puts it), the input one cache line further.
   bool TryCheckedAllreduce(const void* input, void* output, size_t count, DataType type,
                            ReduceOp op, const void* record, size_t record_bytes, void* records,
-                           FunctionRef<bool()> reduce) override;
+                           FunctionRef<bool(bool)> reduce) override;
   void Finished() override;
   const char* name() const override { return "shm"; }
 
@@ -172,14 +183,24 @@ class ShmTransport : public Transport {
   PeerActivity Activity(int blame, Clock::time_point now, bool grace);
   // NoteGap notes, at each look at the peers in an adaptive wait, how long since the last one: a
   // gap of a whole time slice means other work took this rank's CPU (a yield gave it away, or a
-  // preemption); two close together turn yielding off for a while (see kLongGap).
+  // preemption); two close together turn yielding off for a while (see kLongGap); where ranks
+  // outnumber the CPUs, one (BackOff).
   void NoteGap(Clock::time_point now);
-  void SetState(uint32_t state);
+  // BackOff turns yielding off, where ranks outnumber the CPUs, for a period that doubles while
+  // yielding keeps failing (see kNoYieldOversubscribedMin).
+  void BackOff(Clock::time_point now);
+  // SetState publishes what this rank does; with a working or spinning `state`, also its CPU:
+  // `cpu` when known (>= 0), else sched_getcpu's.
+  void SetState(uint32_t state, int cpu = -1);
   void Watch(std::vector<int> pidfds);
   [[noreturn]] void Fail(int peer, const std::string& message);
   [[noreturn]] void FailTimeout(int peer);
 
   void SmallAllreduce(const char* in, char* out, size_t count, DataType type, ReduceOp op);
+  // PrefetchSlots asks for the first `bytes` of every peer's slot of `generation` (their final
+  // values, once its step is reached) at once, so that their transfers between CPUs overlap
+  // instead of following one another through the record comparison and the reduction.
+  void PrefetchSlots(uint32_t generation, size_t bytes) const;
   // Pieces is a logical buffer made of pieces (TryAllreducePieces); null: `in` and `out`.
   struct Pieces;
   void ChunkAllreduce(const char* in, char* out, size_t count, DataType type, ReduceOp op,
@@ -217,7 +238,8 @@ class ShmTransport : public Transport {
   std::vector<Clock::time_point> last_change_;  // when that beat last moved
   Clock::time_point last_look_{};               // NoteGap: the last look at the peers
   Clock::time_point last_long_gap_{};           // the last gap of a time slice
-  Clock::time_point no_yield_until_{};          // set by two such gaps close together
+  Clock::time_point no_yield_until_{};          // set by NoteGap and BackOff
+  std::chrono::nanoseconds no_yield_period_{};  // BackOff's last, where ranks outnumber the CPUs
   bool oversubscribed_ = false;                 // more ranks than CPUs this process may use
 };
 

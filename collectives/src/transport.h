@@ -81,9 +81,11 @@ class Transport {
   }
   // TryCheckedAllreduce is TryAllreduce with the call-record exchange (call_check.h) folded into
   // the same step, so that a small allreduce synchronises the ranks once instead of twice: every
-  // rank publishes `record` (`record_bytes`) with its input, the records of all ranks are copied
-  // to `records` (rank order, `record_bytes` apart), and the reduction into `output` happens only
-  // when `reduce()` (which reads `records`) returns true. Returns false, having done nothing, when
+  // rank publishes `record` (`record_bytes`) with its input, and the reduction into `output`
+  // happens only when `reduce(same)` returns true. `same` true says every rank's record is the
+  // same bytes as `record` (and `records` was left as it was); false, that the records of all
+  // ranks were copied to `records` (rank order, `record_bytes` apart) for `reduce` to read. The
+  // common case so costs a comparison per peer, no copies. Returns false, having done nothing, when
   // the transport has no such path for this count. A rank that takes the path and one that
   // exchanges records the ordinary way (TryAllgather of one record: a different call, a count
   // too large) stay in step: both publish their record at the same place and synchronise once,
@@ -91,7 +93,7 @@ class Transport {
   virtual bool TryCheckedAllreduce(const void* /*input*/, void* /*output*/, size_t /*count*/,
                                    DataType /*type*/, ReduceOp /*op*/, const void* /*record*/,
                                    size_t /*record_bytes*/, void* /*records*/,
-                                   FunctionRef<bool()> /*reduce*/) {
+                                   FunctionRef<bool(bool)> /*reduce*/) {
     return false;
   }
   // Finished says a collective is over: until the next one this rank computes, so a peer's

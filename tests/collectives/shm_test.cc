@@ -384,6 +384,26 @@ TEST_CASE(
   CHECK(ClassifyPeer(ShmRankState::kOutside, true, false, true) == PeerActivity::kIdle);
 }
 
+TEST_CASE(
+    "where ranks outnumber the CPUs, yielding backs off for 20 ms after it failed, doubling while "
+    "it "
+    "keeps failing, up to a second, and starts over after a calm second",
+    "[shm]") {
+  using internal::NoYieldPeriod;
+  using std::chrono::milliseconds;
+  using std::chrono::nanoseconds;
+  // The first failure (a start-up's stray gap, say) costs 20 ms of sleeping, not a second.
+  CHECK(NoYieldPeriod(nanoseconds(0), milliseconds(-5)) == milliseconds(20));
+  CHECK(NoYieldPeriod(nanoseconds(0), milliseconds(100000)) == milliseconds(20));
+  // Failing again soon after yielding came back on (or while it was still off): twice as long.
+  CHECK(NoYieldPeriod(milliseconds(20), milliseconds(3)) == milliseconds(40));
+  CHECK(NoYieldPeriod(milliseconds(40), milliseconds(-1)) == milliseconds(80));
+  CHECK(NoYieldPeriod(milliseconds(640), milliseconds(999)) == milliseconds(1000));
+  CHECK(NoYieldPeriod(milliseconds(1000), milliseconds(1)) == milliseconds(1000));
+  // Yielding worked for over a second: the next failure starts the back-off over.
+  CHECK(NoYieldPeriod(milliseconds(1000), milliseconds(1001)) == milliseconds(20));
+}
+
 long VoluntarySwitches() {
   rusage usage{};
   ::getrusage(RUSAGE_THREAD, &usage);
