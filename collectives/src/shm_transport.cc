@@ -922,19 +922,19 @@ void ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataT
     }
     Post(2 * g + 1);
     AwaitSteps(2 * g + 1);
-    // ReduceOwn reduces `count` elements of this rank's part, `at` bytes into it, from `own` (this
+    // reduce_own reduces `n` elements of this rank's part, `at` bytes into it, from `own` (this
     // rank's input) and every peer's slot into `result` (this rank's slot), then finishes them
     // (across, average).
-    auto reduce_own = [&](char* result, const char* own, size_t at, size_t count) {
+    auto reduce_own = [&](char* result, const char* own, size_t at, size_t n) {
       bool first = true;
       for (int p = 0; p < size_; ++p) {
         if (p == rank_) continue;
-        Reduce(type, op, result, first ? own : result, slot(p, g) + own_begin * e + at, count);
+        Reduce(type, op, result, first ? own : result, slot(p, g) + own_begin * e + at, n);
         first = false;
       }
-      if (first) std::memcpy(result, own, count * e);  // no peers
-      if (across != nullptr) (*across)(result, count);
-      if (op == ReduceOp::kAverage) Divide(type, result, count, divisor);
+      if (first) std::memcpy(result, own, n * e);  // no peers
+      if (across != nullptr) (*across)(result, n);
+      if (op == ReduceOp::kAverage) Divide(type, result, n, divisor);
     };
     if (own_length > 0) {
       char* result = mine + own_begin * e;
