@@ -178,19 +178,13 @@ int main(int argc, char** argv) {
       head = last + 1;
       continue;
     }
-    int wait_ms = -1; /* nothing held: block until a packet comes */
-    if (head != tail) {
-      int64_t left = due[head % RING] - t;
-      wait_ms = left > 30000 ? (int)((left - 30000) / 1000000) : 0;
-    }
-    if (wait_ms != 0) {
+    /* Nothing held: block until a packet comes. Else poll until 30 us before the next is due,
+       and spin (recv without waiting) the rest. */
+    const int64_t spin = 30000;
+    const int64_t left = head != tail ? due[head % RING] - t : -1;
+    if (head == tail || left > spin) {
       struct pollfd p = {.fd = fd, .events = POLLIN};
-      struct timespec ts = {0, 0};
-      if (head != tail) {
-        int64_t left = due[head % RING] - t - 30000;
-        ts.tv_sec = left / 1000000000;
-        ts.tv_nsec = left % 1000000000;
-      }
+      struct timespec ts = {(left - spin) / 1000000000, (left - spin) % 1000000000};
       if (ppoll(&p, 1, head != tail ? &ts : NULL, NULL) < 0 && errno != EINTR) {
         fprintf(stderr, "nfq_delay: poll: %s\n", strerror(errno));
         break;
