@@ -19,6 +19,14 @@
 //   build/bin/rendezvous_bench --processes 16 1024
 //   build/bin/rendezvous_bench --processes 16 --per-key 1024
 //
+// `--relay` gives each simulated host (kSlotsPerHost workers) a relay (rendezvous/relay.h), as a
+// host's agent runs: its workers call it on a Unix socket, and it sends their calls over one gRPC
+// channel, the start-up's Join, Allgather and Barrier batched into one call per host. Relays run
+// in the process of their host's workers, started before the clock (an agent exists before its
+// ranks), and connect to the server on their first call (timed).
+//
+//   build/bin/rendezvous_bench --runs 1 --processes 16 --relay -v 8192
+//
 // --spawn N PROGRAM [ARGS...] instead starts N real worker processes (all "on localhost") with the
 // environment trainrun gives them, and times server start to last exit: the launcher-free floor of
 // `trainrun -np N PROGRAM`, e.g. with build/bin/barrier_example.
@@ -36,6 +44,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -44,6 +54,7 @@
 #include "absl/strings/str_cat.h"
 #include "trainrun/rendezvous/client.h"
 #include "trainrun/rendezvous/environment.h"
+#include "trainrun/rendezvous/relay.h"
 #include "trainrun/rendezvous/server.h"
 
 extern char** environ;
@@ -111,8 +122,31 @@ absl::Status Exchange(rdv::Store& store, int rank, int n, bool per_key,
 // RunWorkers runs workers [first, first + count) of an n-worker job as threads, released by
 // `release` (called once every thread exists). Returns how many failed; fills `phases`.
 int RunWorkers(const std::string& address, const std::string& token, int n, int first, int count,
-               bool per_key, const std::function<void()>& release, std::vector<Phases>& phases) {
+               bool per_key, bool relay, const std::function<void()>& release,
+               std::vector<Phases>& phases) {
   const std::vector<rdv::RankSlot> plan = Plan(n);
+  // With `relay`, one relay per host these workers are on, serving those of its workers here.
+  std::map<std::string, std::unique_ptr<rdv::Relay>> relays;
+  if (relay) {
+    std::map<std::string, int> workers_on;
+    for (int r = first; r < first + count; ++r) ++workers_on[plan[r].host];
+    for (const auto& [host, workers] : workers_on) {
+      rdv::RelayOptions options;
+      options.socket = absl::StrCat("@trainrun-bench-", getpid(), "-", host);
+      options.server_address = address;
+      options.job_id = "bench";
+      options.token = token;
+      options.host = host;
+      options.local_ranks = workers;
+      auto started = rdv::Relay::Start(options);
+      if (!started.ok()) {
+        std::fprintf(stderr, "rendezvous_bench: %s\n",
+                     std::string(started.status().message()).c_str());
+        return count;
+      }
+      relays[host] = *std::move(started);
+    }
+  }
   std::vector<std::string> keys;
   for (int r = 0; r < n; ++r) keys.push_back(absl::StrCat("addr/", r));
   Gate gate;
@@ -129,6 +163,7 @@ int RunWorkers(const std::string& address, const std::string& token, int n, int 
       client.token = token;
       client.host = plan[r].host;
       client.local_rank = plan[r].local_rank;
+      if (relay) client.relay = relays.at(client.host)->socket();
       gate.Wait();
       auto session = rdv::Join(client, kTimeout);
       absl::Status status = session.status();
@@ -170,7 +205,7 @@ Phases LastOfEach(const std::vector<Phases>& phases, Clock::time_point start) {
   return last;
 }
 
-int WorkerGroup(int n, int first, int count, bool per_key) {
+int WorkerGroup(int n, int first, int count, bool per_key, bool relay) {
   std::optional<std::string> address_value = trainrun::env::Lookup(trainrun::env::kRendezvousAddr);
   std::optional<std::string> token_value = trainrun::env::Lookup(trainrun::env::kJobToken);
   if (!address_value || !token_value) return 2;
@@ -178,7 +213,7 @@ int WorkerGroup(int n, int first, int count, bool per_key) {
   const char* token = token_value->c_str();
   std::vector<Phases> phases;
   const int failures = RunWorkers(
-      address, token, n, first, count, per_key,
+      address, token, n, first, count, per_key, relay,
       [] {
         char byte = 'r';
         if (write(1, &byte, 1) != 1 || read(0, &byte, 1) != 1) std::_Exit(3);
@@ -208,7 +243,7 @@ bool ReadBytes(int fd, std::string& out, size_t count) {
 // RunProcesses times one handshake of n workers spread over `processes` worker processes, and
 // says in `last` when the last worker ended each phase.
 double RunProcesses(const rdv::Server& server, const std::string& token, int n, int processes,
-                    bool per_key, Clock::time_point& start, Phases& last) {
+                    bool per_key, bool relay, Clock::time_point& start, Phases& last) {
   int go[2], status[2];
   if (pipe2(go, O_CLOEXEC) != 0 || pipe2(status, O_CLOEXEC) != 0) return -1;
   std::vector<pid_t> pids;
@@ -224,7 +259,8 @@ double RunProcesses(const rdv::Server& server, const std::string& token, int n, 
     const int count = n * (p + 1) / processes - first;
     std::vector<std::string> args = {"/proc/self/exe",      "--worker-group",
                                      std::to_string(n),     std::to_string(first),
-                                     std::to_string(count), per_key ? "per-key" : "allgather"};
+                                     std::to_string(count), per_key ? "per-key" : "allgather",
+                                     relay ? "relay" : "direct"};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -270,7 +306,7 @@ double RunProcesses(const rdv::Server& server, const std::string& token, int n, 
 // RunOnce returns the seconds one N-worker handshake took, or a negative number on failure. With
 // `processes` > 0 the workers run in that many processes; else, as threads here. `verbose` prints
 // when the last worker finished each phase.
-double RunOnce(int n, int processes, bool per_key, bool verbose) {
+double RunOnce(int n, int processes, bool per_key, bool relay, bool verbose) {
   rdv::ServerOptions options;
   options.job_id = "bench";
   options.token = "bench-token-0123456789abcdef";
@@ -284,10 +320,10 @@ double RunOnce(int n, int processes, bool per_key, bool verbose) {
   Phases last;
   double seconds = -1;
   if (processes > 0) {
-    seconds = RunProcesses(**server, options.token, n, processes, per_key, start, last);
+    seconds = RunProcesses(**server, options.token, n, processes, per_key, relay, start, last);
   } else {
     std::vector<Phases> phases;
-    const int failures = RunWorkers((*server)->address(), options.token, n, 0, n, per_key,
+    const int failures = RunWorkers((*server)->address(), options.token, n, 0, n, per_key, relay,
                                     [&] { start = Clock::now(); }, phases);
     seconds = std::chrono::duration<double>(Clock::now() - start).count();
     if (failures > 0) seconds = -1;
@@ -382,13 +418,14 @@ void PrintRow(const char* what, std::vector<double> times_ms, const std::vector<
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 6 && std::strcmp(argv[1], "--worker-group") == 0) {
+  if (argc == 7 && std::strcmp(argv[1], "--worker-group") == 0) {
     return WorkerGroup(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]),
-                       std::strcmp(argv[5], "per-key") == 0);
+                       std::strcmp(argv[5], "per-key") == 0, std::strcmp(argv[6], "relay") == 0);
   }
   int runs = 5;
   int processes = 0;
   bool per_key = false;
+  bool relay = false;
   bool verbose = false;
   std::vector<int> sizes;
   for (int i = 1; i < argc; ++i) {
@@ -396,6 +433,8 @@ int main(int argc, char** argv) {
       verbose = true;
     } else if (std::strcmp(argv[i], "--per-key") == 0) {
       per_key = true;
+    } else if (std::strcmp(argv[i], "--relay") == 0) {
+      relay = true;
     } else if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
       runs = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--processes") == 0 && i + 1 < argc) {
@@ -421,15 +460,17 @@ int main(int argc, char** argv) {
   if (runs < 1 || processes < 0 ||
       std::any_of(sizes.begin(), sizes.end(), [](int n) { return n < 1; })) {
     std::fprintf(stderr,
-                 "usage: rendezvous_bench [-v] [--runs R] [--processes P] [--per-key] [N ...]\n"
+                 "usage: rendezvous_bench [-v] [--runs R] [--processes P] [--per-key] [--relay] "
+                 "[N ...]\n"
                  "       rendezvous_bench [--runs R] --spawn N PROGRAM [ARGS...]\n");
     return 2;
   }
 
-  std::printf("# join + exchange all addresses (%s) + barrier; workers as %s\n",
+  std::printf("# join + exchange all addresses (%s) + barrier; workers as %s%s\n",
               per_key ? "Set, then Get of N keys" : "one Allgather",
               processes > 0 ? absl::StrCat("threads in ", processes, " processes").c_str()
-                            : "threads of this process");
+                            : "threads of this process",
+              relay ? absl::StrCat(", through a relay per host of ", kSlotsPerHost).c_str() : "");
   if (processes > 0) {
     std::printf(
         "# server cpu: CPU ms of this process (the rendezvous server) per run; workers cpu:\n"
@@ -442,7 +483,7 @@ int main(int argc, char** argv) {
     std::vector<double> times, server_cpu, workers_cpu;
     for (int run = 0; run < runs; ++run) {
       const double self = CpuMs(RUSAGE_SELF), children = CpuMs(RUSAGE_CHILDREN);
-      const double t = RunOnce(n, std::min(processes, n), per_key, verbose);
+      const double t = RunOnce(n, std::min(processes, n), per_key, relay, verbose);
       if (t < 0) return 1;
       times.push_back(t * 1e3);
       if (processes > 0) {

@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "grpc_store.h"
+#include "relay_client.h"
 #include "trainrun/rendezvous/environment.h"
 #include "wire.h"
 
@@ -72,12 +73,6 @@ absl::Status ReadHosts(const proto::JoinResponse& response, Assignment& a) {
 
 absl::StatusOr<WorkerSession> Join(const ClientOptions& options,
                                    std::chrono::milliseconds timeout) {
-  std::shared_ptr<grpc::Channel> channel = internal::NewChannel(options.address);
-  auto stub = proto::Rendezvous::NewStub(channel);
-  grpc::ClientContext context;
-  internal::PrepareContext(context, options, timeout);
-  // The worker may start a moment before the server accepts; wait for it until the deadline.
-  context.set_wait_for_ready(true);
   proto::JoinRequest request;
   request.set_host(options.host);
   request.set_local_rank(options.local_rank);
@@ -85,8 +80,25 @@ absl::StatusOr<WorkerSession> Join(const ClientOptions& options,
   if (options.expected_rank >= 0) request.set_rank(options.expected_rank);
   request.set_host_table(true);
   proto::JoinResponse response;
-  grpc::Status status = stub->Join(&context, request, &response);
-  if (!status.ok()) return internal::ClientError(status, options, timeout);
+  std::shared_ptr<grpc::Channel> channel;
+  std::shared_ptr<internal::RelayClient> relay;
+  if (!options.relay.empty()) {
+    // Through the host's relay (relay.h), which batches the host's joins into one call.
+    relay = std::make_shared<internal::RelayClient>(options);
+    if (absl::Status status = relay->Call(internal::RelayMethod::kJoin, request, &response, timeout);
+        !status.ok()) {
+      return status;
+    }
+  } else {
+    channel = internal::NewChannel(options.address);
+    auto stub = proto::Rendezvous::NewStub(channel);
+    grpc::ClientContext context;
+    internal::PrepareContext(context, options, timeout);
+    // The worker may start a moment before the server accepts; wait for it until the deadline.
+    context.set_wait_for_ready(true);
+    grpc::Status status = stub->Join(&context, request, &response);
+    if (!status.ok()) return internal::ClientError(status, options, timeout);
+  }
 
   WorkerSession session;
   Assignment& a = session.assignment;
@@ -98,7 +110,11 @@ absl::StatusOr<WorkerSession> Join(const ClientOptions& options,
   a.cross_size = response.cross_size();
   if (absl::Status hosts = ReadHosts(response, a); !hosts.ok()) return hosts;
   a.job_id = response.job_id();
-  session.store = std::make_shared<internal::GrpcStore>(std::move(channel), options, a.rank);
+  if (relay != nullptr) {
+    session.store = std::make_shared<internal::RelayStore>(std::move(relay), a.rank);
+  } else {
+    session.store = std::make_shared<internal::GrpcStore>(std::move(channel), options, a.rank);
+  }
   return session;
 }
 
@@ -110,6 +126,10 @@ const std::string& Assignment::HostOf(int rank) const {
 }
 
 absl::StatusOr<std::shared_ptr<Store>> ConnectStore(const ClientOptions& options) {
+  if (!options.relay.empty()) {
+    return std::shared_ptr<Store>(std::make_shared<internal::RelayStore>(
+        std::make_shared<internal::RelayClient>(options), options.expected_rank));
+  }
   if (options.address.empty()) {
     return absl::InvalidArgumentError("no rendezvous server address given");
   }
@@ -134,6 +154,9 @@ absl::StatusOr<ClientOptions> ClientOptionsFromEnvironment() {
   options.token = *std::move(token);
   options.host = *std::move(host);
   options.local_rank = *local_rank;
+  if (std::optional<std::string> relay = env::Lookup(env::kRendezvousRelay)) {
+    options.relay = *std::move(relay);
+  }
   if (env::Lookup(env::kRank).has_value()) {
     absl::StatusOr<int> rank = RequireIntEnv(env::kRank);
     if (!rank.ok()) return rank.status();

@@ -29,7 +29,8 @@ std::string ChannelTarget(const std::string& address) {
   return address;
 }
 
-// UnpackValues splits a GetResponse's concatenated values.
+}  // namespace
+
 absl::StatusOr<std::vector<std::string>> UnpackValues(const proto::GetResponse& response,
                                                       size_t count) {
   const std::string& packed = response.values();
@@ -51,7 +52,6 @@ absl::StatusOr<std::vector<std::string>> UnpackValues(const proto::GetResponse& 
   return values;
 }
 
-}  // namespace
 
 std::shared_ptr<grpc::Channel> NewChannel(const std::string& address) {
   QuietAbseilMutexes();

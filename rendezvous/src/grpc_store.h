@@ -26,6 +26,10 @@ void PrepareContext(grpc::ClientContext& context, const ClientOptions& options,
 absl::Status ClientError(const grpc::Status& status, const ClientOptions& options,
                          std::chrono::milliseconds timeout);
 
+// UnpackValues splits a GetResponse's concatenated values (`count` of them).
+absl::StatusOr<std::vector<std::string>> UnpackValues(const proto::GetResponse& response,
+                                                      size_t count);
+
 // GrpcStore is thread-safe: gRPC stubs are, and it holds no other state.
 class GrpcStore : public Store {
  public:

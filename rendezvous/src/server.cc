@@ -61,8 +61,13 @@ bool IsWildcard(const std::string& host) {
 // shutdown) is the one that finishes it, after letting go of the mutex.
 // Allgather is served raw: its answer is serialized once per gather and every caller's response
 // refers to those same bytes (a 8192-rank gather's 40 KiB, once, not once per rank).
-class Server::Impl final : public proto::Rendezvous::WithRawCallbackMethod_Allgather<
-                               proto::Rendezvous::CallbackService> {
+// A host's relay sends its ranks' calls batched (JoinBatch, AllgatherBatch, BarrierBatch); each
+// member goes through the same checks and state as the call it stands for, and AllgatherBatch's
+// answer, when every member succeeds, is that same serialized table (raw too).
+class Server::Impl final
+    : public proto::Rendezvous::WithRawCallbackMethod_Allgather<
+          proto::Rendezvous::WithRawCallbackMethod_AllgatherBatch<
+              proto::Rendezvous::CallbackService>> {
  public:
   explicit Impl(ServerOptions options);
   ~Impl() override;
@@ -134,6 +139,36 @@ class Server::Impl final : public proto::Rendezvous::WithRawCallbackMethod_Allga
   grpc::ServerUnaryReactor* ReportExit(grpc::CallbackServerContext* context,
                                        const proto::ExitReport* request,
                                        proto::ExitResponse* response) override;
+  grpc::ServerUnaryReactor* JoinBatch(grpc::CallbackServerContext* context,
+                                      const proto::JoinBatchRequest* request,
+                                      proto::JoinBatchResponse* response) override;
+  grpc::ServerUnaryReactor* AllgatherBatch(grpc::CallbackServerContext* context,
+                                           const grpc::ByteBuffer* raw_request,
+                                           grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* BarrierBatch(grpc::CallbackServerContext* context,
+                                         const proto::BarrierBatchRequest* request,
+                                         proto::BarrierBatchResponse* response) override;
+
+  // With mutex_ held: join one worker, filling its place (and host_names, for a worker that did
+  // not ask for the host table) into `response`; the caller adds the runs, table and job id.
+  grpc::Status JoinLocked(const proto::JoinRequest& request, proto::JoinResponse* response);
+  // With mutex_ held: the runs of hosts that cover ranks 0 .. size-1.
+  void FillRuns(proto::JoinResponse* response, int size) const;
+  // With mutex_ held: host_names_ front-coded, encoded at the first call that needs it.
+  std::shared_ptr<const std::string> HostTableLocked();
+  // Checks one Allgather contribution against the limits: OK, or the error its caller gets.
+  grpc::Status CheckContribution(const std::string& name, int rank, int count, size_t value_bytes,
+                                 int64_t timeout_ms) const;
+  // The checked contributions `members` ((rank, value) pairs) of gather `name` enter it as one
+  // call: finishes at once when the gather is (or becomes) complete or refuses them, else waits.
+  grpc::ServerUnaryReactor* EnterGather(
+      grpc::CallbackServerContext* context, const std::string& name, int count,
+      int64_t timeout_ms, const std::vector<std::pair<int, const std::string*>>& members,
+      grpc::ByteBuffer* response);
+  // The callers `ranks` (each a rank or -1) enter barrier `name` as one call.
+  grpc::ServerUnaryReactor* EnterBarrier(grpc::CallbackServerContext* context,
+                                         const std::string& name, int count, int64_t timeout_ms,
+                                         const std::vector<int>& ranks);
 
   static grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
                                              const grpc::Status& status);
@@ -148,7 +183,7 @@ class Server::Impl final : public proto::Rendezvous::WithRawCallbackMethod_Allga
                            std::vector<Completion>& completions);
   // With mutex_ held: check an Allgather's request against the limits and find (or open) its
   // gather; nullptr with `status` set when it is refused.
-  GatherState* FindGather(const proto::AllgatherRequest& request, grpc::Status& status);
+  GatherState* FindGather(const std::string& name, int count, grpc::Status& status);
   // With mutex_ held: encode the table of a gather whose contributions have all arrived, and hand
   // it to every waiting caller through `completions`.
   void CompleteGather(const std::string& name, GatherState& gather,
@@ -384,45 +419,38 @@ grpc::Status Server::Impl::CanWait() const {
   return grpc::Status::OK;
 }
 
-grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* context,
-                                             const proto::JoinRequest* request,
-                                             proto::JoinResponse* response) {
-  if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
-  std::unique_lock<std::mutex> lock(mutex_);
+grpc::Status Server::Impl::JoinLocked(const proto::JoinRequest& request,
+                                      proto::JoinResponse* response) {
   // A rank added while the job runs (Server::AddRanks, an elastic job that grew) joins by its
   // rank, which the launcher gave it, on the host it was started on.
-  auto found = rank_of_.find({request->host(), request->local_rank()});
-  const int claimed = request->has_rank() ? request->rank() : -1;
+  auto found = rank_of_.find({request.host(), request.local_rank()});
+  const int claimed = request.has_rank() ? request.rank() : -1;
   int rank = -1;
   if (claimed >= first_added_ && claimed < static_cast<int>(ranks_.size()) &&
-      options_.ranks[claimed].host == request->host()) {
+      options_.ranks[claimed].host == request.host()) {
     rank = claimed;
   } else if (found != rank_of_.end()) {
     rank = found->second;
   } else {
-    return FinishNow(
-        context,
-        grpc::Status(grpc::StatusCode::NOT_FOUND,
-                     absl::StrCat("this job has no rank on host '", request->host().substr(0, 256),
-                                  "' with local_rank ", request->local_rank(),
-                                  "; check TRAINRUN_HOSTNAME and TRAINRUN_LOCAL_RANK")));
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("this job has no rank on host '", request.host().substr(0, 256),
+                                     "' with local_rank ", request.local_rank(),
+                                     "; check TRAINRUN_HOSTNAME and TRAINRUN_LOCAL_RANK"));
   }
-  if (request->has_rank() && request->rank() != rank) {
-    return FinishNow(
-        context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                              absl::StrCat("a worker claiming rank ", request->rank(),
-                                           " joined as host '", request->host(), "' local_rank ",
-                                           request->local_rank(), ", which is rank ", rank)));
+  if (request.has_rank() && request.rank() != rank) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("a worker claiming rank ", request.rank(), " joined as host '",
+                                     request.host(), "' local_rank ", request.local_rank(),
+                                     ", which is rank ", rank));
   }
   RankState& state = ranks_[rank];
   if (state.joined) {
-    return FinishNow(context,
-                     grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                                  absl::StrCat("rank ", rank, " already joined (pid ", state.pid,
-                                               "); each rank joins once per job")));
+    return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                        absl::StrCat("rank ", rank, " already joined (pid ", state.pid,
+                                     "); each rank joins once per job"));
   }
   state.joined = true;
-  state.pid = request->pid();
+  state.pid = request.pid();
   if (!state.exited.has_value()) ++joined_running_;
   exited_without_joining_.erase(rank);  // its Join overtook the news of its exit
   // A rank of the start is told the start's job (ranks AddRanks added later are no part of its
@@ -435,18 +463,11 @@ grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* contex
   response->set_local_size(slot.local_size);
   response->set_cross_rank(slot.cross_rank);
   response->set_cross_size(slot.cross_size);
-  std::shared_ptr<const std::string> host_table;
-  if (request->host_table()) {
-    if (host_table_ == nullptr) {
-      std::vector<const std::string*> names;
-      names.reserve(host_names_.size());
-      for (const std::string& name : host_names_) names.push_back(&name);
-      host_table_ = std::make_shared<const std::string>(internal::EncodeTable(names));
-    }
-    host_table = host_table_;
-  } else {
-    *response->mutable_host_names() = {host_names_.begin(), host_names_.end()};
-  }
+  if (!request.host_table()) *response->mutable_host_names() = {host_names_.begin(), host_names_.end()};
+  return grpc::Status::OK;
+}
+
+void Server::Impl::FillRuns(proto::JoinResponse* response, int size) const {
   // The runs that cover ranks 0 .. size-1 (the last one cut short where the start ends inside it).
   for (size_t k = 0, end = 0; k < host_run_hosts_.size() && end < static_cast<size_t>(size); ++k) {
     const int length = std::min(host_run_lengths_[k], size - static_cast<int>(end));
@@ -454,6 +475,29 @@ grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* contex
     response->add_host_run_lengths(length);
     end += static_cast<size_t>(length);
   }
+}
+
+std::shared_ptr<const std::string> Server::Impl::HostTableLocked() {
+  if (host_table_ == nullptr) {
+    std::vector<const std::string*> names;
+    names.reserve(host_names_.size());
+    for (const std::string& name : host_names_) names.push_back(&name);
+    host_table_ = std::make_shared<const std::string>(internal::EncodeTable(names));
+  }
+  return host_table_;
+}
+
+grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* context,
+                                             const proto::JoinRequest* request,
+                                             proto::JoinResponse* response) {
+  if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (grpc::Status status = JoinLocked(*request, response); !status.ok()) {
+    return FinishNow(context, status);
+  }
+  std::shared_ptr<const std::string> host_table;
+  if (request->host_table()) host_table = HostTableLocked();
+  FillRuns(response, response->size());
   if (std::optional<int> early = TakeExitBeforeJoin(); early.has_value()) {
     // Reported on this thread, but only after the lock is let go: FinishNow below does not need it.
     lock.unlock();
@@ -461,6 +505,53 @@ grpc::ServerUnaryReactor* Server::Impl::Join(grpc::CallbackServerContext* contex
   }
   if (host_table != nullptr) response->set_host_table(*host_table);
   response->set_job_id(options_.job_id);
+  return FinishNow(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* Server::Impl::JoinBatch(grpc::CallbackServerContext* context,
+                                                  const proto::JoinBatchRequest* request,
+                                                  proto::JoinBatchResponse* response) {
+  if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
+  std::optional<int> early;
+  std::shared_ptr<const std::string> host_table;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (request->joins_size() > static_cast<int>(ranks_.size())) {
+      return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                             absl::StrCat("a batch of ", request->joins_size(),
+                                                          " joins is more than the job's ",
+                                                          ranks_.size(), " ranks")));
+    }
+    // Members of the start share one size, hence one set of runs: `common` carries them once.
+    int common_size = -1;
+    for (const proto::JoinRequest& join : request->joins()) {
+      proto::MemberStatus* status = response->add_status();
+      proto::JoinResponse* member = response->add_joins();
+      bool shares = false;
+      if (grpc::Status joined = JoinLocked(join, member); !joined.ok()) {
+        status->set_code(joined.error_code());
+        status->set_message(joined.error_message());
+        member->Clear();
+      } else {
+        if (common_size < 0) {
+          common_size = member->size();
+          FillRuns(response->mutable_common(), common_size);
+          host_table = HostTableLocked();
+        }
+        shares = join.host_table() && member->size() == common_size;
+        if (!shares) {
+          FillRuns(member, member->size());
+          if (join.host_table()) member->set_host_table(*host_table);
+          member->set_job_id(options_.job_id);
+        }
+      }
+      response->add_shares_common(shares);
+      if (!early.has_value()) early = TakeExitBeforeJoin();
+    }
+  }
+  if (early.has_value()) options_.on_exit_before_join(*early);
+  if (host_table != nullptr) response->mutable_common()->set_host_table(*host_table);
+  response->mutable_common()->set_job_id(options_.job_id);
   return FinishNow(context, grpc::Status::OK);
 }
 
@@ -621,42 +712,66 @@ grpc::ServerUnaryReactor* Server::Impl::Barrier(grpc::CallbackServerContext* con
                                                 const proto::BarrierRequest* request,
                                                 proto::BarrierResponse* response) {
   if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
-  if (grpc::Status status = CheckKey(request->name(), "barrier name"); !status.ok()) {
+  return EnterBarrier(context, request->name(), request->count(), request->timeout_ms(),
+                      {request->rank()});
+}
+
+grpc::ServerUnaryReactor* Server::Impl::BarrierBatch(grpc::CallbackServerContext* context,
+                                                     const proto::BarrierBatchRequest* request,
+                                                     proto::BarrierBatchResponse* response) {
+  if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
+  if (request->ranks_size() == 0 || request->ranks_size() > std::max(request->count(), 1)) {
+    return FinishNow(context,
+                     grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                  absl::StrCat("a batch of ", request->ranks_size(),
+                                               " callers entered barrier '", request->name(),
+                                               "' of count ", request->count())));
+  }
+  return EnterBarrier(context, request->name(), request->count(), request->timeout_ms(),
+                      {request->ranks().begin(), request->ranks().end()});
+}
+
+grpc::ServerUnaryReactor* Server::Impl::EnterBarrier(grpc::CallbackServerContext* context,
+                                                     const std::string& name, int count,
+                                                     int64_t timeout_ms,
+                                                     const std::vector<int>& ranks) {
+  if (grpc::Status status = CheckKey(name, "barrier name"); !status.ok()) {
     return FinishNow(context, status);
   }
-  if (grpc::Status status = CheckTimeout(request->timeout_ms()); !status.ok()) {
+  if (grpc::Status status = CheckTimeout(timeout_ms); !status.ok()) {
     return FinishNow(context, status);
   }
-  if (request->count() <= 0) {
-    return FinishNow(
-        context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                              absl::StrCat("barrier '", request->name(),
-                                           "' needs a positive count, not ", request->count())));
+  if (count <= 0) {
+    return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                           absl::StrCat("barrier '", name,
+                                                        "' needs a positive count, not ", count)));
   }
 
   std::vector<Completion> completions;
   std::unique_lock<std::mutex> lock(mutex_);
-  auto found = barriers_.find(request->name());
+  auto found = barriers_.find(name);
   if (found == barriers_.end()) {
-    if (stored_bytes_ + request->name().size() + 64 > options_.limits.max_stored_bytes) {
+    if (stored_bytes_ + name.size() + 64 > options_.limits.max_stored_bytes) {
       return FinishNow(context, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                                              "the rendezvous's storage limit is reached"));
     }
-    stored_bytes_ += request->name().size() + 64;
-    found = barriers_.emplace(request->name(), BarrierState{}).first;
-    found->second.count = request->count();
+    stored_bytes_ += name.size() + 64;
+    found = barriers_.emplace(name, BarrierState{}).first;
+    found->second.count = count;
   }
   BarrierState& barrier = found->second;
-  if (barrier.count != request->count()) {
+  if (barrier.count != count) {
     return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                           absl::StrCat("barrier '", request->name(),
+                                           absl::StrCat("barrier '", name,
                                                         "' was entered with count ", barrier.count,
-                                                        " and now with count ", request->count(),
+                                                        " and now with count ", count,
                                                         "; all callers must agree")));
   }
-  // A rank that enters again (a retried call) counts once.
-  const bool counts = request->rank() < 0 || barrier.ranks.insert(request->rank()).second;
-  if (counts) ++barrier.arrived;
+  for (int rank : ranks) {
+    // A rank that enters again (a retried call) counts once.
+    const bool counts = rank < 0 || barrier.ranks.insert(rank).second;
+    if (counts) ++barrier.arrived;
+  }
   if (barrier.arrived >= barrier.count) {
     std::vector<Waiter*> waiters = std::move(barrier.waiters);
     barrier.waiters.clear();
@@ -669,9 +784,9 @@ grpc::ServerUnaryReactor* Server::Impl::Barrier(grpc::CallbackServerContext* con
     return FinishNow(context, grpc::Status::OK);
   }
   if (grpc::Status status = CanWait(); !status.ok()) return FinishNow(context, status);
-  auto* waiter = new Waiter(this, std::chrono::milliseconds(request->timeout_ms()));
-  waiter->barrier = request->name();
-  waiter->rank = request->rank();
+  auto* waiter = new Waiter(this, std::chrono::milliseconds(timeout_ms));
+  waiter->barrier = name;
+  waiter->rank = ranks.size() == 1 ? ranks[0] : -1;
   barrier.waiters.push_back(waiter);
   waiter->deadline = deadlines_.emplace(Clock::now() + waiter->timeout_, waiter);
   ++waiter_count_;
@@ -679,12 +794,11 @@ grpc::ServerUnaryReactor* Server::Impl::Barrier(grpc::CallbackServerContext* con
   return waiter;
 }
 
-Server::Impl::GatherState* Server::Impl::FindGather(const proto::AllgatherRequest& request,
+Server::Impl::GatherState* Server::Impl::FindGather(const std::string& name, int count,
                                                     grpc::Status& status) {
-  const std::string& name = request.name();
   auto found = gathers_.find(name);
   if (found == gathers_.end()) {
-    const size_t bytes = name.size() + 64 + static_cast<size_t>(request.count()) / 8;
+    const size_t bytes = name.size() + 64 + static_cast<size_t>(count) / 8;
     if (stored_bytes_ + bytes > options_.limits.max_stored_bytes) {
       status = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                             "the rendezvous's storage limit is reached");
@@ -692,15 +806,15 @@ Server::Impl::GatherState* Server::Impl::FindGather(const proto::AllgatherReques
     }
     stored_bytes_ += bytes;
     found = gathers_.emplace(name, GatherState{}).first;
-    found->second.count = request.count();
-    found->second.contributed.resize(static_cast<size_t>(request.count()));
+    found->second.count = count;
+    found->second.contributed.resize(static_cast<size_t>(count));
   }
   GatherState& gather = found->second;
-  if (gather.count != request.count()) {
+  if (gather.count != count) {
     status = grpc::Status(
         grpc::StatusCode::INVALID_ARGUMENT,
         absl::StrCat("allgather '", name, "' was entered with count ", gather.count,
-                     " and now with count ", request.count(), "; all callers must agree"));
+                     " and now with count ", count, "; all callers must agree"));
     return nullptr;
   }
   return &gather;
@@ -734,70 +848,120 @@ void Server::Impl::CompleteGather(const std::string& name, GatherState& gather,
   }
 }
 
+namespace {
+
+// ParseRaw parses a raw callback method's request.
+bool ParseRaw(const grpc::ByteBuffer& raw, google::protobuf::MessageLite& message) {
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (raw.Dump(&slices).ok()) {
+    for (const grpc::Slice& slice : slices) {
+      bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+  }
+  return message.ParseFromString(bytes);
+}
+
+}  // namespace
+
+grpc::Status Server::Impl::CheckContribution(const std::string& name, int rank, int count,
+                                             size_t value_bytes, int64_t timeout_ms) const {
+  if (grpc::Status status = CheckKey(name, "gather name"); !status.ok()) return status;
+  if (count <= 0 || static_cast<size_t>(count) > options_.limits.max_keys_per_get || rank < 0 ||
+      rank >= count) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("allgather '", name, "' was entered as rank ", rank, " of ",
+                                     count, " contributors; the count must be 1 to ",
+                                     options_.limits.max_keys_per_get));
+  }
+  // Each contribution is a key of its own; the longest one must fit the key limit.
+  if (grpc::Status status = CheckKey(absl::StrCat(name, "/", count - 1), "gather name with its rank");
+      !status.ok()) {
+    return status;
+  }
+  if (value_bytes > options_.limits.max_value_bytes) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("the value of key '", name, "/", rank, "' has ", value_bytes,
+                                     " bytes, over the limit of ", options_.limits.max_value_bytes,
+                                     " bytes"));
+  }
+  return CheckTimeout(timeout_ms);
+}
+
 grpc::ServerUnaryReactor* Server::Impl::Allgather(grpc::CallbackServerContext* context,
                                                   const grpc::ByteBuffer* raw_request,
                                                   grpc::ByteBuffer* response) {
   if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
-  proto::AllgatherRequest parsed;
-  {
-    std::vector<grpc::Slice> slices;
-    std::string bytes;
-    if (raw_request->Dump(&slices).ok()) {
-      for (const grpc::Slice& slice : slices) {
-        bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-      }
-    }
-    if (!parsed.ParseFromString(bytes)) {
-      return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                             "an allgather request could not be parsed; is the "
-                                             "worker the same trainrun version?"));
-    }
+  proto::AllgatherRequest request;
+  if (!ParseRaw(*raw_request, request)) {
+    return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                           "an allgather request could not be parsed; is the "
+                                           "worker the same trainrun version?"));
   }
-  const proto::AllgatherRequest* request = &parsed;
-  if (grpc::Status status = CheckKey(request->name(), "gather name"); !status.ok()) {
-    return FinishNow(context, status);
-  }
-  if (request->count() <= 0 ||
-      static_cast<size_t>(request->count()) > options_.limits.max_keys_per_get ||
-      request->rank() < 0 || request->rank() >= request->count()) {
-    return FinishNow(
-        context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                              absl::StrCat("allgather '", request->name(), "' was entered as rank ",
-                                           request->rank(), " of ", request->count(),
-                                           " contributors; the count must be 1 to ",
-                                           options_.limits.max_keys_per_get)));
-  }
-  // Each contribution is a key of its own; the longest one must fit the key limit.
-  const std::string key = absl::StrCat(request->name(), "/", request->rank());
-  if (grpc::Status status = CheckKey(absl::StrCat(request->name(), "/", request->count() - 1),
-                                     "gather name with its rank");
+  if (grpc::Status status = CheckContribution(request.name(), request.rank(), request.count(),
+                                              request.value().size(), request.timeout_ms());
       !status.ok()) {
     return FinishNow(context, status);
   }
-  if (request->value().size() > options_.limits.max_value_bytes) {
-    return FinishNow(
-        context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                              absl::StrCat("the value of key '", key, "' has ",
-                                           request->value().size(), " bytes, over the limit of ",
-                                           options_.limits.max_value_bytes, " bytes")));
-  }
-  if (grpc::Status status = CheckTimeout(request->timeout_ms()); !status.ok()) {
-    return FinishNow(context, status);
-  }
+  return EnterGather(context, request.name(), request.count(), request.timeout_ms(),
+                     {{request.rank(), &request.value()}}, response);
+}
 
+grpc::ServerUnaryReactor* Server::Impl::AllgatherBatch(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* raw_request,
+                                                       grpc::ByteBuffer* response) {
+  if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
+  proto::AllgatherBatchRequest request;
+  if (!ParseRaw(*raw_request, request) || request.ranks_size() != request.values_size() ||
+      request.ranks_size() == 0) {
+    return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                           "an allgather batch could not be parsed; is the "
+                                           "host's trainrun the same version?"));
+  }
+  // Every member is checked as its own call would be; when one is refused, none is applied, so the
+  // others can be sent again alone without counting twice.
+  std::vector<grpc::Status> checked;
+  bool refused = false;
+  for (int i = 0; i < request.ranks_size(); ++i) {
+    checked.push_back(CheckContribution(request.name(), request.ranks(i), request.count(),
+                                        request.values(i).size(), request.timeout_ms()));
+    refused |= !checked.back().ok();
+  }
+  if (refused) {
+    proto::AllgatherBatchResponse answer;
+    for (const grpc::Status& status : checked) {
+      proto::MemberStatus* member = answer.add_status();
+      member->set_code(status.error_code());
+      member->set_message(status.error_message());
+      member->set_resend(status.ok());
+    }
+    grpc::Slice bytes(answer.SerializeAsString());
+    *response = grpc::ByteBuffer(&bytes, 1);
+    return FinishNow(context, grpc::Status::OK);
+  }
+  std::vector<std::pair<int, const std::string*>> members;
+  for (int i = 0; i < request.ranks_size(); ++i) {
+    members.emplace_back(request.ranks(i), &request.values(i));
+  }
+  return EnterGather(context, request.name(), request.count(), request.timeout_ms(), members,
+                     response);
+}
+
+grpc::ServerUnaryReactor* Server::Impl::EnterGather(
+    grpc::CallbackServerContext* context, const std::string& name, int count, int64_t timeout_ms,
+    const std::vector<std::pair<int, const std::string*>>& members, grpc::ByteBuffer* response) {
   std::vector<Completion> completions;
   std::unique_lock<std::mutex> lock(mutex_);
   grpc::Status status;
-  GatherState* gather = FindGather(*request, status);
+  GatherState* gather = FindGather(name, count, status);
   if (gather == nullptr) return FinishNow(context, status);
   // A complete gather answers a late caller (a retry) with the table it already built.
-  if (!gather->answer.has_value() && gather->failed.ok()) {
-    status = StoreLocked(key, request->value(), completions);
-    if (status.ok() && !gather->contributed[static_cast<size_t>(request->rank())]) {
-      gather->contributed[static_cast<size_t>(request->rank())] = true;
-      if (++gather->arrived == gather->count) {
-        CompleteGather(request->name(), *gather, completions);
-      }
+  for (const auto& [rank, value] : members) {
+    if (gather->answer.has_value() || !gather->failed.ok() || !status.ok()) break;
+    status = StoreLocked(absl::StrCat(name, "/", rank), *value, completions);
+    if (status.ok() && !gather->contributed[static_cast<size_t>(rank)]) {
+      gather->contributed[static_cast<size_t>(rank)] = true;
+      if (++gather->arrived == gather->count) CompleteGather(name, *gather, completions);
     }
   }
   if (!status.ok() || gather->answer.has_value() || !gather->failed.ok()) {
@@ -813,10 +977,10 @@ grpc::ServerUnaryReactor* Server::Impl::Allgather(grpc::CallbackServerContext* c
     FinishAll(completions);
     return FinishNow(context, status);
   }
-  auto* waiter = new Waiter(this, std::chrono::milliseconds(request->timeout_ms()));
-  waiter->gather = request->name();
+  auto* waiter = new Waiter(this, std::chrono::milliseconds(timeout_ms));
+  waiter->gather = name;
   waiter->gather_response = response;
-  waiter->rank = request->rank();
+  waiter->rank = members.size() == 1 ? members[0].first : -1;
   gather->waiters.push_back(waiter);
   waiter->deadline = deadlines_.emplace(Clock::now() + waiter->timeout_, waiter);
   ++waiter_count_;

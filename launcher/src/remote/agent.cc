@@ -11,8 +11,11 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -25,6 +28,7 @@
 #include "trainrun/launcher/launch_spec.h"
 #include "trainrun/launcher/process_set.h"
 #include "trainrun/rendezvous/environment.h"
+#include "trainrun/rendezvous/relay.h"
 
 namespace trainrun::launcher {
 namespace remote {
@@ -50,6 +54,15 @@ std::string PathOf(const std::vector<std::string>& env) {
     if (absl::StartsWith(entry, prefix)) return entry.substr(prefix.size());
   }
   return posix::kDefaultPath;
+}
+
+// The value of `name` in an environment list, or nullopt.
+std::optional<std::string> EnvValue(const std::vector<std::string>& env, const char* name) {
+  const std::string prefix = absl::StrCat(name, "=");
+  for (const std::string& entry : env) {
+    if (absl::StartsWith(entry, prefix)) return entry.substr(prefix.size());
+  }
+  return std::nullopt;
 }
 
 std::string Hostname() {
@@ -188,7 +201,16 @@ class Agent {
                                ? static_cast<BindTo>(job->bind_to)
                                : BindTo::kNone;
     const int local_size = static_cast<int>(job->ranks.size());
-    for (const RankJob& rank : job->ranks) {
+    StartRelay(*job);
+    for (RankJob& rank : job->ranks) {
+      // The ranks call this host's relay (see StartRelay), not the launcher's server directly.
+      const std::string relay_prefix = absl::StrCat(::trainrun::env::kRendezvousRelay, "=");
+      rank.env.erase(std::remove_if(rank.env.begin(), rank.env.end(),
+                                    [&](const std::string& entry) {
+                                      return absl::StartsWith(entry, relay_prefix);
+                                    }),
+                     rank.env.end());
+      if (relay_ != nullptr) rank.env.push_back(relay_prefix + relay_->socket());
       const int local_rank = started_;
       ProcessSpec spec;
       spec.cpus = CpusForRank(cpus, bind_to, local_rank, local_size);
@@ -211,6 +233,34 @@ class Agent {
     }
     job_received_ = true;
     MaybeDone();
+  }
+
+  // StartRelay starts the relay that serves this host's ranks' rendezvous calls
+  // (rendezvous/relay.h): one gRPC connection to the launcher per host, the ranks' start-up calls
+  // batched, instead of a connection and three calls per rank. Its socket is in the abstract
+  // namespace of this host's network namespace, where the ranks run. Without it (a rank
+  // environment that says TRAINRUN_RENDEZVOUS_RELAY=off, or no rendezvous) the ranks dial the
+  // server themselves, as they also do when the relay cannot listen.
+  void StartRelay(const Job& job) {
+    if (relay_ != nullptr || job.ranks.empty()) return;
+    const std::vector<std::string>& env = job.ranks[0].env;
+    std::optional<std::string> address = EnvValue(env, ::trainrun::env::kRendezvousAddr);
+    std::optional<std::string> token = EnvValue(env, ::trainrun::env::kJobToken);
+    std::optional<std::string> job_id = EnvValue(env, ::trainrun::env::kJobId);
+    std::optional<std::string> wanted = EnvValue(env, ::trainrun::env::kRendezvousRelay);
+    if (!address || address->empty() || !token || token->empty() ||
+        (wanted.has_value() && *wanted == "off")) {
+      return;
+    }
+    rendezvous::RelayOptions options;
+    options.socket = absl::StrCat("@trainrun-relay-", job_id.value_or("job"), "-", ::getpid());
+    options.server_address = *address;
+    options.job_id = job_id.value_or("");
+    options.token = *token;
+    options.host = EnvValue(env, ::trainrun::env::kHostname).value_or(Hostname());
+    options.local_ranks = static_cast<int>(job.ranks.size());
+    auto relay = rendezvous::Relay::Start(options);
+    if (relay.ok()) relay_ = *std::move(relay);
   }
 
   void Terminate() {
@@ -258,6 +308,8 @@ class Agent {
   boost::asio::steady_timer silence_;
   boost::asio::steady_timer grace_;
   RankProcessSet ranks_;
+  // Serves the ranks' rendezvous calls for the agent's session (StartRelay).
+  std::unique_ptr<rendezvous::Relay> relay_;
   FrameReader reader_;
   char buffer_[64 * 1024];
   std::chrono::milliseconds grace_period_ = kDefaultGracePeriod;

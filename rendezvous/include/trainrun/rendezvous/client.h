@@ -45,6 +45,9 @@ struct WorkerSession {
 // ClientOptions says how to reach a job's rendezvous server and who this worker is.
 struct ClientOptions {
   std::string address;     // host:port (TRAINRUN_RENDEZVOUS_ADDR)
+  // The host's relay (TRAINRUN_RENDEZVOUS_RELAY, relay.h): "@name" or a path. When set, every call
+  // goes to it on a Unix socket instead of to `address` on a gRPC channel of this worker's own.
+  std::string relay;
   std::string job_id;      // TRAINRUN_JOB_ID
   std::string token;       // TRAINRUN_JOB_TOKEN
   std::string host;        // TRAINRUN_HOSTNAME
@@ -66,7 +69,8 @@ absl::StatusOr<WorkerSession> Join(const ClientOptions& options, std::chrono::mi
 absl::StatusOr<std::shared_ptr<Store>> ConnectStore(const ClientOptions& options);
 
 // ClientOptionsFromEnvironment reads TRAINRUN_RENDEZVOUS_ADDR, TRAINRUN_JOB_ID, TRAINRUN_JOB_TOKEN,
-// TRAINRUN_HOSTNAME, TRAINRUN_LOCAL_RANK and (optionally) TRAINRUN_RANK. Fails with
+// TRAINRUN_HOSTNAME, TRAINRUN_LOCAL_RANK and (optionally) TRAINRUN_RANK and
+// TRAINRUN_RENDEZVOUS_RELAY. Fails with
 // FAILED_PRECONDITION naming the first variable that is missing or malformed (a worker not started
 // by trainrun).
 absl::StatusOr<ClientOptions> ClientOptionsFromEnvironment();

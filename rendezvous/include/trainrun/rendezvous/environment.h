@@ -35,6 +35,10 @@ inline constexpr char kCrossSize[] = "TRAINRUN_CROSS_SIZE";
 inline constexpr char kHostname[] = "TRAINRUN_HOSTNAME";
 // host:port of the launcher's rendezvous server.
 inline constexpr char kRendezvousAddr[] = "TRAINRUN_RENDEZVOUS_ADDR";
+// Set by a host's agent that relays its ranks' rendezvous calls (rendezvous/relay.h): the relay's
+// Unix socket, "@name" (abstract) or a path. The client then calls it instead of dialing
+// TRAINRUN_RENDEZVOUS_ADDR, which still names the server (the data plane routes toward it).
+inline constexpr char kRendezvousRelay[] = "TRAINRUN_RENDEZVOUS_RELAY";
 // The job's id, and its secret: the rendezvous and the data plane refuse peers without it.
 inline constexpr char kJobId[] = "TRAINRUN_JOB_ID";
 inline constexpr char kJobToken[] = "TRAINRUN_JOB_TOKEN";

@@ -1,0 +1,243 @@
+#include "relay_client.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "grpc_store.h"
+#include "proto/rendezvous.pb.h"
+#include "wire.h"
+
+namespace trainrun::rendezvous::internal {
+
+// relay.cc: the sockaddr of a relay's socket name.
+socklen_t RelaySocketAddress(const std::string& name, sockaddr_un& address);
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const char* MethodName(RelayMethod method) {
+  switch (method) {
+    case RelayMethod::kJoin:
+      return "Join";
+    case RelayMethod::kSet:
+      return "Set";
+    case RelayMethod::kGet:
+      return "Get";
+    case RelayMethod::kAdd:
+      return "Add";
+    case RelayMethod::kBarrier:
+      return "Barrier";
+    case RelayMethod::kAllgather:
+      return "Allgather";
+    case RelayMethod::kReportExit:
+      return "ReportExit";
+    case RelayMethod::kHello:
+      break;
+  }
+  return "Hello";
+}
+
+// WriteAll writes `bytes` to the blocking socket `fd`.
+bool WriteAll(int fd, std::string_view bytes) {
+  while (!bytes.empty()) {
+    const ssize_t wrote = ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (wrote < 0 && errno == EINTR) continue;
+    if (wrote <= 0) return false;
+    bytes.remove_prefix(static_cast<size_t>(wrote));
+  }
+  return true;
+}
+
+}  // namespace
+
+RelayClient::~RelayClient() {
+  for (int fd : idle_) ::close(fd);
+}
+
+std::string RelayClient::RelayName() const {
+  return absl::StrCat("the rendezvous relay of host '", options_.host, "' at ", options_.relay);
+}
+
+absl::StatusOr<int> RelayClient::Connect() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!idle_.empty()) {
+      const int fd = idle_.back();
+      idle_.pop_back();
+      return fd;
+    }
+  }
+  sockaddr_un address;
+  const socklen_t length = RelaySocketAddress(options_.relay, address);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (length == 0 || fd < 0 ||
+      ::connect(fd, reinterpret_cast<sockaddr*>(&address), length) != 0) {
+    const int error = errno;
+    if (fd >= 0) ::close(fd);
+    return absl::UnavailableError(absl::StrCat(
+        "cannot reach ", RelayName(), " (", length == 0 ? "a bad socket name" : std::strerror(error),
+        "); the host's trainrun agent may have died"));
+  }
+  // The token first; the relay refuses every call of a connection without it.
+  std::string hello;
+  AppendRequest(hello, RelayMethod::kHello, 0, 0, options_.token);
+  if (!WriteAll(fd, hello)) {
+    ::close(fd);
+    return absl::UnavailableError(
+        absl::StrCat(RelayName(), " closed the connection; the host's trainrun agent may have died"));
+  }
+  return fd;
+}
+
+absl::Status RelayClient::Call(RelayMethod method, const google::protobuf::MessageLite& request,
+                               google::protobuf::MessageLite* response,
+                               std::chrono::milliseconds timeout) {
+  absl::StatusOr<int> connected = Connect();
+  if (!connected.ok()) return connected.status();
+  const int fd = *connected;
+  const uint32_t call_id = next_call_++;
+  std::string frame;
+  AppendRequest(frame, method, call_id, timeout.count(), request.SerializeAsString());
+  const Clock::time_point deadline = Clock::now() + timeout;
+  std::string in;
+  size_t length = 0;
+  bool written = WriteAll(fd, frame);
+  bool timed_out = false;
+  while (written) {
+    length = FrameLength(in);
+    if (length > kMaxRelayFrame) break;
+    if (length != 0 && in.size() >= length) break;
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd poll_fd{fd, POLLIN, 0};
+    const int ready = ::poll(&poll_fd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1 << 30)));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) continue;
+    char buffer[65536];
+    const ssize_t got = ::read(fd, buffer, sizeof(buffer));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    in.append(buffer, static_cast<size_t>(got));
+  }
+  RelayResponse answer;
+  if (timed_out || length == 0 || in.size() != length || !ParseResponse(in, answer) ||
+      answer.call_id != call_id) {
+    // The connection is in an unknown state; the relay cancels what it carried when it closes.
+    ::close(fd);
+    if (timed_out) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          RelayName(), " did not answer a ", MethodName(method), " call within ",
+          FormatDuration(timeout), "; check that trainrun is still running"));
+    }
+    return absl::UnavailableError(absl::StrCat(RelayName(), " closed the connection during a ",
+                                               MethodName(method),
+                                               " call; the host's trainrun agent may have died"));
+  }
+  const grpc::Status status(static_cast<grpc::StatusCode>(answer.code),
+                            std::string(answer.message));
+  if (answer.code == static_cast<int32_t>(grpc::StatusCode::UNAUTHENTICATED)) {
+    ::close(fd);  // the relay closes it too
+  } else {
+    std::lock_guard<std::mutex> lock(mutex_);
+    idle_.push_back(fd);
+  }
+  if (!status.ok()) return ClientError(status, options_, timeout);
+  if (!response->ParseFromArray(answer.body.data(), static_cast<int>(answer.body.size()))) {
+    return absl::InternalError(absl::StrCat(RelayName(), " sent a malformed answer to a ",
+                                            MethodName(method), " call"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RelayStore::Set(const std::string& key, const std::string& value) {
+  proto::SetRequest request;
+  request.set_key(key);
+  request.set_value(value);
+  proto::SetResponse response;
+  return client_->Call(RelayMethod::kSet, request, &response, client_->options().call_timeout);
+}
+
+absl::StatusOr<std::vector<std::string>> RelayStore::Get(const std::vector<std::string>& keys,
+                                                         std::chrono::milliseconds timeout) {
+  proto::GetRequest request;
+  for (const auto& key : keys) request.add_keys(key);
+  request.set_timeout_ms(timeout.count());
+  request.set_rank(rank_);
+  proto::GetResponse response;
+  if (absl::Status status =
+          client_->Call(RelayMethod::kGet, request, &response, timeout + kWaitSlack);
+      !status.ok()) {
+    return status;
+  }
+  return UnpackValues(response, keys.size());
+}
+
+absl::StatusOr<int64_t> RelayStore::Add(const std::string& key, int64_t delta) {
+  proto::AddRequest request;
+  request.set_key(key);
+  request.set_delta(delta);
+  proto::AddResponse response;
+  if (absl::Status status =
+          client_->Call(RelayMethod::kAdd, request, &response, client_->options().call_timeout);
+      !status.ok()) {
+    return status;
+  }
+  return response.value();
+}
+
+absl::Status RelayStore::Barrier(const std::string& name, int count,
+                                 std::chrono::milliseconds timeout) {
+  proto::BarrierRequest request;
+  request.set_name(name);
+  request.set_count(count);
+  request.set_timeout_ms(timeout.count());
+  request.set_rank(rank_);
+  proto::BarrierResponse response;
+  return client_->Call(RelayMethod::kBarrier, request, &response, timeout + kWaitSlack);
+}
+
+absl::StatusOr<std::vector<std::string>> RelayStore::Allgather(const std::string& name, int rank,
+                                                               int count, const std::string& value,
+                                                               std::chrono::milliseconds timeout) {
+  if (count <= 0 || rank < 0 || rank >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("allgather '", name, "' was entered as rank ",
+                                                   rank, " of ", count, " contributors"));
+  }
+  proto::AllgatherRequest request;
+  request.set_name(name);
+  request.set_rank(rank);
+  request.set_count(count);
+  request.set_value(value);
+  request.set_timeout_ms(timeout.count());
+  proto::AllgatherResponse response;
+  if (absl::Status status =
+          client_->Call(RelayMethod::kAllgather, request, &response, timeout + kWaitSlack);
+      !status.ok()) {
+    return status;
+  }
+  return DecodeTable(response.table(), static_cast<size_t>(count));
+}
+
+absl::Status RelayStore::ReportPeerFailure(int rank, int peer_rank, const std::string& message) {
+  proto::ExitReport request;
+  request.set_rank(rank);
+  request.set_exit_code(1);
+  request.set_peer_rank(peer_rank);
+  request.set_message(message);
+  proto::ExitResponse response;
+  return client_->Call(RelayMethod::kReportExit, request, &response,
+                       client_->options().call_timeout);
+}
+
+}  // namespace trainrun::rendezvous::internal
