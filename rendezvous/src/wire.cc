@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -99,18 +100,33 @@ absl::StatusOr<std::vector<std::string>> DecodeValues(std::string_view table, si
                                                       size_t count) {
   const absl::Status malformed =
       absl::InternalError("the rendezvous server sent a malformed gather table");
-  std::vector<std::string> values(count);
+  std::vector<std::string> values;
+  values.reserve(count);
   for (size_t i = 0; i < count; ++i) {
     uint32_t shared = 0;
     uint32_t rest = 0;
     if (!GetVarint(table, at, shared) || !GetVarint(table, at, rest) ||
-        (i == 0 ? shared != 0 : shared > values[i - 1].size()) || rest > table.size() - at) {
+        (i == 0 ? shared != 0 : shared > values.back().size()) || rest > table.size() - at) {
       return malformed;
     }
-    std::string& value = values[i];
-    value.reserve(size_t{shared} + rest);
-    if (shared > 0) value.assign(values[i - 1], 0, shared);
-    value.append(table.data() + at, rest);
+    // Each value is built whole, in one constructor: an address fits the string's inline buffer,
+    // so that is a copy or two, where assigning the prefix and appending the rest each took
+    // libstdc++'s general path (a third of a rank's time reading an 8192-rank gather).
+    const size_t size = size_t{shared} + rest;
+    if (shared == 0) {
+      values.emplace_back(table.data() + at, rest);
+    } else if (size <= 64) {
+      char joined[64];
+      std::memcpy(joined, values.back().data(), shared);
+      std::memcpy(joined + shared, table.data() + at, rest);
+      values.emplace_back(joined, size);
+    } else {
+      std::string value;
+      value.reserve(size);
+      value.append(values.back(), 0, shared);
+      value.append(table.data() + at, rest);
+      values.push_back(std::move(value));
+    }
     at += rest;
   }
   if (at != table.size()) return malformed;
