@@ -193,7 +193,10 @@ int RunWorkers(const std::string& address, const std::string& token, int n, int 
 struct Record {
   char result;
   int64_t phase_ends_ns[kPhases];  // steady_clock, which all processes share
+  double timed_cpu_ms;             // this process's CPU from the release to its record
 };
+
+double CpuMs(int who);
 
 // LastOfEach returns, for each phase, the time the last worker ended it.
 Phases LastOfEach(const std::vector<Phases>& phases, Clock::time_point start) {
@@ -212,14 +215,16 @@ int WorkerGroup(int n, int first, int count, bool per_key, bool relay) {
   const char* address = address_value->c_str();
   const char* token = token_value->c_str();
   std::vector<Phases> phases;
+  double released_cpu_ms = 0;
   const int failures = RunWorkers(
       address, token, n, first, count, per_key, relay,
-      [] {
+      [&] {
         char byte = 'r';
         if (write(1, &byte, 1) != 1 || read(0, &byte, 1) != 1) std::_Exit(3);
+        released_cpu_ms = CpuMs(RUSAGE_SELF);
       },
       phases);
-  Record record{failures == 0 ? 'd' : 'f', {}};
+  Record record{failures == 0 ? 'd' : 'f', {}, CpuMs(RUSAGE_SELF) - released_cpu_ms};
   const Phases last = LastOfEach(phases, Clock::time_point());
   for (int p = 0; p < kPhases; ++p) {
     record.phase_ends_ns[p] =
@@ -243,7 +248,8 @@ bool ReadBytes(int fd, std::string& out, size_t count) {
 // RunProcesses times one handshake of n workers spread over `processes` worker processes, and
 // says in `last` when the last worker ended each phase.
 double RunProcesses(const rdv::Server& server, const std::string& token, int n, int processes,
-                    bool per_key, bool relay, Clock::time_point& start, Phases& last) {
+                    bool per_key, bool relay, Clock::time_point& start, Phases& last,
+                    double& timed_cpu_ms) {
   int go[2], status[2];
   if (pipe2(go, O_CLOEXEC) != 0 || pipe2(status, O_CLOEXEC) != 0) return -1;
   std::vector<pid_t> pids;
@@ -290,6 +296,7 @@ double RunProcesses(const rdv::Server& server, const std::string& token, int n, 
       Record record;
       std::memcpy(&record, done.data() + p * sizeof(Record), sizeof(Record));
       passed = record.result == 'd';
+      timed_cpu_ms += record.timed_cpu_ms;
       for (int phase = 0; phase < kPhases; ++phase) {
         last[phase] = std::max(
             last[phase], Clock::time_point(std::chrono::nanoseconds(record.phase_ends_ns[phase])));
@@ -319,8 +326,10 @@ double RunOnce(int n, int processes, bool per_key, bool relay, bool verbose) {
   Clock::time_point start;
   Phases last;
   double seconds = -1;
+  double timed_cpu_ms = 0;
   if (processes > 0) {
-    seconds = RunProcesses(**server, options.token, n, processes, per_key, relay, start, last);
+    seconds = RunProcesses(**server, options.token, n, processes, per_key, relay, start, last,
+                           timed_cpu_ms);
   } else {
     std::vector<Phases> phases;
     const int failures = RunWorkers((*server)->address(), options.token, n, 0, n, per_key, relay,
@@ -335,6 +344,9 @@ double RunOnce(int n, int processes, bool per_key, bool relay, bool verbose) {
       std::printf(" %s done at %.1f ms;", kPhaseNames[p],
                   std::chrono::duration<double, std::milli>(last[p] - start).count());
     }
+    // The workers' CPU between their release and their last worker's end, without starting
+    // the processes and threads (what "workers cpu" below also counts).
+    if (processes > 0) std::printf(" workers' cpu from release %.0f ms;", timed_cpu_ms);
     std::printf("\n");
   }
   return seconds;

@@ -2,6 +2,7 @@
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -184,6 +185,8 @@ absl::Status Relay::Impl::Listen() {
   channel_ = internal::NewChannel(options_.server_address);
   stub_ = std::make_unique<grpc::GenericStub>(channel_);
   thread_ = std::thread([this] { Run(); });
+  // So that `top -H`, `ps -L` and profiles tell the relay from the agent's other threads.
+  pthread_setname_np(thread_.native_handle(), "trainrun-relay");
   return absl::OkStatus();
 }
 
@@ -260,6 +263,9 @@ void Relay::Impl::Accept() {
     event.events = EPOLLIN | EPOLLRDHUP;
     event.data.u64 = id;
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event);
+    // A rank writes its first call as soon as it has connected: read it now rather than wake
+    // again for it.
+    Read(id);
   }
 }
 

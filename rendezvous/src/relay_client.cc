@@ -66,7 +66,7 @@ std::string RelayClient::RelayName() const {
   return absl::StrCat("the rendezvous relay of host '", options_.host, "' at ", options_.relay);
 }
 
-absl::StatusOr<int> RelayClient::Connect() {
+absl::StatusOr<int> RelayClient::Connect(std::string& frames) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!idle_.empty()) {
@@ -86,25 +86,20 @@ absl::StatusOr<int> RelayClient::Connect() {
         "cannot reach ", RelayName(), " (", length == 0 ? "a bad socket name" : std::strerror(error),
         "); the host's trainrun agent may have died"));
   }
-  // The token first; the relay refuses every call of a connection without it.
-  std::string hello;
-  AppendRequest(hello, RelayMethod::kHello, 0, 0, options_.token);
-  if (!WriteAll(fd, hello)) {
-    ::close(fd);
-    return absl::UnavailableError(
-        absl::StrCat(RelayName(), " closed the connection; the host's trainrun agent may have died"));
-  }
+  // The token first; the relay refuses every call of a connection without it. It goes in one
+  // write with the first call, so the relay wakes once for both.
+  AppendRequest(frames, RelayMethod::kHello, 0, 0, options_.token);
   return fd;
 }
 
 absl::Status RelayClient::Call(RelayMethod method, const google::protobuf::MessageLite& request,
                                google::protobuf::MessageLite* response,
                                std::chrono::milliseconds timeout) {
-  absl::StatusOr<int> connected = Connect();
+  std::string frame;
+  absl::StatusOr<int> connected = Connect(frame);
   if (!connected.ok()) return connected.status();
   const int fd = *connected;
   const uint32_t call_id = next_call_++;
-  std::string frame;
   AppendRequest(frame, method, call_id, timeout.count(), request.SerializeAsString());
   const Clock::time_point deadline = Clock::now() + timeout;
   // The answer is read straight into `in`, grown to the frame's length once that has arrived: a

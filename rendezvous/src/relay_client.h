@@ -34,7 +34,9 @@ class RelayClient {
   const ClientOptions& options() const { return options_; }
 
  private:
-  absl::StatusOr<int> Connect();
+  // Connect takes an idle connection or opens one; a new one's hello is appended to `frames`,
+  // to be written with the call.
+  absl::StatusOr<int> Connect(std::string& frames);
   std::string RelayName() const;
 
   const ClientOptions options_;
