@@ -263,9 +263,9 @@ double RunProcesses(const rdv::Server& server, const std::string& token, int n, 
   for (int p = 0; p < processes; ++p) {
     const int first = n * p / processes;
     const int count = n * (p + 1) / processes - first;
-    std::vector<std::string> args = {"/proc/self/exe",      "--worker-group",
-                                     std::to_string(n),     std::to_string(first),
-                                     std::to_string(count), per_key ? "per-key" : "allgather",
+    std::vector<std::string> args = {"/proc/self/exe",          "--worker-group",
+                                     std::to_string(n),         std::to_string(first),
+                                     std::to_string(count),     per_key ? "per-key" : "allgather",
                                      relay ? "relay" : "direct"};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());

@@ -152,6 +152,10 @@ std::vector<std::string> JobEnvironment::ForPlace(const hostfile::RankAssignment
   } else {
     vars.erase(env::kRendezvousAddr);  // a stale one from an enclosing job would mislead
   }
+  // A host's agent points its ranks at its relay (rendezvous/relay.h); one inherited from an
+  // enclosing job would send these ranks to that job's. -x TRAINRUN_RENDEZVOUS_RELAY=off stays
+  // (below): it tells the agents to start none.
+  vars.erase(env::kRendezvousRelay);
   set(env::kTorchMasterAddr, host_view.master_addr);
   set(env::kTorchMasterPort, master_port_);
 

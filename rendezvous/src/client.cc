@@ -85,7 +85,8 @@ absl::StatusOr<WorkerSession> Join(const ClientOptions& options,
   if (!options.relay.empty()) {
     // Through the host's relay (relay.h), which batches the host's joins into one call.
     relay = std::make_shared<internal::RelayClient>(options);
-    if (absl::Status status = relay->Call(internal::RelayMethod::kJoin, request, &response, timeout);
+    if (absl::Status status =
+            relay->Call(internal::RelayMethod::kJoin, request, &response, timeout);
         !status.ok()) {
       return status;
     }
@@ -154,7 +155,9 @@ absl::StatusOr<ClientOptions> ClientOptionsFromEnvironment() {
   options.token = *std::move(token);
   options.host = *std::move(host);
   options.local_rank = *local_rank;
-  if (std::optional<std::string> relay = env::Lookup(env::kRendezvousRelay)) {
+  // "off" is what asks the agents for no relay (environment.h); the ranks then dial the server.
+  if (std::optional<std::string> relay = env::Lookup(env::kRendezvousRelay);
+      relay && *relay != "off") {
     options.relay = *std::move(relay);
   }
   if (env::Lookup(env::kRank).has_value()) {

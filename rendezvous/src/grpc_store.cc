@@ -52,7 +52,6 @@ absl::StatusOr<std::vector<std::string>> UnpackValues(const proto::GetResponse& 
   return values;
 }
 
-
 std::shared_ptr<grpc::Channel> NewChannel(const std::string& address) {
   QuietAbseilMutexes();
   grpc::ChannelArguments args;

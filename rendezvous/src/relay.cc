@@ -315,8 +315,8 @@ void Relay::Impl::Read(uint64_t id) {
 void Relay::Impl::Write(uint64_t id) {
   Connection& connection = connections_.at(id);
   while (!connection.out.empty()) {
-    const ssize_t wrote = ::send(connection.fd, connection.out.data(), connection.out.size(),
-                                 MSG_NOSIGNAL);
+    const ssize_t wrote =
+        ::send(connection.fd, connection.out.data(), connection.out.size(), MSG_NOSIGNAL);
     if (wrote < 0 && errno == EINTR) continue;
     if (wrote < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
     if (wrote <= 0) {
@@ -358,7 +358,8 @@ void Relay::Impl::Handle(uint64_t id, const internal::RelayRequest& request) {
   call.connection = id;
   call.call_id = request.call_id;
   call.method = request.method;
-  call.deadline = Clock::now() + std::chrono::milliseconds(std::max<int64_t>(0, request.deadline_ms));
+  call.deadline =
+      Clock::now() + std::chrono::milliseconds(std::max<int64_t>(0, request.deadline_ms));
   if (request.method == RelayMethod::kHello) {
     // No answer: a wrong token is refused on the connection's first call, in that call's answer.
     connection.authenticated = internal::ConstantTimeEquals(options_.token, request.body);
@@ -522,8 +523,7 @@ void Relay::Impl::Send(std::string method, grpc::ByteBuffer request, std::vector
                    &upstream->response, [this, upstream](grpc::Status status) {
                      upstream->status = std::move(status);
                      std::lock_guard<std::mutex> lock(mutex_);
-                     in_flight_.erase(
-                         std::find(in_flight_.begin(), in_flight_.end(), upstream));
+                     in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), upstream));
                      finished_.push_back(upstream);
                      const uint64_t one = 1;
                      if (wake_fd_ >= 0 && ::write(wake_fd_, &one, sizeof(one)) < 0) {
@@ -533,8 +533,8 @@ void Relay::Impl::Send(std::string method, grpc::ByteBuffer request, std::vector
                    });
 }
 
-void Relay::Impl::Reply(const Call& call, int code, std::string_view message,
-                        std::string_view body, std::string_view body2) {
+void Relay::Impl::Reply(const Call& call, int code, std::string_view message, std::string_view body,
+                        std::string_view body2) {
   auto found = connections_.find(call.connection);
   if (found == connections_.end()) return;  // the rank went away
   const bool was_empty = found->second.out.empty();
@@ -612,9 +612,9 @@ void Relay::Impl::FinishGather(Upstream& upstream) {
   }
   for (size_t i = 0; i < upstream.members.size(); ++i) {
     Call& call = upstream.members[i];
-    const proto::MemberStatus* status =
-        static_cast<int>(i) < response.status_size() ? &response.status(static_cast<int>(i))
-                                                     : nullptr;
+    const proto::MemberStatus* status = static_cast<int>(i) < response.status_size()
+                                            ? &response.status(static_cast<int>(i))
+                                            : nullptr;
     if (status != nullptr && status->resend()) {
       // Refused because of another member, not applied: this one goes alone.
       grpc::ByteBuffer buffer = ToBuffer(call.body);

@@ -78,13 +78,13 @@ absl::StatusOr<int> RelayClient::Connect(std::string& frames) {
   sockaddr_un address;
   const socklen_t length = RelaySocketAddress(options_.relay, address);
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (length == 0 || fd < 0 ||
-      ::connect(fd, reinterpret_cast<sockaddr*>(&address), length) != 0) {
+  if (length == 0 || fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&address), length) != 0) {
     const int error = errno;
     if (fd >= 0) ::close(fd);
-    return absl::UnavailableError(absl::StrCat(
-        "cannot reach ", RelayName(), " (", length == 0 ? "a bad socket name" : std::strerror(error),
-        "); the host's trainrun agent may have died"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach ", RelayName(), " (",
+                     length == 0 ? "a bad socket name" : std::strerror(error),
+                     "); the host's trainrun agent may have died"));
   }
   // The token first; the relay refuses every call of a connection without it. It goes in one
   // write with the first call, so the relay wakes once for both.
@@ -123,7 +123,8 @@ absl::Status RelayClient::Call(RelayMethod method, const google::protobuf::Messa
       break;
     }
     pollfd poll_fd{fd, POLLIN, 0};
-    const int ready = ::poll(&poll_fd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1 << 30)));
+    const int ready =
+        ::poll(&poll_fd, 1, static_cast<int>(std::min<int64_t>(left.count(), 1 << 30)));
     if (ready < 0 && errno == EINTR) continue;
     if (ready == 0) continue;
     // One call at a time on a connection: nothing follows this answer, so reading up to the
@@ -139,9 +140,9 @@ absl::Status RelayClient::Call(RelayMethod method, const google::protobuf::Messa
     // The connection is in an unknown state; the relay cancels what it carried when it closes.
     ::close(fd);
     if (timed_out) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          RelayName(), " did not answer a ", MethodName(method), " call within ",
-          FormatDuration(timeout), "; check that trainrun is still running"));
+      return absl::DeadlineExceededError(
+          absl::StrCat(RelayName(), " did not answer a ", MethodName(method), " call within ",
+                       FormatDuration(timeout), "; check that trainrun is still running"));
     }
     return absl::UnavailableError(absl::StrCat(RelayName(), " closed the connection during a ",
                                                MethodName(method),
@@ -157,8 +158,8 @@ absl::Status RelayClient::Call(RelayMethod method, const google::protobuf::Messa
   }
   if (!status.ok()) return ClientError(status, options_, timeout);
   if (!response->ParseFromArray(answer.body.data(), static_cast<int>(answer.body.size()))) {
-    return absl::InternalError(absl::StrCat(RelayName(), " sent a malformed answer to a ",
-                                            MethodName(method), " call"));
+    return absl::InternalError(
+        absl::StrCat(RelayName(), " sent a malformed answer to a ", MethodName(method), " call"));
   }
   return absl::OkStatus();
 }

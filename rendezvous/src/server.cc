@@ -64,10 +64,9 @@ bool IsWildcard(const std::string& host) {
 // A host's relay sends its ranks' calls batched (JoinBatch, AllgatherBatch, BarrierBatch); each
 // member goes through the same checks and state as the call it stands for, and AllgatherBatch's
 // answer, when every member succeeds, is that same serialized table (raw too).
-class Server::Impl final
-    : public proto::Rendezvous::WithRawCallbackMethod_Allgather<
-          proto::Rendezvous::WithRawCallbackMethod_AllgatherBatch<
-              proto::Rendezvous::CallbackService>> {
+class Server::Impl final : public proto::Rendezvous::WithRawCallbackMethod_Allgather<
+                               proto::Rendezvous::WithRawCallbackMethod_AllgatherBatch<
+                                   proto::Rendezvous::CallbackService>> {
  public:
   explicit Impl(ServerOptions options);
   ~Impl() override;
@@ -162,9 +161,8 @@ class Server::Impl final
   // The checked contributions `members` ((rank, value) pairs) of gather `name` enter it as one
   // call: finishes at once when the gather is (or becomes) complete or refuses them, else waits.
   grpc::ServerUnaryReactor* EnterGather(
-      grpc::CallbackServerContext* context, const std::string& name, int count,
-      int64_t timeout_ms, const std::vector<std::pair<int, const std::string*>>& members,
-      grpc::ByteBuffer* response);
+      grpc::CallbackServerContext* context, const std::string& name, int count, int64_t timeout_ms,
+      const std::vector<std::pair<int, const std::string*>>& members, grpc::ByteBuffer* response);
   // The callers `ranks` (each a rank or -1) enter barrier `name` as one call.
   grpc::ServerUnaryReactor* EnterBarrier(grpc::CallbackServerContext* context,
                                          const std::string& name, int count, int64_t timeout_ms,
@@ -432,16 +430,17 @@ grpc::Status Server::Impl::JoinLocked(const proto::JoinRequest& request,
   } else if (found != rank_of_.end()) {
     rank = found->second;
   } else {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        absl::StrCat("this job has no rank on host '", request.host().substr(0, 256),
-                                     "' with local_rank ", request.local_rank(),
-                                     "; check TRAINRUN_HOSTNAME and TRAINRUN_LOCAL_RANK"));
+    return grpc::Status(
+        grpc::StatusCode::NOT_FOUND,
+        absl::StrCat("this job has no rank on host '", request.host().substr(0, 256),
+                     "' with local_rank ", request.local_rank(),
+                     "; check TRAINRUN_HOSTNAME and TRAINRUN_LOCAL_RANK"));
   }
   if (request.has_rank() && request.rank() != rank) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("a worker claiming rank ", request.rank(), " joined as host '",
-                                     request.host(), "' local_rank ", request.local_rank(),
-                                     ", which is rank ", rank));
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("a worker claiming rank ", request.rank(), " joined as host '", request.host(),
+                     "' local_rank ", request.local_rank(), ", which is rank ", rank));
   }
   RankState& state = ranks_[rank];
   if (state.joined) {
@@ -463,7 +462,8 @@ grpc::Status Server::Impl::JoinLocked(const proto::JoinRequest& request,
   response->set_local_size(slot.local_size);
   response->set_cross_rank(slot.cross_rank);
   response->set_cross_size(slot.cross_size);
-  if (!request.host_table()) *response->mutable_host_names() = {host_names_.begin(), host_names_.end()};
+  if (!request.host_table())
+    *response->mutable_host_names() = {host_names_.begin(), host_names_.end()};
   return grpc::Status::OK;
 }
 
@@ -761,11 +761,11 @@ grpc::ServerUnaryReactor* Server::Impl::EnterBarrier(grpc::CallbackServerContext
   }
   BarrierState& barrier = found->second;
   if (barrier.count != count) {
-    return FinishNow(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                           absl::StrCat("barrier '", name,
-                                                        "' was entered with count ", barrier.count,
-                                                        " and now with count ", count,
-                                                        "; all callers must agree")));
+    return FinishNow(
+        context,
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     absl::StrCat("barrier '", name, "' was entered with count ", barrier.count,
+                                  " and now with count ", count, "; all callers must agree")));
   }
   for (int rank : ranks) {
     // A rank that enters again (a retried call) counts once.
@@ -811,10 +811,10 @@ Server::Impl::GatherState* Server::Impl::FindGather(const std::string& name, int
   }
   GatherState& gather = found->second;
   if (gather.count != count) {
-    status = grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat("allgather '", name, "' was entered with count ", gather.count,
-                     " and now with count ", count, "; all callers must agree"));
+    status =
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     absl::StrCat("allgather '", name, "' was entered with count ", gather.count,
+                                  " and now with count ", count, "; all callers must agree"));
     return nullptr;
   }
   return &gather;
@@ -869,21 +869,22 @@ grpc::Status Server::Impl::CheckContribution(const std::string& name, int rank, 
   if (grpc::Status status = CheckKey(name, "gather name"); !status.ok()) return status;
   if (count <= 0 || static_cast<size_t>(count) > options_.limits.max_keys_per_get || rank < 0 ||
       rank >= count) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("allgather '", name, "' was entered as rank ", rank, " of ",
-                                     count, " contributors; the count must be 1 to ",
-                                     options_.limits.max_keys_per_get));
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("allgather '", name, "' was entered as rank ", rank, " of ", count,
+                     " contributors; the count must be 1 to ", options_.limits.max_keys_per_get));
   }
   // Each contribution is a key of its own; the longest one must fit the key limit.
-  if (grpc::Status status = CheckKey(absl::StrCat(name, "/", count - 1), "gather name with its rank");
+  if (grpc::Status status =
+          CheckKey(absl::StrCat(name, "/", count - 1), "gather name with its rank");
       !status.ok()) {
     return status;
   }
   if (value_bytes > options_.limits.max_value_bytes) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("the value of key '", name, "/", rank, "' has ", value_bytes,
-                                     " bytes, over the limit of ", options_.limits.max_value_bytes,
-                                     " bytes"));
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("the value of key '", name, "/", rank, "' has ", value_bytes,
+                     " bytes, over the limit of ", options_.limits.max_value_bytes, " bytes"));
   }
   return CheckTimeout(timeout_ms);
 }

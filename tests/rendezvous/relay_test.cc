@@ -210,7 +210,8 @@ TEST_CASE("relay: Set, Get, Add, Barrier and exit reports pass through", "[rende
   getter.join();
   CHECK(*(*store0)->Add("n", 5) == 5);
   CHECK(*(*store1)->Add("n", -2) == 3);
-  auto statuses = OnThreads(2, [&](int r) { return (r == 0 ? *store0 : *store1)->Barrier("b", 2, seconds(10)); });
+  auto statuses = OnThreads(
+      2, [&](int r) { return (r == 0 ? *store0 : *store1)->Barrier("b", 2, seconds(10)); });
   CHECK(statuses[0].ok());
   CHECK(statuses[1].ok());
   REQUIRE((*store1)->ReportPeerFailure(1, 0, "the connection to rank 0 broke").ok());

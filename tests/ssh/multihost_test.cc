@@ -94,6 +94,48 @@ TEST_CASE("multihost: -np 8 over two SSH hosts passes the rendezvous barrier",
         std::string::npos);
 }
 
+TEST_CASE("multihost: remote ranks join and pass barriers through their host's relay",
+          "[ssh][netns][relay]") {
+  if (!CanUseNetns()) {
+    WARN("skipped: needs root and iproute2");
+    return;
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  // Each rank says which relay it was given, then joins and passes the example's barriers.
+  const std::string command =
+      "echo \"relay=${TRAINRUN_RENDEZVOUS_RELAY:-none}\"; exec " TRAINRUN_BARRIER " -v";
+  std::string out;
+  int status =
+      RunTrainrun(world, cluster, {"-np", "8", "-H", Hosts(cluster, 4), "sh", "-c", command}, &out);
+  INFO(out);
+  CHECK(status == 0);
+  for (int rank = 0; rank < 8; ++rank) {
+    CHECK(out.find(absl::StrCat("[", rank, "]<stdout>:relay=@trainrun-relay-")) !=
+          std::string::npos);
+    CHECK(out.find(absl::StrCat("[", rank, "]<stdout>:rank ", rank, " of 8")) != std::string::npos);
+  }
+  CHECK(out.find("passed the barrier") != std::string::npos);
+  {
+    const bool empty = cluster.HostsEmptyWithin();
+    INFO("left behind:" << cluster.ProcessList());
+    CHECK(empty);
+  }
+
+  // Asked for none, the agents start none and the ranks dial the launcher themselves.
+  status = RunTrainrun(world, cluster,
+                       {"-x", "TRAINRUN_RENDEZVOUS_RELAY=off", "-np", "4", "-H", Hosts(cluster, 2),
+                        "sh", "-c", command},
+                       &out);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK(out.find("relay=@") == std::string::npos);
+  CHECK(out.find("[3]<stdout>:relay=none") != std::string::npos);
+  CHECK(out.find("[3]<stdout>:rank 3 of 4") != std::string::npos);
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
+}
+
 TEST_CASE("multihost: a remote rank's failure ends the job everywhere, naming rank and host",
           "[ssh][netns][failure]") {
   if (!CanUseNetns()) {

@@ -44,7 +44,7 @@ struct WorkerSession {
 
 // ClientOptions says how to reach a job's rendezvous server and who this worker is.
 struct ClientOptions {
-  std::string address;     // host:port (TRAINRUN_RENDEZVOUS_ADDR)
+  std::string address;  // host:port (TRAINRUN_RENDEZVOUS_ADDR)
   // The host's relay (TRAINRUN_RENDEZVOUS_RELAY, relay.h): "@name" or a path. When set, every call
   // goes to it on a Unix socket instead of to `address` on a gRPC channel of this worker's own.
   std::string relay;

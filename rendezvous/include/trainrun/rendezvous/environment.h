@@ -38,6 +38,7 @@ inline constexpr char kRendezvousAddr[] = "TRAINRUN_RENDEZVOUS_ADDR";
 // Set by a host's agent that relays its ranks' rendezvous calls (rendezvous/relay.h): the relay's
 // Unix socket, "@name" (abstract) or a path. The client then calls it instead of dialing
 // TRAINRUN_RENDEZVOUS_ADDR, which still names the server (the data plane routes toward it).
+// `-x TRAINRUN_RENDEZVOUS_RELAY=off` asks the agents to start no relay: each rank dials the server.
 inline constexpr char kRendezvousRelay[] = "TRAINRUN_RENDEZVOUS_RELAY";
 // The job's id, and its secret: the rendezvous and the data plane refuse peers without it.
 inline constexpr char kJobId[] = "TRAINRUN_JOB_ID";
