@@ -152,10 +152,13 @@ TEST_CASE("every rank gets the worker environment of DESIGN.md", "[launcher]") {
   unsetenv("OMP_NUM_THREADS");
   setenv("TRAINRUN_TEST_PASSED_ON", "yes", 1);
   setenv("RANK", "stale", 1);  // an enclosing job's value must not leak through
+  // Nor an enclosing job's host relay: these ranks would call that job's.
+  setenv("TRAINRUN_RENDEZVOUS_RELAY", "@trainrun-relay-stale", 1);
   Driver driver({"-H", "localhost:2,127.0.0.1:1", "-x", "FORCED=1", "-x", "TRAINRUN_TEST_PASSED_ON",
                  "/usr/bin/env"});
   REQUIRE(driver.Wait() == 0);
   unsetenv("RANK");
+  unsetenv("TRAINRUN_RENDEZVOUS_RELAY");
   auto env = RankEnvironments(driver.Out());
   REQUIRE(env.size() == 3);
   struct Expected {
@@ -197,6 +200,7 @@ TEST_CASE("every rank gets the worker environment of DESIGN.md", "[launcher]") {
     // The job's rendezvous server, on loopback for a job on this host; one address for all ranks.
     CHECK(std::regex_match(v["TRAINRUN_RENDEZVOUS_ADDR"], std::regex(R"(127\.0\.0\.1:[0-9]+)")));
     CHECK(v["TRAINRUN_RENDEZVOUS_ADDR"] == env[0]["TRAINRUN_RENDEZVOUS_ADDR"]);
+    CHECK(v.count("TRAINRUN_RENDEZVOUS_RELAY") == 0);
     CHECK(v["TRAINRUN_TEST_PASSED_ON"] == "yes");
     CHECK(v["FORCED"] == "1");
     if (e.local_size > 1) {
