@@ -22,8 +22,9 @@
 // `--relay` gives each simulated host (kSlotsPerHost workers) a relay (rendezvous/relay.h), as a
 // host's agent runs: its workers call it on a Unix socket, and it sends their calls over one gRPC
 // channel, the start-up's Join, Allgather and Barrier batched into one call per host. Relays run
-// in the process of their host's workers, started before the clock (an agent exists before its
-// ranks), and connect to the server on their first call (timed).
+// in the process of their host's workers, started before the clock (an agent starts its relay
+// before its ranks), and connect to the server as they start, as an agent's does while its ranks
+// start (the server's CPU column counts those connections; the time does not).
 //
 //   build/bin/rendezvous_bench --runs 1 --processes 16 --relay -v 8192
 //
