@@ -298,8 +298,10 @@ void Relay::Impl::Read(uint64_t id) {
     if (found->second.closing) break;
     std::string_view rest(found->second.in.data() + used, found->second.in.size() - used);
     const size_t length = internal::FrameLength(rest);
-    if (length == 0 || length > internal::kMaxRelayFrame) {
-      if (length > internal::kMaxRelayFrame) open = false;
+    const size_t most =
+        found->second.authenticated ? internal::kMaxRelayFrame : internal::kMaxUnauthenticatedFrame;
+    if (length == 0 || length > most) {
+      if (length > most) open = false;
       break;
     }
     if (rest.size() < length) break;

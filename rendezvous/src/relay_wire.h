@@ -31,6 +31,10 @@ const char* RelayMethodPath(RelayMethod method);
 
 // The largest frame either end accepts: the largest rendezvous answer and some.
 inline constexpr uint32_t kMaxRelayFrame = (256u << 20) + 4096;
+// The largest frame of a connection that has not shown the token: a hello, or the call that comes
+// with it (a join). Anything on the host can connect, so a stranger must not make the relay hold
+// kMaxRelayFrame bytes before it is refused.
+inline constexpr uint32_t kMaxUnauthenticatedFrame = 64u << 10;
 inline constexpr size_t kRequestHeader = 4 + 1 + 4 + 8;
 inline constexpr size_t kResponseHeader = 4 + 4 + 4 + 4;
 

@@ -3,11 +3,16 @@
 // pass through, errors reaching the rank they belong to, and a relay that goes away.
 #include "trainrun/rendezvous/relay.h"
 
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstddef>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -287,6 +292,35 @@ TEST_CASE("relay: a wrong token is refused by the relay", "[rendezvous][relay]")
   CHECK(Contains(session.status(), "TRAINRUN_JOB_TOKEN"));
   CHECK(job.server->JoinedRanks().empty());
   CHECK(relay->upstream_calls() == 0);
+}
+
+TEST_CASE("relay: a connection without the token cannot make the relay hold a large frame",
+          "[rendezvous][relay]") {
+  Job job = StartJob(TwoHosts());
+  std::unique_ptr<Relay> relay = StartRelay(job, "a", 4);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  const std::string& name = relay->socket();
+  std::memcpy(address.sun_path + 1, name.data() + 1, name.size() - 1);  // "@...": abstract
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&address),
+                    static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size())) == 0);
+  // A frame that says 100 MiB follow, and the first KiB of them: the relay hangs up at once.
+  std::string frame;
+  internal::AppendRequest(frame, internal::RelayMethod::kSet, 1, 1000, std::string(1024, 'x'));
+  const uint32_t claimed = 100u << 20;
+  std::memcpy(frame.data(), &claimed, sizeof(claimed));
+  REQUIRE(::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(frame.size()));
+  pollfd poll_fd{fd, POLLIN, 0};
+  REQUIRE(::poll(&poll_fd, 1, 5000) == 1);
+  char byte;
+  CHECK(::read(fd, &byte, 1) == 0);
+  ::close(fd);
+  CHECK(relay->upstream_calls() == 0);
+  // And it still serves its ranks.
+  CHECK(Join(Through(job, *relay, 0), seconds(10)).ok());
 }
 
 TEST_CASE("relay: when the relay goes away, its ranks' calls fail naming it",
