@@ -14,6 +14,12 @@ slowest rank), which on a machine loaded by other work tells what a quiet one wo
 than the median does. Tensors are torch tensors (--numpy: NumPy arrays); their sizes are
 drawn once from a fixed seed, uniformly from 4 to 64 KiB in whole float32 elements. Every result
 is checked. A benchmark, not a test: exit status 0 unless a result is wrong.
+
+--phases also splits async's time (slowest rank, medians over its calls): the allreduce_async_
+calls, the first synchronize (which waits for the fused allreduce), and the other synchronize
+calls (each collects a result already there); beside fused, this says how much of async's excess is
+per-call work on the Python thread and how much is in the collective and the hand-offs to and from
+the communication thread.
 """
 
 import argparse
@@ -36,6 +42,7 @@ parser.add_argument("--rounds", type=int, default=15)
 parser.add_argument("--tensors", type=int, default=200)
 parser.add_argument("--repeat", type=int, default=5, help="calls per way per round")
 parser.add_argument("--numpy", action="store_true", help="NumPy arrays instead of torch tensors")
+parser.add_argument("--phases", action="store_true", help="split async's time into its phases")
 args = parser.parse_args()
 
 trainrun.init()
@@ -86,7 +93,25 @@ def asynchronous():
     return [trainrun.synchronize(h) for h in handles]
 
 
-ways = {"fused": fused, "grouped": grouped, "async": asynchronous}
+phases = {"allreduce_async_": [], "first synchronize": [], "other synchronize": []}
+
+
+def asynchronous_in_phases():
+    start = time.perf_counter()
+    handles = [trainrun.allreduce_async_(t, op=trainrun.Sum, name=f"t{i}")
+               for i, t in enumerate(tensors)]
+    queued = time.perf_counter()
+    out = [trainrun.synchronize(handles[0])]
+    first = time.perf_counter()
+    out += [trainrun.synchronize(h) for h in handles[1:]]
+    phases["allreduce_async_"].append(queued - start)
+    phases["first synchronize"].append(first - queued)
+    phases["other synchronize"].append(time.perf_counter() - first)
+    return out
+
+
+ways = {"fused": fused, "grouped": grouped,
+        "async": asynchronous_in_phases if args.phases else asynchronous}
 wrong = 0
 
 
@@ -112,6 +137,8 @@ def timed(name):
 for name in ways:  # warm up
     timed(name)
     every[name].clear()
+for p in phases.values():
+    p.clear()
 times = {name: [] for name in ways}
 order = list(ways)
 for r in range(args.rounds):
@@ -132,6 +159,9 @@ bests = {name: trainrun.allreduce(scalar(min(every[name]) * 1e3), op=trainrun.Ma
                                   name=f"best {name}")
          for name in ways}
 bad = trainrun.allreduce(scalar(wrong), op=trainrun.Sum, name="wrong")
+split = {p: float(trainrun.allreduce(scalar(statistics.median(v) * 1e3), op=trainrun.Max,
+                                    name=f"phase {p}")[0])
+         for p, v in phases.items() if args.phases}
 if rank == 0:
     ms = {name: float(v[0]) for name, v in slowest.items()}
     best_ms = {name: float(v[0]) for name, v in bests.items()}
@@ -144,6 +174,8 @@ if rank == 0:
         busbw = total * 4 / (ms[name] / 1e3) / 1e9 * 2 * (size - 1) / size
         print(f"  {name:8s} {ms[name]:10.3f} {busbw:13.3f} {ms[name] / ms['fused']:8.2f} "
               f"{best_ms[name]:10.3f} {best_ms[name] / best_ms['fused']:8.2f}")
+    for p, v in split.items():
+        print(f"  async's {p:18s} {v:8.3f} ms  ({v / ms['fused']:.2f} of fused)")
     print(f"# wrong results: {int(bad[0])}")
 trainrun.shutdown()
 sys.exit(1 if int(bad[0]) else 0)

@@ -36,7 +36,8 @@ CommThread::Handle CommThread::Enqueue(Entry entry) {
     std::lock_guard<std::mutex> lock(mutex_);
     handle = next_handle_++;
     entry.handle = handle;
-    outcomes_.emplace(handle, Outcome{});
+    outcomes_.emplace_back();
+    if (outcomes_.size() > kMostOutcomes) Trim();
     // A thread holding for more allreduces must see one to run promptly, or something else.
     idle = queue_.empty() || (holding_ && (entry.prompt || !entry.allreduce));
     queue_.push_back(std::move(entry));
@@ -47,27 +48,61 @@ CommThread::Handle CommThread::Enqueue(Entry entry) {
   return handle;
 }
 
+CommThread::Outcome* CommThread::Find(Handle handle) {
+  if (handle < first_outcome_) {
+    auto it = stragglers_.find(handle);
+    return it == stragglers_.end() ? nullptr : &it->second;
+  }
+  if (handle - first_outcome_ >= static_cast<Handle>(outcomes_.size())) return nullptr;
+  Outcome& outcome = outcomes_[static_cast<size_t>(handle - first_outcome_)];
+  return outcome.state == Outcome::kCollected ? nullptr : &outcome;
+}
+
+void CommThread::Collect(Handle handle, Outcome* outcome) {
+  std::exception_ptr error = std::move(outcome->error);
+  if (handle < first_outcome_) {
+    stragglers_.erase(handle);
+  } else {
+    outcome->state = Outcome::kCollected;
+    outcome->error = nullptr;
+    Trim();
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+void CommThread::Trim() {
+  while (!outcomes_.empty() &&
+         (outcomes_.front().state == Outcome::kCollected || outcomes_.size() > kMostOutcomes)) {
+    if (outcomes_.front().state != Outcome::kCollected) {
+      stragglers_.emplace(first_outcome_, std::move(outcomes_.front()));
+    }
+    outcomes_.pop_front();
+    ++first_outcome_;
+  }
+}
+
+namespace {
+
+[[noreturn]] void ThrowUnknown(CommThread::Handle handle) {
+  throw InvalidArgumentError(internal::MakeMessage(
+      "handle ", handle, " is not a pending operation (already synchronized, or never started)"));
+}
+
+}  // namespace
+
 bool CommThread::Done(Handle handle) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = outcomes_.find(handle);
-  if (it == outcomes_.end()) {
-    throw InvalidArgumentError(internal::MakeMessage(
-        "handle ", handle, " is not a pending operation (already synchronized, or never started)"));
-  }
-  return it->second.done;
+  Outcome* outcome = Find(handle);
+  if (outcome == nullptr) ThrowUnknown(handle);
+  return outcome->state == Outcome::kDone;
 }
 
 bool CommThread::TryCollect(Handle handle) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = outcomes_.find(handle);
-  if (it == outcomes_.end()) {
-    throw InvalidArgumentError(internal::MakeMessage(
-        "handle ", handle, " is not a pending operation (already synchronized, or never started)"));
-  }
-  if (!it->second.done) return false;
-  std::exception_ptr error = it->second.error;
-  outcomes_.erase(it);
-  if (error) std::rethrow_exception(error);
+  Outcome* outcome = Find(handle);
+  if (outcome == nullptr) ThrowUnknown(handle);
+  if (outcome->state != Outcome::kDone) return false;
+  Collect(handle, outcome);
   return true;
 }
 
@@ -80,29 +115,25 @@ bool CommThread::WaitFor(Handle handle, std::chrono::milliseconds timeout) {
     int& waiters;
     ~Leave() { --waiters; }
   } leave{waiters_};
-  // Look the handle up afresh after every wake-up: another waiter may have erased it meanwhile.
+  // Look the handle up afresh after every wake-up: another waiter may have collected it meanwhile
+  // (and the deque may have moved).
   auto pending = [&] {
-    auto it = outcomes_.find(handle);
-    if (it == outcomes_.end()) {
-      throw InvalidArgumentError(internal::MakeMessage(
-          "handle ", handle,
-          " is not a pending operation (already synchronized, or never started)"));
-    }
-    return it;
+    Outcome* outcome = Find(handle);
+    if (outcome == nullptr) ThrowUnknown(handle);
+    return outcome;
   };
-  if (!finished_.wait_for(lock, timeout, [&] { return pending()->second.done; })) return false;
-  auto it = pending();
-  std::exception_ptr error = it->second.error;
-  outcomes_.erase(it);
-  if (error) std::rethrow_exception(error);
+  if (!finished_.wait_for(lock, timeout, [&] { return pending()->state == Outcome::kDone; })) {
+    return false;
+  }
+  Collect(handle, pending());
   return true;
 }
 
 void CommThread::Finish(Handle handle, std::exception_ptr error) {
-  auto it = outcomes_.find(handle);
-  if (it != outcomes_.end()) {
-    it->second.done = true;
-    it->second.error = std::move(error);
+  Outcome* outcome = Find(handle);
+  if (outcome != nullptr) {
+    outcome->state = Outcome::kDone;
+    outcome->error = std::move(error);
   }
 }
 

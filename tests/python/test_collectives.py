@@ -238,6 +238,27 @@ def test_fusion_off_runs_every_allreduce_alone():
         trainrun.init()
 
 
+def test_many_handles_collected_in_any_order():
+    # More handles in flight than the communication thread keeps in its ring of outcomes (4096,
+    # comm_thread.h): the oldest move aside and are still found. Synchronized last first, then
+    # first to last; poll answers for both kinds; a handle synchronized twice is refused.
+    n = trainrun.size()
+    count = 5000
+    tensors = [torch.full((1 + i % 3,), float(i)) for i in range(count)]
+    handles = [trainrun.allreduce_async_(t, op=trainrun.Sum, name=f"many.{i}")
+               for i, t in enumerate(tensors)]
+    assert trainrun.synchronize(handles[-1]) is tensors[-1]
+    assert trainrun.poll(handles[0]) in (True, False)
+    assert trainrun.poll(handles[-2]) in (True, False)
+    for i, h in enumerate(handles[:-1]):
+        assert trainrun.synchronize(h) is tensors[i]
+    for i, t in enumerate(tensors):
+        assert torch.all(t == n * i), f"tensor {i}: {t}"
+    for h in (handles[0], handles[count // 2], handles[-1]):
+        with pytest.raises(trainrun.InvalidArgumentError, match="not a pending operation"):
+            trainrun.synchronize(h)
+
+
 def test_mismatch_within_fused_allreduces_names_the_culprit():
     # Ranks that disagree on one of many queued allreduces: that one raises MismatchError naming
     # the ranks and the shapes, as it would alone; the others are reduced; the job goes on.
