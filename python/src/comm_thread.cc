@@ -73,13 +73,18 @@ bool CommThread::TryCollect(Handle handle) {
 
 bool CommThread::WaitFor(Handle handle, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
-  // A waiter ends the communication thread's wait for more allreduces to fuse.
-  ++waiters_;
+  // A waiter ends the communication thread's wait for more allreduces to fuse, and the caller's
+  // being busy: the running job may take the CPU now.
+  if (++waiters_ == 1 && running_ != nullptr) running_->SetCallerBusy(false);
   if (holding_) queued_.notify_one();
   struct Leave {
-    int& waiters;
-    ~Leave() { --waiters; }
-  } leave{waiters_};
+    CommThread& thread;
+    ~Leave() {
+      if (--thread.waiters_ == 0 && thread.running_ != nullptr) {
+        thread.running_->SetCallerBusy(true);
+      }
+    }
+  } leave{*this};
   // Look the handle up afresh after every wake-up: another waiter may have erased it meanwhile.
   auto pending = [&] {
     auto it = outcomes_.find(handle);
@@ -106,6 +111,11 @@ void CommThread::Finish(Handle handle, std::exception_ptr error) {
   }
 }
 
+void CommThread::Running(collectives::Communicator* comm) {
+  running_ = comm;
+  if (comm != nullptr) comm->SetCallerBusy(waiters_ == 0);
+}
+
 void CommThread::Loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
@@ -119,6 +129,7 @@ void CommThread::Loop() {
     }
     Entry entry = std::move(queue_.front());
     queue_.pop_front();
+    Running(comm_);
     lock.unlock();
     std::exception_ptr error;
     try {
@@ -127,6 +138,7 @@ void CommThread::Loop() {
       error = std::current_exception();
     }
     lock.lock();
+    Running(nullptr);
     Finish(entry.handle, error);
     finished_.notify_all();
   }
@@ -196,6 +208,7 @@ void CommThread::RunFused(std::unique_lock<std::mutex>& lock) {
     ready.push_back({a.data, a.count, &a.check});
   }
   ready.resize(WithoutOverlap(ready, element));
+  Running(comm);
   lock.unlock();
   std::exception_ptr error;
   size_t k;
@@ -210,6 +223,7 @@ void CommThread::RunFused(std::unique_lock<std::mutex>& lock) {
     k = comm->AllreduceReady(ready, head.type, head.op, &error);
   }
   lock.lock();
+  Running(nullptr);
   for (size_t i = 0; i < k; ++i) {
     Finish(queue_.front().handle, error);
     queue_.pop_front();
