@@ -229,7 +229,6 @@ class Communicator::Impl {
   const RankInfo& info() const { return info_; }
   int job_rank() const { return job_rank_; }
   const char* transport_name() const { return transport_->name(); }
-  void SetCallerBusy(bool busy) { transport_->SetCallerBusy(busy); }
 
   // Run runs one collective; a failure breaks the communicator, tells the peers and the rendezvous
   // who is to blame, and propagates.
@@ -608,7 +607,6 @@ int Communicator::size() const { return impl_->info().size; }
 const RankInfo& Communicator::info() const { return impl_->info(); }
 bool Communicator::broken() const { return impl_->broken(); }
 const char* Communicator::transport() const { return impl_->transport_name(); }
-void Communicator::SetCallerBusy(bool busy) { impl_->SetCallerBusy(busy); }
 
 void Communicator::Allreduce(const void* input, void* output, size_t count, DataType type,
                              ReduceOp op, const CallCheck& check) {

@@ -43,7 +43,6 @@ class HierarchicalTransport : public Transport {
   bool TryAllreduce(const void* input, void* output, size_t count, DataType type,
                     ReduceOp op) override;
   void Finished() override { local_->Finished(); }
-  void SetCallerBusy(bool busy) override { local_->SetCallerBusy(busy); }
   const char* name() const override { return "shm+tcp"; }
 
  private:

@@ -61,12 +61,6 @@ constexpr auto kNoYieldFor = std::chrono::milliseconds(100);
 constexpr auto kNoYieldOversubscribedMin = std::chrono::milliseconds(20);
 constexpr auto kNoYieldOversubscribedMax = std::chrono::milliseconds(1000);
 constexpr auto kCalm = std::chrono::milliseconds(1000);
-// While the caller is busy (SetCallerBusy), an adaptive wait spins at most this long on peers that
-// run, then sleeps; it never yields. Every µs spun or yielded here is a µs taken from the caller's
-// computation on a machine whose cores it keeps busy, and a peer that posts within this budget
-// (ranks copying a chunk side by side) is common enough to be worth it, while a futex sleep and
-// wake-up costs the waiter and its waker a few µs of CPU each, whenever they come.
-constexpr auto kBusySpin = std::chrono::microseconds(10);
 
 // Control::state values (ShmRankState).
 constexpr uint32_t kOutside = static_cast<uint32_t>(ShmRankState::kOutside);
@@ -489,17 +483,15 @@ void ShmTransport::Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& wait
     const auto now = clock.polls == 1 ? clock.start : Clock::now();
     if (clock.polls > 1) NoteGap(now);
     last_look_ = now;
-    const bool busy = caller_busy_.load(std::memory_order_relaxed);
     switch (Activity(blame, now, now - clock.start < kGrace)) {
       case PeerActivity::kRunning:
-        if (now < (busy ? std::min(clock.spin_until, clock.start + kBusySpin) : clock.spin_until)) {
+        if (now < clock.spin_until) {
           CpuRelax();
           return;
         }
         break;
       case PeerActivity::kNeedsCpu:
-        // A busy caller's thread is what this CPU would run: no yield (to it) can beat a sleep.
-        if (!busy && now >= no_yield_until_) {
+        if (now >= no_yield_until_) {
           if (now - clock.start < (oversubscribed_ ? kLongGap : kYieldFor)) {
             ::sched_yield();  // to a rank queued on this CPU, or whatever else runs here
             return;

@@ -30,12 +30,6 @@
 // ranks outnumber the CPUs, one such gap, or a millisecond of yielding without progress, turns
 // yielding off for a back-off that starts at 20 ms and doubles while yielding keeps failing, up to
 // a second (NoYieldPeriod).
-//
-// All of that assumes that the rank's own process has nothing else to run. A communication thread
-// whose caller computes meanwhile (Python's backward pass, SetCallerBusy) would take every spin
-// and yield out of that computation, which wants the CPU: there a waiter spins at most
-// kBusySpin, only while its peers run, and otherwise sleeps (never yields) until a peer's post
-// wakes it.
 #pragma once
 
 #include <sys/types.h>
@@ -142,7 +136,6 @@ class ShmTransport : public Transport {
                            ReduceOp op, const void* record, size_t record_bytes, void* records,
                            FunctionRef<bool(bool)> reduce) override;
   void Finished() override;
-  void SetCallerBusy(bool busy) override { caller_busy_.store(busy, std::memory_order_relaxed); }
   const char* name() const override { return "shm"; }
 
   // PartAllreduce allreduces `count` elements at `data` in place among other groups (hosts).
@@ -248,7 +241,6 @@ class ShmTransport : public Transport {
   Clock::time_point no_yield_until_{};          // set by NoteGap and BackOff
   std::chrono::nanoseconds no_yield_period_{};  // BackOff's last, where ranks outnumber the CPUs
   bool oversubscribed_ = false;                 // more ranks than CPUs this process may use
-  std::atomic<bool> caller_busy_{false};        // SetCallerBusy: other threads here have work
 };
 
 }  // namespace trainrun::collectives::internal

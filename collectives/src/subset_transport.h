@@ -34,7 +34,6 @@ class SubsetTransport : public Transport {
   int failed_peer() const override { return parent_->failed_peer(); }
   void Abort(int peer, const std::string& message) override { parent_->Abort(peer, message); }
   void Finished() override { parent_->Finished(); }
-  void SetCallerBusy(bool busy) override { parent_->SetCallerBusy(busy); }
   const char* name() const override { return parent_->name(); }
 
  private:

@@ -100,11 +100,6 @@ class Transport {
   // shared-memory waiter must not spin on it (Send/Recv/Wait leave it marked as working, since an
   // algorithm's next step follows at once).
   virtual void Finished() {}
-  // SetCallerBusy says whether other threads of this process have work of their own while this
-  // rank's collectives run (a communication thread whose caller computes meanwhile). A waiting
-  // rank then leaves its CPU to that work: over shared memory it spins only briefly and sleeps
-  // instead of yielding. Any thread may call it; a hint, which transports may ignore.
-  virtual void SetCallerBusy(bool /*busy*/) {}
   // name says which transport this is ("tcp", "shm"), for logs and benchmarks.
   virtual const char* name() const = 0;
 };

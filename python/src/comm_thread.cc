@@ -73,18 +73,13 @@ bool CommThread::TryCollect(Handle handle) {
 
 bool CommThread::WaitFor(Handle handle, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
-  // A waiter ends the communication thread's wait for more allreduces to fuse, and the caller's
-  // being busy: the running job may take the CPU now.
-  if (++waiters_ == 1 && running_ != nullptr) running_->SetCallerBusy(false);
+  // A waiter ends the communication thread's wait for more allreduces to fuse.
+  ++waiters_;
   if (holding_) queued_.notify_one();
   struct Leave {
-    CommThread& thread;
-    ~Leave() {
-      if (--thread.waiters_ == 0 && thread.running_ != nullptr) {
-        thread.running_->SetCallerBusy(true);
-      }
-    }
-  } leave{*this};
+    int& waiters;
+    ~Leave() { --waiters; }
+  } leave{waiters_};
   // Look the handle up afresh after every wake-up: another waiter may have erased it meanwhile.
   auto pending = [&] {
     auto it = outcomes_.find(handle);
@@ -111,11 +106,6 @@ void CommThread::Finish(Handle handle, std::exception_ptr error) {
   }
 }
 
-void CommThread::Running(collectives::Communicator* comm) {
-  running_ = comm;
-  if (comm != nullptr) comm->SetCallerBusy(waiters_ == 0);
-}
-
 void CommThread::Loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
@@ -129,7 +119,6 @@ void CommThread::Loop() {
     }
     Entry entry = std::move(queue_.front());
     queue_.pop_front();
-    Running(comm_);
     lock.unlock();
     std::exception_ptr error;
     try {
@@ -138,7 +127,6 @@ void CommThread::Loop() {
       error = std::current_exception();
     }
     lock.lock();
-    Running(nullptr);
     Finish(entry.handle, error);
     finished_.notify_all();
   }
@@ -208,7 +196,6 @@ void CommThread::RunFused(std::unique_lock<std::mutex>& lock) {
     ready.push_back({a.data, a.count, &a.check});
   }
   ready.resize(WithoutOverlap(ready, element));
-  Running(comm);
   lock.unlock();
   std::exception_ptr error;
   size_t k;
@@ -223,7 +210,6 @@ void CommThread::RunFused(std::unique_lock<std::mutex>& lock) {
     k = comm->AllreduceReady(ready, head.type, head.op, &error);
   }
   lock.lock();
-  Running(nullptr);
   for (size_t i = 0; i < k; ++i) {
     Finish(queue_.front().handle, error);
     queue_.pop_front();

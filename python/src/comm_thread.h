@@ -18,11 +18,6 @@
 // allreduces (one queued within the last kHold, and nobody waiting for any job), the thread waits
 // for more (Horovod's cycle time), up to `fusion_bytes` queued. Waiting for a job (WaitFor:
 // Python's synchronize) ends the wait at once, so a synchronous allreduce is not held back.
-//
-// While no thread waits in WaitFor, the caller is taken to be computing (backward producing the
-// next gradients) and the running job's communicator is told so (Communicator::SetCallerBusy): its
-// waits on the peers sleep instead of spinning or yielding, leaving the CPU to that computation.
-// A thread entering WaitFor flips it back at once, so what the caller waits for runs at full speed.
 #pragma once
 
 #include <chrono>
@@ -108,9 +103,6 @@ class CommThread {
   // HoldForMore waits (lock held) while more allreduces are likely to come to fuse with the head.
   void HoldForMore(std::unique_lock<std::mutex>& lock);
   void Finish(Handle handle, std::exception_ptr error);
-  // Running notes (lock held) that `comm` runs a job from now on (null: none), and tells it
-  // whether the caller is busy.
-  void Running(collectives::Communicator* comm);
 
   collectives::Communicator* comm_;
   std::mutex mutex_;
@@ -125,7 +117,6 @@ class CommThread {
   };
   std::unordered_map<Handle, Outcome> outcomes_;
   int waiters_ = 0;                                  // threads in WaitFor
-  collectives::Communicator* running_ = nullptr;     // whose job runs now (Running)
   bool holding_ = false;                             // the thread waits in HoldForMore
   std::chrono::steady_clock::time_point queued_at_;  // of the last job queued
   Handle next_handle_ = 1;

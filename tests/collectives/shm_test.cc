@@ -410,73 +410,64 @@ long VoluntarySwitches() {
   return usage.ru_nvcsw;
 }
 
-struct OneCpuResult {
-  bool ok = false;  // both ranks ran and got exact results
-  int sleeps_per_100 = 100;
-  bool alone = false;
-};
-
-// OneCpuHandOver runs 2000 one-float allreduces between two ranks pinned to CPU 0 (each step's
-// waiter finds the other queued behind it) with wait policy `policy`, the callers marked `busy`
-// (Communicator::SetCallerBusy) or not. Returns the blocking (voluntary) context switches per 100
-// allreduces, the larger of the two ranks', and whether the two had the CPU to themselves (their
-// CPU time adds up to the wall time).
-OneCpuResult OneCpuHandOver(const char* policy, bool busy) {
-  TempDir dir;
-  auto status = RunProcesses(
-      2,
-      [&](int rank) {
-        ::setenv("TRAINRUN_SHM_WAIT", policy, 1);
-        cpu_set_t one;
-        CPU_ZERO(&one);
-        CPU_SET(0, &one);
-        if (::sched_setaffinity(0, sizeof(one), &one) != 0) return 100;
-        auto store = std::make_shared<rendezvous::FileStore>(dir.path);
-        Communicator comm(store, rank, 2, Options("shm"));
-        comm.SetCallerBusy(busy);
-        comm.Barrier();
-        constexpr int kOps = 2000;
-        const long before = VoluntarySwitches();
-        const double cpu_before = ThreadCpuMs();
-        const auto start = Clock::now();
-        for (int i = 0; i < kOps; ++i) {
-          float x = static_cast<float>(rank + i);
-          comm.Allreduce(&x, 1, DataType::kFloat32, ReduceOp::kSum);
-          if (x != static_cast<float>(1 + 2 * i)) return 101;
-        }
-        const double wall = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-        std::ofstream(dir.path + "/result." + std::to_string(rank))
-            << (VoluntarySwitches() - before) * 100 / kOps << " " << ThreadCpuMs() - cpu_before
-            << " " << wall << "\n";
-        return 0;
-      },
-      std::chrono::seconds(60));
-  OneCpuResult result;
-  if (status[0] != 0 || status[1] != 0) return result;
-  result.ok = true;
-  int sleeps[2];
-  double cpu[2], wall[2];
-  for (int r = 0; r < 2; ++r) {
-    std::istringstream(ReadFile(dir.path + "/result." + std::to_string(r))) >> sleeps[r] >>
-        cpu[r] >> wall[r];
-  }
-  result.sleeps_per_100 = std::max(sleeps[0], sleeps[1]);
-  result.alone = cpu[0] + cpu[1] > 0.9 * std::max(wall[0], wall[1]);
-  return result;
-}
-
 TEST_CASE("two ranks on one CPU hand it to each other by yielding, not by a futex sleep per step",
           "[shm][process]") {
+  // Both ranks pinned to one CPU: each step's waiter finds the other queued behind it. Measures
+  // the blocking (voluntary) context switches per 100 allreduces, the larger of the two ranks',
+  // and whether the two had the CPU to themselves (their CPU time adds up to the wall time).
+  struct Result {
+    int sleeps_per_100 = 100;
+    bool alone = false;
+  };
+  auto run = [](const char* policy) {
+    TempDir dir;
+    auto status = RunProcesses(
+        2,
+        [&](int rank) {
+          ::setenv("TRAINRUN_SHM_WAIT", policy, 1);
+          cpu_set_t one;
+          CPU_ZERO(&one);
+          CPU_SET(0, &one);
+          if (::sched_setaffinity(0, sizeof(one), &one) != 0) return 100;
+          auto store = std::make_shared<rendezvous::FileStore>(dir.path);
+          Communicator comm(store, rank, 2, Options("shm"));
+          comm.Barrier();
+          constexpr int kOps = 2000;
+          const long before = VoluntarySwitches();
+          const double cpu_before = ThreadCpuMs();
+          const auto start = Clock::now();
+          for (int i = 0; i < kOps; ++i) {
+            float x = static_cast<float>(rank + i);
+            comm.Allreduce(&x, 1, DataType::kFloat32, ReduceOp::kSum);
+            if (x != static_cast<float>(1 + 2 * i)) return 101;
+          }
+          const double wall =
+              std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+          std::ofstream(dir.path + "/result." + std::to_string(rank))
+              << (VoluntarySwitches() - before) * 100 / kOps << " " << ThreadCpuMs() - cpu_before
+              << " " << wall << "\n";
+          return 0;
+        },
+        std::chrono::seconds(60));
+    Result result;
+    if (status[0] != 0 || status[1] != 0) return result;
+    int sleeps[2];
+    double cpu[2], wall[2];
+    for (int r = 0; r < 2; ++r) {
+      std::istringstream(ReadFile(dir.path + "/result." + std::to_string(r))) >> sleeps[r] >>
+          cpu[r] >> wall[r];
+    }
+    result.sleeps_per_100 = std::max(sleeps[0], sleeps[1]);
+    result.alone = cpu[0] + cpu[1] > 0.9 * std::max(wall[0], wall[1]);
+    return result;
+  };
   // A sleeper sleeps at every other step (one of the two ranks does).
-  const OneCpuResult sleep = OneCpuHandOver("sleep", false);
-  CHECK(sleep.ok);
-  CHECK(sleep.sleeps_per_100 >= 50);
+  CHECK(run("sleep").sleeps_per_100 >= 50);
   // An adaptive waiter yields instead. When other work shares the CPU, a yield loses it a whole
   // time slice and adaptive waits sleep for a while after, as they should: the claim is about two
   // ranks that have the CPU to themselves, so runs where they did not are tried again.
   for (int attempt = 0;; ++attempt) {
-    const OneCpuResult adaptive = OneCpuHandOver("adaptive", false);
-    CHECK(adaptive.ok);
+    const Result adaptive = run("adaptive");
     INFO("blocking switches per 100 allreduces: "
          << adaptive.sleeps_per_100
          << (adaptive.alone ? "" : " (the CPU was shared with other work)"));
@@ -486,18 +477,6 @@ TEST_CASE("two ranks on one CPU hand it to each other by yielding, not by a fute
       break;
     }
   }
-}
-
-TEST_CASE(
-    "while the caller is busy (SetCallerBusy), an adaptive waiter leaves its CPU by sleeping, not "
-    "yielding, and results stay exact",
-    "[shm][process]") {
-  // The same two ranks on one CPU, whose callers say other threads of theirs have work: a yield
-  // would hand the CPU to that work, so every other step a rank sleeps, as 'sleep' does.
-  const OneCpuResult busy = OneCpuHandOver("adaptive", true);
-  INFO("blocking switches per 100 allreduces: " << busy.sleeps_per_100);
-  CHECK(busy.ok);
-  CHECK(busy.sleeps_per_100 >= 50);
 }
 
 }  // namespace

@@ -114,12 +114,6 @@ class Communicator {
   bool broken() const;
   // transport names the transport in use: "shm" or "tcp".
   const char* transport() const;
-  // SetCallerBusy says whether other threads of this process compute while its collectives run
-  // (a communication thread behind a training loop's backward pass): a rank waiting on its peers
-  // then leaves the CPU to that work, sleeping rather than spinning or yielding over shared memory.
-  // False (the default) suits a caller that waits for each collective. Any thread may call it, at
-  // any time; it applies to this communicator's subsets (their transport) too.
-  void SetCallerBusy(bool busy);
 
   // Allreduce reduces `count` elements of `input` across ranks with `op` and writes the result to
   // `output` on every rank. `input == output` reduces in place; otherwise the buffers must not
