@@ -76,15 +76,19 @@ def init_torch_distributed():
                             world_size=hvd.size())
 
 
-def time_steps(model, optimizer, batches, steps):
+def time_steps(model, optimizer, batches, steps, cpu=None):
+    """Returns each step's wall time; appends each step's CPU time (all of this process's threads:
+    the communication's included) to `cpu`, when given."""
     times = []
     for i in range(steps):
         x, y = batches[i % len(batches)]
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()
         optimizer.step()
         times.append(time.perf_counter() - start)
+        if cpu is not None:
+            cpu.append(time.process_time() - cpu_start)
     return times
 
 
@@ -139,6 +143,7 @@ def main():
 
     params = sum(p.numel() for p in ours_model.parameters())
     results = {name: [] for name in contenders}
+    cpu = {name: [] for name in contenders}  # CPU time per step, this rank's threads together
     # Per round: each contender / DDP, a paired comparison that load drift cannot bias.
     ratios = {name: [] for name in contenders if name != "ddp"}
     for model, opt in contenders.values():  # warm-up: buffers, buckets, connections
@@ -157,7 +162,7 @@ def main():
                     solo += time_steps(*contenders["no-comm"], batches, args.steps)
                 hvd.barrier()
                 continue
-            this_round[name] = time_steps(*contenders[name], batches, args.steps)
+            this_round[name] = time_steps(*contenders[name], batches, args.steps, cpu[name])
             results[name] += this_round[name]
         for name in ratios:
             ratios[name].append(statistics.median(this_round[name]) /
@@ -165,6 +170,10 @@ def main():
 
     # Every rank's median, then the slowest rank's (a step is as slow as its slowest rank).
     medians = {k: max(hvd.allgather_object(statistics.median(v))) for k, v in results.items()}
+    # CPU per step moves far less than wall time with other work on the machine (no-comm: 59-64 ms
+    # of CPU where its wall time ranged 60-260 ms): the mean of the ranks' medians.
+    cpu_ms = {k: 1e3 * statistics.mean(hvd.allgather_object(statistics.median(v)))
+              for k, v in cpu.items()}
     ratio = {k: statistics.median(hvd.allgather_object(statistics.median(v)))
              for k, v in ratios.items()}
     if hvd.rank() == 0:
@@ -173,13 +182,14 @@ def main():
               f"torch {torch.__version__}, {torch.get_num_threads()} torch thread(s) per rank, "
               f"load average {os.getloadavg()[0]:.2f}")
         print(f"# {args.rounds} alternating rounds of {args.steps} steps; median step time of "
-              "the slowest rank; images/s of the whole job")
-        print(f"{'contender':>14} {'step_ms':>9} {'images/s':>9} {'/ddp':>6}")
+              "the slowest rank; images/s of the whole job; cpu_ms: CPU time per step of a rank's "
+              "threads together (median, mean over ranks)")
+        print(f"{'contender':>14} {'step_ms':>9} {'images/s':>9} {'/ddp':>6} {'cpu_ms':>7}")
         for name, seconds in medians.items():
             label = "ddp-gloo" if name == "ddp" else name
             per_round = f"{ratio[name]:6.3f}" if name in ratio else f"{1:6.3f}"
             print(f"{label:>14} {seconds * 1e3:9.3f} "
-                  f"{args.batch * hvd.size() / seconds:9.1f} {per_round}")
+                  f"{args.batch * hvd.size() / seconds:9.1f} {per_round} {cpu_ms[name]:7.2f}")
         for name, value in ratio.items():
             print(f"# {name} / ddp: {value:.3f} median of per-round step-time ratios "
                   f"({'not slower' if value <= 1.0005 else 'SLOWER'}; speed-up {1 / value:.3f}x)")

@@ -5,7 +5,7 @@
 // racing, or report an exec failure as an errno; and a process group alone does not stop a
 // grandchild that left the group, nor anything at all once trainrun is SIGKILLed. The shim does:
 //
-//   trainrun ──clone+exec──▶ trainrun-rank-shim (setsid, PR_SET_CHILD_SUBREAPER,
+//   trainrun ──clone+exec──▶ trainrun-rank-shim (own process group, PR_SET_CHILD_SUBREAPER,
 //                            │                      PR_SET_PDEATHSIG=SIGUSR1)
 //                            └──vfork──▶ command (own process group, PR_SET_PDEATHSIG=SIGKILL,
 //                                                 execve)

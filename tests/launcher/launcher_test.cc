@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
@@ -392,6 +393,32 @@ TEST_CASE("a rank's leftover background process does not outlive the job", "[lau
   std::vector<pid_t> pids = Pids(driver.Out(), "bg");
   REQUIRE(pids.size() == 1);
   CHECK_FALSE(Alive(pids[0]));
+}
+
+TEST_CASE(
+    "local ranks stay in the launcher's session (one scheduler autogroup), each in a process group "
+    "of its own",
+    "[launcher]") {
+  // Fields 5 and 6 of /proc/PID/stat are the process group and the session.
+  Driver driver({"-np", "2", "sh", "-c",
+                 "set -- $(cut -d' ' -f5,6 /proc/$$/stat); "
+                 "echo \"pid $$\"; echo \"group $1\"; echo \"session $2\""});
+  REQUIRE(driver.Wait() == 0);
+  const std::string out = driver.Out();
+  INFO(out);
+  std::vector<pid_t> pids = Pids(out, "pid");
+  std::vector<pid_t> groups = Pids(out, "group");
+  const std::vector<pid_t> sessions = Pids(out, "session");
+  REQUIRE(pids.size() == 2);
+  REQUIRE(sessions.size() == 2);
+  // Ranks in sessions of their own would be task groups of their own, which cannot hand a shared
+  // core to each other by yielding (rank_shim.cc).
+  for (pid_t session : sessions) CHECK(session == getsid(0));
+  // Out of the terminal's foreground group, as before: each rank leads a group of its own.
+  std::sort(pids.begin(), pids.end());
+  std::sort(groups.begin(), groups.end());
+  CHECK(groups == pids);
+  for (pid_t group : groups) CHECK(group != getpgrp());
 }
 
 TEST_CASE("a command that cannot be executed is reported once, exit 127", "[launcher]") {
