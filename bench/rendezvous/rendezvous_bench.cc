@@ -2,7 +2,7 @@
 //
 // For each N, a fresh server and N simulated workers, each with its own gRPC channel and
 // connection: every worker joins, exchanges addresses with all the others, and passes one barrier.
-// The exchange is what a communicator's bootstrap does (TcpTransport): one Store::Allgather call
+// The exchange is what a communicator's bootstrap does (TcpTransport): one Store::AllgatherTable call
 // per worker, whose answer, every address in rank order, the server builds once for all of them.
 // `--per-key` instead publishes with Set and reads the N addresses with a Get of N keys, the
 // protocol before Allgather (N² values through the server). Time runs from releasing the workers
@@ -101,18 +101,22 @@ class Gate {
   bool open_ = false;
 };
 
-// Exchange publishes rank `rank`'s address and returns once it has read all `n`: one Allgather,
-// or (`per_key`) a Set and a Get of n keys.
+// Exchange publishes rank `rank`'s address and returns once it has read all `n`: one
+// AllgatherTable (what a communicator's bootstrap calls, collectives/src/store_calls.cc), or
+// (`per_key`) a Set and a Get of n keys.
 absl::Status Exchange(rdv::Store& store, int rank, int n, bool per_key,
                       const std::vector<std::string>& keys) {
   const std::string address = absl::StrCat("127.0.0.1:", 20000 + rank);
-  absl::StatusOr<std::vector<std::string>> all;
   if (per_key) {
     if (absl::Status status = store.Set(keys[rank], address); !status.ok()) return status;
-    all = store.Get(keys, kTimeout);
-  } else {
-    all = store.Allgather("addr", rank, n, address, kTimeout);
+    absl::StatusOr<std::vector<std::string>> all = store.Get(keys, kTimeout);
+    if (!all.ok()) return all.status();
+    if (static_cast<int>(all->size()) != n || (*all)[rank] != address) {
+      return absl::InternalError(absl::StrCat("rank ", rank, " read back the wrong addresses"));
+    }
+    return absl::OkStatus();
   }
+  absl::StatusOr<rdv::GatherTable> all = store.AllgatherTable("addr", rank, n, address, kTimeout);
   if (!all.ok()) return all.status();
   if (static_cast<int>(all->size()) != n || (*all)[rank] != address) {
     return absl::InternalError(absl::StrCat("rank ", rank, " read back the wrong addresses"));

@@ -211,7 +211,7 @@ absl::Status RelayStore::Barrier(const std::string& name, int count,
   return client_->Call(RelayMethod::kBarrier, request, &response, timeout + kWaitSlack);
 }
 
-absl::StatusOr<std::vector<std::string>> RelayStore::Allgather(const std::string& name, int rank,
+absl::StatusOr<GatherTable> RelayStore::AllgatherTable(const std::string& name, int rank,
                                                                int count, const std::string& value,
                                                                std::chrono::milliseconds timeout) {
   if (count <= 0 || rank < 0 || rank >= count) {
@@ -230,8 +230,17 @@ absl::StatusOr<std::vector<std::string>> RelayStore::Allgather(const std::string
       !status.ok()) {
     return status;
   }
-  return DecodeTable(response.table(), static_cast<size_t>(count));
+  return DecodeGatherTable(response.table(), static_cast<size_t>(count));
 }
+
+absl::StatusOr<std::vector<std::string>> RelayStore::Allgather(const std::string& name, int rank,
+                                                              int count, const std::string& value,
+                                                              std::chrono::milliseconds timeout) {
+  absl::StatusOr<GatherTable> table = AllgatherTable(name, rank, count, value, timeout);
+  if (!table.ok()) return table.status();
+  return table->ToStrings();
+}
+
 
 absl::Status RelayStore::ReportPeerFailure(int rank, int peer_rank, const std::string& message) {
   proto::ExitReport request;
