@@ -2,8 +2,9 @@
 //
 // For each N, a fresh server and N simulated workers, each with its own gRPC channel and
 // connection: every worker joins, exchanges addresses with all the others, and passes one barrier.
-// The exchange is what a communicator's bootstrap does (TcpTransport): one Store::AllgatherTable call
-// per worker, whose answer, every address in rank order, the server builds once for all of them.
+// The exchange is what a communicator's bootstrap does (TcpTransport): one Store::AllgatherTable
+// call per worker, whose answer, every address in rank order, the server builds once for all of
+// them.
 // `--per-key` instead publishes with Set and reads the N addresses with a Get of N keys, the
 // protocol before Allgather (N² values through the server). Time runs from releasing the workers
 // (created, not yet connected) until the last one is through the barrier. Horovod's Gloo rendezvous

@@ -24,8 +24,8 @@ std::vector<std::string> StoreGet(rendezvous::Store& store, const std::vector<st
 // contribution in rank order (Store::AllgatherTable: one call, where a Get would read `count`
 // keys, answered in one buffer rather than `count` strings); fails as StoreGet does.
 rendezvous::GatherTable StoreAllgather(rendezvous::Store& store, const std::string& name, int rank,
-                                        int count, const std::string& value, const WaitLimit& limit,
-                                        const std::string& what);
+                                       int count, const std::string& value, const WaitLimit& limit,
+                                       const std::string& what);
 // StorePut sets `key` to `value` in `store`, or throws IoError naming the key.
 void StorePut(rendezvous::Store& store, const std::string& key, const std::string& value);
 

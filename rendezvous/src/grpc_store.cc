@@ -159,9 +159,9 @@ absl::Status GrpcStore::Barrier(const std::string& name, int count,
   return absl::OkStatus();
 }
 
-absl::StatusOr<GatherTable> GrpcStore::AllgatherTable(const std::string& name, int rank,
-                                                              int count, const std::string& value,
-                                                              std::chrono::milliseconds timeout) {
+absl::StatusOr<GatherTable> GrpcStore::AllgatherTable(const std::string& name, int rank, int count,
+                                                      const std::string& value,
+                                                      std::chrono::milliseconds timeout) {
   if (count <= 0 || rank < 0 || rank >= count) {
     return absl::InvalidArgumentError(absl::StrCat("allgather '", name, "' was entered as rank ",
                                                    rank, " of ", count, " contributors"));
@@ -187,7 +187,6 @@ absl::StatusOr<std::vector<std::string>> GrpcStore::Allgather(const std::string&
   if (!table.ok()) return table.status();
   return table->ToStrings();
 }
-
 
 absl::Status GrpcStore::ReportPeerFailure(int rank, int peer_rank, const std::string& message) {
   grpc::ClientContext context;

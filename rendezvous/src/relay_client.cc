@@ -253,9 +253,9 @@ absl::Status RelayStore::Barrier(const std::string& name, int count,
   return client_->Call(RelayMethod::kBarrier, request, &response, timeout + kWaitSlack);
 }
 
-absl::StatusOr<GatherTable> RelayStore::AllgatherTable(const std::string& name, int rank,
-                                                               int count, const std::string& value,
-                                                               std::chrono::milliseconds timeout) {
+absl::StatusOr<GatherTable> RelayStore::AllgatherTable(const std::string& name, int rank, int count,
+                                                       const std::string& value,
+                                                       std::chrono::milliseconds timeout) {
   if (count <= 0 || rank < 0 || rank >= count) {
     return absl::InvalidArgumentError(absl::StrCat("allgather '", name, "' was entered as rank ",
                                                    rank, " of ", count, " contributors"));
@@ -281,13 +281,12 @@ absl::StatusOr<GatherTable> RelayStore::AllgatherTable(const std::string& name, 
 }
 
 absl::StatusOr<std::vector<std::string>> RelayStore::Allgather(const std::string& name, int rank,
-                                                              int count, const std::string& value,
-                                                              std::chrono::milliseconds timeout) {
+                                                               int count, const std::string& value,
+                                                               std::chrono::milliseconds timeout) {
   absl::StatusOr<GatherTable> table = AllgatherTable(name, rank, count, value, timeout);
   if (!table.ok()) return table.status();
   return table->ToStrings();
 }
-
 
 absl::Status RelayStore::ReportPeerFailure(int rank, int peer_rank, const std::string& message) {
   proto::ExitReport request;

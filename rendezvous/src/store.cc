@@ -1,18 +1,24 @@
 #include "trainrun/rendezvous/store.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 
 namespace trainrun::rendezvous {
 
 GatherTable GatherTable::FromValues(const std::vector<std::string>& values) {
-  std::string bytes;
+  size_t bytes = 0;
+  for (const std::string& value : values) bytes += value.size();
+  auto buffer = std::make_unique<char[]>(bytes);
   std::vector<uint32_t> ends;
   ends.reserve(values.size());
+  size_t end = 0;
   for (const std::string& value : values) {
-    bytes += value;
-    ends.push_back(static_cast<uint32_t>(bytes.size()));
+    std::memcpy(buffer.get() + end, value.data(), value.size());
+    end += value.size();
+    ends.push_back(static_cast<uint32_t>(end));
   }
-  return GatherTable(std::move(bytes), std::move(ends));
+  return GatherTable(std::move(buffer), std::move(ends));
 }
 
 std::vector<std::string> GatherTable::ToStrings() const {

@@ -298,7 +298,6 @@ TEST_CASE("The gather table is compact and its decoder refuses malformed input",
         absl::StatusCode::kInternal);  // shares 5 bytes with a value that does not exist
 }
 
-
 TEST_CASE("DecodeGatherTable gives the values DecodeTable does, short and long, in one buffer",
           "[rendezvous][allgather]") {
   // Short values (the 16-byte path), long ones (hostnames, IPv6), empty ones, and switches
@@ -338,8 +337,22 @@ TEST_CASE("DecodeGatherTable gives the values DecodeTable does, short and long, 
   }
   CHECK(internal::DecodeGatherTable(std::string("\x01\x05\x01x", 4), 1).status().code() ==
         absl::StatusCode::kInternal);
+  // Values far longer than their coding (each shares 499 bytes with the one before): the
+  // decoder's buffer, sized for addresses, grows.
+  std::vector<std::string> long_values;
+  for (int r = 0; r < 1000; ++r) long_values.push_back(std::string(499, 'p') + char('a' + r % 26));
+  std::vector<const std::string*> long_pointers;
+  for (const std::string& v : long_values) long_pointers.push_back(&v);
+  const std::string long_table = internal::EncodeTable(long_pointers);
+  CHECK(long_table.size() < 8 * 1024);
+  auto long_gathered = internal::DecodeGatherTable(long_table, long_values.size());
+  REQUIRE(long_gathered.ok());
+  CHECK(long_gathered->ToStrings() == long_values);
   // A one-value table ending right after its value (no 16 bytes of table left to read).
-  auto one = internal::DecodeGatherTable(std::string("\x01\x00\x03" "abc", 6), 1);
+  auto one = internal::DecodeGatherTable(std::string("\x01\x00\x03"
+                                                     "abc",
+                                                     6),
+                                         1);
   REQUIRE(one.ok());
   CHECK((*one)[0] == "abc");
 }

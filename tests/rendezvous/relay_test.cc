@@ -14,8 +14,8 @@
 #include <cstddef>
 #include <cstring>
 #include <memory>
-#include <string>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 

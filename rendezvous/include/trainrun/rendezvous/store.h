@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -28,12 +29,13 @@ namespace trainrun::rendezvous {
 // GatherTable is an Allgather's answer: every contributor's value, in rank order, in one buffer.
 // Every rank of a job reads the whole table (8192 values at 8192 ranks), so it is built as two
 // allocations, not one string per value; a value is a view that lives as long as the table.
+// Move-only.
 class GatherTable {
  public:
   GatherTable() = default;
   // The values are `bytes` cut at `ends`: value i is bytes[ends[i-1], ends[i]) (from 0 for the
-  // first). `ends` must not decrease and its last entry must be at most bytes.size().
-  GatherTable(std::string bytes, std::vector<uint32_t> ends)
+  // first). `ends` must not decrease, and `bytes` must hold at least its last entry's bytes.
+  GatherTable(std::unique_ptr<char[]> bytes, std::vector<uint32_t> ends)
       : bytes_(std::move(bytes)), ends_(std::move(ends)) {}
   // FromValues packs `values` (the default AllgatherTable's, and tests').
   static GatherTable FromValues(const std::vector<std::string>& values);
@@ -42,13 +44,13 @@ class GatherTable {
   bool empty() const { return ends_.empty(); }
   std::string_view operator[](size_t i) const {
     const uint32_t begin = i == 0 ? 0 : ends_[i - 1];
-    return std::string_view(bytes_.data() + begin, ends_[i] - begin);
+    return std::string_view(bytes_.get() + begin, ends_[i] - begin);
   }
   // ToStrings copies the values out, as Allgather returns them.
   std::vector<std::string> ToStrings() const;
 
  private:
-  std::string bytes_;
+  std::unique_ptr<char[]> bytes_;
   std::vector<uint32_t> ends_;
 };
 
