@@ -2,8 +2,9 @@
 //
 // For each N, a fresh server and N simulated workers, each with its own gRPC channel and
 // connection: every worker joins, exchanges addresses with all the others, and passes one barrier.
-// The exchange is what a communicator's bootstrap does (TcpTransport): one Store::Allgather call
-// per worker, whose answer, every address in rank order, the server builds once for all of them.
+// The exchange is what a communicator's bootstrap does (TcpTransport): one Store::AllgatherTable
+// call per worker, whose answer, every address in rank order, the server builds once for all of
+// them.
 // `--per-key` instead publishes with Set and reads the N addresses with a Get of N keys, the
 // protocol before Allgather (N² values through the server). Time runs from releasing the workers
 // (created, not yet connected) until the last one is through the barrier. Horovod's Gloo rendezvous
@@ -41,13 +42,12 @@
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
-#include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -82,37 +82,36 @@ std::vector<rdv::RankSlot> Plan(int n) {
   return ranks;
 }
 
-// Gate holds the workers until every thread exists, so thread creation is not timed.
+// Gate holds the workers until every thread exists, so thread creation is not timed. A
+// reader-writer lock, held for writing until Open: its release lets every waiting worker through
+// at once, where a condition variable's would have each reacquire one mutex in turn (a convoy of
+// hundreds of threads, timed, that no real rank goes through).
 class Gate {
  public:
-  void Open() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    open_ = true;
-    opened_.notify_all();
-  }
-  void Wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    opened_.wait(lock, [&] { return open_; });
-  }
+  Gate() { lock_.lock(); }
+  void Open() { lock_.unlock(); }
+  void Wait() { std::shared_lock<std::shared_mutex> pass(lock_); }
 
  private:
-  std::mutex mutex_;
-  std::condition_variable opened_;
-  bool open_ = false;
+  std::shared_mutex lock_;
 };
 
-// Exchange publishes rank `rank`'s address and returns once it has read all `n`: one Allgather,
-// or (`per_key`) a Set and a Get of n keys.
+// Exchange publishes rank `rank`'s address and returns once it has read all `n`: one
+// AllgatherTable (what a communicator's bootstrap calls, collectives/src/store_calls.cc), or
+// (`per_key`) a Set and a Get of n keys.
 absl::Status Exchange(rdv::Store& store, int rank, int n, bool per_key,
                       const std::vector<std::string>& keys) {
   const std::string address = absl::StrCat("127.0.0.1:", 20000 + rank);
-  absl::StatusOr<std::vector<std::string>> all;
   if (per_key) {
     if (absl::Status status = store.Set(keys[rank], address); !status.ok()) return status;
-    all = store.Get(keys, kTimeout);
-  } else {
-    all = store.Allgather("addr", rank, n, address, kTimeout);
+    absl::StatusOr<std::vector<std::string>> all = store.Get(keys, kTimeout);
+    if (!all.ok()) return all.status();
+    if (static_cast<int>(all->size()) != n || (*all)[rank] != address) {
+      return absl::InternalError(absl::StrCat("rank ", rank, " read back the wrong addresses"));
+    }
+    return absl::OkStatus();
   }
+  absl::StatusOr<rdv::GatherTable> all = store.AllgatherTable("addr", rank, n, address, kTimeout);
   if (!all.ok()) return all.status();
   if (static_cast<int>(all->size()) != n || (*all)[rank] != address) {
     return absl::InternalError(absl::StrCat("rank ", rank, " read back the wrong addresses"));
@@ -121,10 +120,12 @@ absl::Status Exchange(rdv::Store& store, int rank, int n, bool per_key,
 }
 
 // RunWorkers runs workers [first, first + count) of an n-worker job as threads, released by
-// `release` (called once every thread exists). Returns how many failed; fills `phases`.
+// `release` (called once every thread exists), and calls `finished` with how many failed once
+// they have all ended, before its relays stop (their teardown is not the handshake's). Returns how
+// many failed; fills `phases`.
 int RunWorkers(const std::string& address, const std::string& token, int n, int first, int count,
                bool per_key, bool relay, const std::function<void()>& release,
-               std::vector<Phases>& phases) {
+               const std::function<void(int)>& finished, std::vector<Phases>& phases) {
   const std::vector<rdv::RankSlot> plan = Plan(n);
   // With `relay`, one relay per host these workers are on, serving those of its workers here.
   std::map<std::string, std::unique_ptr<rdv::Relay>> relays;
@@ -184,6 +185,7 @@ int RunWorkers(const std::string& address, const std::string& token, int n, int 
   release();
   gate.Open();
   for (auto& w : workers) w.join();
+  finished(failures);
   return failures;
 }
 
@@ -217,6 +219,7 @@ int WorkerGroup(int n, int first, int count, bool per_key, bool relay) {
   const char* token = token_value->c_str();
   std::vector<Phases> phases;
   double released_cpu_ms = 0;
+  bool written = false;
   const int failures = RunWorkers(
       address, token, n, first, count, per_key, relay,
       [&] {
@@ -224,14 +227,18 @@ int WorkerGroup(int n, int first, int count, bool per_key, bool relay) {
         if (write(1, &byte, 1) != 1 || read(0, &byte, 1) != 1) std::_Exit(3);
         released_cpu_ms = CpuMs(RUSAGE_SELF);
       },
+      [&](int failed) {
+        Record record{failed == 0 ? 'd' : 'f', {}, CpuMs(RUSAGE_SELF) - released_cpu_ms};
+        const Phases last = LastOfEach(phases, Clock::time_point());
+        for (int p = 0; p < kPhases; ++p) {
+          record.phase_ends_ns[p] =
+              std::chrono::duration_cast<std::chrono::nanoseconds>(last[p].time_since_epoch())
+                  .count();
+        }
+        written = write(1, &record, sizeof(record)) == sizeof(record);
+      },
       phases);
-  Record record{failures == 0 ? 'd' : 'f', {}, CpuMs(RUSAGE_SELF) - released_cpu_ms};
-  const Phases last = LastOfEach(phases, Clock::time_point());
-  for (int p = 0; p < kPhases; ++p) {
-    record.phase_ends_ns[p] =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(last[p].time_since_epoch()).count();
-  }
-  return write(1, &record, sizeof(record)) == sizeof(record) && failures == 0 ? 0 : 1;
+  return written && failures == 0 ? 0 : 1;
 }
 
 // ReadBytes reads `count` bytes from `fd`; false on EOF or error.
@@ -333,9 +340,11 @@ double RunOnce(int n, int processes, bool per_key, bool relay, bool verbose) {
                            timed_cpu_ms);
   } else {
     std::vector<Phases> phases;
-    const int failures = RunWorkers((*server)->address(), options.token, n, 0, n, per_key, relay,
-                                    [&] { start = Clock::now(); }, phases);
-    seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    Clock::time_point end;
+    const int failures =
+        RunWorkers((*server)->address(), options.token, n, 0, n, per_key, relay,
+                   [&] { start = Clock::now(); }, [&](int) { end = Clock::now(); }, phases);
+    seconds = std::chrono::duration<double>(end - start).count();
     if (failures > 0) seconds = -1;
     last = LastOfEach(phases, start);
   }

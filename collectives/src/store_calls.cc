@@ -42,11 +42,11 @@ std::vector<std::string> StoreGet(rendezvous::Store& store, const std::vector<st
                   [&](std::chrono::milliseconds timeout) { return store.Get(keys, timeout); });
 }
 
-std::vector<std::string> StoreAllgather(rendezvous::Store& store, const std::string& name, int rank,
-                                        int count, const std::string& value, const WaitLimit& limit,
-                                        const std::string& what) {
+rendezvous::GatherTable StoreAllgather(rendezvous::Store& store, const std::string& name, int rank,
+                                       int count, const std::string& value, const WaitLimit& limit,
+                                       const std::string& what) {
   return InSlices(limit, what, [&](std::chrono::milliseconds timeout) {
-    return store.Allgather(name, rank, count, value, timeout);
+    return store.AllgatherTable(name, rank, count, value, timeout);
   });
 }
 

@@ -4,6 +4,7 @@
 //   auto addresses = StoreAllgather(store, "collectives/world/addr", rank, size, mine,
 //                                   WaitLimit::After(timeout, &interrupt),
 //                                   "rank 3 exchanged addresses with the other ranks");
+//   std::string_view rank0 = addresses[0];
 #pragma once
 
 #include <string>
@@ -20,11 +21,11 @@ namespace trainrun::collectives::internal {
 std::vector<std::string> StoreGet(rendezvous::Store& store, const std::vector<std::string>& keys,
                                   const WaitLimit& limit, const std::string& what);
 // StoreAllgather contributes `value` as `rank` of `count` to the gather `name` and returns every
-// contribution in rank order (Store::Allgather: one call, where a Get would read `count` keys);
-// fails as StoreGet does.
-std::vector<std::string> StoreAllgather(rendezvous::Store& store, const std::string& name, int rank,
-                                        int count, const std::string& value, const WaitLimit& limit,
-                                        const std::string& what);
+// contribution in rank order (Store::AllgatherTable: one call, where a Get would read `count`
+// keys, answered in one buffer rather than `count` strings); fails as StoreGet does.
+rendezvous::GatherTable StoreAllgather(rendezvous::Store& store, const std::string& name, int rank,
+                                       int count, const std::string& value, const WaitLimit& limit,
+                                       const std::string& what);
 // StorePut sets `key` to `value` in `store`, or throws IoError naming the key.
 void StorePut(rendezvous::Store& store, const std::string& key, const std::string& value);
 

@@ -77,13 +77,13 @@ void TcpTransport::Establish(rendezvous::Store& store) {
   Acceptor acceptor(std::move(listener), params_, rank_, deadline, place);
   // One call gives every rank's address (the server builds the answer once for all ranks); this
   // rank connects to the lower ones and accepts the higher ones.
-  const std::vector<std::string> addresses =
+  const rendezvous::GatherTable addresses =
       StoreAllgather(store, AddressGather(options_.name), rank_, size_, bound.ToString(), limit,
                      MakeMessage("rank ", rank_, " exchanged addresses with the other ranks"));
 
   if (rank_ > 0) {
     for (int peer = 0; peer < rank_; ++peer) {
-      SocketAddress address = SocketAddress::Parse(addresses[peer]);
+      SocketAddress address = SocketAddress::Parse(std::string(addresses[peer]));
       for (int index = 0; index < per_peer; ++index) {
         Fd fd;
         try {

@@ -64,7 +64,7 @@ bool EvenHosts(rendezvous::Store& store, const RankInfo& info, const TcpOptions&
       MakeMessage(info.local_rank, " ", info.local_size, " ", info.cross_rank), StartLimit(tcp),
       MakeMessage("rank ", info.rank, ": waiting for every rank's place"));
   for (int r = 0; r < info.size; ++r) {
-    std::istringstream in(layouts[r]);
+    std::istringstream in(std::string(layouts[r]));
     int local_rank = -1, local_size = -1, cross_rank = -1;
     in >> local_rank >> local_size >> cross_rank;
     if (local_size != info.local_size || r != cross_rank * local_size + local_rank) return false;
@@ -87,12 +87,13 @@ std::unique_ptr<Transport> MakeHierarchical(rendezvous::Store& store, const Rank
   std::string why;
   auto segment = ProveGroup(store, prefix, info.rank, first, info.local_size, &shm, tcp, &why);
   // All hosts must agree, or some ranks would run hierarchically and others flat.
-  for (const std::string& verdict :
-       StoreAllgather(store, MakeMessage("collectives/", tcp.name, "/hosts_share_memory"),
-                      info.rank, info.size, segment ? "ok" : why, StartLimit(tcp),
-                      MakeMessage("rank ", info.rank, ": waiting for hosts"))) {
-    if (verdict != "ok") {
-      if (info.rank == 0) LogWarning(MakeMessage(verdict, "; running flat over TCP"));
+  const auto verdicts =
+      StoreAllgather(store, MakeMessage("collectives/", tcp.name, "/hosts_share_memory"), info.rank,
+                     info.size, segment ? "ok" : why, StartLimit(tcp),
+                     MakeMessage("rank ", info.rank, ": waiting for hosts"));
+  for (size_t r = 0; r < verdicts.size(); ++r) {
+    if (verdicts[r] != "ok") {
+      if (info.rank == 0) LogWarning(MakeMessage(verdicts[r], "; running flat over TCP"));
       return flat;
     }
   }

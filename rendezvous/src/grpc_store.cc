@@ -159,9 +159,9 @@ absl::Status GrpcStore::Barrier(const std::string& name, int count,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<std::string>> GrpcStore::Allgather(const std::string& name, int rank,
-                                                              int count, const std::string& value,
-                                                              std::chrono::milliseconds timeout) {
+absl::StatusOr<GatherTable> GrpcStore::AllgatherTable(const std::string& name, int rank, int count,
+                                                      const std::string& value,
+                                                      std::chrono::milliseconds timeout) {
   if (count <= 0 || rank < 0 || rank >= count) {
     return absl::InvalidArgumentError(absl::StrCat("allgather '", name, "' was entered as rank ",
                                                    rank, " of ", count, " contributors"));
@@ -177,7 +177,15 @@ absl::StatusOr<std::vector<std::string>> GrpcStore::Allgather(const std::string&
   proto::AllgatherResponse response;
   grpc::Status status = stub_->Allgather(&context, request, &response);
   if (!status.ok()) return ClientError(status, options_, timeout + kWaitSlack);
-  return DecodeTable(response.table(), static_cast<size_t>(count));
+  return DecodeGatherTable(response.table(), static_cast<size_t>(count));
+}
+
+absl::StatusOr<std::vector<std::string>> GrpcStore::Allgather(const std::string& name, int rank,
+                                                              int count, const std::string& value,
+                                                              std::chrono::milliseconds timeout) {
+  absl::StatusOr<GatherTable> table = AllgatherTable(name, rank, count, value, timeout);
+  if (!table.ok()) return table.status();
+  return table->ToStrings();
 }
 
 absl::Status GrpcStore::ReportPeerFailure(int rank, int peer_rank, const std::string& message) {

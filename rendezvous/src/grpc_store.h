@@ -47,6 +47,9 @@ class GrpcStore : public Store {
   absl::StatusOr<std::vector<std::string>> Allgather(const std::string& name, int rank, int count,
                                                      const std::string& value,
                                                      std::chrono::milliseconds timeout) override;
+  absl::StatusOr<GatherTable> AllgatherTable(const std::string& name, int rank, int count,
+                                             const std::string& value,
+                                             std::chrono::milliseconds timeout) override;
   absl::Status ReportPeerFailure(int rank, int peer_rank, const std::string& message) override;
 
  private:

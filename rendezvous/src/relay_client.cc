@@ -1,5 +1,7 @@
 #include "relay_client.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/wire_format_lite.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -56,6 +58,29 @@ bool WriteAll(int fd, std::string_view bytes) {
   return true;
 }
 
+// FindGatherTable finds the table of a serialized AllgatherResponse in `body` (the last one, as
+// parsing would keep), skipping fields it does not know; false when `body` is malformed.
+bool FindGatherTable(std::string_view body, std::string_view& table) {
+  namespace wire = google::protobuf::internal;
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(body.data()),
+                                            static_cast<int>(body.size()));
+  constexpr uint32_t kTableTag = wire::WireFormatLite::MakeTag(
+      proto::AllgatherResponse::kTableFieldNumber, wire::WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+  table = {};
+  while (const uint32_t tag = in.ReadTag()) {
+    if (tag != kTableTag) {
+      if (!wire::WireFormatLite::SkipField(&in, tag)) return false;
+      continue;
+    }
+    uint32_t length = 0;
+    if (!in.ReadVarint32(&length)) return false;
+    const size_t at = static_cast<size_t>(in.CurrentPosition());
+    if (length > body.size() - at || !in.Skip(static_cast<int>(length))) return false;
+    table = body.substr(at, length);
+  }
+  return in.ConsumedEntireMessage();
+}
+
 }  // namespace
 
 RelayClient::~RelayClient() {
@@ -92,9 +117,10 @@ absl::StatusOr<int> RelayClient::Connect(std::string& frames) {
   return fd;
 }
 
-absl::Status RelayClient::Call(RelayMethod method, const google::protobuf::MessageLite& request,
-                               google::protobuf::MessageLite* response,
-                               std::chrono::milliseconds timeout) {
+absl::Status RelayClient::CallForBytes(RelayMethod method,
+                                       const google::protobuf::MessageLite& request,
+                                       std::chrono::milliseconds timeout, std::string& in,
+                                       std::string_view& body) {
   std::string frame;
   absl::StatusOr<int> connected = Connect(frame);
   if (!connected.ok()) return connected.status();
@@ -105,7 +131,7 @@ absl::Status RelayClient::Call(RelayMethod method, const google::protobuf::Messa
   // The answer is read straight into `in`, grown to the frame's length once that has arrived: a
   // buffer on the stack would fault in pages of every rank thread's stack (64 KiB each, 512 MiB
   // for the bench's 8192 ranks), and one appended to would be copied as it grows.
-  std::string in(4096, '\0');
+  in.assign(4096, '\0');
   size_t have = 0;
   size_t length = 0;
   bool written = WriteAll(fd, frame);
@@ -157,9 +183,25 @@ absl::Status RelayClient::Call(RelayMethod method, const google::protobuf::Messa
     idle_.push_back(fd);
   }
   if (!status.ok()) return ClientError(status, options_, timeout);
-  if (!response->ParseFromArray(answer.body.data(), static_cast<int>(answer.body.size()))) {
-    return absl::InternalError(
-        absl::StrCat(RelayName(), " sent a malformed answer to a ", MethodName(method), " call"));
+  body = answer.body;
+  return absl::OkStatus();
+}
+
+absl::Status RelayClient::Malformed(RelayMethod method) const {
+  return absl::InternalError(
+      absl::StrCat(RelayName(), " sent a malformed answer to a ", MethodName(method), " call"));
+}
+
+absl::Status RelayClient::Call(RelayMethod method, const google::protobuf::MessageLite& request,
+                               google::protobuf::MessageLite* response,
+                               std::chrono::milliseconds timeout) {
+  std::string frame;
+  std::string_view body;
+  if (absl::Status status = CallForBytes(method, request, timeout, frame, body); !status.ok()) {
+    return status;
+  }
+  if (!response->ParseFromArray(body.data(), static_cast<int>(body.size()))) {
+    return Malformed(method);
   }
   return absl::OkStatus();
 }
@@ -211,9 +253,9 @@ absl::Status RelayStore::Barrier(const std::string& name, int count,
   return client_->Call(RelayMethod::kBarrier, request, &response, timeout + kWaitSlack);
 }
 
-absl::StatusOr<std::vector<std::string>> RelayStore::Allgather(const std::string& name, int rank,
-                                                               int count, const std::string& value,
-                                                               std::chrono::milliseconds timeout) {
+absl::StatusOr<GatherTable> RelayStore::AllgatherTable(const std::string& name, int rank, int count,
+                                                       const std::string& value,
+                                                       std::chrono::milliseconds timeout) {
   if (count <= 0 || rank < 0 || rank >= count) {
     return absl::InvalidArgumentError(absl::StrCat("allgather '", name, "' was entered as rank ",
                                                    rank, " of ", count, " contributors"));
@@ -224,13 +266,26 @@ absl::StatusOr<std::vector<std::string>> RelayStore::Allgather(const std::string
   request.set_count(count);
   request.set_value(value);
   request.set_timeout_ms(timeout.count());
-  proto::AllgatherResponse response;
-  if (absl::Status status =
-          client_->Call(RelayMethod::kAllgather, request, &response, timeout + kWaitSlack);
+  // The table (~40 KiB at 8192 ranks) is decoded where it arrived, not copied into a response
+  // message first.
+  std::string frame;
+  std::string_view body;
+  if (absl::Status status = client_->CallForBytes(RelayMethod::kAllgather, request,
+                                                  timeout + kWaitSlack, frame, body);
       !status.ok()) {
     return status;
   }
-  return DecodeTable(response.table(), static_cast<size_t>(count));
+  std::string_view table;
+  if (!FindGatherTable(body, table)) return client_->Malformed(RelayMethod::kAllgather);
+  return DecodeGatherTable(table, static_cast<size_t>(count));
+}
+
+absl::StatusOr<std::vector<std::string>> RelayStore::Allgather(const std::string& name, int rank,
+                                                               int count, const std::string& value,
+                                                               std::chrono::milliseconds timeout) {
+  absl::StatusOr<GatherTable> table = AllgatherTable(name, rank, count, value, timeout);
+  if (!table.ok()) return table.status();
+  return table->ToStrings();
 }
 
 absl::Status RelayStore::ReportPeerFailure(int rank, int peer_rank, const std::string& message) {

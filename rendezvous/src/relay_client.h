@@ -30,8 +30,15 @@ class RelayClient {
   // reached, closes the connection or does not answer in time fails with one sentence naming it.
   absl::Status Call(RelayMethod method, const google::protobuf::MessageLite& request,
                     google::protobuf::MessageLite* response, std::chrono::milliseconds timeout);
+  // CallForBytes is Call leaving the response unparsed: `frame` holds the answer and `body` the
+  // serialized response in it, for a caller that reads a large field in place.
+  absl::Status CallForBytes(RelayMethod method, const google::protobuf::MessageLite& request,
+                            std::chrono::milliseconds timeout, std::string& frame,
+                            std::string_view& body);
 
   const ClientOptions& options() const { return options_; }
+  // Malformed is the error for an answer to `method` that cannot be parsed.
+  absl::Status Malformed(RelayMethod method) const;
 
  private:
   // Connect takes an idle connection or opens one; a new one's hello is appended to `frames`,
@@ -60,6 +67,9 @@ class RelayStore : public Store {
   absl::StatusOr<std::vector<std::string>> Allgather(const std::string& name, int rank, int count,
                                                      const std::string& value,
                                                      std::chrono::milliseconds timeout) override;
+  absl::StatusOr<GatherTable> AllgatherTable(const std::string& name, int rank, int count,
+                                             const std::string& value,
+                                             std::chrono::milliseconds timeout) override;
   absl::Status ReportPeerFailure(int rank, int peer_rank, const std::string& message) override;
 
  private:

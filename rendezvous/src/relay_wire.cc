@@ -53,14 +53,18 @@ void AppendRequest(std::string& out, RelayMethod method, uint32_t call_id, int64
   out.append(body);
 }
 
-void AppendResponse(std::string& out, uint32_t call_id, int32_t code, std::string_view message,
-                    std::string_view body, std::string_view body2) {
-  Put<uint32_t>(out, static_cast<uint32_t>(kResponseHeader - 4 + message.size() + body.size() +
-                                           body2.size()));
+void AppendResponseHead(std::string& out, uint32_t call_id, int32_t code, std::string_view message,
+                        size_t body_size) {
+  Put<uint32_t>(out, static_cast<uint32_t>(kResponseHeader - 4 + message.size() + body_size));
   Put<uint32_t>(out, call_id);
   Put<int32_t>(out, code);
   Put<uint32_t>(out, static_cast<uint32_t>(message.size()));
   out.append(message);
+}
+
+void AppendResponse(std::string& out, uint32_t call_id, int32_t code, std::string_view message,
+                    std::string_view body, std::string_view body2) {
+  AppendResponseHead(out, call_id, code, message, body.size() + body2.size());
   out.append(body);
   out.append(body2);
 }

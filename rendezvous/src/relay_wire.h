@@ -58,6 +58,11 @@ void AppendRequest(std::string& out, RelayMethod method, uint32_t call_id, int64
                    std::string_view body);
 void AppendResponse(std::string& out, uint32_t call_id, int32_t code, std::string_view message,
                     std::string_view body, std::string_view body2 = {});
+// AppendResponseHead appends a response frame's header and message only, its length counting
+// `body_size` bytes of body that the caller sends after it (the relay writes a shared body
+// straight from where it is, rather than copying it into each rank's frame).
+void AppendResponseHead(std::string& out, uint32_t call_id, int32_t code, std::string_view message,
+                        size_t body_size);
 
 // FrameLength returns the length of the whole frame at the start of `buffer` (header included), or
 // 0 when not even its length has arrived.

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "trainrun/rendezvous/store.h"
 
 namespace trainrun::rendezvous::internal {
 
@@ -44,6 +45,8 @@ std::string EncodeTable(const std::vector<const std::string*>& values);
 // DecodeTable reads EncodeTable's buffer back; fails with INTERNAL when it is malformed or does
 // not hold `count` values.
 absl::StatusOr<std::vector<std::string>> DecodeTable(std::string_view table, size_t count);
+// DecodeGatherTable reads EncodeTable's buffer into a GatherTable, as DecodeTable checks it.
+absl::StatusOr<GatherTable> DecodeGatherTable(std::string_view table, size_t count);
 // DecodeTable without an expected count reads however many values the table says it holds.
 absl::StatusOr<std::vector<std::string>> DecodeTable(std::string_view table);
 

@@ -298,5 +298,85 @@ TEST_CASE("The gather table is compact and its decoder refuses malformed input",
         absl::StatusCode::kInternal);  // shares 5 bytes with a value that does not exist
 }
 
+TEST_CASE("DecodeGatherTable gives the values DecodeTable does, short and long, in one buffer",
+          "[rendezvous][allgather]") {
+  // Short values (the 16-byte path), long ones (hostnames, IPv6), empty ones, and switches
+  // between them, with prefixes shared across the 16-byte boundary.
+  std::vector<std::string> values;
+  std::mt19937 random(11);
+  for (int r = 0; r < 4000; ++r) {
+    switch (random() % 6) {
+      case 0:
+        values.push_back("");
+        break;
+      case 1:
+        values.push_back(absl::StrCat("[fd00::1:", r, "]:", 40000 + r));
+        break;
+      case 2:
+        values.push_back(absl::StrCat("node-", r / 16, ".cluster.example.org:", 41000 + r));
+        break;
+      case 3:
+        values.push_back(std::string(16, 'a') + std::to_string(r % 3));
+        break;
+      default:
+        values.push_back(absl::StrCat("10.0.", r / 8, ".1:", 41000 + r));
+    }
+  }
+  std::vector<const std::string*> pointers;
+  for (const std::string& v : values) pointers.push_back(&v);
+  const std::string table = internal::EncodeTable(pointers);
+  auto gathered = internal::DecodeGatherTable(table, values.size());
+  REQUIRE(gathered.ok());
+  REQUIRE(gathered->size() == values.size());
+  for (size_t i = 0; i < values.size(); ++i) CHECK((*gathered)[i] == values[i]);
+  CHECK(gathered->ToStrings() == values);
+  CHECK_FALSE(internal::DecodeGatherTable(table, values.size() - 1).ok());
+  CHECK_FALSE(internal::DecodeGatherTable(table + "x", values.size()).ok());
+  for (size_t cut = 0; cut < 200; ++cut) {
+    CHECK_FALSE(internal::DecodeGatherTable(table.substr(0, cut), values.size()).ok());
+  }
+  CHECK(internal::DecodeGatherTable(std::string("\x01\x05\x01x", 4), 1).status().code() ==
+        absl::StatusCode::kInternal);
+  // Values far longer than their coding (each shares 499 bytes with the one before): the
+  // decoder's buffer, sized for addresses, grows.
+  std::vector<std::string> long_values;
+  for (int r = 0; r < 1000; ++r) long_values.push_back(std::string(499, 'p') + char('a' + r % 26));
+  std::vector<const std::string*> long_pointers;
+  for (const std::string& v : long_values) long_pointers.push_back(&v);
+  const std::string long_table = internal::EncodeTable(long_pointers);
+  CHECK(long_table.size() < 8 * 1024);
+  auto long_gathered = internal::DecodeGatherTable(long_table, long_values.size());
+  REQUIRE(long_gathered.ok());
+  CHECK(long_gathered->ToStrings() == long_values);
+  // A one-value table ending right after its value (no 16 bytes of table left to read).
+  auto one = internal::DecodeGatherTable(std::string("\x01\x00\x03"
+                                                     "abc",
+                                                     6),
+                                         1);
+  REQUIRE(one.ok());
+  CHECK((*one)[0] == "abc");
+}
+
+TEST_CASE("A store's AllgatherTable answers what its Allgather does", "[memory_store]") {
+  MemoryStore store;
+  std::vector<std::thread> threads;
+  std::vector<absl::StatusOr<GatherTable>> tables(3);
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      tables[r] = store.AllgatherTable("t", r, 3, r == 1 ? "" : absl::StrCat("v", r), seconds(20));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& table : tables) {
+    REQUIRE(table.ok());
+    CHECK(table->ToStrings() == std::vector<std::string>{"v0", "", "v2"});
+  }
+  const GatherTable packed = GatherTable::FromValues({"a", "", "bc"});
+  CHECK(packed.size() == 3);
+  CHECK(packed[0] == "a");
+  CHECK(packed[1].empty());
+  CHECK(packed[2] == "bc");
+}
+
 }  // namespace
 }  // namespace trainrun::rendezvous

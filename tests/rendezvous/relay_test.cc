@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -225,6 +226,43 @@ TEST_CASE("relay: Set, Get, Add, Barrier and exit reports pass through", "[rende
   CHECK(failures[0].rank == 1);
   CHECK(failures[0].peer_rank == 0);
   CHECK(job.server->ValuesWithPrefix("k").size() == 2);
+}
+
+TEST_CASE("relay: answers larger than the socket takes at once arrive whole, gathers as tables",
+          "[rendezvous][relay]") {
+  // A gather of four 700 KiB values (a 2.8 MB table of random bytes) is more than a Unix socket
+  // holds, so the relay writes each answer in parts as its rank reads; a 1 MiB Get likewise.
+  Job job = StartJob(TwoHosts());
+  std::unique_ptr<Relay> relay = StartRelay(job, "a", 4);
+  std::vector<std::string> values;
+  std::mt19937 random(3);
+  for (int r = 0; r < 4; ++r) {
+    std::string value(700 << 10, '\0');
+    for (char& c : value) c = static_cast<char>(random());
+    values.push_back(std::move(value));
+  }
+  std::vector<std::shared_ptr<Store>> stores(4);
+  for (int r = 0; r < 4; ++r) {
+    auto store = ConnectStore(Through(job, *relay, r));
+    REQUIRE(store.ok());
+    stores[r] = *store;
+  }
+  std::vector<std::vector<std::string>> gathered(4);
+  auto statuses = OnThreads(4, [&](int r) -> absl::Status {
+    auto all = stores[r]->AllgatherTable("big", r, 4, values[r], seconds(20));
+    if (!all.ok()) return all.status();
+    gathered[r] = all->ToStrings();
+    return absl::OkStatus();
+  });
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r << ": " << statuses[r]);
+    CHECK(statuses[r].ok());
+    CHECK(gathered[r] == values);
+  }
+  REQUIRE(stores[0]->Set("one", std::string(1 << 20, 'z')).ok());
+  auto got = stores[1]->Get({"one"}, seconds(10));
+  REQUIRE(got.ok());
+  CHECK((*got)[0] == std::string(1 << 20, 'z'));
 }
 
 TEST_CASE("relay: a refused member's error reaches that rank, and the others go on",
