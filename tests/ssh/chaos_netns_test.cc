@@ -92,12 +92,15 @@ TEST_CASE("chaos: an agent killed, a host link down, a rank killed or stopped on
       double max_seconds = 15;
       if (scenario == "agent" || scenario == "link") {
         // `ip netns exec` changes only the network namespace: the agent is found among that
-        // namespace's pids, not by name across the machine.
+        // namespace's pids, not by name across the machine. The shell running this loop is in
+        // that namespace too, and its own command line says --agent: it skips itself (pids wrap
+        // at 32768 here, so it is not always the newest, and killing itself killed no agent).
         const std::string chaos =
             scenario == "agent"
-                ? absl::StrCat("for p in $(ip netns pids ", cluster.host_ns(host),
-                               "); do grep -qa -- --agent /proc/$p/cmdline && kill -9 $p && "
-                               "break; done")
+                ? absl::StrCat(
+                      "for p in $(ip netns pids ", cluster.host_ns(host),
+                      "); do [ $p != $$ ] && grep -qa -- --agent /proc/$p/cmdline && kill -9 $p && "
+                      "break; done")
                 : "ip link set eth0 down";
         outcome = RunWithChaos(world, cluster, "-np 4 -H " + hosts + " sh -c 'echo up; sleep 60'",
                                "up", 4, host, delay_ms, chaos);
