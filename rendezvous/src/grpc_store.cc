@@ -52,6 +52,50 @@ absl::StatusOr<std::vector<std::string>> UnpackValues(const proto::GetResponse& 
   return values;
 }
 
+proto::GetRequest GetRequestFor(const std::vector<std::string>& keys,
+                                std::chrono::milliseconds timeout, int rank) {
+  proto::GetRequest request;
+  for (const auto& key : keys) request.add_keys(key);
+  request.set_timeout_ms(timeout.count());
+  request.set_rank(rank);
+  return request;
+}
+
+proto::BarrierRequest BarrierRequestFor(const std::string& name, int count,
+                                        std::chrono::milliseconds timeout, int rank) {
+  proto::BarrierRequest request;
+  request.set_name(name);
+  request.set_count(count);
+  request.set_timeout_ms(timeout.count());
+  request.set_rank(rank);
+  return request;
+}
+
+absl::StatusOr<proto::AllgatherRequest> AllgatherRequestFor(const std::string& name, int rank,
+                                                            int count, const std::string& value,
+                                                            std::chrono::milliseconds timeout) {
+  if (count <= 0 || rank < 0 || rank >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("allgather '", name, "' was entered as rank ",
+                                                   rank, " of ", count, " contributors"));
+  }
+  proto::AllgatherRequest request;
+  request.set_name(name);
+  request.set_rank(rank);
+  request.set_count(count);
+  request.set_value(value);
+  request.set_timeout_ms(timeout.count());
+  return request;
+}
+
+proto::ExitReport PeerFailureReport(int rank, int peer_rank, const std::string& message) {
+  proto::ExitReport request;
+  request.set_rank(rank);
+  request.set_exit_code(1);
+  request.set_peer_rank(peer_rank);
+  request.set_message(message);
+  return request;
+}
+
 std::shared_ptr<grpc::Channel> NewChannel(const std::string& address) {
   QuietAbseilMutexes();
   grpc::ChannelArguments args;
@@ -122,10 +166,7 @@ absl::StatusOr<std::vector<std::string>> GrpcStore::Get(const std::vector<std::s
                                                         std::chrono::milliseconds timeout) {
   grpc::ClientContext context;
   PrepareContext(context, options_, timeout + kWaitSlack);
-  proto::GetRequest request;
-  for (const auto& key : keys) request.add_keys(key);
-  request.set_timeout_ms(timeout.count());
-  request.set_rank(rank_);
+  const proto::GetRequest request = GetRequestFor(keys, timeout, rank_);
   proto::GetResponse response;
   grpc::Status status = stub_->Get(&context, request, &response);
   if (!status.ok()) return ClientError(status, options_, timeout + kWaitSlack);
@@ -148,11 +189,7 @@ absl::Status GrpcStore::Barrier(const std::string& name, int count,
                                 std::chrono::milliseconds timeout) {
   grpc::ClientContext context;
   PrepareContext(context, options_, timeout + kWaitSlack);
-  proto::BarrierRequest request;
-  request.set_name(name);
-  request.set_count(count);
-  request.set_timeout_ms(timeout.count());
-  request.set_rank(rank_);
+  const proto::BarrierRequest request = BarrierRequestFor(name, count, timeout, rank_);
   proto::BarrierResponse response;
   grpc::Status status = stub_->Barrier(&context, request, &response);
   if (!status.ok()) return ClientError(status, options_, timeout + kWaitSlack);
@@ -162,20 +199,13 @@ absl::Status GrpcStore::Barrier(const std::string& name, int count,
 absl::StatusOr<GatherTable> GrpcStore::AllgatherTable(const std::string& name, int rank, int count,
                                                       const std::string& value,
                                                       std::chrono::milliseconds timeout) {
-  if (count <= 0 || rank < 0 || rank >= count) {
-    return absl::InvalidArgumentError(absl::StrCat("allgather '", name, "' was entered as rank ",
-                                                   rank, " of ", count, " contributors"));
-  }
+  absl::StatusOr<proto::AllgatherRequest> request =
+      AllgatherRequestFor(name, rank, count, value, timeout);
+  if (!request.ok()) return request.status();
   grpc::ClientContext context;
   PrepareContext(context, options_, timeout + kWaitSlack);
-  proto::AllgatherRequest request;
-  request.set_name(name);
-  request.set_rank(rank);
-  request.set_count(count);
-  request.set_value(value);
-  request.set_timeout_ms(timeout.count());
   proto::AllgatherResponse response;
-  grpc::Status status = stub_->Allgather(&context, request, &response);
+  grpc::Status status = stub_->Allgather(&context, *request, &response);
   if (!status.ok()) return ClientError(status, options_, timeout + kWaitSlack);
   return DecodeGatherTable(response.table(), static_cast<size_t>(count));
 }
@@ -191,11 +221,7 @@ absl::StatusOr<std::vector<std::string>> GrpcStore::Allgather(const std::string&
 absl::Status GrpcStore::ReportPeerFailure(int rank, int peer_rank, const std::string& message) {
   grpc::ClientContext context;
   PrepareContext(context, options_, options_.call_timeout);
-  proto::ExitReport request;
-  request.set_rank(rank);
-  request.set_exit_code(1);
-  request.set_peer_rank(peer_rank);
-  request.set_message(message);
+  const proto::ExitReport request = PeerFailureReport(rank, peer_rank, message);
   proto::ExitResponse response;
   grpc::Status status = stub_->ReportExit(&context, request, &response);
   if (!status.ok()) return ClientError(status, options_, options_.call_timeout);

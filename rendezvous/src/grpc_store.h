@@ -6,7 +6,9 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/status/statusor.h"
 #include "proto/rendezvous.grpc.pb.h"
 #include "trainrun/rendezvous/client.h"
 #include "trainrun/rendezvous/store.h"
@@ -29,6 +31,19 @@ absl::Status ClientError(const grpc::Status& status, const ClientOptions& option
 // UnpackValues splits a GetResponse's concatenated values (`count` of them).
 absl::StatusOr<std::vector<std::string>> UnpackValues(const proto::GetResponse& response,
                                                       size_t count);
+
+// The requests GrpcStore and RelayStore (relay_client.h) send alike, to the server or through the
+// host's relay. `rank` is the caller's (-1 before it joined); the server names it in errors.
+proto::GetRequest GetRequestFor(const std::vector<std::string>& keys,
+                                std::chrono::milliseconds timeout, int rank);
+proto::BarrierRequest BarrierRequestFor(const std::string& name, int count,
+                                        std::chrono::milliseconds timeout, int rank);
+// AllgatherRequestFor refuses a rank outside 0 .. count-1 in one sentence naming the gather.
+absl::StatusOr<proto::AllgatherRequest> AllgatherRequestFor(const std::string& name, int rank,
+                                                            int count, const std::string& value,
+                                                            std::chrono::milliseconds timeout);
+// PeerFailureReport is the ExitReport of `rank`, which failed because `peer_rank` did.
+proto::ExitReport PeerFailureReport(int rank, int peer_rank, const std::string& message);
 
 // GrpcStore is thread-safe: gRPC stubs are, and it holds no other state.
 class GrpcStore : public Store {

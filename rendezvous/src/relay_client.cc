@@ -216,10 +216,7 @@ absl::Status RelayStore::Set(const std::string& key, const std::string& value) {
 
 absl::StatusOr<std::vector<std::string>> RelayStore::Get(const std::vector<std::string>& keys,
                                                          std::chrono::milliseconds timeout) {
-  proto::GetRequest request;
-  for (const auto& key : keys) request.add_keys(key);
-  request.set_timeout_ms(timeout.count());
-  request.set_rank(rank_);
+  const proto::GetRequest request = GetRequestFor(keys, timeout, rank_);
   proto::GetResponse response;
   if (absl::Status status =
           client_->Call(RelayMethod::kGet, request, &response, timeout + kWaitSlack);
@@ -244,11 +241,7 @@ absl::StatusOr<int64_t> RelayStore::Add(const std::string& key, int64_t delta) {
 
 absl::Status RelayStore::Barrier(const std::string& name, int count,
                                  std::chrono::milliseconds timeout) {
-  proto::BarrierRequest request;
-  request.set_name(name);
-  request.set_count(count);
-  request.set_timeout_ms(timeout.count());
-  request.set_rank(rank_);
+  const proto::BarrierRequest request = BarrierRequestFor(name, count, timeout, rank_);
   proto::BarrierResponse response;
   return client_->Call(RelayMethod::kBarrier, request, &response, timeout + kWaitSlack);
 }
@@ -256,21 +249,14 @@ absl::Status RelayStore::Barrier(const std::string& name, int count,
 absl::StatusOr<GatherTable> RelayStore::AllgatherTable(const std::string& name, int rank, int count,
                                                        const std::string& value,
                                                        std::chrono::milliseconds timeout) {
-  if (count <= 0 || rank < 0 || rank >= count) {
-    return absl::InvalidArgumentError(absl::StrCat("allgather '", name, "' was entered as rank ",
-                                                   rank, " of ", count, " contributors"));
-  }
-  proto::AllgatherRequest request;
-  request.set_name(name);
-  request.set_rank(rank);
-  request.set_count(count);
-  request.set_value(value);
-  request.set_timeout_ms(timeout.count());
+  absl::StatusOr<proto::AllgatherRequest> request =
+      AllgatherRequestFor(name, rank, count, value, timeout);
+  if (!request.ok()) return request.status();
   // The table (~40 KiB at 8192 ranks) is decoded where it arrived, not copied into a response
   // message first.
   std::string frame;
   std::string_view body;
-  if (absl::Status status = client_->CallForBytes(RelayMethod::kAllgather, request,
+  if (absl::Status status = client_->CallForBytes(RelayMethod::kAllgather, *request,
                                                   timeout + kWaitSlack, frame, body);
       !status.ok()) {
     return status;
@@ -289,11 +275,7 @@ absl::StatusOr<std::vector<std::string>> RelayStore::Allgather(const std::string
 }
 
 absl::Status RelayStore::ReportPeerFailure(int rank, int peer_rank, const std::string& message) {
-  proto::ExitReport request;
-  request.set_rank(rank);
-  request.set_exit_code(1);
-  request.set_peer_rank(peer_rank);
-  request.set_message(message);
+  const proto::ExitReport request = PeerFailureReport(rank, peer_rank, message);
   proto::ExitResponse response;
   return client_->Call(RelayMethod::kReportExit, request, &response,
                        client_->options().call_timeout);
