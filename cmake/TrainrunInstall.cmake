@@ -242,6 +242,10 @@ endif()
 
 # --- Documentation ------------------------------------------------------------------------------
 install(FILES README.md DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT reference)
+# The README's links: docs/usage.md (the reference) and docs/performance.md, beside it as in the
+# sources.
+install(FILES docs/usage.md docs/performance.md DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs
+        COMPONENT reference)
 if(EXISTS ${PROJECT_SOURCE_DIR}/LICENSE)
   install(FILES LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT reference)
 endif()
