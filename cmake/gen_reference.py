@@ -287,16 +287,24 @@ def man_page(help, readme, reference, version):
         if not body:
             continue
         out.append(".SH " + roff_escape(title.upper() or "NOTES"))
-        if all(l.startswith("  ") or not l.strip() for l in body):  # a block of commands
+        lead = []  # a paragraph before an indented block ("Compatibility: ...", then a table)
+        while body and body[0].strip() and not body[0].startswith("  "):
+            lead.append(body.pop(0).strip())
+        if lead and body:
+            text = " ".join(lead)
+            out.append(roff_text(text[:1].upper() + text[1:]))
+            lead = []
+        if not lead and all(l.startswith("  ") or not l.strip() for l in body):  # a block
             out.append(".nf")
             out += [roff_escape(l.strip()) if l.strip() else "" for l in body]
             out.append(".fi")
         else:
+            body = lead + body
             text = " ".join(l.strip() for l in body)
             out.append(roff_text(text))
     sections = [("OUTPUT", ["Output"]), ("FAILURES", ["Failures"]),
                 ("ENVIRONMENT", ["What a worker sees", "Tunables"]),
-                ("COMPATIBILITY", ["Placement", "Per-rank log files", "Config files"])]
+                ("PLACEMENT, LOGS AND CONFIG FILES", ["Placement", "Per-rank log files", "Config files"])]
     for title, leads in sections:
         found = readme_section(paragraphs, leads)
         if not found:

@@ -27,6 +27,9 @@ packages=(
   # Slurm tests (label slurm): a real cluster of slurmd "nodes" in network namespaces, with munge
   # (tests/slurm/cluster.sh); util-linux gives nsenter and unshare
   slurmctld slurmd slurm-client munge util-linux
+  # Grid Engine tests (label sge): a real qmaster and execd "nodes" in network namespaces
+  # (tests/sge/cluster.sh), trainrun reaching them with qrsh -inherit; bc for their timings
+  gridengine-master gridengine-exec gridengine-client bc
   # trainrun.run(fn): the function and its arguments travel to the ranks by cloudpickle
   python3-cloudpickle
 )
@@ -39,6 +42,12 @@ if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}" >&2
   sudo=""; [[ $(id -u) -eq 0 ]] || sudo=sudo
   $sudo apt-get update -qq
+  # Grid Engine's packages would configure a cell of their own and start its daemons; the tests
+  # make throw-away cells (tests/sge/cluster.sh), so the packages only install the programs.
+  printf '%s\n' "gridengine-common shared/gridengineconfig boolean false" \
+    "gridengine-master shared/gridengineconfig boolean false" \
+    "gridengine-exec shared/gridengineconfig boolean false" \
+    "gridengine-client shared/gridengineconfig boolean false" | $sudo debconf-set-selections
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <utility>
@@ -16,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "trainrun/hostfile/host_list.h"
 #include "trainrun/hostfile/hostfile.h"
 #include "trainrun/hostfile/slot_plan.h"
@@ -58,6 +60,44 @@ absl::Status SlotsFromSlurmGpus(const EnvironmentLookup& env, std::vector<HostSp
     for (HostSpec& host : hosts) host.slots = count;
   }
   return absl::OkStatus();
+}
+
+// ReadPeHostfile reads Grid Engine's $PE_HOSTFILE: one `host slots queue processors` line per
+// queue instance of the job (a host may appear once per queue: its slots add up).
+absl::StatusOr<std::vector<HostSpec>> ReadPeHostfile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        env::kSgePeHostfile, "=", path, ": cannot read it (is this a Grid Engine job's node?)"));
+  }
+  std::vector<HostSpec> hosts;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    std::vector<std::string> words =
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    if (words.empty()) continue;
+    int slots = 0;
+    if (words.size() < 2 || !absl::SimpleAtoi(words[1], &slots) || slots < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(env::kSgePeHostfile, " ", path, " line ",
+                                                     number, ": \"", line,
+                                                     "\" is not `host slots queue processors`"));
+    }
+    auto same = std::find_if(hosts.begin(), hosts.end(),
+                             [&](const HostSpec& h) { return h.host == words[0]; });
+    if (same != hosts.end()) {
+      same->slots += slots;
+      continue;
+    }
+    HostSpec host;
+    host.host = words[0];
+    host.slots = slots;
+    hosts.push_back(std::move(host));
+  }
+  if (hosts.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(env::kSgePeHostfile, " ", path, " lists no host"));
+  }
+  return hosts;
 }
 
 absl::StatusOr<Hosts> ResolveHosts(const RunOptions& options, const EnvironmentLookup& env) {
@@ -105,6 +145,15 @@ absl::StatusOr<Hosts> ResolveHosts(const RunOptions& options, const EnvironmentL
     if (absl::Status gpus = SlotsFromSlurmGpus(env, *hosts); !gpus.ok()) return gpus;
     return Hosts{*std::move(hosts), absl::StrCat("in this Slurm allocation (",
                                                  env::kSlurmJobNodelist, "=", *nodelist, "): ")};
+  }
+  std::optional<std::string> pe_hostfile =
+      options.launcher == "local" || options.launcher == "slurm" ? std::nullopt
+                                                                 : env(env::kSgePeHostfile);
+  if (pe_hostfile) {
+    auto hosts = ReadPeHostfile(*pe_hostfile);
+    if (!hosts.ok()) return hosts.status();
+    return Hosts{*std::move(hosts), absl::StrCat("in this Grid Engine job (", env::kSgePeHostfile,
+                                                 "=", *pe_hostfile, "): ")};
   }
   if (!options.num_proc) {
     return absl::InvalidArgumentError(
@@ -321,6 +370,84 @@ bool IsValidVariableName(const std::string& name) {
   return true;
 }
 
+namespace {
+
+// SplitAgentCommand splits --rsh-agent's text into words at blanks, keeping quoted parts whole.
+absl::StatusOr<std::vector<std::string>> SplitAgentCommand(const std::string& text) {
+  std::vector<std::string> words;
+  std::string word;
+  bool in_word = false;
+  char quote = 0;
+  for (char c : text) {
+    if (quote != 0) {
+      if (c == quote) {
+        quote = 0;
+      } else {
+        word += c;
+      }
+    } else if (c == '\'' || c == '"') {
+      quote = c;
+      in_word = true;
+    } else if (c == ' ' || c == '\t' || c == '\n') {
+      if (in_word) words.push_back(std::move(word));
+      word.clear();
+      in_word = false;
+    } else {
+      word += c;
+      in_word = true;
+    }
+  }
+  if (quote != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rsh-agent '", text, "' has an unclosed ", std::string(1, quote)));
+  }
+  if (in_word) words.push_back(std::move(word));
+  if (words.empty()) {
+    return absl::InvalidArgumentError(
+        "--rsh-agent is empty; give the remote shell's command, e.g. --rsh-agent 'qrsh -inherit'");
+  }
+  return words;
+}
+
+// ApplyRshAgent: --rsh-agent (or TRAINRUN_RSH_AGENT) names the remote shell; with --launcher auto
+// it is the way hosts are reached, --launcher rsh needs one.
+absl::Status ApplyRshAgent(const RunOptions& options, const EnvironmentLookup& env,
+                           launcher::LaunchSpec& spec) {
+  std::optional<std::string> agent = options.rsh_agent;
+  if (!agent) agent = env(env::kRshAgent);
+  // Grid Engine: inside a parallel job (its hosts from $PE_HOSTFILE) the hosts are reached with
+  // `qrsh -inherit`, so the scheduler accounts for the ranks and kills them with the job.
+  const bool sge_hosts = !options.hosts && !options.hostfile && !options.per_node.nnodes &&
+                         !env(env::kSlurmJobNodelist) && env(env::kSgePeHostfile).has_value();
+  if (options.launcher == "sge" ||
+      (!agent && spec.launcher == launcher::Launcher::kAuto && sge_hosts)) {
+    spec.rsh_agent = {"qrsh", "-inherit"};
+    spec.launcher = launcher::Launcher::kRsh;
+    return absl::OkStatus();
+  }
+  if (!agent) {
+    if (spec.launcher == launcher::Launcher::kRsh) {
+      return absl::InvalidArgumentError(
+          "--launcher rsh needs the remote shell: --rsh-agent CMD (or TRAINRUN_RSH_AGENT), e.g. "
+          "--rsh-agent 'qrsh -inherit'");
+    }
+    return absl::OkStatus();
+  }
+  if (spec.launcher != launcher::Launcher::kAuto && spec.launcher != launcher::Launcher::kRsh) {
+    if (!options.rsh_agent) return absl::OkStatus();  // the variable yields to an explicit choice
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rsh-agent names a remote shell, but --launcher ", options.launcher,
+                     " reaches hosts otherwise; drop one of them"));
+  }
+  absl::StatusOr<std::vector<std::string>> words = SplitAgentCommand(*agent);
+  if (!words.ok()) return words.status();
+  spec.rsh_agent = *std::move(words);
+  spec.launcher = launcher::Launcher::kRsh;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
                                                     const EnvironmentLookup& env) {
   if (options.command.empty()) {
@@ -435,9 +562,11 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
   if (!policy.ok()) return policy.status();
   spec.ssh_host_key_checking = *policy;
   spec.remote_trainrun = options.remote_trainrun;
-  absl::StatusOr<launcher::Launcher> how = launcher::ParseLauncher(options.launcher);
+  absl::StatusOr<launcher::Launcher> how =
+      launcher::ParseLauncher(options.launcher == "sge" ? "rsh" : options.launcher);
   if (!how.ok()) return how.status();
   spec.launcher = *how;
+  if (absl::Status rsh = ApplyRshAgent(options, env, spec); !rsh.ok()) return rsh;
   spec.max_restarts = options.max_restarts;
   if (per_node->spec && spec.max_restarts > 0) {
     return absl::InvalidArgumentError(

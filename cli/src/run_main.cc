@@ -74,7 +74,7 @@ int RunMain(const std::vector<std::string>& args, const LaunchFunction& launch,
   CLI::App app;
   RunOptions options;
   SetupRunOptions(app, options);
-  absl::StatusOr<ParseOutcome> outcome = ParseRunArgs(app, args, options);
+  absl::StatusOr<ParseOutcome> outcome = ParseRunArgs(app, args, options, env);
   if (!outcome.ok()) return Fail(outcome.status());
   switch (*outcome) {
     case ParseOutcome::kHelp:

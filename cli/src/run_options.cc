@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "trainrun/cli/config_file.h"
+#include "trainrun/cli/foreign_flags.h"
 
 namespace trainrun::cli {
 namespace {
@@ -24,49 +25,6 @@ Hosts: -H and hostfiles take host, host:slots, user@host:slots and [ipv6]:slots;
 `host slots=N [max_slots=M]`. Inside a Slurm allocation, with neither -H nor --hostfile, the hosts
 are the allocation's. Without any of these, all ranks run on this host.
 )";
-
-// CLI11 short flags are one letter, so the multi-letter single-dash spellings of horovodrun and
-// mpirun are rewritten to their long names before parsing.
-struct SingleDashAlias {
-  const char* spelling;
-  const char* long_name;
-};
-constexpr SingleDashAlias kSingleDashAliases[] = {
-    {"-np", "--num-proc"},
-    {"-hostfile", "--hostfile"},
-    {"-prefix-timestamp", "--prefix-timestamp"},
-    // mpirun's
-    {"-wdir", "--wdir"},
-    {"-wd", "--wdir"},
-    {"-bind-to", "--bind-to"},
-    {"-map-by", "--map-by"},
-    {"-report-bindings", "--report-bindings"},
-    {"-display-map", "--display-map"},
-    {"-oversubscribe", "--oversubscribe"},
-};
-
-// Rewrites aliases among trainrun's own flags, stopping where the worker command begins, so that
-// `trainrun -np 2 mpirun -np 3` leaves the worker's `-np` alone.
-std::vector<std::string> RewriteSingleDashAliases(const CLI::App& app,
-                                                  std::vector<std::string> args) {
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string& arg = args[i];
-    if (arg == "--" || arg.size() < 2 || arg[0] != '-') break;  // the command starts here
-    for (const SingleDashAlias& alias : kSingleDashAliases) {
-      if (arg == alias.spelling) {
-        arg = alias.long_name;
-      } else if (absl::StartsWith(arg, absl::StrCat(alias.spelling, "="))) {
-        arg = absl::StrCat(alias.long_name, arg.substr(std::string(alias.spelling).size()));
-      }
-    }
-    // A flag that takes a value in the next argument: skip that value.
-    if (arg.find('=') != std::string::npos) continue;
-    bool short_with_attached_value = arg[1] != '-' && arg.size() > 2;
-    const CLI::Option* option = app.get_option_no_throw(arg);
-    if (option != nullptr && !short_with_attached_value && option->get_expected_min() > 0) ++i;
-  }
-  return args;
-}
 
 // mpirun's placement flags: where each local rank runs, and in which directory.
 void SetupMpirunPlacement(CLI::App& app, RunOptions& options) {
@@ -162,13 +120,6 @@ absl::StatusOr<ParseOutcome> ParseOnce(CLI::App& app, std::vector<std::string> a
     return ParseOutcome::kHelp;
   } catch (const CLI::CallForVersion&) {
     return ParseOutcome::kVersion;
-  } catch (const CLI::ValidationError& e) {
-    // Our own refusals (--mpi) are whole sentences already.
-    std::string what = e.what();
-    if (absl::StartsWith(what, "--mpi") || absl::StartsWith(what, "--jsrun")) {
-      return absl::InvalidArgumentError(what);
-    }
-    return absl::InvalidArgumentError(absl::StrCat(what, "; see trainrun --help"));
   } catch (const CLI::ParseError& e) {
     return absl::InvalidArgumentError(absl::StrCat(e.what(), "; see trainrun --help"));
   }
@@ -218,9 +169,16 @@ absl::StatusOr<ParseOutcome> MergeConfigFile(CLI::App& app, const std::vector<st
   } else {
     merged.insert(merged.end(), config->command.begin(), config->command.end());
   }
+  // The file's keys name horovodrun's flags, some of which are the compatibility table's.
+  absl::StatusOr<Translation> translated = TranslateForeignFlags(app, std::move(merged), {});
+  if (!translated.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(translated.status().message(), " (with --config-file's flags)"));
+  }
+  notes.insert(notes.end(), translated->notes.begin(), translated->notes.end());
   app.clear();
   options = RunOptions{};
-  absl::StatusOr<ParseOutcome> outcome = ParseOnce(app, merged, options);
+  absl::StatusOr<ParseOutcome> outcome = ParseOnce(app, translated->args, options);
   if (!outcome.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(outcome.status().message(), " (with --config-file's flags)"));
@@ -236,7 +194,7 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
   app.description(
       "Start a distributed training job, one worker process per slot, and supervise it.");
   app.formatter(std::make_shared<HelpFormatter>());
-  app.footer(kFooter);
+  app.footer(absl::StrCat(kFooter, "\n", CompatibilityHelp()));
   app.prefix_command();
   app.set_version_flag("-v,--version", absl::StrCat("trainrun ", TRAINRUN_VERSION));
 
@@ -263,8 +221,6 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
          },
          "Write a Chrome trace (chrome://tracing, Perfetto) of every rank's collectives to FILE.")
       ->type_name("FILE");
-  app.add_flag("--timeline-mark-cycles",
-               "Accepted as horovodrun's; trainrun has no background cycles to mark.");
   app.add_option("--output-filename", options.output_filename,
                  "Also write each rank's output to DIR/rank.<N>/stdout and stderr.")
       ->type_name("DIR");
@@ -398,25 +354,32 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
   remote
       ->add_option("--launcher", options.launcher,
                    "How other hosts are reached: auto (through Slurm, one srun step per node, "
-                   "inside an allocation that gave the hosts; else SSH), ssh, slurm, or local "
-                   "(every rank on this host, ignoring an allocation).")
+                   "inside an allocation that gave the hosts; through --rsh-agent when given; "
+                   "inside a Grid Engine job (PE_HOSTFILE), qrsh -inherit; else SSH), ssh, slurm, "
+                   "sge (qrsh -inherit), rsh (--rsh-agent), or local (every rank on this host, "
+                   "ignoring an allocation).")
       ->type_name("HOW")
-      ->transform(CLI::IsMember({"auto", "ssh", "slurm", "local"}, CLI::ignore_case))
+      ->transform(CLI::IsMember({"auto", "ssh", "slurm", "sge", "rsh", "local"}, CLI::ignore_case))
       ->capture_default_str();
+  remote
+      ->add_option("--rsh-agent", options.rsh_agent,
+                   "Reach each host with this remote shell instead of SSH: trainrun runs `CMD "
+                   "HOST trainrun --agent` and speaks to the agent over its stdin and stdout "
+                   "(mpirun's -mca plm_rsh_agent; also TRAINRUN_RSH_AGENT): qrsh -inherit, a "
+                   "kubectl exec wrapper, ...")
+      ->type_name("CMD");
   remote
       ->add_option("--remote-trainrun", options.remote_trainrun,
                    "Path of trainrun on the other hosts (default: this trainrun's own path).")
       ->type_name("PATH");
-  // horovodrun users type --gloo to avoid MPI; trainrun never uses MPI, so it changes nothing.
-  remote->add_flag("--gloo", "Accepted for horovodrun compatibility; trainrun never uses MPI.");
 
   SetupMpirunPlacement(app, options);
   SetupTorchrunOutput(app, options);
   // torchrun's per-node mode: its own group and rules (per_node_options.h).
   SetupPerNodeOptions(app, options.per_node);
 
-  // horovodrun's tuning flags: those trainrun has a knob for set it; the others are accepted and
-  // say, once, why they change nothing.
+  // horovodrun's tuning flags that trainrun has a knob for; the others are in the compatibility
+  // table (foreign_flags.h), which says, once, why they change nothing.
   CLI::Option_group* horovod = app.add_option_group("horovodrun compatibility");
   horovod
       ->add_option("--fusion-threshold-mb", options.fusion_threshold_mb,
@@ -432,85 +395,20 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
   horovod->add_flag("--tcp", options.tcp,
                     "Use TCP between every pair of ranks, also within a host (sets "
                     "TRAINRUN_TRANSPORT=tcp).");
-  struct Inert {
-    const char* name;
-    bool takes_value;
-    const char* why;
-  };
-  static constexpr Inert kInert[] = {
-      {"--cycle-time-ms", true,
-       "trainrun has no background cycle: each collective starts when every rank calls it"},
-      {"--cache-capacity", true, "trainrun has no response cache: there is no coordinator"},
-      {"--disable-cache", false, "trainrun has no response cache: there is no coordinator"},
-      {"--hierarchical-allreduce", false,
-       "trainrun picks its allreduce algorithm by itself (shared memory within a host)"},
-      {"--hierarchical-allgather", false,
-       "trainrun picks its allgather algorithm by itself (shared memory within a host)"},
-      {"--log-hide-timestamp", false, "trainrun's own log lines carry no timestamp"},
-  };
-  for (const Inert& inert : kInert) {
-    const std::string note = absl::StrCat(
-        inert.name, " is accepted for horovodrun compatibility and changes nothing: ", inert.why);
-    if (inert.takes_value) {
-      horovod
-          ->add_option_function<std::string>(
-              inert.name, [&options, note](const std::string&) { options.notes.push_back(note); },
-              "Accepted for horovodrun compatibility; changes nothing.")
-          ->type_name("N");
-    } else {
-      horovod->add_flag_callback(
-          inert.name, [&options, note] { options.notes.push_back(note); },
-          "Accepted for horovodrun compatibility; changes nothing.");
-    }
-  }
-  // horovodrun's MPI and jsrun launchers: trainrun replaces them; one clear line instead.
-  for (const char* mpi : {"--mpi", "--jsrun", "--mpi-args"}) {
-    auto refuse = [mpi](auto&&...) {
-      throw CLI::ValidationError(absl::StrCat(
-          mpi,
-          ": trainrun needs no MPI or jsrun; it starts the ranks itself (over SSH for other "
-          "hosts): drop the flag, and give mpirun's -H, -x or --bind-to to trainrun directly"));
-    };
-    if (std::string(mpi) == "--mpi-args") {
-      horovod->add_option_function<std::string>(mpi, refuse, "Refused: trainrun needs no MPI.")
-          ->type_name("ARGS");
-    } else {
-      horovod->add_flag_callback(mpi, refuse, "Refused: trainrun needs no MPI.");
-    }
-  }
 }
 
 absl::StatusOr<ParseOutcome> ParseRunArgs(CLI::App& app, std::vector<std::string> args,
-                                          RunOptions& options) {
-  // mpirun spellings CLI11 would misread (-np2 as -n p2; -npernode as -n pernode): one sentence
-  // that says what to type instead.
-  bool after_flag = false;  // a word after a flag may be its value; two plain words: the command
-  for (const std::string& arg : args) {
-    if (arg == "--") break;
-    if (arg.size() < 2 || arg[0] != '-') {
-      if (!after_flag) break;
-      after_flag = false;
-      continue;
-    }
-    after_flag = true;
-    if (arg.size() > 3 && absl::StartsWith(arg, "-np") &&
-        std::all_of(arg.begin() + 3, arg.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("'", arg, "': write -np ", arg.substr(3), " (the number after a space)"));
-    }
-    if (arg == "-npernode" || arg == "--npernode" || absl::StartsWith(arg, "-npernode=")) {
-      return absl::InvalidArgumentError(
-          "-npernode is mpirun's; give each host's ranks as -H host1:N,host2:N (or a hostfile "
-          "with slots=N), and -np for the total");
-    }
-  }
-  args = RewriteSingleDashAliases(app, std::move(args));
+                                          RunOptions& options, const EnvLookup& env) {
+  absl::StatusOr<Translation> translated = TranslateForeignFlags(app, std::move(args), env);
+  if (!translated.ok()) return translated.status();
+  args = std::move(translated->args);
   absl::StatusOr<ParseOutcome> outcome = ParseOnce(app, args, options);
   if (!outcome.ok() || *outcome != ParseOutcome::kRun) return outcome;
   if (options.config_file) {
     outcome = MergeConfigFile(app, args, options);
     if (!outcome.ok()) return outcome;
   }
+  options.notes.insert(options.notes.end(), translated->notes.begin(), translated->notes.end());
   if (options.command.empty()) {
     return absl::InvalidArgumentError(
         "no command to run; put it after the flags, e.g. trainrun -np 4 python train.py");

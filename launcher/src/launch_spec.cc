@@ -40,9 +40,10 @@ absl::StatusOr<Launcher> ParseLauncher(absl::string_view text) {
   if (text == "auto") return Launcher::kAuto;
   if (text == "ssh") return Launcher::kSsh;
   if (text == "slurm") return Launcher::kSlurm;
+  if (text == "rsh") return Launcher::kRsh;
   if (text == "local") return Launcher::kLocal;
   return absl::InvalidArgumentError(
-      absl::StrCat("--launcher '", text, "' is not one of auto, ssh, slurm, local"));
+      absl::StrCat("--launcher '", text, "' is not one of auto, ssh, slurm, rsh, local"));
 }
 
 absl::StatusOr<BindTo> ParseBindTo(absl::string_view text) {

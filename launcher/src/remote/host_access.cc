@@ -12,6 +12,7 @@
 #include "remote/agent_connector.h"
 #include "remote/host_access.h"
 #include "remote/trainrun_probe.h"
+#include "rsh/rsh_host_channel.h"
 #include "slurm/srun_host_channel.h"
 #include "ssh/ssh_host_channel.h"
 #include "trainrun/hostfile/host_list.h"
@@ -55,6 +56,7 @@ bool UsesSlurm(const LaunchSpec& spec) {
 std::unique_ptr<channel::HostChannel> MakeHostChannel(const LaunchSpec& spec) {
   if (spec.per_node) return nodes::MakeNodeJoinChannel(*spec.per_node, spec.start_timeout);
   if (UsesSlurm(spec)) return slurm::MakeSrunHostChannel();
+  if (spec.launcher == Launcher::kRsh) return rsh::MakeRshHostChannel(spec.rsh_agent);
   return ssh::MakeSshHostChannel(SshOptionsFor(spec));
 }
 

@@ -1,7 +1,5 @@
 #include "slurm/srun_host_channel.h"
 
-#include <sys/wait.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -11,8 +9,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "posix/piped_child.h"
+#include "rsh/piped_host_stream.h"
 #include "ssh/tcp_connect.h"
 #include "trainrun/rendezvous/environment.h"
 
@@ -37,59 +35,6 @@ std::vector<std::string> SrunArguments(const std::string& host, const std::strin
           command};
 }
 
-// One host's agent: the srun process, its stdin (the agent's) and stdout (the agent's).
-class SrunStream final : public channel::HostStream {
- public:
-  SrunStream(std::string host, std::unique_ptr<PipedChild> srun, RouteAddresses route)
-      : host_(std::move(host)), srun_(std::move(srun)), route_(std::move(route)) {}
-
-  absl::Status Write(absl::string_view data, absl::Duration timeout) override {
-    return srun_->Write(data, timeout);
-  }
-  absl::StatusOr<size_t> Read(char* buffer, size_t size, absl::Duration timeout) override {
-    return srun_->Read(buffer, size, timeout);
-  }
-  void Interrupt() override { srun_->Interrupt(); }
-  void CloseStdin() override { srun_->CloseStdin(); }
-
-  absl::Status EndStatus() override {
-    std::optional<int> exit_status = srun_->Finish();
-    std::string tail(absl::StripTrailingAsciiWhitespace(srun_->stderr_tail()));
-    if (size_t newline = tail.rfind('\n'); newline != std::string::npos) {
-      tail = tail.substr(newline + 1);
-    }
-    if (!exit_status) {
-      return absl::UnavailableError(
-          absl::StrCat("host ", host_, ": the agent's job step ended but srun did not exit"));
-    }
-    int status = *exit_status;
-    if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
-      if (std::string why = AllocationEnded(); !why.empty()) {
-        return absl::AbortedError(
-            absl::StrCat("host ", host_, ": ", why, ", so its job step (srun) ended"));
-      }
-      return absl::AbortedError(absl::StrCat("host ", host_, ": the agent's job step (srun) ",
-                                             "ended with status ", WEXITSTATUS(status),
-                                             tail.empty() ? "" : ": ", tail));
-    }
-    if (WIFSIGNALED(status)) {
-      return absl::AbortedError(
-          absl::StrCat("host ", host_, ": srun was killed by signal ", WTERMSIG(status)));
-    }
-    return absl::OkStatus();
-  }
-
-  std::string LocalAddress() const override { return route_.local; }
-  std::string RemoteAddress() const override { return route_.remote; }
-
- private:
-  const std::string host_;
-  // Dropping it closes the agent's stdin and sends srun SIGTERM, which cancels its step (the
-  // agent and its ranks with it).
-  const std::unique_ptr<PipedChild> srun_;
-  const RouteAddresses route_;
-};
-
 absl::StatusOr<std::unique_ptr<channel::HostStream>> StartStep(const std::string& host,
                                                                const std::string& command) {
   PipedChild::Options options;
@@ -103,8 +48,10 @@ absl::StatusOr<std::unique_ptr<channel::HostStream>> StartStep(const std::string
   absl::StatusOr<std::unique_ptr<PipedChild>> srun = PipedChild::Start(std::move(options));
   if (!srun.ok()) return srun.status();
   RouteAddresses route = ssh::RouteToHost(host, absl::Now() + absl::Seconds(2));
-  return std::unique_ptr<channel::HostStream>(
-      std::make_unique<SrunStream>(host, *std::move(srun), std::move(route)));
+  rsh::PipedHostStream::Words words{"srun", "the agent's job step (srun)",
+                                    [] { return AllocationEnded(); }};
+  return std::unique_ptr<channel::HostStream>(std::make_unique<rsh::PipedHostStream>(
+      host, *std::move(srun), std::move(route), std::move(words)));
 }
 
 class SrunHostChannel final : public channel::HostChannel {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "trainrun/cli/foreign_flags.h"
 #include "trainrun/cli/per_node_options.h"
 #include "trainrun/launcher/launch_spec.h"
 
@@ -78,9 +79,10 @@ struct RunOptions {
       std::string(launcher::SshClientName(launcher::kDefaultSshClient));
   std::string ssh_host_key_checking =  // --ssh-strict-host-key-checking
       std::string(launcher::HostKeyPolicyName(launcher::kDefaultHostKeyPolicy));
-  std::string remote_trainrun;       // --remote-trainrun PATH
-  std::string launcher = "auto";     // --launcher auto|ssh|slurm|local
-  std::vector<std::string> command;  // the worker command and its arguments
+  std::string remote_trainrun;           // --remote-trainrun PATH
+  std::string launcher = "auto";         // --launcher auto|ssh|slurm|rsh|local
+  std::optional<std::string> rsh_agent;  // --rsh-agent CMD
+  std::vector<std::string> command;      // the worker command and its arguments
 
   // Per-node mode (--nnodes, --node-rank, --rdzv-endpoint, ...): per_node_options.h.
   PerNodeOptions per_node;
@@ -98,10 +100,12 @@ enum class ParseOutcome {
 };
 
 // ParseRunArgs parses `args` (argv without argv[0]) into the `options` SetupRunOptions bound to
-// `app`. Multi-letter single-dash flags that horovodrun and mpirun users type (`-np 4`,
-// `-hostfile f`, `-prefix-timestamp`) are accepted. Errors (InvalidArgument, one sentence): any
-// flag error, an unknown flag before the command, no command.
+// `app`. The spellings mpirun, torchrun and horovodrun users type (`-np 4`, `-host a:2`,
+// `--standalone`, `-mca plm_rsh_agent CMD`) are read through the compatibility table
+// (foreign_flags.h), and `env` (may be empty) gives flags from torchrun's PET_* variables and the
+// like. Errors (InvalidArgument, one sentence): any flag error, an unknown flag before the command
+// (never help: `-host` is not `-h`), no command.
 absl::StatusOr<ParseOutcome> ParseRunArgs(CLI::App& app, std::vector<std::string> args,
-                                          RunOptions& options);
+                                          RunOptions& options, const EnvLookup& env = {});
 
 }  // namespace trainrun::cli

@@ -67,9 +67,10 @@ inline constexpr std::chrono::seconds kDefaultStallShutdown{0};  // never
 // flag and the accepted values. The Name functions give the canonical spelling back.
 absl::StatusOr<SshClient> ParseSshClient(absl::string_view text);
 // Launcher is --launcher: how the hosts that are not this machine are reached. kAuto: through Slurm
-// when the hosts came from the Slurm allocation and `srun` is on PATH, else SSH. kLocal: every rank
-// on this host (an allocation is not used).
-enum class Launcher { kAuto, kSsh, kSlurm, kLocal };
+// when the hosts came from the Slurm allocation and `srun` is on PATH, through a remote shell when
+// one is named (--rsh-agent), else SSH. kRsh: through LaunchSpec::rsh_agent
+// (rsh/rsh_host_channel.h). kLocal: every rank on this host (an allocation is not used).
+enum class Launcher { kAuto, kSsh, kSlurm, kRsh, kLocal };
 absl::StatusOr<Launcher> ParseLauncher(absl::string_view text);
 absl::StatusOr<HostKeyPolicy> ParseHostKeyPolicy(absl::string_view text);
 // BindTo is mpirun's --bind-to: the CPUs each local rank may run on (cpu_binding.h). kNone, the
@@ -184,6 +185,9 @@ struct LaunchSpec {
   std::string remote_trainrun;
   // --launcher, and whether the hosts came from the Slurm allocation (SLURM_JOB_NODELIST).
   Launcher launcher = Launcher::kAuto;
+  // --rsh-agent (mpirun's plm_rsh_agent, TRAINRUN_RSH_AGENT): the remote shell's words, run as
+  // `WORDS... HOST TRAINRUN --agent` (kRsh; empty otherwise).
+  std::vector<std::string> rsh_agent;
   bool hosts_from_slurm = false;
 
   // Per-node mode (--nnodes, --node-rank, --rdzv-endpoint): unset for a job this trainrun starts

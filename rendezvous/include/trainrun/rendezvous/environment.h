@@ -159,6 +159,25 @@ inline constexpr char kSlurmJobId[] = "SLURM_JOB_ID";
 // Set by Slurm inside a job step: the agent accepts a pty as stdout there (`srun -u` gives one).
 inline constexpr char kSlurmStepId[] = "SLURM_STEP_ID";
 
+// torchrun's: every torchrun flag may come from PET_<FLAG> (PET_NNODES, PET_NPROC_PER_NODE,
+// PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT, ...), as Kubeflow's training operator sets them
+// in a PyTorchJob's pods; trainrun reads them for the flags the command line does not give
+// (cli/foreign_flags.h). kPetPrefix + the flag's name in capitals with underscores.
+inline constexpr char kPetPrefix[] = "PET_";
+// The training operator's older contract (no PET_*): MASTER_ADDR, MASTER_PORT (kTorchMasterAddr,
+// kTorchMasterPort), WORLD_SIZE as the number of nodes and RANK as this node's index, read only
+// when LOCAL_RANK is unset (a rank of trainrun or torchrun has it, a pod does not).
+// Open MPI's MCA parameters from the environment, as an MPIJob's launcher pod has them: the remote
+// shell (`-mca plm_rsh_agent`) and the hostfile.
+// Grid Engine's, inside a parallel job (`qsub -pe`): the job's hosts and slots, one `host slots
+// queue processors` line per queue instance. With no -H or --hostfile they are the job's hosts,
+// reached with `qrsh -inherit` (--launcher sge).
+inline constexpr char kSgePeHostfile[] = "PE_HOSTFILE";
+// The remote shell to reach hosts with, as --rsh-agent (which wins over it).
+inline constexpr char kRshAgent[] = "TRAINRUN_RSH_AGENT";
+inline constexpr char kOmpiMcaRshAgent[] = "OMPI_MCA_plm_rsh_agent";
+inline constexpr char kOmpiMcaHostfile[] = "OMPI_MCA_orte_default_hostfile";
+
 // Where the SSH client finds the user's ~/.ssh (HOME, else the passwd entry), the default remote
 // user when neither user@host nor ~/.ssh/config names one (USER, after the passwd entry), and the
 // ssh-agent the libssh2 client asks for keys first.
