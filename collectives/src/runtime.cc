@@ -27,8 +27,8 @@ size_t FusionBytes() {
     if (used == value->size() && parsed >= 0) return static_cast<size_t>(parsed);
   } catch (const std::exception&) {
   }
-  throw Error(MakeMessage(env::kFusionBytes.name, "=", *value,
-                          " is not a number of bytes (0 or more)"));
+  throw Error(
+      MakeMessage(env::kFusionBytes.name, "=", *value, " is not a number of bytes (0 or more)"));
 }
 
 constexpr char kForkedChild[] =
@@ -204,14 +204,13 @@ Runtime::Handle Runtime::Allgatherv(const TensorRef& input, const TensorRef& out
   });
 }
 
-Runtime::Handle Runtime::ReduceScatter(const TensorRef& input, const TensorRef& output,
-                                       ReduceOp op, int set, CallCheck check) {
+Runtime::Handle Runtime::ReduceScatter(const TensorRef& input, const TensorRef& output, ReduceOp op,
+                                       int set, CallCheck check) {
   const void* in = HostBuffer(input);
   void* out = HostBuffer(output);
   const size_t count = output.count;
   const DataType type = output.type;
-  return Submit(set,
-                [=](Communicator& c) { c.ReduceScatter(in, out, count, type, op, check); });
+  return Submit(set, [=](Communicator& c) { c.ReduceScatter(in, out, count, type, op, check); });
 }
 
 Runtime::Handle Runtime::Alltoallv(const TensorRef& input, std::vector<size_t> send_counts,
@@ -220,10 +219,8 @@ Runtime::Handle Runtime::Alltoallv(const TensorRef& input, std::vector<size_t> s
   const void* in = HostBuffer(input);
   void* out = HostBuffer(output);
   const DataType type = output.type;
-  return Submit(set, [=, sends = std::move(send_counts),
-                      recvs = std::move(recv_counts)](Communicator& c) {
-    c.Alltoallv(in, sends, out, recvs, type, check);
-  });
+  return Submit(set, [=, sends = std::move(send_counts), recvs = std::move(recv_counts)](
+                         Communicator& c) { c.Alltoallv(in, sends, out, recvs, type, check); });
 }
 
 Runtime::Handle Runtime::Barrier(int set) {
