@@ -251,7 +251,8 @@ std::string VersionString(int version, bool nccl) {
 std::string DescribeProbe(const GpuProbe& probe) {
   std::ostringstream out;
   if (!probe.driver_why_not.empty() && probe.driver_version == 0) {
-    out << "no GPU driver (" << probe.driver_why_not << ")";
+    out << (OpenCudaDriver().handle == nullptr ? "no GPU driver (libcuda.so.1 did not load)"
+                                               : "no usable GPU (" + probe.driver_why_not + ")");
   } else {
     out << probe.gpu_count << (probe.gpu_count == 1 ? " GPU" : " GPUs") << ", driver CUDA "
         << VersionString(probe.driver_version, false);
