@@ -77,14 +77,14 @@ void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out) {
   for (const hostfile::HostSpec& host : plan.hosts) any_remote |= !launcher::IsLocalHost(host.host);
   if (any_remote) {
     out << "hosts:\n";
-    for (const hostfile::HostSpec& host : plan.hosts) {
-      out << "  " << hostfile::HostLabel(host) << ": " << launcher::DescribeHostAccess(spec, host)
-          << "\n";
+    const std::vector<std::string> access = launcher::DescribeHostsAccess(spec);
+    for (size_t i = 0; i < plan.hosts.size(); ++i) {
+      out << "  " << hostfile::HostLabel(plan.hosts[i]) << ": " << access[i] << "\n";
     }
     // The plan is out before the hosts are asked, which may take up to --start-timeout; a job
     // (--display-map) learns the same when it reaches them.
     out << std::flush;
-    if (!spec.dry_run) return;
+    if (!spec.dry_run || !spec.dry_run_probe) return;
     out << "trainrun on the hosts:" << std::endl;
     for (const std::string& line : launcher::ProbeRemoteTrainrun(spec)) out << "  " << line << "\n";
   }

@@ -257,9 +257,7 @@ const ForeignFlag* Find(absl::string_view spelling) {
 }
 
 // Canonical: a long flag's name with underscores as dashes (torchrun accepts both).
-std::string Canonical(absl::string_view flag) {
-  return absl::StrReplaceAll(flag, {{"_", "-"}});
-}
+std::string Canonical(absl::string_view flag) { return absl::StrReplaceAll(flag, {{"_", "-"}}); }
 
 int UsableCpus() {
   cpu_set_t set;
@@ -341,7 +339,8 @@ struct Walk {
 absl::Status TakeValues(Walk& w, const std::string& flag, int count) {
   for (int k = 0; k < count; ++k) {
     if (w.i + 1 >= w.in.size()) {
-      return Bad(absl::StrCat(flag, " needs ", count == 1 ? "a value" : absl::StrCat(count, " values"),
+      return Bad(absl::StrCat(flag, " needs ",
+                              count == 1 ? "a value" : absl::StrCat(count, " values"),
                               "; see trainrun --help"));
     }
     w.out.push_back(w.in[++w.i]);
@@ -468,8 +467,8 @@ absl::Status Word(Walk& w) {
   if (option == nullptr) {
     if (flag.size() > 3 && absl::StartsWith(flag, "-np") &&
         std::all_of(flag.begin() + 3, flag.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-      return Bad(absl::StrCat("'", arg, "': write -np ", flag.substr(3),
-                              " (the number after a space)"));
+      return Bad(
+          absl::StrCat("'", arg, "': write -np ", flag.substr(3), " (the number after a space)"));
     }
     std::string message = absl::StrCat("unknown flag '", flag, "'");
     if (std::string near = Nearest(w.app, flag); !near.empty()) {
@@ -596,26 +595,39 @@ std::string CompatibilityHelp() {
   return text;
 }
 
-absl::StatusOr<Translation> TranslateForeignFlags(const CLI::App& app,
-                                                  std::vector<std::string> args,
-                                                  const EnvLookup& env) {
-  std::vector<std::string> from_env = FromEnvironment(args, env);
-  args.insert(args.begin(), from_env.begin(), from_env.end());
-  Walk w{app, std::move(args)};
+// WalkFlags translates the words of `w` up to the worker command, leaving w.i at its start.
+absl::Status WalkFlags(Walk& w) {
   for (; w.i < w.in.size(); ++w.i) {
     const std::string& arg = w.in[w.i];
     if (arg == "--" || arg.size() < 2 || arg[0] != '-') break;  // the command starts here
     if (absl::Status status = Word(w); !status.ok()) return status;
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Translation> TranslateForeignFlags(const CLI::App& app,
+                                                  std::vector<std::string> args,
+                                                  const EnvLookup& env) {
+  if (env) {
+    // Which flags the command line gives: its words before the worker command (whose own -n or
+    // --nnodes are not trainrun's).
+    Walk flags_only{app, args};
+    if (absl::Status status = WalkFlags(flags_only); !status.ok()) return status;
+    std::vector<std::string> given(args.begin(),
+                                   args.begin() + static_cast<std::ptrdiff_t>(flags_only.i));
+    std::vector<std::string> from_env = FromEnvironment(given, env);
+    args.insert(args.begin(), from_env.begin(), from_env.end());
+  }
+  Walk w{app, std::move(args)};
+  if (absl::Status status = WalkFlags(w); !status.ok()) return status;
   std::vector<std::string> command(w.in.begin() + static_cast<std::ptrdiff_t>(w.i), w.in.end());
   if (w.standalone) {
-    for (const char* flag : {"--nnodes", "--hosts", "--hostfile", "--rdzv-endpoint",
-                             "--master-addr"}) {
+    for (const char* flag :
+         {"--nnodes", "--hosts", "--hostfile", "--rdzv-endpoint", "--master-addr"}) {
       if (Given(w.out, flag)) {
         auto it = std::find(w.out.begin(), w.out.end(), flag);
-        const bool one_node =
-            std::string(flag) == "--nnodes" && it != w.out.end() && it + 1 != w.out.end() &&
-            (*(it + 1) == "1" || *(it + 1) == "1:1");
+        const bool one_node = std::string(flag) == "--nnodes" && it != w.out.end() &&
+                              it + 1 != w.out.end() && (*(it + 1) == "1" || *(it + 1) == "1:1");
         if (!one_node) {
           return Bad(absl::StrCat("--standalone is a one-node job with its own rendezvous; drop ",
                                   flag, " (or --standalone)"));

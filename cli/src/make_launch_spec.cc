@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "trainrun/hostfile/host_list.h"
 #include "trainrun/hostfile/hostfile.h"
@@ -24,6 +25,7 @@
 #include "trainrun/hostfile/slurm.h"
 #include "trainrun/launcher/host_discovery.h"
 #include "trainrun/launcher/local_host.h"
+#include "trainrun/launcher/python_interpreter.h"
 #include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::cli {
@@ -98,6 +100,40 @@ absl::StatusOr<std::vector<HostSpec>> ReadPeHostfile(const std::string& path) {
         absl::StrCat(env::kSgePeHostfile, " ", path, " lists no host"));
   }
   return hosts;
+}
+
+// MergeNamesOfThisMachine makes every entry that names this machine (localhost, 127.0.0.1, its
+// own name, ...) one host, at the first one's place with all their slots, so its ranks get one
+// numbering of local ranks; one line says so.
+void MergeNamesOfThisMachine(std::vector<HostSpec>& hosts) {
+  std::vector<HostSpec> merged;
+  std::vector<std::string> names;
+  int first_local = -1;
+  for (HostSpec& host : hosts) {
+    if (!launcher::IsLocalHost(host.host)) {
+      merged.push_back(std::move(host));
+      continue;
+    }
+    names.push_back(host.host);
+    if (first_local < 0) {
+      first_local = static_cast<int>(merged.size());
+      merged.push_back(std::move(host));
+      continue;
+    }
+    HostSpec& local = merged[first_local];
+    local.slots += host.slots;
+    if (local.max_slots || host.max_slots) {
+      local.max_slots =
+          local.max_slots.value_or(local.slots - host.slots) + host.max_slots.value_or(host.slots);
+    }
+  }
+  if (names.size() > 1) {
+    spdlog::info(
+        "{} all name this machine: one host with {} slots, its local ranks numbered across "
+        "them",
+        absl::StrJoin(names, ", "), merged[first_local].slots);
+  }
+  hosts = std::move(merged);
 }
 
 absl::StatusOr<Hosts> ResolveHosts(const RunOptions& options, const EnvironmentLookup& env) {
@@ -271,6 +307,14 @@ std::string RunPythonScriptWithPython(const RunOptions& options,
   if (::stat(script.c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
       ::access(script.c_str(), X_OK) == 0) {
     return "";  // not here (another host's, or a typo the exec reports), or executable
+  }
+  // The interpreter trainrun's own Python package is for, when known (a `python3` first on PATH
+  // may be another, without it); else the first python3 on the job's PATH, as torchrun does.
+  if (std::string python = launcher::PackagePython(); !python.empty()) {
+    command.insert(command.begin(), python);
+    return absl::StrCat(command[1], " is not executable: running it as `", python, " ", command[1],
+                        "` (the interpreter trainrun's Python package is for); --no-python runs "
+                        "the command as given");
   }
   command.insert(command.begin(), "python3");
   return absl::StrCat(command[1], " is not executable: running it as `python3 ", command[1],
@@ -475,6 +519,8 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
       for (const hostfile::HostSpec& host : hosts->hosts) total += host.slots;
       planned.num_proc = options.max_np ? std::min(total, *options.max_np) : total;
     }
+    // A discovery script's hosts keep their names: the script's later runs are compared by name.
+    if (!options.host_discovery_script) MergeNamesOfThisMachine(hosts->hosts);
     plan = hostfile::PlanSlots(hosts->hosts, planned.num_proc);
     if (!plan.ok()) return BadInput(hosts->source, plan.status());
   }
@@ -547,6 +593,7 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
   if (absl::Status placed = ApplyPlacement(options, spec); !placed.ok()) return placed;
   spec.start_timeout = std::chrono::seconds(options.start_timeout_s);
   spec.dry_run = options.dry_run;
+  spec.dry_run_probe = !options.no_probe;
   spec.verbose = options.verbose;
   spec.quiet = options.quiet;
   spec.network_interfaces = options.network_interfaces;

@@ -304,6 +304,9 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
   app.add_flag("--dry-run", options.dry_run,
                "Print the plan (host, rank, local_rank, cross_rank, command), how each remote host "
                "is reached and the trainrun release found there; start no job.");
+  app.add_flag("--no-probe", options.no_probe,
+               "With --dry-run: the plan alone, at once; no remote host is asked which trainrun "
+               "it has.");
 
   app.add_option("--rendezvous-port", options.rendezvous_port,
                  "Port of the job's rendezvous server; 0 lets the kernel choose.")

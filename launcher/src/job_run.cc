@@ -11,6 +11,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "posix/resolve_on_path.h"
 #include "rank_ranges.h"
 #include "remote/host_access.h"
 #include "trainrun/launcher/cpu_binding.h"
@@ -18,6 +19,7 @@
 #include "trainrun/launcher/host_discovery.h"
 #include "trainrun/launcher/local_host.h"
 #include "trainrun/launcher/logging.h"
+#include "trainrun/launcher/python_interpreter.h"
 #include "trainrun/rendezvous/environment.h"
 #include "trainrun/rendezvous/generation.h"
 
@@ -71,6 +73,9 @@ JobRun::JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& out
   options.command = spec.command[0];
   options.grace_period = spec.grace_period;
   options.elastic = spec.elastic;
+  options.python_hint = [](const std::string& module) {
+    return PythonHint(module, env::Lookup(env::kPath).value_or(posix::kDefaultPath));
+  };
   supervisor_.emplace(
       io_, slots_, all_ranks_, options, [this] { io_.stop(); },
       [this](const MembershipChange& change) { PublishGeneration(change); });

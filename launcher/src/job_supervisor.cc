@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "rank_ranges.h"
 #include "trainrun/launcher/logging.h"
+#include "trainrun/launcher/python_interpreter.h"
 
 namespace trainrun::launcher {
 namespace {
@@ -532,6 +533,11 @@ void JobSupervisor::AppendStderrTail(int rank, std::vector<std::string>& lines) 
   lines.push_back(absl::StrCat("last lines of rank ", rank, "'s stderr:"));
   for (size_t i = first; i < tail_lines.size(); ++i)
     lines.push_back(absl::StrCat("  | ", tail_lines[i]));
+  if (options_.python_hint) {
+    if (std::string module = MissingPythonModule(tail->second); !module.empty()) {
+      lines.push_back(options_.python_hint(module));
+    }
+  }
 }
 
 std::string JobSupervisor::Summary() const {

@@ -75,6 +75,11 @@ absl::StatusOr<std::vector<remote::RemoteAgent>> ReachHosts(const LaunchSpec& sp
     agents = remote::ConnectAgents(*channel, hosts, command, deadline.at,
                                    [&](int connected, int) { progress.Connected(connected); });
   }
+  if (!agents.ok() && agents.status().code() != absl::StatusCode::kCancelled) {
+    // A host that cannot be reached is a bad host, as the documentation's exit codes say: exit 2
+    // (not 127, the shell's "command not found", nor 124), nothing left running.
+    return absl::InvalidArgumentError(agents.status().message());
+  }
   if (agents.ok()) {
     Logger().debug("{} hosts connected in {}", hosts.size(),
                    absl::FormatDuration(absl::Now() - start));

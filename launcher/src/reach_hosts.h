@@ -15,7 +15,8 @@ namespace trainrun::launcher {
 // ReachHosts connects to the agents of plan.remote_hosts, all in parallel, before `deadline`, and
 // returns them in that order (none when every host is this machine). On a terminal it shows one
 // progress line while that takes longer than a second. The first failure is returned at once (one
-// line naming the host and the reason), and every connection already open is closed.
+// line naming the host and the reason; InvalidArgument, so trainrun exits 2 as for any bad host),
+// and every connection already open is closed.
 absl::StatusOr<std::vector<remote::RemoteAgent>> ReachHosts(const LaunchSpec& spec,
                                                             const JobPlan& plan,
                                                             const StartDeadline& deadline);

@@ -2,12 +2,13 @@
 // spelling becomes, and the flags the environment gives (torchrun's PET_*, the training operator's
 // MASTER_ADDR/WORLD_SIZE/RANK, an MPIJob's OMPI_MCA_*). tests/cli/spellings_test.sh runs a real
 // job with every spelling.
+#include "trainrun/cli/foreign_flags.h"
+
 #include <catch2/catch.hpp>
 #include <map>
 #include <string>
 #include <vector>
 
-#include "trainrun/cli/foreign_flags.h"
 #include "trainrun/cli/run_options.h"
 
 namespace trainrun::cli {
@@ -102,9 +103,9 @@ TEST_CASE_METHOD(Translate, "PET_* variables give torchrun's flags the command l
   env = {{"PET_NNODES", "2"},          {"PET_NPROC_PER_NODE", "3"},
          {"PET_NODE_RANK", "1"},       {"PET_MASTER_ADDR", "10.0.0.1"},
          {"PET_MASTER_PORT", "23456"}, {"PET_STANDALONE", "0"}};
-  CHECK(Args({"--node-rank", "0", "x"}) ==
-        Words{"--nnodes", "2", "--nproc-per-node", "3", "--master-addr", "10.0.0.1",
-              "--master-port", "23456", "--node-rank", "0", "x"});
+  CHECK(Args({"--node-rank", "0", "x"}) == Words{"--nnodes", "2", "--nproc-per-node", "3",
+                                                 "--master-addr", "10.0.0.1", "--master-port",
+                                                 "23456", "--node-rank", "0", "x"});
 }
 
 TEST_CASE_METHOD(Translate, "the training operator's MASTER_ADDR, WORLD_SIZE and RANK make a node",
@@ -115,6 +116,11 @@ TEST_CASE_METHOD(Translate, "the training operator's MASTER_ADDR, WORLD_SIZE and
   CHECK(Args({"-np", "4", "x"}) == Words{"--nnodes", "2", "--node-rank", "1", "--master-addr",
                                          "pod-0", "--master-port", "23456", "--num-proc", "4",
                                          "x"});
+  SECTION("the worker command's own flags are not trainrun's") {
+    CHECK(Args({"perf", "-n", "5", "--nnodes", "3"}) ==
+          Words{"--nnodes", "2", "--node-rank", "1", "--master-addr", "pod-0", "--master-port",
+                "23456", "--nproc-per-node", "1", "perf", "-n", "5", "--nnodes", "3"});
+  }
   SECTION("not inside a rank of trainrun or torchrun (LOCAL_RANK), nor with hosts given") {
     env["LOCAL_RANK"] = "0";
     CHECK(Args({"x"}) == Words{"x"});

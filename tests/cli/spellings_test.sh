@@ -2,7 +2,8 @@
 # Every spelling of trainrun's compatibility table (`trainrun --help`'s Compatibility block,
 # cli/src/foreign_flags.cc) runs a real job here and shows its meaning, or is refused in one line
 # with exit 2; a spelling without a case below fails the test. Then: no single-dash word prints
-# help or exits 0 unless it is a flag trainrun knows.
+# help or exits 0 unless it is a flag trainrun knows; two names of this machine are one host; a
+# host that cannot be reached exits 2.
 # Usage: spellings_test.sh TRAINRUN
 set -uo pipefail
 trainrun=$1
@@ -156,5 +157,17 @@ for word in -hots -hosts_ -hostx -verbosex -version2 -tag -quietly -nolocalx -hx
     fail "'$word' did not give one line naming it with exit 2 (exit $rc): $out"
   fi
 done
+# Hosts: two names of this machine are one host (local ranks numbered across them, one line says
+# so); a host that cannot be reached exits 2, as any bad host, naming it.
+out=$("$trainrun" -H localhost:1,127.0.0.1:1 -np 2 sh -c 'echo "local $TRAINRUN_LOCAL_RANK of $TRAINRUN_LOCAL_SIZE"' 2>&1) ||
+  fail "-H localhost:1,127.0.0.1:1: exited $?: $out"
+grep -q 'local 1 of 2' <<<"$out" || fail "-H localhost:1,127.0.0.1:1: local ranks not numbered across: $out"
+grep -q 'localhost, 127.0.0.1 all name this machine: one host with 2 slots' <<<"$out" ||
+  fail "-H localhost:1,127.0.0.1:1: no line saying they are one host: $out"
+out=$(timeout 60 "$trainrun" -H nosuchhost.invalid:2 -np 2 /bin/true 2>&1)
+rc=$?
+((rc == 2)) || fail "-H nosuchhost.invalid:2 exited $rc, not 2: $out"
+grep -q 'nosuchhost.invalid' <<<"$out" || fail "-H nosuchhost.invalid:2: the error does not name it: $out"
+
 echo "spellings: ${#table[@]} spellings checked, $failures failures"
 ((failures == 0))

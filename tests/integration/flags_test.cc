@@ -200,23 +200,24 @@ TEST_CASE("display-map prints the plan, then runs the job", "[integration][flags
   CHECK(job.out.find("[0]<stdout>:hi") > job.out.find("localhost  1 "));
 }
 
-TEST_CASE("a .py that is not executable runs with the job's first python3, said once",
+TEST_CASE("a .py that is not executable runs with the package's python3, said once",
           "[integration][flags][torchrun]") {
   TempDir dir;
-  // A python3 of our own first on PATH: the one trainrun must pick.
+  // Another python3 first on PATH: trainrun runs the interpreter its own package is for.
   ::mkdir((dir.path() + "/bin").c_str(), 0755);
   REQUIRE(::symlink("/usr/bin/python3", (dir.path() + "/bin/python3").c_str()) == 0);
   std::ofstream(dir.path() + "/train.py") << "import sys\nprint('python', sys.executable)\n";
   JobResult job = RunJob("-np 2 train.py", "PATH=" + dir.path() + "/bin:$PATH; cd " + dir.path());
   INFO(job.out << job.err);
   CHECK(job.exit_code == 0);
-  CHECK(job.out.find("[0]<stdout>:python " + dir.path() + "/bin/python3\n") != std::string::npos);
-  CHECK(job.out.find("[1]<stdout>:python " + dir.path() + "/bin/python3\n") != std::string::npos);
+  CHECK(job.out.find("[0]<stdout>:python /usr/bin/python3\n") != std::string::npos);
+  CHECK(job.out.find("[1]<stdout>:python /usr/bin/python3\n") != std::string::npos);
   CHECK(std::regex_match(
-      job.err, std::regex("trainrun: info: train.py is not executable: running it as `python3 "
-                          "train.py` \\(the first python3 on the job's PATH\\), as torchrun does; "
-                          "--no-python runs the command as given\n"
-                          "trainrun: info: 2 ranks on 1 host started in [0-9.]+ s\n")));
+      job.err,
+      std::regex("trainrun: info: train.py is not executable: running it as `/usr/bin/python3 "
+                 "train.py` \\(the interpreter trainrun's Python package is for\\); "
+                 "--no-python runs the command as given\n"
+                 "trainrun: info: 2 ranks on 1 host started in [0-9.]+ s\n")));
   // --no-python: as given, so it cannot be executed.
   JobResult as_given = RunJob("--no-python -np 1 ./train.py", "cd " + dir.path());
   CHECK(as_given.exit_code == 127);  // trainrun's one code for a command it cannot execute
@@ -409,4 +410,24 @@ TEST_CASE("config-file: a bad key, value or file gets one sentence naming file, 
   CHECK(missing.exit_code == 2);
   CHECK(missing.err ==
         "trainrun: error: --config-file nope.yaml: cannot read it: No such file or directory\n");
+}
+
+TEST_CASE("a rank that cannot import trainrun: the summary names both interpreters",
+          "[integration][flags]") {
+  TempDir dir;
+  // A second python3 first on PATH, one without trainrun (a fake that answers as one would).
+  ::mkdir((dir.path() + "/bin").c_str(), 0755);
+  std::ofstream(dir.path() + "/bin/python3")
+      << "#!/bin/sh\n"
+         "if [ \"$1\" = --version ]; then echo 'Python 3.99.0'; exit 0; fi\n"
+         "echo 'Traceback (most recent call last):' >&2\n"
+         "echo \"ModuleNotFoundError: No module named 'trainrun'\" >&2\n"
+         "exit 1\n";
+  ::chmod((dir.path() + "/bin/python3").c_str(), 0755);
+  JobResult job = RunJob("-np 1 python3 -c 'import trainrun'", "PATH=" + dir.path() + "/bin:$PATH");
+  INFO(job.out << job.err);
+  CHECK(job.exit_code == 1);
+  CHECK(job.err.find("python3 on the job's PATH is " + dir.path() +
+                     "/bin/python3 (Python 3.99.0), but trainrun's Python package is installed "
+                     "for /usr/bin/python3 (Python 3.") != std::string::npos);
 }

@@ -101,7 +101,7 @@ echo "== a pod the wrapper cannot reach"
 out=$(in_client "$trainrun" -H "${addr[0]}:1,10.215.1.99:1" -np 2 --rsh-agent "$work/agent" /bin/true 2>&1)
 rc=$?
 echo "$out" | tail -2
-((rc != 0)) || fail "an unreachable pod: exit 0"
+((rc == 2)) || fail "an unreachable pod: exit $rc, not 2 (a bad host)"
 grep -q '10.215.1.99' <<<"$out" || fail "the error does not name the pod: $out"
 grep -q 'pods "10.215.1.99" not found' <<<"$out" || fail "the error does not quote the wrapper: $out"
 pods_empty || fail "processes left in the pods after the unreachable pod"

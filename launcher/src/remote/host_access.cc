@@ -73,6 +73,22 @@ std::string DescribeHostAccess(const LaunchSpec& spec, const hostfile::HostSpec&
       host, remote::AgentCommand(remote::RemoteTrainrunPath(spec)));
 }
 
+std::vector<std::string> DescribeHostsAccess(const LaunchSpec& spec) {
+  std::vector<std::string> lines;
+  lines.reserve(spec.plan.hosts.size());
+  std::unique_ptr<channel::HostChannel> channel;
+  const std::string agent = remote::AgentCommand(remote::RemoteTrainrunPath(spec));
+  for (const hostfile::HostSpec& host : spec.plan.hosts) {
+    if (IsLocalHost(host.host)) {
+      lines.emplace_back(remote::UsesSlurm(spec) ? "local" : "local (no SSH)");
+      continue;
+    }
+    if (!channel) channel = remote::MakeHostChannel(spec);
+    lines.push_back(channel->Describe(host, agent));
+  }
+  return lines;
+}
+
 std::vector<std::string> ProbeRemoteTrainrun(const LaunchSpec& spec) {
   std::vector<hostfile::HostSpec> hosts;
   std::set<std::string> seen;

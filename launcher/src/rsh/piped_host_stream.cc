@@ -36,8 +36,8 @@ absl::Status PipedHostStream::EndStatus() {
     tail = tail.substr(newline + 1);
   }
   if (!exit_status) {
-    return absl::UnavailableError(absl::StrCat("host ", host_, ": ", words_.step,
-                                               " ended but ", words_.program, " did not exit"));
+    return absl::UnavailableError(absl::StrCat("host ", host_, ": ", words_.step, " ended but ",
+                                               words_.program, " did not exit"));
   }
   const int status = *exit_status;
   if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
@@ -47,9 +47,8 @@ absl::Status PipedHostStream::EndStatus() {
             absl::StrCat("host ", host_, ": ", why, ", so ", words_.step, " ended"));
       }
     }
-    return absl::AbortedError(absl::StrCat("host ", host_, ": ", words_.step,
-                                           " ended with status ", WEXITSTATUS(status),
-                                           tail.empty() ? "" : ": ", tail));
+    return absl::AbortedError(absl::StrCat("host ", host_, ": ", words_.step, " ended with status ",
+                                           WEXITSTATUS(status), tail.empty() ? "" : ": ", tail));
   }
   if (WIFSIGNALED(status)) {
     return absl::AbortedError(absl::StrCat("host ", host_, ": ", words_.program,

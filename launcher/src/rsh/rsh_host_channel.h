@@ -2,8 +2,8 @@
 // `plm_rsh_agent` (`--rsh-agent CMD`, `-mca plm_rsh_agent CMD`, TRAINRUN_RSH_AGENT): trainrun runs
 // `CMD... HOST TRAINRUN --agent` once per host, and the agent protocol goes over that program's
 // stdin and stdout, as the Slurm channel's does over `srun`. Grid Engine's `qrsh -inherit` (so the
-// scheduler accounts for and kills the ranks), `kubectl exec` and `docker exec` wrappers, pdsh-style
-// or site-specific jump scripts all work this way.
+// scheduler accounts for and kills the ranks), `kubectl exec` and `docker exec` wrappers,
+// pdsh-style or site-specific jump scripts all work this way.
 //
 // The remote command is passed as separate words (the trainrun path, shell-quoted only where it
 // needs quoting, then --agent), so both kinds of agent run it: those that join the words into a

@@ -16,10 +16,10 @@
 #include <functional>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace trainrun::cli {
@@ -43,8 +43,8 @@ struct ForeignFlag {
   absl::string_view tool;      // whose it is: "mpirun", "torchrun", "horovodrun", "MPICH"
   ForeignAction action;
   int values;                 // words it takes after it (kRename: -1, trainrun's flag decides)
-  absl::string_view target;    // kRename: trainrun's flag; kExport: the variable
-  absl::string_view meaning;   // one phrase for --help; kNote and kRefuse: the sentence shown
+  absl::string_view target;   // kRename: trainrun's flag; kExport: the variable
+  absl::string_view meaning;  // one phrase for --help; kNote and kRefuse: the sentence shown
 };
 
 // ForeignFlags is the table.

@@ -70,6 +70,7 @@ struct RunOptions {
   bool quiet = false;                                // -q/--quiet: no start line, no notes
   std::optional<std::string> log_level;              // --log-level
   bool dry_run = false;                              // --dry-run
+  bool no_probe = false;                             // --no-probe: the plan alone
   int rendezvous_port = 0;                           // --rendezvous-port
   std::string rendezvous_addr;                       // --rendezvous-addr
   std::vector<std::string> network_interfaces;       // --network-interface(s)

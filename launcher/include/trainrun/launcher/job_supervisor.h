@@ -42,6 +42,9 @@ struct SupervisorOptions {
   // After SIGKILL, how long to wait for ranks to be reaped before giving up on them.
   std::chrono::milliseconds kill_timeout{5000};
   int stderr_tail_lines = 10;  // lines of the failed rank's stderr in the summary
+  // For a rank whose stderr says it could not import trainrun, torch or numpy: one line naming the
+  // interpreters (python_interpreter.h's PythonHint); unset: nothing more is said.
+  std::function<std::string(const std::string& module)> python_hint;
   // Elastic mode (--min-np); unset: the first failure ends the job.
   std::optional<ElasticSpec> elastic;
 };

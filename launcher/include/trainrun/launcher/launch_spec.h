@@ -160,6 +160,8 @@ struct LaunchSpec {
   std::chrono::seconds stall_shutdown = kDefaultStallShutdown;
   // Print the plan, start nothing (the CLI prints it; Launch is not called).
   bool dry_run = false;
+  // --no-probe: --dry-run prints the plan alone, asking no remote host which trainrun it has.
+  bool dry_run_probe = true;
   bool verbose = false;
   // --quiet: no start line ("8 ranks on 2 hosts started in 0.41 s") when every rank has started.
   bool quiet = false;

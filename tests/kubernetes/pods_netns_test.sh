@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# A Kubeflow PyTorchJob's pods, faked: two network namespaces, each running `trainrun COMMAND` with
+# no flags and only the variables the training operator gives a pod (torchrun's PET_* in one run,
+# the older MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK in the other), in a clean environment.
+# Each run is a checked allreduce across both pods, and both pods end with status 0.
+# Usage: pods_netns_test.sh TRAINRUN ALLREDUCE_PERF      (root; exit 77 without it)
+set -uo pipefail
+trainrun=$1 perf=$2
+if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null; then
+  echo "skipped: needs root and iproute2 (network namespaces)"
+  exit 77
+fi
+work=$(mktemp -d "${TMPDIR:-/tmp}/trainrun-pods.XXXXXX")
+p=trk$$
+pods=("$p-p0" "$p-p1")
+addr=(10.217.1.10 10.217.1.11)
+cleanup() {
+  for ns in "${pods[@]}" "$p-br"; do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
+    ip netns del "$ns" 2>/dev/null
+  done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+
+ip netns add "$p-br"
+ip -n "$p-br" link add br0 type bridge
+ip -n "$p-br" link set br0 up
+for i in 0 1; do
+  ns=${pods[$i]}
+  ip netns add "$ns"
+  ip -n "$p-br" link add "vp$i" type veth peer name eth0 netns "$ns"
+  ip -n "$p-br" link set "vp$i" master br0 up
+  ip -n "$ns" link set lo up
+  ip -n "$ns" addr add "${addr[$i]}/24" dev eth0
+  ip -n "$ns" link set eth0 up
+done
+
+# pods NAME VARIABLES-OF-POD-0 -- VARIABLES-OF-POD-1: both pods at once, each `trainrun perf ...`
+# in `env -i` with only PATH, HOME and its variables; their outputs in NAME.0 and NAME.1.
+pods() {
+  local name=$1
+  shift
+  local -a vars0=() vars1=()
+  while [[ $1 != -- ]]; do vars0+=("$1"); shift; done
+  shift
+  vars1=("$@")
+  local -a pids=()
+  for i in 0 1; do
+    local -n vars=vars$i
+    timeout 90 ip netns exec "${pods[$i]}" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+      "${vars[@]}" "$trainrun" "$perf" -b 1M -e 1M -n 5 -c 1 >"$work/$name.$i" 2>&1 &
+    pids+=($!)
+  done
+  local status=0
+  for i in 0 1; do
+    wait "${pids[$i]}" || { status=$?; fail "$name: pod $i exited $status: $(cat "$work/$name.$i")"; }
+  done
+  grep -Eq '^\[0\]<stdout>: +1048576 .* 0$' "$work/$name.0" ||
+    fail "$name: pod 0 printed no checked 1 MiB row with 0 wrong: $(cat "$work/$name.0")"
+  tail -2 "$work/$name.0"
+}
+
+echo "== torchrun's PET_* variables (a PyTorchJob today): 2 pods x 2 ranks"
+pods pet PET_NNODES=2 PET_NPROC_PER_NODE=2 PET_NODE_RANK=0 PET_MASTER_ADDR="${addr[0]}" \
+  PET_MASTER_PORT=23456 -- \
+  PET_NNODES=2 PET_NPROC_PER_NODE=2 PET_NODE_RANK=1 PET_MASTER_ADDR="${addr[0]}" PET_MASTER_PORT=23456
+grep -q '4 ranks on 2 hosts' "$work/pet.0" || fail "PET_*: not 4 ranks on 2 hosts: $(cat "$work/pet.0")"
+
+echo "== the operator's MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK: 2 pods x 1 rank"
+pods operator MASTER_ADDR="${addr[0]}" MASTER_PORT=23457 WORLD_SIZE=2 RANK=0 -- \
+  MASTER_ADDR="${addr[0]}" MASTER_PORT=23457 WORLD_SIZE=2 RANK=1
+grep -q '2 ranks on 2 hosts' "$work/operator.0" ||
+  fail "operator variables: not 2 ranks on 2 hosts: $(cat "$work/operator.0")"
+
+echo "pods: $failures failures"
+((failures == 0))
