@@ -45,7 +45,7 @@ for ((i = 0; i < $ROUNDS; i++)); do
 done
 ROUNDS
 chmod +x "$dir/rounds.sh"
-qsub -sync y -pe trainrun 4 -j y -o "$dir/rounds.out" "$dir/rounds.sh" >/dev/null
+qsub -sync y -S /bin/bash -pe trainrun 4 -j y -o "$dir/rounds.out" "$dir/rounds.sh" >/dev/null || true
 cat "$dir/rounds.out"
 INNER
 ROUNDS=$rounds BUILD=$build "$root/tests/sge/cluster.sh" run 2 2 -- env ROUNDS="$rounds" BUILD="$build" bash "$inner" |
@@ -56,6 +56,8 @@ for line in sys.stdin:
     name, _, ms = line.rpartition(": ")
     if name and ms.strip().isdigit():
         times.setdefault(name, []).append(int(ms))
+    else:
+        print(line, end="", file=sys.stderr)  # what went wrong, when something did
 for name, values in times.items():
     label = name + ":"
     print(f"{label:48s} median {statistics.median(values):6.0f} ms  (n={len(values)})")
