@@ -86,7 +86,9 @@ void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out) {
     out << std::flush;
     if (!spec.dry_run || !spec.dry_run_probe) return;
     out << "trainrun on the hosts:" << std::endl;
-    for (const std::string& line : launcher::ProbeRemoteTrainrun(spec)) out << "  " << line << "\n";
+    // Each host's answer as it comes.
+    launcher::ProbeRemoteTrainrun(
+        spec, [&out](const std::string& line) { out << "  " << line << std::endl; });
   }
 }
 

@@ -27,7 +27,8 @@ std::string Version(const std::string& python) {
   if (pipe == nullptr) return "";
   std::array<char, 256> buffer{};
   std::string out;
-  for (size_t n; (n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0;) out.append(buffer.data(), n);
+  for (size_t n; (n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0;)
+    out.append(buffer.data(), n);
   const int status = ::pclose(pipe);
   if (status != 0) return "";
   return std::string(absl::StripAsciiWhitespace(out));
@@ -68,8 +69,8 @@ std::string PythonHint(const std::string& module, const std::string& path_var) {
   const std::string package = PackagePython();
   const posix::Executable found = posix::ResolveOnPath("python3", path_var);
   const std::string ran = found.error == 0 ? found.path : "";
-  std::string line = absl::StrCat("python3 on the job's PATH is ",
-                                  ran.empty() ? "not found" : Described(ran));
+  std::string line =
+      absl::StrCat("python3 on the job's PATH is ", ran.empty() ? "not found" : Described(ran));
   if (package.empty()) {
     return absl::StrCat(line, ", which cannot import '", module,
                         "'; install trainrun's Python package for it (see python/README.md)");
@@ -77,8 +78,11 @@ std::string PythonHint(const std::string& module, const std::string& path_var) {
   std::error_code error;
   if (!ran.empty() && std::filesystem::equivalent(ran, package, error)) {
     return absl::StrCat(line, ", the interpreter trainrun's Python package is installed for; '",
-                        module, "' is missing there (", module == "trainrun" ? "set PYTHONPATH to "
-                        "the package's folder" : absl::StrCat("install ", module, " for it"), ")");
+                        module, "' is missing there (",
+                        module == "trainrun" ? "set PYTHONPATH to "
+                                               "the package's folder"
+                                             : absl::StrCat("install ", module, " for it"),
+                        ")");
   }
   return absl::StrCat(line, ", but trainrun's Python package is installed for ", Described(package),
                       ": name that interpreter in the command (`trainrun ... ", package,

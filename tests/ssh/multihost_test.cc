@@ -524,9 +524,11 @@ TEST_CASE("multihost: the dry run tells each host's trainrun; another release is
   // Each host's line ends with what its `trainrun --gpu-probe` said (GPUs, driver, NCCL).
   const std::string found =
       absl::StrCat(": trainrun ", TRAINRUN_RELEASE, " at ", TRAINRUN_BIN, ", as here; ");
-  const size_t hosts_at = out.find("trainrun on the hosts:\n  " + host0 + found);
+  // The hosts' lines come as they answer, after the plan and in any order.
+  const size_t hosts_at = out.find("trainrun on the hosts:\n  ");
   CHECK(hosts_at != std::string::npos);
-  const size_t host1_at = out.find("\n  " + host1 + found);
+  CHECK(out.find("\n  " + host0 + found, hosts_at) != std::string::npos);
+  const size_t host1_at = out.find("\n  " + host1 + found, hosts_at);
   CHECK(host1_at != std::string::npos);
   if (host1_at != std::string::npos) {
     CHECK(out.find("NCCL", host1_at) < out.find('\n', host1_at + 1));

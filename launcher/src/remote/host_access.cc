@@ -89,7 +89,33 @@ std::vector<std::string> DescribeHostsAccess(const LaunchSpec& spec) {
   return lines;
 }
 
-std::vector<std::string> ProbeRemoteTrainrun(const LaunchSpec& spec) {
+namespace {
+
+// ProbeLine says in one line what host `label`'s probe found.
+std::string ProbeLine(const hostfile::HostSpec& host, const std::string& trainrun,
+                      const absl::StatusOr<std::string>& found) {
+  const std::string label = hostfile::HostLabel(host);
+  if (!found.ok()) {
+    // The reasons name the host already; the line starts with it once.
+    absl::string_view reason = found.status().message();
+    absl::ConsumePrefix(&reason, absl::StrCat("host ", host.host, ": "));
+    return absl::StrCat(label, ": ", reason);
+  }
+  const std::string release = found->substr(0, found->find('\n'));
+  const std::string gpu = release.size() < found->size()
+                              ? absl::StrCat("; ", found->substr(release.size() + 1))
+                              : std::string();
+  if (release == remote::TrainrunRelease()) {
+    return absl::StrCat(label, ": trainrun ", release, " at ", trainrun, ", as here", gpu);
+  }
+  return absl::StrCat(label, ": trainrun ", release, " at ", trainrun, ", but this is trainrun ",
+                      remote::TrainrunRelease(), gpu);
+}
+
+}  // namespace
+
+std::vector<std::string> ProbeRemoteTrainrun(
+    const LaunchSpec& spec, const std::function<void(const std::string& line)>& on_line) {
   std::vector<hostfile::HostSpec> hosts;
   std::set<std::string> seen;
   for (const hostfile::HostSpec& host : spec.plan.hosts) {
@@ -99,30 +125,22 @@ std::vector<std::string> ProbeRemoteTrainrun(const LaunchSpec& spec) {
   }
   if (hosts.empty()) return {};
   const std::string trainrun = remote::RemoteTrainrunPath(spec);
+  std::vector<char> told(hosts.size(), 0);  // written under the probe's lock, read after it
+  remote::ProbeCallback tell;
+  if (on_line) {
+    tell = [&](int i, const absl::StatusOr<std::string>& found) {
+      told[i] = 1;
+      on_line(ProbeLine(hosts[i], trainrun, found));
+    };
+  }
   std::vector<absl::StatusOr<std::string>> found =
       remote::ProbeTrainrun(*remote::MakeHostChannel(spec), hosts, trainrun,
-                            absl::Now() + absl::FromChrono(spec.start_timeout));
+                            absl::Now() + absl::FromChrono(spec.start_timeout), tell);
   std::vector<std::string> lines;
   for (size_t i = 0; i < hosts.size(); ++i) {
-    const std::string label = hostfile::HostLabel(hosts[i]);
-    if (!found[i].ok()) {
-      // The reasons name the host already; the line starts with it once.
-      absl::string_view reason = found[i].status().message();
-      absl::ConsumePrefix(&reason, absl::StrCat("host ", hosts[i].host, ": "));
-      lines.push_back(absl::StrCat(label, ": ", reason));
-      continue;
-    }
-    const std::string release = found[i]->substr(0, found[i]->find('\n'));
-    const std::string gpu = release.size() < found[i]->size()
-                                ? absl::StrCat("; ", found[i]->substr(release.size() + 1))
-                                : std::string();
-    if (release == remote::TrainrunRelease()) {
-      lines.push_back(
-          absl::StrCat(label, ": trainrun ", release, " at ", trainrun, ", as here", gpu));
-    } else {
-      lines.push_back(absl::StrCat(label, ": trainrun ", release, " at ", trainrun,
-                                   ", but this is trainrun ", remote::TrainrunRelease(), gpu));
-    }
+    lines.push_back(ProbeLine(hosts[i], trainrun, found[i]));
+    // Hosts that never answered are said at the end.
+    if (on_line && !told[i]) on_line(lines.back());
   }
   return lines;
 }

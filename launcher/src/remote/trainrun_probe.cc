@@ -65,7 +65,8 @@ absl::StatusOr<std::string> ReadVersion(const std::string& name, const std::stri
 std::vector<absl::StatusOr<std::string>> ProbeTrainrun(channel::HostChannel& channel,
                                                        const std::vector<hostfile::HostSpec>& hosts,
                                                        const std::string& trainrun,
-                                                       absl::Time deadline) {
+                                                       absl::Time deadline,
+                                                       ProbeCallback on_result) {
   // The channel's callbacks and the reading threads own what they share: a host that answers
   // after this call gave up on it finds its slot still there.
   struct Shared {
@@ -79,8 +80,9 @@ std::vector<absl::StatusOr<std::string>> ProbeTrainrun(channel::HostChannel& cha
   auto shared = std::make_shared<Shared>();
   shared->results.resize(hosts.size());
   shared->running = static_cast<int>(hosts.size());
-  auto finish = [shared](int i, absl::StatusOr<std::string> result) {
+  auto finish = [shared, on_result](int i, absl::StatusOr<std::string> result) {
     std::lock_guard<std::mutex> lock(shared->mu);
+    if (on_result && !shared->collected) on_result(i, result);
     shared->results[i] = std::move(result);
     --shared->running;
     shared->changed.notify_all();

@@ -7,6 +7,7 @@
 //   "host h1: ..." */
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,10 +24,13 @@ namespace trainrun::launcher::remote {
 // none, in one sentence naming the host: NotFound when nothing is at that path there,
 // FailedPrecondition when what is there is not trainrun, DeadlineExceeded when the host did not
 // answer before `deadline`, else the channel's own reason (name not resolved, refused,
-// authentication, ...).
+// authentication, ...). `on_result` (may be empty) is told each host's result as it comes, one
+// call at a time, never after ProbeTrainrun returned.
+using ProbeCallback = std::function<void(int host, const absl::StatusOr<std::string>& result)>;
 std::vector<absl::StatusOr<std::string>> ProbeTrainrun(channel::HostChannel& channel,
                                                        const std::vector<hostfile::HostSpec>& hosts,
                                                        const std::string& trainrun,
-                                                       absl::Time deadline);
+                                                       absl::Time deadline,
+                                                       ProbeCallback on_result = {});
 
 }  // namespace trainrun::launcher::remote

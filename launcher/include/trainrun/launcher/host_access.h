@@ -1,6 +1,7 @@
 // How each host of a plan is reached, in words, for `trainrun --dry-run`.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,9 @@ std::vector<std::string> DescribeHostsAccess(const LaunchSpec& spec);
 // /usr/bin/trainrun, as here", "... but this is trainrun 0.2.0", or why there is none ("h2:
 // trainrun not found at /opt/x; install it there, or pass --remote-trainrun PATH", "h3: name not
 // resolved ..."). A host appears once, however many times the plan lists it.
-std::vector<std::string> ProbeRemoteTrainrun(const LaunchSpec& spec);
+// `on_line` (may be empty) gets each host's line as its answer comes, one at a time (so a plan of
+// many hosts shows its first answers at once).
+std::vector<std::string> ProbeRemoteTrainrun(
+    const LaunchSpec& spec, const std::function<void(const std::string& line)>& on_line = {});
 
 }  // namespace trainrun::launcher
