@@ -70,6 +70,12 @@ constexpr uint32_t kSleeping = static_cast<uint32_t>(ShmRankState::kSleeping);
 
 size_t RoundUp(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
+// A slot holds a chunk of `chunk_bytes` after a head of ShmTransport::kChunkAt bytes, where an
+// allreduce's first chunk carries its call record (TryCheckedAllreduce).
+size_t SlotStride(size_t chunk_bytes) {
+  return RoundUp(RoundUp(chunk_bytes, kPage) + ShmTransport::kChunkAt, kPage);
+}
+
 // LineElements: elements of `e` bytes in a 64-byte cache line (at least 1).
 size_t LineElements(size_t e) { return std::max<size_t>(1, 64 / e); }
 
@@ -139,7 +145,7 @@ size_t ShmTransport::SegmentBytes(int size, const ShmOptions& options) {
   bytes += RoundUp(sizeof(Shared) + n * sizeof(Control), kPage);
   bytes += RoundUp(n * n * sizeof(Channel), kPage);
   bytes += n * n * RoundUp(options.channel_bytes, kPage);
-  bytes += n * 2 * RoundUp(options.chunk_bytes, kPage);
+  bytes += n * 2 * SlotStride(options.chunk_bytes);
   return bytes;
 }
 
@@ -238,7 +244,7 @@ char* ShmTransport::ring(int from, int to) const {
 
 char* ShmTransport::slot(int r, uint32_t generation) const {
   return segment_.data() + slots_offset_ +
-         (static_cast<size_t>(r) * 2 + (generation & 1)) * options_.chunk_bytes;
+         (static_cast<size_t>(r) * 2 + (generation & 1)) * SlotStride(options_.chunk_bytes);
 }
 
 // --- Point to point ---------------------------------------------------------------------------
@@ -700,7 +706,7 @@ void ShmTransport::PipelinedAcross(const char* in, char* out, size_t count, Data
   auto phase_a = [&](size_t c, uint32_t step) {
     const size_t begin = c * chunk;
     const size_t length = std::min(chunk, count - begin);
-    char* mine = slot(rank_, g0 + static_cast<uint32_t>(c));
+    char* mine = chunk_at(rank_, g0 + static_cast<uint32_t>(c));
     const Part own = part(c, rank_);
     const size_t after = own.begin + own.length;
     const char* src = in + begin * e;
@@ -715,7 +721,7 @@ void ShmTransport::PipelinedAcross(const char* in, char* out, size_t count, Data
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
       Reduce(type, op, result, reduced ? result : first,
-             slot(p, g0 + static_cast<uint32_t>(c)) + own.begin * e, own.length);
+             chunk_at(p, g0 + static_cast<uint32_t>(c)) + own.begin * e, own.length);
       reduced = true;
     }
     if (!reduced) std::memcpy(result, first, own.length * e);
@@ -725,7 +731,7 @@ void ShmTransport::PipelinedAcross(const char* in, char* out, size_t count, Data
   auto phase_across = [&](size_t c) {
     const Part own = part(c, rank_);
     if (own.length == 0) return;
-    char* result = slot(rank_, g0 + static_cast<uint32_t>(c)) + own.begin * e;
+    char* result = chunk_at(rank_, g0 + static_cast<uint32_t>(c)) + own.begin * e;
     across(result, own.length);
     if (op == ReduceOp::kAverage) Divide(type, result, own.length, divisor);
     std::memcpy(out + (c * chunk + own.begin) * e, result, own.length * e);
@@ -739,7 +745,7 @@ void ShmTransport::PipelinedAcross(const char* in, char* out, size_t count, Data
       const Part theirs = part(c, p);
       if (theirs.length == 0) continue;
       std::memcpy(out + (c * chunk + theirs.begin) * e,
-                  slot(p, g0 + static_cast<uint32_t>(c)) + theirs.begin * e, theirs.length * e);
+                  chunk_at(p, g0 + static_cast<uint32_t>(c)) + theirs.begin * e, theirs.length * e);
     }
   };
   std::future<void> running;
@@ -788,14 +794,35 @@ bool ShmTransport::TryAllgather(const void* input, void* output, size_t bytes) {
   return true;
 }
 
+bool ShmTransport::CompareRecords(uint32_t generation, const void* record, size_t record_bytes,
+                                  void* records) const {
+  bool same = true;
+  for (int p = 0; p < size_ && same; ++p) {
+    same = p == rank_ || std::memcmp(slot(p, generation), record, record_bytes) == 0;
+  }
+  if (!same) {
+    char* all = static_cast<char*>(records);
+    for (int p = 0; p < size_; ++p) {
+      std::memcpy(all + p * record_bytes, slot(p, generation), record_bytes);
+    }
+  }
+  return same;
+}
+
 bool ShmTransport::TryCheckedAllreduce(const void* input, void* output, size_t count, DataType type,
                                        ReduceOp op, const void* record, size_t record_bytes,
                                        void* records, FunctionRef<bool(bool)> reduce) {
   const size_t e = ElementSize(type);
   const size_t data_at = RoundUp(record_bytes, 64);
-  if (size_ == 1 || count == 0 ||
-      data_at + count * e > std::min(options_.small_bytes, options_.chunk_bytes)) {
-    return false;
+  if (size_ == 1 || count == 0) return false;
+  if (data_at + count * e > std::min(options_.small_bytes, options_.chunk_bytes)) {
+    if (record_bytes > kChunkAt) return false;
+    const Check check{record, record_bytes, records, reduce};
+    SetState(kWorking);
+    ChunkAllreduce(static_cast<const char*>(input), static_cast<char*>(output), count, type, op,
+                   size_, nullptr, nullptr, &check);
+    SetState(kOutside);
+    return true;
   }
   SetState(kWorking);
   const uint32_t g = generation_++;
@@ -805,15 +832,7 @@ bool ShmTransport::TryCheckedAllreduce(const void* input, void* output, size_t c
   Post(2 * g + 1);
   AwaitSteps(2 * g + 1);
   PrefetchSlots(g, data_at + count * e);
-  bool same = true;
-  for (int p = 0; p < size_ && same; ++p) {
-    same = p == rank_ || std::memcmp(slot(p, g), record, record_bytes) == 0;
-  }
-  if (!same) {
-    char* all = static_cast<char*>(records);
-    for (int p = 0; p < size_; ++p) std::memcpy(all + p * record_bytes, slot(p, g), record_bytes);
-  }
-  if (reduce(same)) {
+  if (reduce(CompareRecords(g, record, record_bytes, records))) {
     char* out = static_cast<char*>(output);
     Reduce(type, op, out, slot(0, g) + data_at, slot(1, g) + data_at, count);
     for (int p = 2; p < size_; ++p) Reduce(type, op, out, out, slot(p, g) + data_at, count);
@@ -892,9 +911,9 @@ bool ShmTransport::TryAllreducePieces(const std::vector<Piece>& pieces, size_t c
 
 // Chunk by chunk: copy in what the peers need, reduce this rank's part from every slot, publish
 // it, copy out the peers' parts.
-void ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataType type,
+bool ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataType type,
                                   ReduceOp op, int divisor, const PartAllreduce* across,
-                                  const Pieces* pieces) {
+                                  const Pieces* pieces, const Check* check) {
   const size_t e = ElementSize(type);
   const size_t n = static_cast<size_t>(size_);
   // Parts of a chunk are whole cache lines where possible, so ranks do not share lines.
@@ -908,7 +927,10 @@ void ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataT
       return std::pair<size_t, size_t>{b, std::min(length, b + per) - b};
     };
     const uint32_t g = generation_++;
-    char* mine = slot(rank_, g);
+    char* mine = chunk_at(rank_, g);
+    // The first chunk carries the call record, at the slot's start (where TryAllgather's is).
+    if (check != nullptr && begin == 0)
+      std::memcpy(slot(rank_, g), check->record, check->record_bytes);
     auto [own_begin, own_length] = part(rank_);
     const size_t after = own_begin + own_length;
     // Copy in everything but this rank's own part, which only this rank reads (from the input).
@@ -922,6 +944,10 @@ void ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataT
     }
     Post(2 * g + 1);
     AwaitSteps(2 * g + 1);
+    if (check != nullptr && begin == 0 &&
+        !check->reduce(CompareRecords(g, check->record, check->record_bytes, check->records))) {
+      return false;  // as a record exchange: step 2g+1 only, nothing written
+    }
     // reduce_own reduces `n` elements of this rank's part, `at` bytes into it, from `own` (this
     // rank's input) and every peer's slot into `result` (this rank's slot), then finishes them
     // (across, average).
@@ -929,7 +955,7 @@ void ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataT
       bool first = true;
       for (int p = 0; p < size_; ++p) {
         if (p == rank_) continue;
-        Reduce(type, op, result, first ? own : result, slot(p, g) + own_begin * e + at, n);
+        Reduce(type, op, result, first ? own : result, chunk_at(p, g) + own_begin * e + at, n);
         first = false;
       }
       if (first) std::memcpy(result, own, n * e);  // no peers
@@ -958,12 +984,13 @@ void ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataT
       auto [b, l] = part(p);
       if (l == 0) continue;
       if (pieces != nullptr) {
-        pieces->Scatter(slot(p, g) + b * e, begin + b, l);
+        pieces->Scatter(chunk_at(p, g) + b * e, begin + b, l);
       } else {
-        std::memcpy(out + (begin + b) * e, slot(p, g) + b * e, l * e);
+        std::memcpy(out + (begin + b) * e, chunk_at(p, g) + b * e, l * e);
       }
     }
   }
+  return true;
 }
 
 }  // namespace trainrun::collectives::internal

@@ -100,6 +100,9 @@ class ShmTransport : public Transport {
   // kHeaderBytes of it are free for the caller (same_host.h keeps its nonce there).
   static size_t SegmentBytes(int size, const ShmOptions& options);
   static constexpr size_t kHeaderBytes = 4096;
+  // Where a slot's chunk starts: the call record of a chunked allreduce's first chunk goes before,
+  // at the slot's start, where the small paths put theirs (TryCheckedAllreduce).
+  static constexpr size_t kChunkAt = 256;
 
   // ShmTransport takes over `segment`, which every rank of the communicator has mapped with the
   // same size and options. Registers this process in it; the caller must make every rank finish
@@ -130,8 +133,12 @@ class ShmTransport : public Transport {
   // collective exchanges first) go through the allreduce slots: one synchronisation, where the
   // ring over Send/Recv takes n-1 (each a sleep and a wake-up when ranks share cores).
   bool TryAllgather(const void* input, void* output, size_t bytes) override;
-  // An allreduce whose record and input fit one slot (ShmOptions::small_bytes) together: the
-  // record at the slot's start (where TryAllgather puts it), the input one cache line further.
+  // The record always goes at the slot's start, where TryAllgather puts it. An allreduce whose
+  // record and input fit ShmOptions::small_bytes together: the input one cache line further, one
+  // synchronisation in all. A larger one (record of at most kChunkAt bytes): the chunked allreduce,
+  // whose first step carries the record beside the first chunk, so the records cost no step of
+  // their own either; when `reduce(same)` says no, it stops after that step, before anything is
+  // written to `output`.
   bool TryCheckedAllreduce(const void* input, void* output, size_t count, DataType type,
                            ReduceOp op, const void* record, size_t record_bytes, void* records,
                            FunctionRef<bool(bool)> reduce) override;
@@ -165,6 +172,8 @@ class ShmTransport : public Transport {
   Channel& channel(int from, int to) const;
   char* ring(int from, int to) const;
   char* slot(int r, uint32_t generation) const;
+  // chunk_at is where slot(r, generation)'s chunk of a chunked allreduce starts.
+  char* chunk_at(int r, uint32_t generation) const { return slot(r, generation) + kChunkAt; }
 
   Request NewRequest(size_t bytes);
   bool Progress();
@@ -203,8 +212,21 @@ class ShmTransport : public Transport {
   void PrefetchSlots(uint32_t generation, size_t bytes) const;
   // Pieces is a logical buffer made of pieces (TryAllreducePieces); null: `in` and `out`.
   struct Pieces;
-  void ChunkAllreduce(const char* in, char* out, size_t count, DataType type, ReduceOp op,
-                      int divisor, const PartAllreduce* across, const Pieces* pieces = nullptr);
+  // Check is a call record that rides with the first chunk (TryCheckedAllreduce).
+  struct Check {
+    const void* record;
+    size_t record_bytes;
+    void* records;
+    FunctionRef<bool(bool)> reduce;
+  };
+  // ChunkAllreduce returns false when `check` said not to reduce (after its first step).
+  bool ChunkAllreduce(const char* in, char* out, size_t count, DataType type, ReduceOp op,
+                      int divisor, const PartAllreduce* across, const Pieces* pieces = nullptr,
+                      const Check* check = nullptr);
+  // CompareRecords compares every rank's record of `generation` with this rank's `record`; when
+  // one differs, copies them all to `records`. Returns whether all were the same.
+  bool CompareRecords(uint32_t generation, const void* record, size_t record_bytes,
+                      void* records) const;
   // AllreduceAcrossGroups above one chunk: the chunks' `across` steps run on a helper thread,
   // overlapping the next chunk's copy-in and reduction and the previous chunk's copy-out.
   void PipelinedAcross(const char* in, char* out, size_t count, DataType type, ReduceOp op,

@@ -1,6 +1,7 @@
 // Every collective carries what it is: a rank that disagrees (another collective, count, type, op,
 // root, name or shape) makes every rank throw MismatchError for that call, and the communicator
 // goes on working. Also: Alltoallv with uneven counts, Subset (process sets), int16 and bool.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstdio>
@@ -140,7 +141,37 @@ TEST_CASE("a mismatched collective raises on every rank and the next one works",
             }
           },
           "rank 0 called allgather of float32 x 4 but rank 1 called allreduce of float32 x 4");
+      // A large allreduce carries its record in its first chunk's step over shared memory: two of
+      // different counts, and one beside an allgather or a barrier, still raise on every rank.
+      ExpectMismatch(
+          [&] {
+            comm.Allreduce(big.data(), rank == 1 ? big.size() - 16 : big.size(), DataType::kFloat32,
+                           ReduceOp::kSum);
+          },
+          "float32 x 65520");
+      ExpectMismatch(
+          [&] {
+            if (rank == 0) {
+              comm.Allgather(x.data(), gathered.data(), 4, DataType::kFloat32);
+            } else {
+              comm.Allreduce(big.data(), big.size(), DataType::kFloat32, ReduceOp::kSum);
+            }
+          },
+          "rank 0 called allgather of float32 x 4 but rank 1 called allreduce of float32 x 65536");
+      ExpectMismatch(
+          [&] {
+            if (rank == size - 1) {
+              comm.Barrier();
+            } else {
+              comm.Allreduce(big.data(), big.size(), DataType::kFloat32, ReduceOp::kSum);
+            }
+          },
+          "called barrier");
       ExpectHealthy(comm);
+      // The big buffer was left as it was by every failed call.
+      NOTE_CHECK(std::all_of(big.begin(), big.end(), [](float v) { return v == 1.0f; }));
+      comm.Allreduce(big.data(), big.size(), DataType::kFloat32, ReduceOp::kSum);
+      NOTE_CHECK(big == std::vector<float>(big.size(), static_cast<float>(size)));
       comm.Barrier();
     });
     CheckNoProblems();
@@ -224,6 +255,10 @@ TEST_CASE("join: a joined rank adds zeros to the others' allreduces until all ha
           std::vector<int64_t> y(1, 6);
           comm.Allreduce(y.data(), 1, DataType::kInt64, ReduceOp::kAverage);
           NOTE_CHECK(y[0] == 6 * (size - 1) / size);  // the average still divides by size
+          // A large one (over shared memory: the chunked path with the record in its first step).
+          std::vector<float> w(1 << 16, 2.0f);
+          comm.Allreduce(w.data(), w.size(), DataType::kFloat32, ReduceOp::kSum);
+          NOTE_CHECK(w == std::vector<float>(1 << 16, 2.0f * (size - 1)));
           comm.Barrier();
           std::vector<float> z(2, 1.0f);
           const int root = (first + 1) % size;
