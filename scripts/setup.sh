@@ -29,6 +29,9 @@ packages=(
   slurmctld slurmd slurm-client munge util-linux
   # trainrun.run(fn): the function and its arguments travel to the ranks by cloudpickle
   python3-cloudpickle
+  # the speed guard (tests/guard, bench/guard/guard.py): instruction counts under callgrind and
+  # blocking system calls counted by strace
+  valgrind strace
 )
 
 missing=()
