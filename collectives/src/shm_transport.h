@@ -1,5 +1,6 @@
 // ShmTransport: the ranks of one host exchange through one shared segment (shm_segment.h) instead
-// of sockets.
+// of sockets. Defined in shm_transport.cc (layout, peers, failure), shm_ring.cc (point to point),
+// shm_wait.cc (the wait policy, the allreduce steps) and shm_allreduce.cc (the allreduce paths).
 //
 // Point-to-point Send/Recv (what broadcast, allgather, reduce-scatter and barrier use) go through a
 // single-producer single-consumer ring per ordered pair of ranks. Allreduce has its own path
