@@ -405,9 +405,15 @@ void TcpTransport::FailTimeout() {
 }
 
 void TcpTransport::Wait(Request request) {
-  if (request >= remaining_.size()) return;
+  if (request >= remaining_.size() || remaining_[request] == 0) return;
+  if (Progress() && remaining_[request] == 0) return;  // no wait: spinning neither paid nor failed
   auto last_progress = Clock::now();
   auto last_interrupt_check = last_progress;
+  // Spin only while spinning pays (see spin_skip_): a wait whose spin ran out makes the next
+  // 2^k - 1 waits sleep at once, k the spins that ran out in a row (at most 6).
+  const bool spin = options_.spin.count() > 0 && spin_skip_ == 0;
+  if (spin_skip_ > 0) --spin_skip_;
+  bool spin_ran_out = false;
   while (remaining_[request] > 0) {
     if (Progress()) {
       if (remaining_[request] == 0) break;
@@ -425,13 +431,18 @@ void TcpTransport::Wait(Request request) {
       }
     }
     int wait_ms = 0;
-    if (now - last_progress >= options_.spin) {
+    if (!spin || now - last_progress >= options_.spin) {
+      spin_ran_out = spin;
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout -
                                                                         (now - last_progress));
       wait_ms = static_cast<int>(
           std::clamp<int64_t>(left.count() + 1, 1, options_.interrupt ? 100 : 1000));
     }
     PollOnce(wait_ms);
+  }
+  if (spin) {
+    spin_misses_ = spin_ran_out ? std::min(spin_misses_ + 1, 6) : 0;
+    spin_skip_ = (1 << spin_misses_) - 1;
   }
 }
 

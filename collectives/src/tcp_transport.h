@@ -125,6 +125,13 @@ class TcpTransport : public Transport {
   size_t pending_requests_ = 0;
   int failed_peer_ = -1;
   std::vector<char> frame_out_, frame_in_, payload_in_;  // ExchangeFrames
+  // Adaptive spinning (Wait): spinning pays only while the peer runs on another CPU. When the two
+  // ranks share one (the scheduler often wakes a sleeper on its waker's CPU, and on a loaded
+  // machine they stay together), every spin runs out its TRAINRUN_SPIN_MICROSECONDS while the peer
+  // cannot run: 50 µs lost per wait. So the waits after a spin that ran out sleep at once, more of
+  // them the more spins ran out in a row; one spin that pays turns spinning back on.
+  int spin_misses_ = 0;  // spins that ran out in a row (at most 6)
+  int spin_skip_ = 0;    // waits left that sleep at once
 };
 
 }  // namespace trainrun::collectives::internal
