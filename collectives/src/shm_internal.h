@@ -75,13 +75,17 @@ struct ShmTransport::WaitClock {
   Clock::time_point deadline;
   int polls = 0;
   bool gave_up = false;  // an adaptive wait that stopped spinning
+  bool spin = true;      // this wait may spin (ShmTransport::spin_skip_)
+  bool ran_out = false;  // it spun its whole budget and went on waiting
 
-  explicit WaitClock(const ShmOptions& options) { Moved(options); }
+  explicit WaitClock(const ShmOptions& options, bool may_spin = true) : spin(may_spin) {
+    Moved(options);
+  }
   void Moved(const ShmOptions& options) {
     polls = 0;
     gave_up = false;
     start = Clock::now();
-    spin_until = start + options.spin;
+    spin_until = spin ? start + options.spin : start;
     deadline = start + options.timeout;
   }
 };

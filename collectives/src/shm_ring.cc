@@ -114,7 +114,11 @@ bool ShmTransport::Progress() {
 void ShmTransport::Wait(Request request) {
   TRAINRUN_ENFORCE(request < done_.size(), "unknown request ", request);
   Control& me = control(rank_);
-  WaitClock clock(options_);
+  if (done_[request] != 0 || (Progress() && done_[request] != 0)) {
+    SetState(kWorking);
+    return;
+  }
+  WaitClock clock(options_, MaySpin());
   while (done_[request] == 0) {
     const uint32_t seen = me.doorbell.load();
     if (Progress()) {
@@ -131,6 +135,7 @@ void ShmTransport::Wait(Request request) {
     }
     Idle(me.doorbell, me.doorbell_waiters, seen, clock, blame);
   }
+  EndWait(clock);
   SetState(kWorking);
 }
 

@@ -188,6 +188,12 @@ class ShmTransport : public Transport {
   void Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, uint32_t seen,
             WaitClock& clock, int blame);
   void CheckPeers(int blame);
+  // MaySpin says whether the next wait may spin, EndWait notes whether its spin paid: after a spin
+  // that ran out, the next 2^k - 1 waits do not spin (k: spins that ran out in a row, at most 6).
+  // Two ranks that share one CPU (woken onto their waker's CPU, or a stale published CPU) would
+  // otherwise spin out every wait while the one they wait for cannot run.
+  bool MaySpin();
+  void EndWait(const WaitClock& clock);
   // Activity is, in an adaptive wait, the least active of the ranks this one waits on (kIdle over
   // kNeedsCpu over kRunning; see ClassifyPeer); `blame` is the one a point-to-point wait waits on.
   PeerActivity Activity(int blame, Clock::time_point now, bool grace);
@@ -264,6 +270,8 @@ class ShmTransport : public Transport {
   Clock::time_point no_yield_until_{};          // set by NoteGap and BackOff
   std::chrono::nanoseconds no_yield_period_{};  // BackOff's last, where ranks outnumber the CPUs
   bool oversubscribed_ = false;                 // more ranks than CPUs this process may use
+  int spin_misses_ = 0;                         // MaySpin/EndWait
+  int spin_skip_ = 0;
 };
 
 }  // namespace trainrun::collectives::internal

@@ -156,6 +156,7 @@ void ShmTransport::Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& wait
           CpuRelax();
           return;
         }
+        clock.ran_out = clock.spin;
         break;
       case PeerActivity::kNeedsCpu:
         if (now >= no_yield_until_) {
@@ -170,7 +171,8 @@ void ShmTransport::Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& wait
         break;
     }
     clock.gave_up = true;  // this wait sleeps from now on, until something moves
-  } else if (options_.wait == ShmWait::kSpin && options_.spin.count() > 0) {
+  } else if (options_.wait == ShmWait::kSpin && options_.spin.count() > 0 && clock.spin &&
+             !clock.ran_out) {
     if ((clock.polls & 255) != 0 || Clock::now() < clock.spin_until) {
       CpuRelax();
       if ((clock.polls & 4095) == 0 || peer_ended_.load(std::memory_order_relaxed)) {
@@ -178,6 +180,7 @@ void ShmTransport::Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& wait
       }
       return;
     }
+    clock.ran_out = true;
   } else if (options_.wait == ShmWait::kSpin && clock.polls < 16) {
     ::sched_yield();  // more ranks than cores: let the one we wait for run
     return;
@@ -212,7 +215,7 @@ void ShmTransport::AwaitSteps(uint32_t step) {
     }
     if (missing < 0) break;
     if (!clock) {
-      clock.emplace(options_);
+      clock.emplace(options_, MaySpin());
     } else if (last_missing >= 0 && missing != last_missing) {
       clock->Moved(options_);  // one arrived
     }
@@ -220,7 +223,20 @@ void ShmTransport::AwaitSteps(uint32_t step) {
     Idle(all.epoch, all.epoch_waiters, seen, *clock, missing);
   }
   awaiting_step_ = false;
+  if (clock) EndWait(*clock);
   SetState(kWorking, cpu_);  // the CPU its wait last looked from (Idle), at most µs ago
+}
+
+bool ShmTransport::MaySpin() {
+  if (spin_skip_ == 0) return true;
+  --spin_skip_;
+  return false;
+}
+
+void ShmTransport::EndWait(const WaitClock& clock) {
+  if (!clock.spin || options_.spin.count() == 0) return;
+  spin_misses_ = clock.ran_out ? std::min(spin_misses_ + 1, 6) : 0;
+  spin_skip_ = (1 << spin_misses_) - 1;
 }
 
 }  // namespace trainrun::collectives::internal
