@@ -435,7 +435,8 @@ TEST_CASE("elastic: --reset-limit ends the job at the change past it, saying so"
 
 namespace {
 
-// The fixture's plan grown by `n` ranks on host `host` (what JobRun::Grow does to the slots).
+// The fixture's plan grown by `n` ranks on host `host` (what ElasticController::Grow does to the
+// slots).
 std::vector<int> GrowPlan(trainrun::hostfile::SlotPlan& plan, const std::string& host, int n) {
   plan.hosts.push_back({"", host, n, std::nullopt});
   std::vector<int> added;
