@@ -47,7 +47,8 @@ LIMIT = 0.15
 # already there (no futex, no poll) depends on timing, so those move by up to the number of waits
 # per call; with spinning off no wait yields, so any sched_yield is new.
 BLOCKING_SLACK = {"futex": 1.0, "poll": 1.0, "ppoll": 1.0, "sched_yield": 0.05}
-QUIET = {"TRAINRUN_SHM_WAIT": "sleep", "TRAINRUN_SPIN_MICROSECONDS": "0"}
+# A lost rank fails a run in two minutes, not TRAINRUN_TIMEOUT's default five.
+QUIET = {"TRAINRUN_SHM_WAIT": "sleep", "TRAINRUN_SPIN_MICROSECONDS": "0", "TRAINRUN_TIMEOUT": "120"}
 BLOCKING_CALLS = ("futex", "sched_yield", "poll", "ppoll")
 SIZES = [("8", 8), ("4K", 4 << 10), ("64K", 64 << 10), ("256K", 256 << 10), ("1M", 1 << 20)]
 
@@ -212,7 +213,13 @@ def main():
         for name, measure in workloads(guard):
             if args.only and args.only not in name:
                 continue
-            instructions, blocking = measure()
+            try:
+                instructions, blocking = measure()
+            except (RuntimeError, subprocess.TimeoutExpired) as error:
+                # A run that failed (not one that measured high): under valgrind on a starved
+                # machine a TCP handshake can outlast its 10 s. Once more, then it is an error.
+                print(f"guard: {name} failed once, running it again: {str(error)[:300]}", flush=True)
+                instructions, blocking = measure()
             metrics = [("instructions", instructions)]
             if blocking is not None:
                 metrics += [(k, v) for k, v in blocking.items()]
