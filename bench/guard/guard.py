@@ -22,9 +22,10 @@ calls instead:
       forks until they exec; TRAINRUN_RANK_SHIM=fork, as valgrind cannot follow posix_spawn's
       clone)
 
-A metric fails when it exceeds its baseline by more than 15% (blocking counts: also by more than
-1 per call for futex and poll, whose count depends on whether a wait found its data already there,
-and by more than 0.05 for sched_yield, which no wait makes with spinning off); the message names the
+A metric fails when it exceeds its baseline by more than 15% (a blocking count: by more than 15%
+plus 1 per call for futex and poll, whose count depends on whether a wait found its data already
+there, plus 0.05 for sched_yield, which no wait makes with spinning off, 0.25 in the step, where
+torch's threads yield now and then); the message names the
 workload, both counts and the command that reproduces it. An intended change updates the baseline
 in the same commit (--update), saying why in its message. Exit status: 0 pass, 1 a regression, 77
 (CTest's skip) when valgrind or strace is missing.
@@ -46,7 +47,9 @@ LIMIT = 0.15
 # How much a blocking count may also rise per call before it fails: whether a wait finds its data
 # already there (no futex, no poll) depends on timing, so those move by up to the number of waits
 # per call; with spinning off no wait yields, so any sched_yield is new.
+# torch's own threads yield now and then (0.07 per step seen), so the step allows a few.
 BLOCKING_SLACK = {"futex": 1.0, "poll": 1.0, "ppoll": 1.0, "sched_yield": 0.05}
+STEP_YIELD_SLACK = 0.25
 # A lost rank fails a run in two minutes, not TRAINRUN_TIMEOUT's default five.
 QUIET = {"TRAINRUN_SHM_WAIT": "sleep", "TRAINRUN_SPIN_MICROSECONDS": "0", "TRAINRUN_TIMEOUT": "120"}
 BLOCKING_CALLS = ("futex", "sched_yield", "poll", "ppoll")
@@ -231,13 +234,18 @@ def main():
                 if old is not None:
                     limit = old * (1 + LIMIT)
                     if metric != "instructions":
-                        limit = max(limit, old + BLOCKING_SLACK[metric])
+                        slack = BLOCKING_SLACK[metric]
+                        if name == "step-mlp" and metric == "sched_yield":
+                            slack = STEP_YIELD_SLACK
+                        limit += slack
                     if value > limit and not args.update:
                         verdict = " FAIL"
                         failures.append(
                             f"guard: {name}: {metric} per call {old:,.2f} -> {value:,.2f} "
-                            f"({(value / old - 1) * 100 if old else float('inf'):+.0f}%, limit "
-                            f"+{LIMIT * 100:.0f}%); reproduce: bench/guard/guard.py --build "
+                            f"({(value / old - 1) * 100 if old else float('inf'):+.0f}%; limit "
+                            f"{limit:,.2f}: +{LIMIT * 100:.0f}%"
+                            f"{'' if metric == 'instructions' else ' + slack'}); reproduce: "
+                            f"bench/guard/guard.py --build "
                             f"{args.build} --only {name}")
                 shown = f"{value:,.0f}" if metric == "instructions" else f"{value:.2f}"
                 was = "" if old is None else (f" (base {old:,.0f})" if metric == "instructions"
