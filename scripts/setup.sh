@@ -29,6 +29,9 @@ packages=(
   slurmctld slurmd slurm-client munge util-linux
   # trainrun.run(fn): the function and its arguments travel to the ranks by cloudpickle
   python3-cloudpickle
+  # tests/hardening: a capture of the rendezvous' traffic must not hold the job token (tcpdump);
+  # trainrun under valgrind, and scripts/sanitize.sh memcheck
+  tcpdump valgrind
 )
 
 missing=()

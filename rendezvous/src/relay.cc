@@ -183,7 +183,10 @@ absl::Status Relay::Impl::Listen() {
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &event);
   event.data.u64 = 1;
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &event);
-  channel_ = internal::NewChannel(options_.server_address);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      internal::NewChannel(options_.server_address, options_.token, options_.tls);
+  if (!channel.ok()) return channel.status();
+  channel_ = *std::move(channel);
   // Connect now, while the agent starts its ranks, not on their first call: the TCP and HTTP/2
   // handshakes (about a third of the relay's work at start-up) then leave the ranks' path.
   channel_->GetState(/*try_to_connect=*/true);
