@@ -122,6 +122,7 @@ absl::StatusOr<JobEnvironment> JobEnvironment::Create(const LaunchSpec& spec,
   // not leak in.
   job.base_.erase(env::kRendezvousTls);
   if (!spec.rendezvous_tls) job.forced_[env::kRendezvousTls] = "off";
+  if (spec.verbose && !job.forced_.count(env::kVerbose.name)) job.forced_[env::kVerbose.name] = "1";
   return job;
 }
 
