@@ -247,9 +247,9 @@ def capture_case(args):
             port = free_port()
             pcap = os.path.join(tmp, f"rendezvous-{tls}.pcap")
             token_file = os.path.join(tmp, f"token-{tls}")
-            dump = subprocess.Popen([tcpdump, "-i", "lo", "--immediate-mode", "-U", "-Z", "root", "-w",
-                                     pcap, "tcp", "port", str(port)], stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE)
+            dump = subprocess.Popen(
+                [tcpdump, "-i", "lo", "--immediate-mode", "-U", "-Z", "root", "-w", pcap, "tcp",
+                 "port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             # It says "listening on lo" once it captures.
             said = dump.stderr.readline().decode()
             if "listening" not in said:

@@ -40,6 +40,9 @@ constexpr char kChallengeWord[] = "trainrun-node-challenge";
 constexpr size_t kNonceBytes = 32;
 constexpr int kJoinVersion = 1;
 constexpr size_t kMaxLine = 4096;
+// Join requests with a wrong token said one by one on node 0; the rest are counted (a flood of
+// forged requests makes no more lines than that, plus the admission's one a minute).
+constexpr int kUnprovedRefusalsSaid = 3;
 
 // ReadLine reads one '\n'-terminated line, byte by byte so that nothing after it is consumed (the
 // agent protocol follows on the same socket).
@@ -285,9 +288,12 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
     absl::Status verdict =
         request.ok() ? CheckJoin(spec_, connection.challenge, *request, joined) : request.status();
     if (!verdict.ok()) {
-      // A node that proved the token but differs is the user's mistake: said here as well as there.
-      // Anything else is a stranger's, counted in the admission's line.
-      if (request.ok() && (proved || spec_.token.empty())) {
+      // A node that proved the token but differs is the user's mistake: said here as well as there,
+      // as is a join request with another token (a node given the wrong one), for the first few
+      // such; the rest, and anything that is no join request, are counted in the admission's line.
+      const bool said = request.ok() && (proved || spec_.token.empty() ||
+                                         unproved_refusals_said_++ < kUnprovedRefusalsSaid);
+      if (said) {
         admission.Closed(id);
         Logger().warn("per-node join: refused {}: {}", connection.from,
                       std::string(verdict.message()));
@@ -323,6 +329,7 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
   const std::chrono::seconds start_timeout_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> all_joined_{false};
+  int unproved_refusals_said_ = 0;  // the port's thread's
   std::thread thread_;
 };
 
