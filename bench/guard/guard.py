@@ -23,8 +23,8 @@ calls instead:
       clone)
 
 A metric fails when it exceeds its baseline by more than 15% (a blocking count: by more than 15%
-plus 1 per call for futex and poll, whose count depends on whether a wait found its data already
-there, plus 0.05 for sched_yield, which no wait makes with spinning off, 0.25 in the step, where
+plus 1 per call for futex and 2 for poll, whose counts depend on whether a wait found its data
+already there (TCP's poll at 1 MiB: 2.3-4.5 run to run), plus 0.05 for sched_yield, which no wait makes with spinning off, 0.25 in the step, where
 torch's threads yield now and then); the message names the
 workload, both counts and the command that reproduces it. An intended change updates the baseline
 in the same commit (--update), saying why in its message. Exit status: 0 pass, 1 a regression, 77
@@ -48,7 +48,7 @@ LIMIT = 0.15
 # already there (no futex, no poll) depends on timing, so those move by up to the number of waits
 # per call; with spinning off no wait yields, so any sched_yield is new.
 # torch's own threads yield now and then (0.07 per step seen), so the step allows a few.
-BLOCKING_SLACK = {"futex": 1.0, "poll": 1.0, "ppoll": 1.0, "sched_yield": 0.05}
+BLOCKING_SLACK = {"futex": 1.0, "poll": 2.0, "ppoll": 2.0, "sched_yield": 0.05}
 STEP_YIELD_SLACK = 0.25
 # A lost rank fails a run in two minutes, not TRAINRUN_TIMEOUT's default five.
 QUIET = {"TRAINRUN_SHM_WAIT": "sleep", "TRAINRUN_SPIN_MICROSECONDS": "0", "TRAINRUN_TIMEOUT": "120"}
