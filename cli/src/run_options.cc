@@ -308,6 +308,10 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
                "With --dry-run: the plan alone, at once; no remote host is asked which trainrun "
                "it has.");
 
+  app.add_flag("--tls,!--no-tls", options.tls,
+               "Run the job's rendezvous over TLS with a certificate made from the job's token, "
+               "so the token never crosses the network (default: on; --no-tls: plain text, to "
+               "debug).");
   app.add_option("--rendezvous-port", options.rendezvous_port,
                  "Port of the job's rendezvous server; 0 lets the kernel choose.")
       ->type_name("PORT")

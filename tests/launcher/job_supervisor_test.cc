@@ -250,10 +250,30 @@ TEST_CASE("the stall inspector: who waits where, who has not joined, and when to
             .empty());
   CHECK_FALSE(inspector.ShutdownDue(t0 + seconds(59)));
   CHECK(inspector.ShutdownDue(t0 + seconds(60)));
-  CHECK(inspector.Stalled() == std::vector<int>{0, 3});
+  // Rank 3 waits, in another collective: only rank 0, in none, is stalled.
+  CHECK(inspector.Stalled() == std::vector<int>{0});
   // The collective completes: its reports are cleared, and the clock starts again.
   CHECK(inspector.Update({{1, ""}, {2, ""}}, t0 + seconds(61)).empty());
   CHECK_FALSE(inspector.ShutdownDue(t0 + seconds(200)));
+}
+
+TEST_CASE(
+    "the stall inspector never names a rank that waits inside a collective: over TCP a "
+    "rank can be one collective ahead of the stalled one's peers",
+    "[launcher][stall]") {
+  using std::chrono::seconds;
+  StallInspector inspector(4, seconds(5), seconds(10));
+  const auto t0 = StallInspector::Clock::now();
+  // Rank 2 is stopped in no collective; rank 1 finished its share of allreduce #125 and waits in
+  // #126, which needs rank 2 too.
+  inspector.Update({{0, "allreduce #125"}, {1, "allreduce #126"}, {3, "allreduce #125"}}, t0);
+  REQUIRE(inspector.ShutdownDue(t0 + seconds(5)));
+  CHECK(inspector.Stalled() == std::vector<int>{2});
+  // With every rank inside some collective (a program that calls them in different orders), no
+  // rank is in none: those outside the collective most ranks wait in are named.
+  StallInspector mismatch(3, seconds(5), seconds(10));
+  mismatch.Update({{0, "allreduce #3"}, {1, "allreduce #3"}, {2, "broadcast #3"}}, t0);
+  CHECK(mismatch.Stalled() == std::vector<int>{2});
 }
 
 namespace {
@@ -435,7 +455,8 @@ TEST_CASE("elastic: --reset-limit ends the job at the change past it, saying so"
 
 namespace {
 
-// The fixture's plan grown by `n` ranks on host `host` (what JobRun::Grow does to the slots).
+// The fixture's plan grown by `n` ranks on host `host` (what ElasticController::Grow does to the
+// slots).
 std::vector<int> GrowPlan(trainrun::hostfile::SlotPlan& plan, const std::string& host, int n) {
   plan.hosts.push_back({"", host, n, std::nullopt});
   std::vector<int> added;
@@ -589,5 +610,32 @@ TEST_CASE("ranks that all exit 0 after joining, or before anyone joined, end the
   CHECK(f.done);
   CHECK(f.ranks.terminated == 0);
   CHECK(f.supervisor.exit_code() == 0);
+  CHECK(f.supervisor.Summary().empty());
+}
+
+TEST_CASE("the failure mode: elastic with --min-np, restart with --max-restarts, else fail fast",
+          "[launcher][supervisor]") {
+  using trainrun::launcher::FailureMode;
+  using trainrun::launcher::FailureModeOf;
+  trainrun::launcher::LaunchSpec spec;
+  CHECK(FailureModeOf(spec) == FailureMode::kFailFast);
+  spec.max_restarts = 2;
+  CHECK(FailureModeOf(spec) == FailureMode::kRestart);
+  spec.max_restarts = 0;
+  spec.elastic = ElasticSpec{};
+  CHECK(FailureModeOf(spec) == FailureMode::kElastic);
+}
+
+TEST_CASE("fail fast: membership events change nothing, and there is no membership summary",
+          "[launcher][supervisor]") {
+  Fixture f(2);
+  f.supervisor.OnRanksRemoved({1}, "host b left the host discovery script's output");
+  CHECK(f.supervisor.Live(1));
+  CHECK(f.supervisor.MembershipChanges().empty());
+  CHECK_FALSE(f.supervisor.finishing());
+  const auto now = std::chrono::steady_clock::now();
+  for (int r : {0, 1}) f.supervisor.OnRankExit(r, Exit(0, now));
+  CHECK(f.done);
+  CHECK(f.supervisor.ElasticSummary().empty());
   CHECK(f.supervisor.Summary().empty());
 }

@@ -20,8 +20,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "rank_threads.h"
 #include "relay_wire.h"
 #include "test_job.h"
+#include "trainrun/rendezvous/admission.h"
 #include "trainrun/rendezvous/client.h"
 
 namespace trainrun::rendezvous {
@@ -32,6 +34,8 @@ using std::chrono::seconds;
 using Clock = std::chrono::steady_clock;
 using testing::Job;
 using testing::StartJob;
+using ::trainrun::testing::RequireNoFailures;
+using ::trainrun::testing::ThreadFailures;
 
 bool Contains(const absl::Status& status, const std::string& text) {
   return std::string(status.message()).find(text) != std::string::npos;
@@ -203,17 +207,19 @@ TEST_CASE("relay: Set, Get, Add, Barrier and exit reports pass through", "[rende
   REQUIRE(store0.ok());
   REQUIRE(store1.ok());
   // A Get waits in the server, not in the relay, while the other rank's Set passes it.
+  ThreadFailures get_failures([&] { job.server->Shutdown(); });
   std::thread getter([&] {
     auto values = (*store1)->Get({"k1", "k2"}, seconds(10));
-    REQUIRE(values.ok());
-    CHECK((*values)[0] == "v1");
-    CHECK((*values)[1] == std::string("v\0two", 5));
+    if (!get_failures.ExpectOk(values.status(), "the Get through the relay")) return;
+    get_failures.Expect((*values)[0] == "v1", "the first value");
+    get_failures.Expect((*values)[1] == std::string("v\0two", 5), "the second value, whole");
   });
   std::this_thread::sleep_for(milliseconds(100));
   CHECK(job.server->WaitingCalls() == 1);
   REQUIRE((*store0)->Set("k1", "v1").ok());
   REQUIRE((*store0)->Set("k2", std::string("v\0two", 5)).ok());
   getter.join();
+  RequireNoFailures(get_failures);
   CHECK(*(*store0)->Add("n", 5) == 5);
   CHECK(*(*store1)->Add("n", -2) == 3);
   auto statuses = OnThreads(
@@ -357,6 +363,31 @@ TEST_CASE("relay: a connection without the token cannot make the relay hold a la
   CHECK(::read(fd, &byte, 1) == 0);
   ::close(fd);
   CHECK(relay->upstream_calls() == 0);
+  // And it still serves its ranks.
+  CHECK(Join(Through(job, *relay, 0), seconds(10)).ok());
+}
+
+TEST_CASE("relay: a connection that never says the token is closed at the admission deadline",
+          "[rendezvous][relay]") {
+  Job job = StartJob(TwoHosts());
+  std::unique_ptr<Relay> relay = StartRelay(job, "a", 4);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  const std::string& name = relay->socket();
+  std::memcpy(address.sun_path + 1, name.data() + 1, name.size() - 1);  // "@...": abstract
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&address),
+                    static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size())) == 0);
+  const auto start = std::chrono::steady_clock::now();
+  pollfd poll_fd{fd, POLLIN, 0};
+  REQUIRE(::poll(&poll_fd, 1, 10000) == 1);  // silent: closed at Admission::kDefaultDeadline
+  char byte;
+  CHECK(::read(fd, &byte, 1) == 0);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  CHECK(waited >= Admission::kDefaultDeadline - milliseconds(100));
+  CHECK(waited < Admission::kDefaultDeadline + seconds(2));
+  ::close(fd);
   // And it still serves its ranks.
   CHECK(Join(Through(job, *relay, 0), seconds(10)).ok());
 }
