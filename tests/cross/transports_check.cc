@@ -1,12 +1,14 @@
 // transports_check: the collectives' transports and reductions on their own, with no gRPC, for the
 // aarch64 cross-compile (scripts/cross-aarch64.sh builds it with g++-aarch64-linux-gnu and runs it
-// under qemu-aarch64). Ranks are threads of this process: over shared memory (ShmTransport: every
+// under qemu-aarch64). Ranks are threads of this process (and, once, two processes over shared
+// memory): over shared memory (ShmTransport: every
 // rank maps one segment, the allreduce slots and the point-to-point rings) and over TCP on
 // loopback (TcpTransport, addresses exchanged through a MemoryStore, the HMAC handshake), with 2
 // and 4 ranks; each checks allreduce results (float32, float16, bfloat16 sum, int32 max, float64
 // average) at sizes on both sides of the small and chunked paths, and a ring exchange larger than
 // a ring buffer. Rank threads report failures to the main thread; the exit status is 0 only when
 // every check passed, and each failure is one line naming the transport, ranks, check and element.
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -67,9 +69,9 @@ int Value(int rank, size_t i) { return static_cast<int>((i * 7 + rank * 3) % 13)
 
 // CheckAllreduces runs the allreduces on `allreduce` (the transport's own path, or the algorithms
 // over Send/Recv) and compares each element with the expected result.
-void CheckAllreduces(const std::string& who, int rank, int size,
-                     const std::function<void(const void*, void*, size_t, tc::DataType,
-                                              tc::ReduceOp)>& allreduce) {
+void CheckAllreduces(
+    const std::string& who, int rank, int size,
+    const std::function<void(const void*, void*, size_t, tc::DataType, tc::ReduceOp)>& allreduce) {
   for (size_t count : {size_t{1}, size_t{1000}, size_t{9000}, size_t{700000}}) {
     const std::string at = who + ", " + std::to_string(count) + " elements: ";
     {  // float32 sum
@@ -204,17 +206,81 @@ void CheckShm(int size) {
   for (auto& t : transports) t->WatchPeers();
   RunRanks(who, size, [&](int rank) {
     ti::ShmTransport& transport = *transports[rank];
-    CheckAllreduces(who, rank, size,
-                    [&](const void* in, void* out, size_t count, tc::DataType type,
-                        tc::ReduceOp op) {
-                      if (!transport.TryAllreduce(in, out, count, type, op)) {
-                        throw std::runtime_error("TryAllreduce declined " + std::to_string(count) +
-                                                 " elements");
-                      }
-                      transport.Finished();
-                    });
+    CheckAllreduces(
+        who, rank, size,
+        [&](const void* in, void* out, size_t count, tc::DataType type, tc::ReduceOp op) {
+          if (!transport.TryAllreduce(in, out, count, type, op)) {
+            throw std::runtime_error("TryAllreduce declined " + std::to_string(count) +
+                                     " elements");
+          }
+          transport.Finished();
+        });
     CheckRing(who, transport);
   });
+}
+
+// CheckShmProcesses runs two ranks as processes, as jobs do: the child maps the parent's segment
+// through /proc, each watches the other's pidfd, and a pipe stands in for the store's barrier
+// between construction and the first operation. The child prints its failures and exits 1.
+void CheckShmProcesses() {
+  const std::string who = "shm, 2 processes";
+  ti::ShmOptions options;
+  options.timeout = std::chrono::milliseconds(60000);
+  const size_t bytes = ti::ShmTransport::SegmentBytes(2, options);
+  ti::ShmSegment segment = ti::ShmSegment::Create(bytes);
+  const pid_t parent = getpid();
+  int to_child[2], to_parent[2];
+  if (pipe(to_child) != 0 || pipe(to_parent) != 0) {
+    Fail(who + ": pipe failed");
+    return;
+  }
+  std::fflush(nullptr);
+  const pid_t child = fork();
+  if (child < 0) {
+    Fail(who + ": fork failed");
+    return;
+  }
+  const int rank = child == 0 ? 1 : 0;
+  char byte = 0;
+  try {
+    ti::ShmSegment mine =
+        rank == 0 ? std::move(segment) : ti::ShmSegment::Open(parent, segment.fd(), bytes);
+    if (rank == 1) segment = ti::ShmSegment();
+    ti::ShmTransport transport(std::move(mine), rank, 2, options);
+    // Barrier: the child says it is constructed, the parent answers.
+    if (rank == 1) {
+      if (write(to_parent[1], &byte, 1) != 1 || read(to_child[0], &byte, 1) != 1) {
+        throw std::runtime_error("the barrier pipe broke");
+      }
+    } else {
+      if (read(to_parent[0], &byte, 1) != 1 || write(to_child[1], &byte, 1) != 1) {
+        throw std::runtime_error("the barrier pipe broke (the child ended?)");
+      }
+    }
+    transport.WatchPeers();
+    CheckAllreduces(
+        who, rank, 2,
+        [&](const void* in, void* out, size_t count, tc::DataType type, tc::ReduceOp op) {
+          if (!transport.TryAllreduce(in, out, count, type, op)) {
+            throw std::runtime_error("TryAllreduce declined " + std::to_string(count) +
+                                     " elements");
+          }
+          transport.Finished();
+        });
+    CheckRing(who, transport);
+  } catch (const std::exception& e) {
+    Fail(who + " rank " + std::to_string(rank) + " threw: " + e.what());
+  }
+  if (child == 0) {
+    for (const auto& f : failures) std::fprintf(stderr, "transports_check: %s\n", f.c_str());
+    std::fflush(nullptr);
+    _exit(failures.empty() ? 0 : 1);
+  }
+  int status = 0;
+  if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    Fail(who + ": rank 1 (the child process) failed, status " + std::to_string(status));
+  }
+  for (int fd : {to_child[0], to_child[1], to_parent[0], to_parent[1]}) close(fd);
 }
 
 void CheckTcp(int size) {
@@ -245,6 +311,11 @@ int main() {
     const size_t before = failures.size();
     CheckShm(size);
     std::printf("shm, %d ranks: %s\n", size, failures.size() == before ? "ok" : "FAILED");
+  }
+  {
+    const size_t before = failures.size();
+    CheckShmProcesses();
+    std::printf("shm, 2 processes: %s\n", failures.size() == before ? "ok" : "FAILED");
   }
   for (int size : {2, 4}) {
     const size_t before = failures.size();
