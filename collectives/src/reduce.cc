@@ -16,6 +16,14 @@
 namespace trainrun::collectives::internal {
 namespace {
 
+// float16's element type: _Float16 on x86; Arm's __fp16 on Arm, where GCC 12 has no _Float16 in
+// C++ (both IEEE binary16; the loops only convert to and from float, which both do the same way).
+#if defined(__aarch64__) || defined(__arm__)
+using Half = __fp16;
+#else
+using Half = _Float16;
+#endif
+
 // bfloat16 is the upper half of a float32.
 TRAINRUN_INLINE float BFloat16ToFloat(uint16_t value) {
   uint32_t bits = static_cast<uint32_t>(value) << 16;
@@ -99,10 +107,10 @@ TRAINRUN_INLINE void Loop2(T* __restrict dst, const T* __restrict b, size_t n) {
 }
 
 template <typename Op>
-TRAINRUN_INLINE void LoopHalf3(_Float16* __restrict dst, const _Float16* __restrict a,
-                               const _Float16* __restrict b, size_t n) {
+TRAINRUN_INLINE void LoopHalf3(Half* __restrict dst, const Half* __restrict a,
+                               const Half* __restrict b, size_t n) {
   for (size_t i = 0; i < n; ++i) {
-    dst[i] = static_cast<_Float16>(Op::Apply(static_cast<float>(a[i]), static_cast<float>(b[i])));
+    dst[i] = static_cast<Half>(Op::Apply(static_cast<float>(a[i]), static_cast<float>(b[i])));
   }
 }
 template <typename Op>
@@ -113,9 +121,9 @@ TRAINRUN_INLINE void LoopBf3(uint16_t* __restrict dst, const uint16_t* __restric
   }
 }
 template <typename Op>
-TRAINRUN_INLINE void LoopHalf2(_Float16* __restrict dst, const _Float16* __restrict b, size_t n) {
+TRAINRUN_INLINE void LoopHalf2(Half* __restrict dst, const Half* __restrict b, size_t n) {
   for (size_t i = 0; i < n; ++i) {
-    dst[i] = static_cast<_Float16>(Op::Apply(static_cast<float>(dst[i]), static_cast<float>(b[i])));
+    dst[i] = static_cast<Half>(Op::Apply(static_cast<float>(dst[i]), static_cast<float>(b[i])));
   }
 }
 template <typename Op>
@@ -153,7 +161,7 @@ TRAINRUN_INLINE void ForType(DataType type, void* dst, const void* a, const void
     case DataType::kBool:  // ForOp maps bool's ops onto max and min; see there.
       TRAINRUN_CASE(uint8_t, (Loop3<Op, uint8_t>), (Loop2<Op, uint8_t>))
     case DataType::kFloat16:
-      TRAINRUN_CASE(_Float16, LoopHalf3<Op>, LoopHalf2<Op>)
+      TRAINRUN_CASE(Half, LoopHalf3<Op>, LoopHalf2<Op>)
     case DataType::kBFloat16:
       TRAINRUN_CASE(uint16_t, LoopBf3<Op>, LoopBf2<Op>)
   }
@@ -197,9 +205,9 @@ TRAINRUN_INLINE void DivideFor(DataType type, void* data, size_t count, int divi
       return;
     }
     case DataType::kFloat16: {
-      auto* p = static_cast<_Float16*>(data);
+      auto* p = static_cast<Half*>(data);
       for (size_t i = 0; i < count; ++i) {
-        p[i] = static_cast<_Float16>(static_cast<float>(p[i]) / static_cast<float>(divisor));
+        p[i] = static_cast<Half>(static_cast<float>(p[i]) / static_cast<float>(divisor));
       }
       return;
     }
@@ -229,6 +237,7 @@ TRAINRUN_INLINE void DivideFor(DataType type, void* data, size_t count, int divi
 // is converted by a library call each way, which made averaging float16 7x slower than float32.
 using Divider = void (*)(DataType, void*, size_t, int);
 
+#if defined(__x86_64__) || defined(__i386__)
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))) void DivideAvx512(
     DataType type, void* data, size_t count, int divisor) {
   DivideFor(type, data, count, divisor);
@@ -237,12 +246,14 @@ __attribute__((target("avx2,fma,f16c"))) void DivideAvx2(DataType type, void* da
                                                          int divisor) {
   DivideFor(type, data, count, divisor);
 }
+#endif
 void DivideBaseline(DataType type, void* data, size_t count, int divisor) {
   DivideFor(type, data, count, divisor);
 }
 
 using Kernel = void (*)(DataType, ReduceOp, void*, const void*, const void*, size_t);
 
+#if defined(__x86_64__) || defined(__i386__)
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))) void KernelAvx512(
     DataType type, ReduceOp op, void* dst, const void* a, const void* b, size_t n) {
   ForOp(type, op, dst, a, b, n);
@@ -251,6 +262,7 @@ __attribute__((target("avx2,fma,f16c"))) void KernelAvx2(DataType type, ReduceOp
                                                          const void* a, const void* b, size_t n) {
   ForOp(type, op, dst, a, b, n);
 }
+#endif
 void KernelBaseline(DataType type, ReduceOp op, void* dst, const void* a, const void* b, size_t n) {
   ForOp(type, op, dst, a, b, n);
 }
@@ -263,6 +275,7 @@ struct Dispatch {
 
 const Dispatch& Selected() {
   static const Dispatch dispatch = [] {
+#if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
@@ -274,6 +287,12 @@ const Dispatch& Selected() {
       return Dispatch{KernelAvx2, DivideAvx2, "avx2"};
     }
     return Dispatch{KernelBaseline, DivideBaseline, "sse2"};
+#elif defined(__aarch64__)
+    // One copy: the baseline of aarch64 has Advanced SIMD (NEON), which the vectorizer uses.
+    return Dispatch{KernelBaseline, DivideBaseline, "neon"};
+#else
+    return Dispatch{KernelBaseline, DivideBaseline, "baseline"};
+#endif
   }();
   return dispatch;
 }

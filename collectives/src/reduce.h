@@ -17,7 +17,8 @@ void Reduce(DataType type, ReduceOp op, void* dst, const void* a, const void* b,
 // Divide divides `count` elements of `data` by `divisor` in place (integers truncate).
 void Divide(DataType type, void* data, size_t count, int divisor);
 
-// ReduceIsa names the instruction set the kernels dispatch to ("avx512", "avx2", "sse2").
+// ReduceIsa names the instruction set the kernels dispatch to ("avx512", "avx2", "sse2"; "neon" on
+// aarch64).
 const char* ReduceIsa();
 
 }  // namespace trainrun::collectives::internal

@@ -337,19 +337,20 @@ bool ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataT
         !check->reduce(CompareRecords(g, check->record, check->record_bytes, check->records))) {
       return false;  // as a record exchange: step 2g+1 only, nothing written
     }
-    // reduce_own reduces `n` elements of this rank's part, `at` bytes into it, from `own` (this
-    // rank's input) and every peer's slot into `result` (this rank's slot), then finishes them
-    // (across, average).
-    auto reduce_own = [&](char* result, const char* own, size_t at, size_t n) {
+    // reduce_own reduces `elements` elements of this rank's part, `at` bytes into it, from `own`
+    // (this rank's input) and every peer's slot into `result` (this rank's slot), then finishes
+    // them (across, average).
+    auto reduce_own = [&](char* result, const char* own, size_t at, size_t elements) {
       bool first = true;
       for (int p = 0; p < size_; ++p) {
         if (p == rank_) continue;
-        Reduce(type, op, result, first ? own : result, chunk_at(p, g) + own_begin * e + at, n);
+        Reduce(type, op, result, first ? own : result, chunk_at(p, g) + own_begin * e + at,
+               elements);
         first = false;
       }
-      if (first) std::memcpy(result, own, n * e);  // no peers
-      if (across != nullptr) (*across)(result, n);
-      if (op == ReduceOp::kAverage) Divide(type, result, n, divisor);
+      if (first) std::memcpy(result, own, elements * e);  // no peers
+      if (across != nullptr) (*across)(result, elements);
+      if (op == ReduceOp::kAverage) Divide(type, result, elements, divisor);
     };
     if (own_length > 0) {
       char* result = mine + own_begin * e;
