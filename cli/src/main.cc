@@ -7,10 +7,13 @@
 
 #include <cstdio>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "trainrun/cli/run_main.h"
 #include "trainrun/launcher/agent.h"
 #include "trainrun/launcher/launcher.h"
+#include "trainrun/launcher/monitor.h"
 #include "trainrun/rendezvous/environment.h"
 
 int main(int argc, char** argv) {
@@ -25,6 +28,11 @@ int main(int argc, char** argv) {
       return 2;
     }
     return trainrun::launcher::RunAgent();
+  }
+  // `trainrun top [ADDR:]PORT`: a running job's --monitor view in this terminal.
+  if (std::vector<std::string> args(argv + 1, argv + argc);
+      trainrun::launcher::IsTopCommand(args)) {
+    return trainrun::launcher::RunTop(args);
   }
   trainrun::cli::InstallStderrLogger();
   return trainrun::cli::RunMain(trainrun::cli::Arguments(argc, argv), trainrun::launcher::Launch);

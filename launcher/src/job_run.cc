@@ -66,7 +66,8 @@ JobRun::JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& out
       stall_inspector_(spec.plan.size(), spec.stall_warning, spec.stall_shutdown),
       stall_timer_(io_),
       generation_timer_(io_),
-      growth_timer_(io_) {
+      growth_timer_(io_),
+      monitor_(spec, plan, io_) {
   SupervisorOptions options;
   options.command = spec.command[0];
   options.grace_period = spec.grace_period;
@@ -501,10 +502,12 @@ remote::RemoteTiming JobRun::RemoteTimingFor(const LaunchSpec& spec) {
 void JobRun::OnOutput(int rank, OutputStream stream, std::string_view bytes) {
   output_.Write(rank, stream, bytes);
   supervisor_->OnOutput(rank, stream, bytes);
+  monitor_.OnOutput(rank, bytes);
 }
 
 void JobRun::OnExit(int rank, const ExitInfo& exit) {
   if (server_) server_->NoteRankExit(rank, exit.Describe(), exit.ok());
+  monitor_.OnExit(rank, exit);
   // A rank of an elastic job that failed on its own blacklists its host (Horovod's rule).
   const bool host_failure = spec_.elastic.has_value() && !exit.ok() &&
                             !supervisor_->StoppedOnPurpose(rank) && supervisor_->Live(rank);
@@ -515,6 +518,7 @@ void JobRun::OnExit(int rank, const ExitInfo& exit) {
 }
 
 void JobRun::OnStarted(int rank, const std::string& binding) {
+  monitor_.OnStarted(rank);
   if (spec_.report_bindings) {
     Logger().info("rank {} on {} bound {}", rank, slots_.HostOf(rank).host, binding);
   }
@@ -697,9 +701,9 @@ void JobRun::InspectStalls() {
       if (absl::SimpleAtoi(key.substr(prefix.size()), &rank)) waiting[rank] = value;
     }
     const auto now = std::chrono::steady_clock::now();
-    if (std::string warning = stall_inspector_.Update(waiting, now); !warning.empty()) {
-      Logger().warn("{}", warning);
-    }
+    std::string warning = stall_inspector_.Update(waiting, now);
+    const std::string link = monitor_.OnStalls(waiting, stall_inspector_, warning);
+    if (!warning.empty()) Logger().warn("{}{}", warning, link);
     if (stall_inspector_.ShutdownDue(now)) {
       supervisor_->OnStall(stall_inspector_.Stalled(), stall_inspector_.Describe(now));
       return;
@@ -752,6 +756,7 @@ void JobRun::WatchGenerations() {
 }
 
 void JobRun::Supervise() {
+  monitor_.Serve(*server_);
   InspectStalls();
   StartDiscovery();
   if (!supervisor_->done()) io_.run();
@@ -759,6 +764,7 @@ void JobRun::Supervise() {
 
 int JobRun::Summarize() {
   StopDiscovery();
+  monitor_.Finish(supervisor_->Summary());
   server_->Shutdown();
   output_.EndLines();
   if (spec_.elastic.has_value() && supervisor_->exit_code() == 0) {

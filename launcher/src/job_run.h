@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "job_plan.h"
+#include "monitor/monitor.h"
 #include "remote/agent_connector.h"
 #include "remote/remote_ranks.h"
 #include "start_deadline.h"
@@ -195,6 +196,7 @@ class JobRun {
   int forming_generation_ = 1;
   boost::asio::steady_timer generation_timer_;
   boost::asio::steady_timer growth_timer_;
+  monitor::Monitor monitor_;  // the straggler line, the --monitor page (monitor/monitor.h)
 };
 
 }  // namespace trainrun::launcher
