@@ -35,10 +35,10 @@ struct TickOrigin {
   uint64_t ticks = Ticks();
   uint64_t ns = SteadyNs();
 };
-const TickOrigin& Origin() {
-  static const TickOrigin origin;
-  return origin;
-}
+// Taken as the library loads, so that the first conversions (a communicator's first samples)
+// already measure the rate over the rendezvous' milliseconds.
+const TickOrigin kOrigin;
+const TickOrigin& Origin() { return kOrigin; }
 
 uint64_t CpuNs() {
   rusage usage{};
@@ -108,8 +108,8 @@ class Reporter {
 
  private:
   struct Totals {
-    uint64_t collectives = 0, bytes = 0, busy_ticks = 0, samples = 0, sample_weight = 0,
-             last_weight = 0, last_gap_ns = 0, waited_ns = 0;
+    uint64_t collectives = 0, bytes = 0, busy_ticks = 0, samples = 0, last_samples = 0,
+             last_gap_ns = 0, sampled_ns = 0, sampled_waited_ns = 0;
   };
 
   static void Fold(const AttributionCounters& c, Totals& t) {
@@ -118,10 +118,10 @@ class Reporter {
     t.bytes += c.bytes.load(r);
     t.busy_ticks += c.busy_ticks.load(r);
     t.samples += c.samples.load(r);
-    t.sample_weight += c.sample_weight.load(r);
-    t.last_weight += c.last_weight.load(r);
+    t.last_samples += c.last_samples.load(r);
     t.last_gap_ns += c.last_gap_ns.load(r);
-    t.waited_ns += c.waited_ns.load(r);
+    t.sampled_ns += c.sampled_ns.load(r);
+    t.sampled_waited_ns += c.sampled_waited_ns.load(r);
   }
 
   void Run() {
@@ -141,10 +141,10 @@ class Reporter {
     report.bytes = t.bytes;
     report.busy_ns = TicksToNs(t.busy_ticks);
     report.samples = t.samples;
-    report.sample_weight = t.sample_weight;
-    report.last_weight = t.last_weight;
+    report.last_samples = t.last_samples;
     report.last_gap_ns = t.last_gap_ns;
-    report.waited_ns = t.waited_ns;
+    report.sampled_ns = t.sampled_ns;
+    report.sampled_waited_ns = t.sampled_waited_ns;
     report.cpu_ns = CpuNs();
     report.rss_bytes = RssBytes();
     std::shared_ptr<rendezvous::Store> store = store_;
@@ -188,9 +188,9 @@ std::string FormatReport(const AttributionReport& r) {
       text, sizeof(text), "1 %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu",
       static_cast<unsigned long long>(r.collectives), static_cast<unsigned long long>(r.bytes),
       static_cast<unsigned long long>(r.busy_ns), static_cast<unsigned long long>(r.samples),
-      static_cast<unsigned long long>(r.sample_weight),
-      static_cast<unsigned long long>(r.last_weight),
-      static_cast<unsigned long long>(r.last_gap_ns), static_cast<unsigned long long>(r.waited_ns),
+      static_cast<unsigned long long>(r.last_samples),
+      static_cast<unsigned long long>(r.last_gap_ns), static_cast<unsigned long long>(r.sampled_ns),
+      static_cast<unsigned long long>(r.sampled_waited_ns),
       static_cast<unsigned long long>(r.cpu_ns), static_cast<unsigned long long>(r.rss_bytes));
   return text;
 }
@@ -222,7 +222,6 @@ void Attribution::Stamp(CallRecord& record) {
 }
 
 void Attribution::Observe(const CallRecord* records, size_t n, int me) {
-  const uint64_t weight = sequence_ - last_sample_;
   last_sample_ = sequence_;
   uint64_t least = ~0ull, most = 0;
   uint32_t spacing = 1;
@@ -244,19 +243,15 @@ void Attribution::Observe(const CallRecord* records, size_t n, int me) {
   uint64_t h = sequence_ * 0x9E3779B97F4A7C15ull;
   h ^= h >> 31;
   next_sample_ = sequence_ + std::max<uint64_t>(1, spacing / 2 + h % spacing);
-  if (n < 2 || most == least) {  // every rank spent as long: nobody waited for anybody
-    Bump(counters_->samples, 1);
-    Bump(counters_->sample_weight, weight);
-    return;
-  }
-  const uint64_t mine = records[me].sample_wait_ns;
+  const uint64_t mine = records[n < 2 ? 0 : me].sample_wait_ns;
   Bump(counters_->samples, 1);
-  Bump(counters_->sample_weight, weight);
+  Bump(counters_->sampled_ns, mine);
+  if (n < 2 || most == least) return;  // every rank spent as long: nobody waited for anybody
   if (last == me) {
-    Bump(counters_->last_weight, weight);
-    Bump(counters_->last_gap_ns, weight * (most - mine));
+    Bump(counters_->last_samples, 1);
+    Bump(counters_->last_gap_ns, most - mine);
   }
-  Bump(counters_->waited_ns, weight * (mine - least));
+  Bump(counters_->sampled_waited_ns, mine - least);
 }
 
 }  // namespace trainrun::collectives::internal

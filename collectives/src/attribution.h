@@ -9,7 +9,8 @@
 // that they exchange anyway (call_check.h; not compared). Every rank sees the same records, so
 // every rank agrees on who was last at that collective and by how much, and on when the next
 // sample is (each proposes a spacing that keeps samples about 1 ms of its time apart; the largest
-// wins), with no message of its own. A sample stands for the collectives since the previous one.
+// wins; a hash of the sample's number jitters it, so that a periodic step cannot alias), with no
+// message of its own.
 //
 //   Attribution a(store, job_rank);          // one per communicator
 //   uint64_t entered = a.Enter();            // Communicator::Impl::Guard
@@ -51,17 +52,19 @@ inline uint64_t Ticks() {
 uint64_t TicksToNs(uint64_t ticks);
 
 // AttributionCounters are one rank's totals since it started: what the collectives write (relaxed
-// atomics, written by one thread) and the reporter reads. Nanoseconds are estimates from samples
-// where the name says `weighted` (each sample counts for the collectives it stands for).
+// atomics, written by one thread) and the reporter reads. Every collective counts in the first
+// three; the rest are sums over the samples, from which shares are estimated (trainrun scales
+// them by the exact counts: e.g. the time waited for the last rank is busy time times
+// sampled_waited_ns / sampled_ns).
 struct AttributionCounters {
   std::atomic<uint64_t> collectives{0};
   std::atomic<uint64_t> bytes{0};
-  std::atomic<uint64_t> busy_ticks{0};     // time inside collectives
-  std::atomic<uint64_t> samples{0};        // collectives whose waits were compared
-  std::atomic<uint64_t> sample_weight{0};  // the collectives they stand for
-  std::atomic<uint64_t> last_weight{0};    // of those, where this rank arrived last
-  std::atomic<uint64_t> last_gap_ns{0};    // weighted: how long after the first it arrived then
-  std::atomic<uint64_t> waited_ns{0};      // weighted: time spent waiting for the last to arrive
+  std::atomic<uint64_t> busy_ticks{0};         // time inside collectives
+  std::atomic<uint64_t> samples{0};            // collectives whose times were compared
+  std::atomic<uint64_t> last_samples{0};       // of those, where this rank arrived last
+  std::atomic<uint64_t> last_gap_ns{0};        // then, how long after the first it arrived
+  std::atomic<uint64_t> sampled_ns{0};         // this rank's time in the sampled collectives
+  std::atomic<uint64_t> sampled_waited_ns{0};  // of which waiting for the last to arrive
 };
 
 // Report is what a rank sends trainrun: its counters summed over its communicators, its CPU time
@@ -71,10 +74,10 @@ struct AttributionReport {
   uint64_t bytes = 0;
   uint64_t busy_ns = 0;
   uint64_t samples = 0;
-  uint64_t sample_weight = 0;
-  uint64_t last_weight = 0;
+  uint64_t last_samples = 0;
   uint64_t last_gap_ns = 0;
-  uint64_t waited_ns = 0;
+  uint64_t sampled_ns = 0;
+  uint64_t sampled_waited_ns = 0;
   uint64_t cpu_ns = 0;
   uint64_t rss_bytes = 0;
 };

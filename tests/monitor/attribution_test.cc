@@ -46,14 +46,19 @@ TEST_CASE("the rank that spends least in its collectives is the one the others w
   CHECK(slow.collectives.load() == 2000);
   CHECK(slow.bytes.load() == 2000 * 64);
   CHECK(slow.samples.load() > 0);
-  CHECK(slow.last_weight.load() == slow.sample_weight.load());
-  CHECK(slow.waited_ns.load() == 0);
-  CHECK(slow.last_gap_ns.load() > 0);
+  CHECK(slow.last_samples.load() == slow.samples.load());
+  CHECK(slow.sampled_waited_ns.load() == 0);
+  // Late by 1,000,000 ticks each time, in nanoseconds (the tick rate is measured as the process
+  // runs: within 10% so early).
+  CHECK(static_cast<double>(slow.last_gap_ns.load()) / slow.last_samples.load() ==
+        Approx(static_cast<double>(TicksToNs(1000000))).epsilon(0.1));
   for (int r : {0, 1, 3}) {
     const AttributionCounters& c = ranks[r]->counters();
-    CHECK(c.last_weight.load() == 0);
-    CHECK(c.waited_ns.load() > 0);
-    CHECK(c.sample_weight.load() <= 2000);
+    CHECK(c.last_samples.load() == 0);
+    CHECK(c.samples.load() == slow.samples.load());
+    // They waited 1,000,000 of every 1,010,000 ticks they spent.
+    const double waited = static_cast<double>(c.sampled_waited_ns.load()) / c.sampled_ns.load();
+    CHECK(waited == Approx(1000000.0 / 1010000).epsilon(0.01));
   }
 }
 
@@ -68,8 +73,8 @@ TEST_CASE("in a balanced job last arrivals are spread over the ranks") {
   uint64_t total = 0;
   for (int r = 0; r < 4; ++r) {
     const AttributionCounters& c = ranks[r]->counters();
-    total += c.last_weight.load();
-    CHECK(c.last_weight.load() < c.sample_weight.load() * 3 / 4);
+    total += c.last_samples.load();
+    CHECK(c.last_samples.load() < c.samples.load() * 3 / 4);
   }
   CHECK(total > 0);
 }
@@ -77,8 +82,8 @@ TEST_CASE("in a balanced job last arrivals are spread over the ranks") {
 TEST_CASE("equal times name nobody") {
   auto ranks = Run(3, 100, [](int, int) { return 5000u; });
   for (const auto& r : ranks) {
-    CHECK(r->counters().last_weight.load() == 0);
-    CHECK(r->counters().waited_ns.load() == 0);
+    CHECK(r->counters().last_samples.load() == 0);
+    CHECK(r->counters().sampled_waited_ns.load() == 0);
     CHECK(r->counters().samples.load() > 0);
   }
 }
@@ -89,7 +94,7 @@ TEST_CASE("fast collectives are sampled about once a millisecond, not every time
   auto ranks = Run(2, 200000, [](int r, int) { return r == 0 ? 100u : 1000u; });
   const AttributionCounters& c = ranks[0]->counters();
   CHECK(c.samples.load() < 20000);
-  CHECK(c.sample_weight.load() > 200000 - 3 * 65536 / 2);
+  CHECK(c.samples.load() > 0);
 }
 
 TEST_CASE("a report is one line of eleven numbers") {

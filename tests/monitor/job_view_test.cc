@@ -17,13 +17,14 @@ std::vector<RankWindow> Windows(int n, int slow, double last_share, double waite
     w[r].host = r < n / 2 ? "a" : "b";
     w[r].seconds = 10;
     w[r].delta.collectives = 1204;
-    w[r].delta.sample_weight = 1000;
+    w[r].delta.samples = 1000;
     if (r == slow) {
-      w[r].delta.last_weight = static_cast<uint64_t>(1000 * last_share);
-      w[r].delta.last_gap_ns = w[r].delta.last_weight * 180000000ull;
+      w[r].delta.last_samples = static_cast<uint64_t>(1000 * last_share);
+      w[r].delta.last_gap_ns = w[r].delta.last_samples * 180000000ull;
+      w[r].delta.busy_ns = 1000000000ull;  // 10% of its time in collectives
     } else {
-      w[r].delta.last_weight = static_cast<uint64_t>(1000 * (1 - last_share) / (n - 1));
-      w[r].delta.waited_ns = static_cast<uint64_t>(waited * 10e9);
+      w[r].delta.last_samples = static_cast<uint64_t>(1000 * (1 - last_share) / (n - 1));
+      w[r].delta.busy_ns = static_cast<uint64_t>((0.1 + waited) * 10e9);
     }
   }
   return w;
@@ -43,7 +44,7 @@ TEST_CASE("no straggler when last arrivals are spread, or the others hardly wait
   CHECK_FALSE(FindStraggler(Windows(4, 1, 0.96, 0.05), 0.10).has_value());
   CHECK_FALSE(FindStraggler(Windows(4, 1, 0.96, 0.38), 0).has_value());  // turned off
   std::vector<RankWindow> partial = Windows(4, 1, 0.96, 0.38);
-  partial[2].delta.sample_weight = 0;  // a rank without samples: nothing to compare
+  partial[2].delta.samples = 9;  // too few samples of a rank: no verdict
   CHECK_FALSE(FindStraggler(partial, 0.10).has_value());
 }
 
@@ -66,18 +67,21 @@ TEST_CASE("the straggler line is said once, and once more when it is gone") {
   view.OnStarted(0);
   view.OnStarted(1);
   const Clock::time_point t0 = Clock::now();
-  auto report = [](uint64_t collectives, uint64_t last, uint64_t waited) {
-    return absl::StrCat("1 ", collectives, " 0 0 10 ", collectives * 10, " ", last, " ",
-                        last * 1000000, " ", waited, " 0 0");
+  // collectives, time in collectives (ns) and samples where last, of 10 per collective.
+  auto report = [](uint64_t collectives, uint64_t busy, uint64_t last) {
+    return absl::StrCat("1 ", collectives, " 0 ", busy, " ", collectives * 10, " ", last, " ",
+                        last * 1000000, " ", busy, " ", busy / 2, " 0 0");
   };
-  // Rank 1 last at every sample; rank 0 waits 5 s of 10.
-  std::string line = view.OnReports({{0, report(100, 0, 5000000000ull)}, {1, report(100, 1000, 0)}},
-                                    t0 + std::chrono::seconds(10));
+  // Rank 1 last at every sample; rank 0 in collectives 5 s of 10, rank 1 hardly.
+  std::string line =
+      view.OnReports({{0, report(100, 5000000000ull, 0)}, {1, report(100, 1000, 1000)}},
+                     t0 + std::chrono::seconds(10));
   CHECK(line.rfind("straggler: rank 1 (host a) arrived last at 100% of 100", 0) == 0);
-  CHECK(view.OnReports({{0, report(200, 0, 10000000000ull)}, {1, report(200, 2000, 0)}},
+  CHECK(line.find("rank 0 waited 50% of their time for it") != std::string::npos);
+  CHECK(view.OnReports({{0, report(200, 10000000000ull, 0)}, {1, report(200, 2000, 2000)}},
                        t0 + std::chrono::seconds(20)) == "");
   // Then balanced: gone.
-  CHECK(view.OnReports({{0, report(300, 500, 10000000000ull)}, {1, report(300, 2500, 0)}},
+  CHECK(view.OnReports({{0, report(300, 10000002000ull, 500)}, {1, report(300, 4000, 2500)}},
                        t0 + std::chrono::seconds(30)) ==
         "straggler: none in the last 10 s (rank 1 was)");
   CHECK(view.straggler_named());

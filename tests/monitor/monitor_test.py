@@ -123,7 +123,7 @@ def run_straggler(transport):
 def run_balanced():
     for run in range(5):
         job_dir = tempfile.mkdtemp()
-        job = Job(["-np", "4", "--straggler-window", "3", *worker(9, -1, 0, job_dir)])
+        job = Job(["-np", "4", "--straggler-window", "5", *worker(11, -1, 0, job_dir)])
         code = job.finish()
         check(code == 0, f"balanced run {run}: the job exited {code}", job)
         false = [l for _, l in job.lines if "straggler:" in l]

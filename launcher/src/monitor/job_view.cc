@@ -110,16 +110,24 @@ std::optional<Report> ParseReport(const std::string& text) {
   return Report{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]};
 }
 
+double Report::Waited() const {
+  if (sampled_ns == 0) return 0;
+  return static_cast<double>(busy_ns) * static_cast<double>(sampled_waited_ns) /
+         static_cast<double>(sampled_ns);
+}
+
+double Report::LastShare() const { return Share(last_samples, samples); }
+
 Report Minus(const Report& a, const Report& b) {
   auto d = [](uint64_t x, uint64_t y) { return x >= y ? x - y : 0; };
   return Report{d(a.collectives, b.collectives),
                 d(a.bytes, b.bytes),
                 d(a.busy_ns, b.busy_ns),
                 d(a.samples, b.samples),
-                d(a.sample_weight, b.sample_weight),
-                d(a.last_weight, b.last_weight),
+                d(a.last_samples, b.last_samples),
                 d(a.last_gap_ns, b.last_gap_ns),
-                d(a.waited_ns, b.waited_ns),
+                d(a.sampled_ns, b.sampled_ns),
+                d(a.sampled_waited_ns, b.sampled_waited_ns),
                 d(a.cpu_ns, b.cpu_ns),
                 a.rss_bytes};
 }
@@ -129,8 +137,9 @@ std::optional<Straggler> FindStraggler(const std::vector<RankWindow>& ranks, dou
   const RankWindow* worst = nullptr;
   double worst_share = 0;
   for (const RankWindow& r : ranks) {
-    if (r.delta.sample_weight == 0 || r.seconds <= 0) return std::nullopt;  // not all reported
-    const double share = Share(r.delta.last_weight, r.delta.sample_weight);
+    // Every rank must have been compared, often enough for a verdict.
+    if (r.delta.samples < kMinSamples || r.seconds <= 0) return std::nullopt;
+    const double share = r.delta.LastShare();
     if (worst == nullptr || share > worst_share) worst = &r, worst_share = share;
   }
   // Last at most collectives: more than half of them.
@@ -140,15 +149,17 @@ std::optional<Straggler> FindStraggler(const std::vector<RankWindow>& ranks, dou
   s.host = worst->host;
   s.last_share = worst_share;
   s.collectives = worst->delta.collectives;
-  s.late_ns = worst->delta.last_weight == 0 ? 0
-                                            : static_cast<double>(worst->delta.last_gap_ns) /
-                                                  static_cast<double>(worst->delta.last_weight);
+  s.late_ns = Share(worst->delta.last_gap_ns, worst->delta.last_samples);
   s.window_seconds = worst->seconds;
   double waited = 0;
   for (const RankWindow& r : ranks) {
     if (&r == worst) continue;
     s.others.push_back(r.rank);
-    waited += std::min(1.0, static_cast<double>(r.delta.waited_ns) / (r.seconds * 1e9));
+    // What it cost r: r's time in collectives beyond the straggler's own (the straggler, arriving
+    // last, hardly waits; r waits for it).
+    const double busy = static_cast<double>(r.delta.busy_ns) / (r.seconds * 1e9);
+    const double its = static_cast<double>(worst->delta.busy_ns) / (worst->seconds * 1e9);
+    waited += std::clamp(busy - its, 0.0, 1.0);
   }
   s.others_waited = waited / static_cast<double>(s.others.size());
   if (s.others_waited < threshold) return std::nullopt;
@@ -327,11 +338,11 @@ std::string JobView::Table() const {
         &table, absl::StrFormat("\n%6d  %-12s %12s %10s %9s %9s %9s %9s", i, r.host,
                                 Thousands(t.collectives), Bytes(static_cast<double>(t.bytes)),
                                 Percent(static_cast<double>(t.busy_ns) / (seconds * 1e9)),
-                                Percent(Share(t.last_weight, t.sample_weight)),
-                                t.last_weight == 0 ? std::string("-")
-                                                   : Duration(static_cast<double>(t.last_gap_ns) /
-                                                              static_cast<double>(t.last_weight)),
-                                Percent(static_cast<double>(t.waited_ns) / (seconds * 1e9))));
+                                Percent(t.LastShare()),
+                                t.last_samples == 0 ? std::string("-")
+                                                    : Duration(static_cast<double>(t.last_gap_ns) /
+                                                               static_cast<double>(t.last_samples)),
+                                Percent(t.Waited() / (seconds * 1e9))));
   }
   absl::StrAppend(&table,
                   "\n(in coll.: share of the run inside collectives; last: share of collectives "
@@ -385,8 +396,8 @@ std::string JobView::Json() const {
       const double s =
           std::chrono::duration<double>(r.samples.back().at - r.samples[r.samples.size() - 2].at)
               .count();
-      wait = s > 0 ? std::min(1.0, static_cast<double>(d.waited_ns) / (s * 1e9)) : 0;
-      last = Share(d.last_weight, d.sample_weight);
+      wait = s > 0 ? std::min(1.0, d.Waited() / (s * 1e9)) : 0;
+      last = d.LastShare();
     }
     absl::StrAppend(
         &out, i == 0 ? "" : ",", "{\"rank\":", i, ",\"host\":", JsonString(r.host),
@@ -409,8 +420,8 @@ std::string JobView::Json() const {
       if (s <= 0) continue;
       absl::StrAppend(&out, k == first + 1 ? "" : ",", "[", since(r.samples[k].at), ",",
                       absl::StrFormat("%.3f", std::min(1.0, d.busy_ns / (s * 1e9))), ",",
-                      absl::StrFormat("%.3f", std::min(1.0, d.waited_ns / (s * 1e9))), ",",
-                      absl::StrFormat("%.3f", Share(d.last_weight, d.sample_weight)), "]");
+                      absl::StrFormat("%.3f", std::min(1.0, d.Waited() / (s * 1e9))), ",",
+                      absl::StrFormat("%.3f", d.LastShare()), "]");
     }
     absl::StrAppend(&out, "]}");
   }
@@ -435,36 +446,40 @@ std::string JobView::Metrics() const {
     absl::StrAppend(&out, "trainrun_rank_state{rank=\"", i, "\",host=\"", Label(ranks_[i].host),
                     "\",state=\"", Label(state), "\"} 1\n");
   }
-  struct Counter {
+  struct Family {
     const char* name;
+    const char* type;
     const char* help;
-    uint64_t Report::*field;
-    double scale;
+    double (*value)(const Report&);
   };
-  const Counter counters[] = {
-      {"trainrun_collectives_total", "Collectives the rank has joined.", &Report::collectives, 1},
-      {"trainrun_collective_bytes_total", "Bytes of the rank's data in its collectives.",
-       &Report::bytes, 1},
-      {"trainrun_collective_seconds_total", "Seconds the rank spent inside collectives.",
-       &Report::busy_ns, 1e-9},
-      {"trainrun_wait_for_last_seconds_total",
-       "Seconds the rank waited for the last rank to arrive (estimated from samples).",
-       &Report::waited_ns, 1e-9},
-      {"trainrun_last_arrivals_total",
-       "Collectives at which the rank arrived last (estimated from samples).", &Report::last_weight,
-       1},
-      {"trainrun_last_arrival_delay_seconds_total",
-       "Seconds after the first rank that the rank arrived, summed over its last arrivals.",
-       &Report::last_gap_ns, 1e-9},
-      {"trainrun_cpu_seconds_total", "CPU time of the rank's process.", &Report::cpu_ns, 1e-9},
+  const Family families[] = {
+      {"trainrun_collectives_total", "counter", "Collectives the rank has joined.",
+       [](const Report& r) { return static_cast<double>(r.collectives); }},
+      {"trainrun_collective_bytes_total", "counter", "Bytes of the rank's data in its collectives.",
+       [](const Report& r) { return static_cast<double>(r.bytes); }},
+      {"trainrun_collective_seconds_total", "counter", "Seconds the rank spent inside collectives.",
+       [](const Report& r) { return static_cast<double>(r.busy_ns) * 1e-9; }},
+      {"trainrun_sampled_collectives_total", "counter",
+       "Collectives at which the ranks compared their times (straggler attribution's samples).",
+       [](const Report& r) { return static_cast<double>(r.samples); }},
+      {"trainrun_last_arrivals_total", "counter",
+       "Sampled collectives at which the rank arrived last.",
+       [](const Report& r) { return static_cast<double>(r.last_samples); }},
+      {"trainrun_last_arrival_delay_seconds_total", "counter",
+       "Seconds after the first rank that the rank arrived, summed over its sampled last arrivals.",
+       [](const Report& r) { return static_cast<double>(r.last_gap_ns) * 1e-9; }},
+      {"trainrun_wait_for_last_seconds", "gauge",
+       "Seconds the rank spent waiting for the last rank to arrive (estimated from the samples).",
+       [](const Report& r) { return r.Waited() * 1e-9; }},
+      {"trainrun_cpu_seconds_total", "counter", "CPU time of the rank's process.",
+       [](const Report& r) { return static_cast<double>(r.cpu_ns) * 1e-9; }},
   };
-  for (const Counter& c : counters) {
-    family(c.name, "counter", c.help);
+  for (const Family& f : families) {
+    family(f.name, f.type, f.help);
     for (size_t i = 0; i < ranks_.size(); ++i) {
       if (ranks_[i].samples.empty()) continue;
-      const double v = static_cast<double>(ranks_[i].samples.back().report.*c.field) * c.scale;
-      absl::StrAppend(&out, c.name, labels(i), " ",
-                      c.scale == 1 ? absl::StrFormat("%.0f", v) : absl::StrFormat("%.9f", v), "\n");
+      absl::StrAppend(&out, f.name, labels(i), " ",
+                      absl::StrFormat("%.9g", f.value(ranks_[i].samples.back().report)), "\n");
     }
   }
   family("trainrun_resident_memory_bytes", "gauge", "Resident memory of the rank's process.");
@@ -511,8 +526,8 @@ std::string JobView::Text(int width) const {
       const double s =
           std::chrono::duration<double>(r.samples.back().at - r.samples[r.samples.size() - 2].at)
               .count();
-      wait = s > 0 ? d.waited_ns / (s * 1e9) : 0;
-      last = Share(d.last_weight, d.sample_weight);
+      wait = s > 0 ? d.Waited() / (s * 1e9) : 0;
+      last = d.LastShare();
     }
     const bool straggler = straggler_.has_value() && straggler_->rank == static_cast<int>(i);
     absl::StrAppend(

@@ -29,12 +29,18 @@ struct Report {
   uint64_t bytes = 0;
   uint64_t busy_ns = 0;
   uint64_t samples = 0;
-  uint64_t sample_weight = 0;
-  uint64_t last_weight = 0;
+  uint64_t last_samples = 0;
   uint64_t last_gap_ns = 0;
-  uint64_t waited_ns = 0;
+  uint64_t sampled_ns = 0;
+  uint64_t sampled_waited_ns = 0;
   uint64_t cpu_ns = 0;
   uint64_t rss_bytes = 0;
+
+  // Waited estimates the time spent waiting for the last rank: the time in collectives times the
+  // share of it the samples spent waiting.
+  double Waited() const;
+  // LastShare is the share of the samples where this rank arrived last.
+  double LastShare() const;
 };
 // ParseReport reads a report's text; nullopt for anything else.
 std::optional<Report> ParseReport(const std::string& text);
@@ -61,8 +67,10 @@ struct Straggler {
   double window_seconds = 0;
 };
 
-// FindStraggler names the rank that arrived last at most sampled collectives of the window, when
-// the others spent more than `threshold` (a fraction) of their time waiting for the last rank.
+// FindStraggler names the rank that arrived last at more than half of the window's sampled
+// collectives (at least kMinSamples of them), when it cost the others more than `threshold` (a
+// fraction) of their time: the share of the window they spent in collectives beyond its own.
+inline constexpr uint64_t kMinSamples = 10;
 std::optional<Straggler> FindStraggler(const std::vector<RankWindow>& ranks, double threshold);
 // StragglerLine is the line trainrun prints: "straggler: rank 3 (host b) arrived last at 96% of
 // 1,204 collectives in the last 10 s, 180 ms after the first on average; ranks 0-2,4-7 waited 38%
