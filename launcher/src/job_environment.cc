@@ -123,6 +123,7 @@ absl::StatusOr<JobEnvironment> JobEnvironment::Create(const LaunchSpec& spec,
         absl::StrCat(spec.monitor.empty() ? spec.straggler_window.count() * 1000 : int64_t{1000});
   }
   job.assign_gpus_ = spec.assign_gpus || env::kAssignGpus.Get() != 0;
+  if (spec.verbose && !job.forced_.count(env::kVerbose.name)) job.forced_[env::kVerbose.name] = "1";
   return job;
 }
 

@@ -478,7 +478,7 @@ std::function<void(const std::vector<int>&, const std::string&)> JobRun::HostLos
   if (!spec.elastic.has_value()) return {};
   return [this](const std::vector<int>& ranks, const std::string& why) {
     if (server_) {
-      for (int rank : ranks) server_->NoteRankExit(rank, why, false);
+      for (int rank : ranks) server_->NoteRankExit(rank, why);
     }
     host_failed_ = true;
     if (!ranks.empty() && !supervisor_->StoppedOnPurpose(ranks.front())) {
@@ -506,7 +506,7 @@ void JobRun::OnOutput(int rank, OutputStream stream, std::string_view bytes) {
 }
 
 void JobRun::OnExit(int rank, const ExitInfo& exit) {
-  if (server_) server_->NoteRankExit(rank, exit.Describe(), exit.ok());
+  if (server_) server_->NoteRankExit(rank, exit.Describe());
   monitor_.OnExit(rank, exit);
   // A rank of an elastic job that failed on its own blacklists its host (Horovod's rule).
   const bool host_failure = spec_.elastic.has_value() && !exit.ok() &&
@@ -568,10 +568,10 @@ absl::Status JobRun::ServeRendezvous() {
         supervisor_->ReportPeerFailure(rank, peer, message);
       });
     };
-  // A rank that exited 0 without ever joining while joined ranks still run: the job cannot
-  // finish, so it ends now, naming that rank.
-  options.on_exit_before_join = [this](int rank) {
-    boost::asio::post(io_, [this, rank] { supervisor_->OnExitBeforeJoin(rank); });
+  // Joins go to the supervisor, which sees from them and the exits a rank that exited 0 without
+  // ever joining while joined ranks still run (the job cannot finish; it ends naming that rank).
+  options.on_join = [this](int rank) {
+    boost::asio::post(io_, [this, rank] { supervisor_->OnRankJoined(rank); });
   };
   absl::StatusOr<std::unique_ptr<rendezvous::Server>> server =
       rendezvous::Server::Start(std::move(options));

@@ -62,6 +62,7 @@ void JobSupervisor::OnOutput(int rank, OutputStream stream, std::string_view byt
 
 void JobSupervisor::OnRankExit(int rank, const ExitInfo& exit) {
   exits_[rank] = exit;
+  if (exit.ok() && joined_.count(rank) == 0) exited_without_joining_.insert(rank);
   if (pending_.erase(rank) > 0) {
     // A rank the job was growing by, before it became a member: no member is lost.
     lost_.insert(rank);
@@ -81,6 +82,22 @@ void JobSupervisor::OnRankExit(int rank, const ExitInfo& exit) {
     }
   }
   MaybeDone();
+  CheckExitBeforeJoin();
+}
+
+void JobSupervisor::OnRankJoined(int rank) {
+  joined_.insert(rank);
+  exited_without_joining_.erase(rank);  // its join overtook the news of its exit
+  CheckExitBeforeJoin();
+}
+
+void JobSupervisor::CheckExitBeforeJoin() {
+  if (exit_before_join_seen_ || done_ || exited_without_joining_.empty()) return;
+  const bool joined_running = std::any_of(joined_.begin(), joined_.end(),
+                                          [this](int rank) { return exits_.count(rank) == 0; });
+  if (!joined_running) return;
+  exit_before_join_seen_ = true;
+  OnExitBeforeJoin(*exited_without_joining_.begin());
 }
 
 std::vector<int> JobSupervisor::Survivors() const {

@@ -521,10 +521,16 @@ TEST_CASE("multihost: the dry run tells each host's trainrun; another release is
   INFO(out);
   CHECK(status == 0);
   CHECK(out.find(plan_line) == 0);
+  // Each host's line ends with what its `trainrun --gpu-probe` said (GPUs, driver, NCCL).
   const std::string found =
-      absl::StrCat(": trainrun ", TRAINRUN_RELEASE, " at ", TRAINRUN_BIN, ", as here\n");
-  CHECK(out.find("trainrun on the hosts:\n  " + host0 + found + "  " + host1 + found) !=
-        std::string::npos);
+      absl::StrCat(": trainrun ", TRAINRUN_RELEASE, " at ", TRAINRUN_BIN, ", as here; ");
+  const size_t hosts_at = out.find("trainrun on the hosts:\n  " + host0 + found);
+  CHECK(hosts_at != std::string::npos);
+  const size_t host1_at = out.find("\n  " + host1 + found);
+  CHECK(host1_at != std::string::npos);
+  if (host1_at != std::string::npos) {
+    CHECK(out.find("NCCL", host1_at) < out.find('\n', host1_at + 1));
+  }
   CHECK(out.find("localhost: trainrun") == std::string::npos);  // this machine is not asked
   CHECK(seconds < 10);
 

@@ -9,7 +9,8 @@
 //
 // It only decides: events come in (from RankProcessSet locally, from agents for remote hosts),
 // and it acts through RankControl. Call it on the io_context's thread; the rendezvous server,
-// running on its own threads, posts ReportPeerFailure there with boost::asio::post.
+// running on its own threads, posts ReportPeerFailure and OnRankJoined there with
+// boost::asio::post.
 //
 //   JobSupervisor supervisor(io, plan, ranks, options, [&] { io.stop(); });
 //   ... supervisor.OnRankStarted(r) / OnRankExit(r, exit) / OnSignal(SIGINT) ...
@@ -115,9 +116,13 @@ class JobSupervisor {
   // `message` is the rank's own diagnosis ("no progress from rank 0 for 3 s ..."): a stall
   // diagnosis (IsStallDiagnosis) makes the summary name the peer as stalled, quoting it.
   void ReportPeerFailure(int rank, int peer, std::string message = "");
+  // OnRankJoined: rank `rank` joined the rendezvous (the server tells, ServerOptions::on_join).
+  // A rank that exited 0 without joining while a rank that joined still runs will never join, and
+  // the others would wait for it until their timeout: with OnRankExit, this sees that, once, and
+  // calls OnExitBeforeJoin.
+  void OnRankJoined(int rank);
   // OnExitBeforeJoin: rank `rank` exited 0 without joining the rendezvous while other ranks had
-  // joined (the rendezvous server tells). They would wait for it until their timeout: the job
-  // ends now, naming it, and trainrun exits 1 unless a rank failed before.
+  // joined. The job ends now, naming it, and trainrun exits 1 unless a rank failed before.
   void OnExitBeforeJoin(int rank);
   // OnStall ends the job because a collective waited past the stall shutdown time: `stalled` are
   // the ranks that never joined it, `description` says who waited where (StallInspector).
@@ -148,6 +153,9 @@ class JobSupervisor {
  private:
   void StartTeardown();
   void MaybeDone();
+  // CheckExitBeforeJoin applies OnRankJoined's rule once a rank's join or exit may have made it
+  // true.
+  void CheckExitBeforeJoin();
   // OnElasticLoss handles rank `rank`'s failure in an elastic job: a new generation when enough
   // ranks remain, else the wait for ranks (WaitForRanks).
   void OnElasticLoss(int rank, const ExitInfo& exit);
@@ -203,6 +211,9 @@ class JobSupervisor {
   std::optional<std::string> start_failure_;
   std::optional<int> signal_;
   std::optional<int> exited_before_join_;
+  std::set<int> joined_;                  // ranks that joined the rendezvous
+  std::set<int> exited_without_joining_;  // ranks that exited 0 and never joined
+  bool exit_before_join_seen_ = false;
   std::optional<std::chrono::steady_clock::time_point> teardown_started_;
   bool killed_ = false;
   std::optional<std::chrono::steady_clock::time_point> killed_at_;  // when SIGKILL was sent
