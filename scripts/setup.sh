@@ -29,6 +29,9 @@ packages=(
   slurmctld slurmd slurm-client munge util-linux
   # trainrun.run(fn): the function and its arguments travel to the ranks by cloudpickle
   python3-cloudpickle
+  # tests/monitor: the --monitor page in headless Chromium, driven over the DevTools protocol
+  # (python3-websocket), /metrics through Prometheus' own text parser, `trainrun top` in tmux
+  chromium fonts-dejavu-core python3-websocket python3-prometheus-client tmux
 )
 
 missing=()
