@@ -128,7 +128,13 @@ class Reporter {
     const auto period =
         std::chrono::milliseconds(std::max<int64_t>(100, env::kMonitorPeriodMs.Get()));
     std::unique_lock<std::mutex> lock(mutex_);
-    while (!wake_.wait_for(lock, period, [this] { return stop_; })) Send(lock);
+    // The first report after half a period, so that a straggler is named early in a job (its
+    // first window is half as long); then one per period.
+    auto wait = period / 2;
+    while (!wake_.wait_for(lock, wait, [this] { return stop_; })) {
+      Send(lock);
+      wait = period;
+    }
   }
 
   // Send makes the report under the lock and sends it without it.

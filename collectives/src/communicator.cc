@@ -244,10 +244,9 @@ class Communicator::Impl {
     int64_t agreed = start;
     Guard(internal::KindName(call.kind), BytesOf(call), [&](internal::AlgorithmContext& ctx) {
       if (check_calls_ && info_.size > 1) {
-        internal::CallRecord sampled;
-        const internal::CallRecord& mine = Sampled(call, sampled);
+        const internal::CallRecord& mine = Sampled(call);
         const std::vector<internal::CallRecord> records = internal::ExchangeRecords(ctx, mine);
-        if (&mine == &sampled) attribution_->Observe(records.data(), records.size(), info_.rank);
+        if (&mine == &sampled_) attribution_->Observe(records.data(), records.size(), info_.rank);
         internal::CheckAgreement(records, set_name_);
       }
       if (traced) agreed = internal::Timeline::Now();
@@ -394,8 +393,7 @@ class Communicator::Impl {
     const bool traced = timeline_->enabled();
     const int64_t start = traced ? internal::Timeline::Now() : 0;
     int64_t agreed = start;
-    internal::CallRecord sampled;
-    const internal::CallRecord& mine = Sampled(call, sampled);
+    const internal::CallRecord& mine = Sampled(call);
     Guard(internal::KindName(call.kind), count * ElementSize(type),
           [&](internal::AlgorithmContext& ctx) {
             // The records' buffer is kept from call to call (no allocation on a small allreduce's
@@ -416,7 +414,7 @@ class Communicator::Impl {
                   unanimous = same ? mine.kind != kJoinKind
                                    : internal::Unanimous(records.data(), records.size());
                   if (same && !unanimous) records.assign(records.size(), mine);
-                  if (&mine == &sampled) {
+                  if (&mine == &sampled_) {
                     attribution_->Observe(same ? &mine : records.data(), same ? 1 : records.size(),
                                           info_.rank);
                   }
@@ -425,7 +423,7 @@ class Communicator::Impl {
                 });
             if (!folded) {
               records = internal::ExchangeRecords(ctx, mine);
-              if (&mine == &sampled)
+              if (&mine == &sampled_)
                 attribution_->Observe(records.data(), records.size(), info_.rank);
             }
             if (!unanimous) internal::CheckAgreement(records, set_name_);
@@ -557,13 +555,12 @@ class Communicator::Impl {
   }
 
   // Sampled is `call`, or, when this collective is an attribution sample, `call` copied into
-  // `sampled` with the sample's fields (attribution.h).
-  const internal::CallRecord& Sampled(const internal::CallRecord& call,
-                                      internal::CallRecord& sampled) {
+  // sampled_ with the sample's fields (attribution.h).
+  const internal::CallRecord& Sampled(const internal::CallRecord& call) {
     if (!attribution_->Due()) return call;
-    sampled = call;
-    attribution_->Stamp(sampled);
-    return sampled;
+    sampled_ = call;
+    attribution_->Stamp(sampled_);
+    return sampled_;
   }
 
   void Report(int peer, const std::string& message) {
@@ -587,6 +584,7 @@ class Communicator::Impl {
   std::string broken_;
   std::unique_ptr<StallWatch> stall_watch_;  // after transport_: stopped before it is destroyed
   std::unique_ptr<internal::Attribution> attribution_;
+  internal::CallRecord sampled_;  // Sampled's copy of a sample's record
 };
 
 namespace {
