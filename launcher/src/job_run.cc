@@ -713,6 +713,7 @@ void JobRun::InspectStalls() {
 }
 
 void JobRun::PublishGeneration(const MembershipChange& change) {
+  monitor_.OnMembershipChanges(change.generation);
   rendezvous::Generation generation;
   generation.number = change.generation;
   for (int slot : change.members) {
