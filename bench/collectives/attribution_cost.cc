@@ -4,9 +4,9 @@
 // machine shared with other work, wall time would time the other work's slices too).
 //
 //   attribution_cost
-#include <algorithm>
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <vector>
@@ -46,7 +46,8 @@ int main() {
     sink = sink + (a.Due() ? 1 : 0);
     a.Leave(entered, 32);
   });
-  const double tsc = MedianNs(2000000, [&](int) { sink = sink + trainrun::collectives::internal::Ticks(); });
+  const double tsc =
+      MedianNs(2000000, [&](int) { sink = sink + trainrun::collectives::internal::Ticks(); });
   std::printf("one read of the time stamp counter: %.1f ns\n", tsc);
   std::printf("per collective (Enter, Due, Leave): %.1f ns\n", hooks);
   for (int n : {2, 4, 64}) {

@@ -435,7 +435,8 @@ TEST_CASE("elastic: --reset-limit ends the job at the change past it, saying so"
 
 namespace {
 
-// The fixture's plan grown by `n` ranks on host `host` (what JobRun::Grow does to the slots).
+// The fixture's plan grown by `n` ranks on host `host` (what ElasticController::Grow does to the
+// slots).
 std::vector<int> GrowPlan(trainrun::hostfile::SlotPlan& plan, const std::string& host, int n) {
   plan.hosts.push_back({"", host, n, std::nullopt});
   std::vector<int> added;
@@ -589,5 +590,32 @@ TEST_CASE("ranks that all exit 0 after joining, or before anyone joined, end the
   CHECK(f.done);
   CHECK(f.ranks.terminated == 0);
   CHECK(f.supervisor.exit_code() == 0);
+  CHECK(f.supervisor.Summary().empty());
+}
+
+TEST_CASE("the failure mode: elastic with --min-np, restart with --max-restarts, else fail fast",
+          "[launcher][supervisor]") {
+  using trainrun::launcher::FailureMode;
+  using trainrun::launcher::FailureModeOf;
+  trainrun::launcher::LaunchSpec spec;
+  CHECK(FailureModeOf(spec) == FailureMode::kFailFast);
+  spec.max_restarts = 2;
+  CHECK(FailureModeOf(spec) == FailureMode::kRestart);
+  spec.max_restarts = 0;
+  spec.elastic = ElasticSpec{};
+  CHECK(FailureModeOf(spec) == FailureMode::kElastic);
+}
+
+TEST_CASE("fail fast: membership events change nothing, and there is no membership summary",
+          "[launcher][supervisor]") {
+  Fixture f(2);
+  f.supervisor.OnRanksRemoved({1}, "host b left the host discovery script's output");
+  CHECK(f.supervisor.Live(1));
+  CHECK(f.supervisor.MembershipChanges().empty());
+  CHECK_FALSE(f.supervisor.finishing());
+  const auto now = std::chrono::steady_clock::now();
+  for (int r : {0, 1}) f.supervisor.OnRankExit(r, Exit(0, now));
+  CHECK(f.done);
+  CHECK(f.supervisor.ElasticSummary().empty());
   CHECK(f.supervisor.Summary().empty());
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "skip_test.h"
 #include "sshd_fixture.h"
 
 namespace trainrun::testing {
@@ -16,13 +17,12 @@ namespace {
 TEST_CASE("netns: the straggler line names a slow rank on another host within 15 s",
           "[ssh][netns][straggler]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
-  const std::string hosts = absl::StrCat(cluster.host_address(0), ":2,", cluster.host_address(1),
-                                         ":2");
+  const std::string hosts =
+      absl::StrCat(cluster.host_address(0), ":2,", cluster.host_address(1), ":2");
   // Each line of trainrun's output with the second it arrived, after a first line with the start.
   const std::string stamp =
       "echo START $(date +%s.%N); \"$0\" \"$@\" 2>&1 | "

@@ -57,8 +57,9 @@ Monitor::Monitor(const LaunchSpec& spec, const JobPlan& plan, boost::asio::io_co
 
 Monitor::~Monitor() = default;
 
-void Monitor::Serve(const rendezvous::Server& server) {
+void Monitor::Serve(const rendezvous::Server& server, std::function<int()> membership_changes) {
   server_ = &server;
+  membership_changes_ = std::move(membership_changes);
   Tick();
 }
 
@@ -73,6 +74,7 @@ void Monitor::Tick() {
 
 void Monitor::ReadReports() {
   if (server_ == nullptr) return;
+  if (membership_changes_) view_.OnMembershipChanges(membership_changes_());
   std::map<int, std::string> reports;
   const std::string prefix = env::kMonitorKeyPrefix;
   for (const auto& [key, value] : server_->ValuesWithPrefix(prefix)) {

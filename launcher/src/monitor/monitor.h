@@ -11,6 +11,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -29,13 +30,12 @@ class Monitor {
   Monitor(const LaunchSpec& spec, const JobPlan& plan, boost::asio::io_context& io);
   ~Monitor();
 
-  // Serve starts reading reports from `server` and, with --monitor, the page; a page that cannot
-  // be served is one warning, and the job runs without it.
-  void Serve(const rendezvous::Server& server);
+  // Serve starts reading reports from `server` (and the count of membership changes from
+  // `membership_changes`) once a second.
+  void Serve(const rendezvous::Server& server, std::function<int()> membership_changes);
   void OnStarted(int rank) { view_.OnStarted(rank); }
   void OnExit(int rank, const ExitInfo& exit) { view_.OnExit(rank, exit); }
   void OnOutput(int rank, std::string_view bytes) { view_.OnOutput(rank, bytes); }
-  void OnMembershipChanges(int changes) { view_.OnMembershipChanges(changes); }
   // OnStalls: the ranks' stall reports as StallInspector read them, and its warning when it gave
   // one; returns what to add to that warning (a pointer to the straggler line).
   std::string OnStalls(const std::map<int, std::string>& waiting, const StallInspector& inspector,
@@ -52,6 +52,7 @@ class Monitor {
   JobView view_;
   boost::asio::steady_timer timer_;
   const rendezvous::Server* server_ = nullptr;
+  std::function<int()> membership_changes_;
   std::unique_ptr<MonitorServer> page_;
   std::string stall_;
   bool finished_ = false;
