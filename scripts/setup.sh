@@ -32,6 +32,9 @@ packages=(
   gridengine-master gridengine-exec gridengine-client bc
   # trainrun.run(fn): the function and its arguments travel to the ranks by cloudpickle
   python3-cloudpickle
+  # tests/monitor: the --monitor page in headless Chromium, driven over the DevTools protocol
+  # (python3-websocket), /metrics through Prometheus' own text parser, `trainrun top` in tmux
+  chromium fonts-dejavu-core python3-websocket python3-prometheus-client tmux
   # tests/hardening: a capture of the rendezvous' traffic must not hold the job token (tcpdump);
   # trainrun under valgrind, and scripts/sanitize.sh memcheck; the speed guard (tests/guard,
   # bench/guard/guard.py): instruction counts under callgrind and blocking system calls by strace

@@ -9,11 +9,13 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "trainrun/cli/run_main.h"
 #include "trainrun/collectives/gpu/loader.h"
 #include "trainrun/launcher/agent.h"
 #include "trainrun/launcher/launcher.h"
+#include "trainrun/launcher/monitor.h"
 #include "trainrun/rendezvous/environment.h"
 
 int main(int argc, char** argv) {
@@ -28,6 +30,11 @@ int main(int argc, char** argv) {
       return 2;
     }
     return trainrun::launcher::RunAgent();
+  }
+  // `trainrun top [ADDR:]PORT`: a running job's --monitor view in this terminal.
+  if (std::vector<std::string> args(argv + 1, argv + argc);
+      trainrun::launcher::IsTopCommand(args)) {
+    return trainrun::launcher::RunTop(args);
   }
   if (argc == 2 && std::strcmp(argv[1], "--gpu-probe") == 0) {
     const std::string probe =

@@ -26,6 +26,7 @@
 #include "trainrun/launcher/host_discovery.h"
 #include "trainrun/launcher/local_host.h"
 #include "trainrun/launcher/python_interpreter.h"
+#include "trainrun/launcher/monitor.h"
 #include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::cli {
@@ -590,6 +591,16 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
       // The shutdown needs the ranks' reports, which the warning time starts.
       spec.stall_warning = spec.stall_shutdown;
     }
+  }
+  if (!options.monitor.empty()) {
+    if (absl::Status checked = launcher::CheckMonitorAddress(options.monitor); !checked.ok()) {
+      return checked;
+    }
+    spec.monitor = options.monitor;
+  }
+  if (options.straggler_threshold) spec.straggler_threshold = *options.straggler_threshold / 100;
+  if (options.straggler_window_s) {
+    spec.straggler_window = std::chrono::seconds(*options.straggler_window_s);
   }
   if (absl::Status placed = ApplyPlacement(options, spec); !placed.ok()) return placed;
   spec.start_timeout = std::chrono::seconds(options.start_timeout_s);

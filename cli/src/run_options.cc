@@ -246,6 +246,20 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
       ->check(CLI::Range(0, 24 * 3600));
   app.add_flag("--no-stall-check", options.no_stall_check,
                "Turn the stall warning off (as --stall-check-warning-time-seconds 0).");
+  app.add_option("--monitor", options.monitor,
+                 "Serve a live page of the job (ranks, stragglers, timeline), /metrics for "
+                 "Prometheus and `trainrun top` at [ADDR:]PORT (ADDR 127.0.0.1 unless given; off "
+                 "loopback it asks for the token it prints).")
+      ->type_name("[ADDR:]PORT");
+  app.add_option("--straggler-threshold", options.straggler_threshold,
+                 "Name a straggler when the other ranks wait for it more than this percent of "
+                 "their time (default 10; 0: never).")
+      ->type_name("PERCENT")
+      ->check(CLI::Range(0.0, 100.0));
+  app.add_option("--straggler-window", options.straggler_window_s,
+                 "Seconds of collectives the straggler line looks at (default 10).")
+      ->type_name("SECONDS")
+      ->check(CLI::Range(1, 3600));
   app.add_option("--start-timeout", options.start_timeout_s,
                  "Seconds allowed for connecting to hosts and starting every rank.")
       ->type_name("SECONDS")

@@ -62,6 +62,13 @@ struct CallRecord {
   // Communicator::AllreduceReady). Ranks with as many ready and the same hash agree on them all
   // within this one exchange; otherwise a second exchange checks the ones they run. Not compared.
   uint64_t ready_hash = 0;
+  // Straggler attribution (attribution.h), not compared: at a sampled collective, its number on
+  // this communicator, the time this rank spent in the one before, and every how many collectives
+  // this rank proposes the next sample. 0: not a sample.
+  uint64_t sample_sequence = 0;
+  uint64_t sample_wait_ns = 0;
+  uint32_t sample_spacing = 0;
+  uint32_t unused = 0;
 };
 
 CallRecord DescribeCall(CollectiveKind kind, DataType type, uint64_t count, int op_or_root,

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "algorithms.h"
+#include "attribution.h"
 #include "call_check.h"
 #include "socket.h"
 #include "subset_transport.h"
@@ -147,6 +148,7 @@ class Communicator::Impl {
       : store_(std::move(store)), info_(info), job_rank_(info.rank) {
     if (store_ == nullptr) throw InvalidArgumentError("a communicator needs a store (got null)");
     stall_watch_ = std::make_unique<StallWatch>(*store_, info_.rank, options.name);
+    attribution_ = std::make_unique<internal::Attribution>(store_, info_.rank);
     if (info_.size < 1 || info_.rank < 0 || info_.rank >= info_.size) {
       throw InvalidArgumentError(MakeMessage("rank ", info_.rank, " is not in [0, ", info_.size,
                                              "); pass a rank below the communicator's size"));
@@ -224,6 +226,7 @@ class Communicator::Impl {
     info_.local_size = info_.size;
     transport_ = std::make_shared<internal::SubsetTransport>(parent.transport_, ranks, me);
     stall_watch_ = std::make_unique<StallWatch>(*store_, job_rank_, set_name_);
+    attribution_ = std::make_unique<internal::Attribution>(store_, job_rank_);
   }
 
   const RankInfo& info() const { return info_; }
@@ -239,9 +242,12 @@ class Communicator::Impl {
     const bool traced = timeline_->enabled();
     const int64_t start = traced ? internal::Timeline::Now() : 0;
     int64_t agreed = start;
-    Guard(internal::KindName(call.kind), [&](internal::AlgorithmContext& ctx) {
+    Guard(internal::KindName(call.kind), BytesOf(call), [&](internal::AlgorithmContext& ctx) {
       if (check_calls_ && info_.size > 1) {
-        internal::CheckAgreement(internal::ExchangeRecords(ctx, call), set_name_);
+        const internal::CallRecord& mine = Sampled(call);
+        const std::vector<internal::CallRecord> records = internal::ExchangeRecords(ctx, mine);
+        if (&mine == &sampled_) attribution_->Observe(records.data(), records.size(), info_.rank);
+        internal::CheckAgreement(records, set_name_);
       }
       if (traced) agreed = internal::Timeline::Now();
       body(ctx);
@@ -262,7 +268,11 @@ class Communicator::Impl {
     call.ready = ready.size();
     if (check_calls_ && ready.size() > 1) call.ready_hash = RestHash(ready, ready.size());
     k = 1;
-    Guard("allreduce", [&](internal::AlgorithmContext& ctx) {
+    uint64_t bytes = 0;
+    for (const Communicator::ReadyAllreduce& r : ready) bytes += r.count * ElementSize(type);
+    if (attribution_->Due()) attribution_->Stamp(call);
+    const bool sampled = call.sample_sequence != 0;
+    Guard("allreduce", bytes, [&](internal::AlgorithmContext& ctx) {
       size_t agreed_k = ready.size();
       if (info_.size > 1) {
         // The exchange happens even when checks are off: it is how the ranks agree on k. Where
@@ -286,11 +296,15 @@ class Communicator::Impl {
             ready[0].data, ready[0].data, ready[0].count, type, op, &call, sizeof(call),
             records.data(), [&](bool same) {
               if (same) records.assign(records.size(), call);
+              if (sampled) attribution_->Observe(records.data(), records.size(), info_.rank);
               reduced = fewest_ready() == 1 && !joined &&
                         (!check_calls_ || internal::Disagreement(records, set_name_).empty());
               return reduced;
             });
-        if (!folded) records = internal::ExchangeRecords(ctx, call);
+        if (!folded) {
+          records = internal::ExchangeRecords(ctx, call);
+          if (sampled) attribution_->Observe(records.data(), records.size(), info_.rank);
+        }
         if (check_calls_) internal::CheckAgreement(records, set_name_);
         if (reduced) {
           if (traced) agreed = internal::Timeline::Now();
@@ -379,29 +393,44 @@ class Communicator::Impl {
     const bool traced = timeline_->enabled();
     const int64_t start = traced ? internal::Timeline::Now() : 0;
     int64_t agreed = start;
-    Guard(internal::KindName(call.kind), [&](internal::AlgorithmContext& ctx) {
-      // The records' buffer is kept from call to call (no allocation on a small allreduce's path),
-      // and the common case (every rank made the same call) is one comparison of bytes.
-      std::vector<internal::CallRecord>& records = records_;
-      records.resize(info_.size);
-      bool unanimous = false;
-      auto joined = [&] {
-        return std::any_of(records.begin(), records.end(),
-                           [](const internal::CallRecord& r) { return r.kind == kJoinKind; });
-      };
-      const bool folded = ctx.transport.TryCheckedAllreduce(
-          input, output, count, type, op, &call, sizeof(call), records.data(), [&](bool same) {
-            // Every record the same bytes as this rank's (no copies): unanimous unless a join.
-            unanimous =
-                same ? call.kind != kJoinKind : internal::Unanimous(records.data(), records.size());
-            if (same && !unanimous) records.assign(records.size(), call);
-            return unanimous || (!joined() && internal::Disagreement(records, set_name_).empty());
+    const internal::CallRecord& mine = Sampled(call);
+    Guard(internal::KindName(call.kind), count * ElementSize(type),
+          [&](internal::AlgorithmContext& ctx) {
+            // The records' buffer is kept from call to call (no allocation on a small allreduce's
+            // path), and the common case (every rank made the same call) is one comparison of
+            // bytes.
+            std::vector<internal::CallRecord>& records = records_;
+            records.resize(info_.size);
+            bool unanimous = false;
+            auto joined = [&] {
+              return std::any_of(records.begin(), records.end(),
+                                 [](const internal::CallRecord& r) { return r.kind == kJoinKind; });
+            };
+            const bool folded = ctx.transport.TryCheckedAllreduce(
+                input, output, count, type, op, &mine, sizeof(mine), records.data(),
+                [&](bool same) {
+                  // Every record the same bytes as this rank's (no copies): unanimous unless a
+                  // join.
+                  unanimous = same ? mine.kind != kJoinKind
+                                   : internal::Unanimous(records.data(), records.size());
+                  if (same && !unanimous) records.assign(records.size(), mine);
+                  if (&mine == &sampled_) {
+                    attribution_->Observe(same ? &mine : records.data(), same ? 1 : records.size(),
+                                          info_.rank);
+                  }
+                  return unanimous ||
+                         (!joined() && internal::Disagreement(records, set_name_).empty());
+                });
+            if (!folded) {
+              records = internal::ExchangeRecords(ctx, mine);
+              if (&mine == &sampled_)
+                attribution_->Observe(records.data(), records.size(), info_.rank);
+            }
+            if (!unanimous) internal::CheckAgreement(records, set_name_);
+            if (traced) agreed = internal::Timeline::Now();
+            if (!folded || (!unanimous && joined()))
+              RunAllreduce(ctx, input, output, count, type, op);
           });
-      if (!folded) records = internal::ExchangeRecords(ctx, call);
-      if (!unanimous) internal::CheckAgreement(records, set_name_);
-      if (traced) agreed = internal::Timeline::Now();
-      if (!folded || (!unanimous && joined())) RunAllreduce(ctx, input, output, count, type, op);
-    });
     if (traced) timeline_->Record(call, set_name_, start, agreed, internal::Timeline::Now());
   }
 
@@ -418,8 +447,9 @@ class Communicator::Impl {
           "TRAINRUN_CHECK_SHAPES=0");
     }
     int last = -1;
-    Guard("join", [&](internal::AlgorithmContext& ctx) {
+    Guard("join", 0, [&](internal::AlgorithmContext& ctx) {
       for (int round = 0; last < 0; ++round) {
+        if (round > 0) attribution_->Skip();  // each round meets one collective of the others
         auto records = internal::ExchangeRecords(
             ctx, internal::DescribeCall(internal::CollectiveKind::kJoin, DataType::kUInt8, 0, round,
                                         CallCheck{}));
@@ -491,17 +521,19 @@ class Communicator::Impl {
   // included) breaks the communicator, tells the peers and the rendezvous who is to blame, and
   // propagates.
   template <typename F>
-  void Guard(const char* op, F&& body) {
+  void Guard(const char* op, uint64_t bytes, F&& body) {
     if (!broken_.empty()) {
       throw IoError(MakeMessage("rank ", job_rank_, ": this communicator failed earlier (", broken_,
                                 "); it cannot be used again"));
     }
     internal::AlgorithmContext ctx{*transport_, segment_bytes_, small_bytes_, scratch_};
     stall_watch_->Enter(op);
+    const uint64_t entered = attribution_->Enter();
     try {
       body(ctx);
       transport_->Finished();
       stall_watch_->Leave();
+      attribution_->Leave(entered, bytes);
     } catch (const Error& e) {
       transport_->Finished();
       stall_watch_->Leave();
@@ -516,6 +548,20 @@ class Communicator::Impl {
 
  private:
   static std::string EnvOr(const char* name) { return env::Lookup(name).value_or(""); }
+
+  // BytesOf is how much of this rank's data a call moves (attribution's byte counts).
+  static uint64_t BytesOf(const internal::CallRecord& call) {
+    return call.dtype < 0 ? 0 : call.count * ElementSize(static_cast<DataType>(call.dtype));
+  }
+
+  // Sampled is `call`, or, when this collective is an attribution sample, `call` copied into
+  // sampled_ with the sample's fields (attribution.h).
+  const internal::CallRecord& Sampled(const internal::CallRecord& call) {
+    if (!attribution_->Due()) return call;
+    sampled_ = call;
+    attribution_->Stamp(sampled_);
+    return sampled_;
+  }
 
   void Report(int peer, const std::string& message) {
     if (peer < 0 && transport_ != nullptr) peer = transport_->failed_peer();
@@ -537,6 +583,8 @@ class Communicator::Impl {
   std::shared_ptr<internal::Timeline> timeline_;  // shared with subsets
   std::string broken_;
   std::unique_ptr<StallWatch> stall_watch_;  // after transport_: stopped before it is destroyed
+  std::unique_ptr<internal::Attribution> attribution_;
+  internal::CallRecord sampled_;  // Sampled's copy of a sample's record
 };
 
 namespace {

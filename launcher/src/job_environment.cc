@@ -117,6 +117,11 @@ absl::StatusOr<JobEnvironment> JobEnvironment::Create(const LaunchSpec& spec,
   if (!job.forced_.count(env::kStallWarningSeconds.name)) {
     job.forced_[env::kStallWarningSeconds.name] = absl::StrCat(spec.stall_warning.count());
   }
+  if (!job.forced_.count(env::kMonitorPeriodMs.name)) {
+    // Ranks report once a straggler window, or every second for a live page (monitor/).
+    job.forced_[env::kMonitorPeriodMs.name] =
+        absl::StrCat(spec.monitor.empty() ? spec.straggler_window.count() * 1000 : int64_t{1000});
+  }
   job.assign_gpus_ = spec.assign_gpus || env::kAssignGpus.Get() != 0;
   // The ranks speak to the rendezvous as the launcher serves it; an enclosing job's setting must
   // not leak in.

@@ -65,7 +65,8 @@ JobRun::JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& out
       all_ranks_({&local_ranks_, &remote_ranks_}),
       signals_(io_, SIGINT, SIGTERM, SIGHUP),
       stall_inspector_(spec.plan.size(), spec.stall_warning, spec.stall_shutdown),
-      stall_timer_(io_) {
+      stall_timer_(io_),
+      monitor_(spec, plan, io_) {
   SupervisorOptions options;
   options.command = spec.command[0];
   options.grace_period = spec.grace_period;
@@ -100,14 +101,17 @@ void JobRun::SeenThrough(const remote::RemoteAgent& agent, const std::string& bi
 void JobRun::OnOutput(int rank, OutputStream stream, std::string_view bytes) {
   output_.Write(rank, stream, bytes);
   supervisor_->OnOutput(rank, stream, bytes);
+  monitor_.OnOutput(rank, bytes);
 }
 
 void JobRun::OnExit(int rank, const ExitInfo& exit) {
   if (server_) server_->NoteRankExit(rank, exit.Describe());
+  monitor_.OnExit(rank, exit);
   controller_->OnRankExit(rank, exit);
 }
 
 void JobRun::OnStarted(int rank, const std::string& binding) {
+  monitor_.OnStarted(rank);
   if (spec_.report_bindings) {
     Logger().info("rank {} on {} bound {}", rank, slots_.HostOf(rank).host, binding);
   }
@@ -289,9 +293,9 @@ void JobRun::InspectStalls() {
       if (absl::SimpleAtoi(key.substr(prefix.size()), &rank)) waiting[rank] = value;
     }
     const auto now = std::chrono::steady_clock::now();
-    if (std::string warning = stall_inspector_.Update(waiting, now); !warning.empty()) {
-      Logger().warn("{}", warning);
-    }
+    std::string warning = stall_inspector_.Update(waiting, now);
+    const std::string link = monitor_.OnStalls(waiting, stall_inspector_, warning);
+    if (!warning.empty()) Logger().warn("{}{}", warning, link);
     if (stall_inspector_.ShutdownDue(now)) {
       supervisor_->OnStall(stall_inspector_.Stalled(), stall_inspector_.Describe(now));
       return;
@@ -301,6 +305,8 @@ void JobRun::InspectStalls() {
 }
 
 void JobRun::Supervise() {
+  monitor_.Serve(*server_,
+                 [this] { return static_cast<int>(supervisor_->MembershipChanges().size()); });
   InspectStalls();
   controller_->Start();
   if (!supervisor_->done()) io_.run();
@@ -308,6 +314,7 @@ void JobRun::Supervise() {
 
 int JobRun::Summarize() {
   controller_->Stop();
+  monitor_.Finish(supervisor_->Summary());
   server_->Shutdown();
   output_.EndLines();
   // What the failure policy survived (an elastic job's membership changes), when the job succeeded.

@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "job_plan.h"
 #include "membership_controller.h"
+#include "monitor/monitor.h"
 #include "remote/agent_connector.h"
 #include "remote/remote_ranks.h"
 #include "start_deadline.h"
@@ -117,6 +118,7 @@ class JobRun {
   std::unique_ptr<internal::StdinForwarder> stdin_forwarder_;
   StallInspector stall_inspector_;
   boost::asio::steady_timer stall_timer_;
+  monitor::Monitor monitor_;  // the straggler line, the --monitor page (monitor/monitor.h)
 };
 
 }  // namespace trainrun::launcher

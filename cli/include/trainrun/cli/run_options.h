@@ -39,6 +39,9 @@ struct RunOptions {
   std::optional<int> stall_warning_s;          // --stall-check-warning-time-seconds
   std::optional<int> stall_shutdown_s;         // --stall-check-shutdown-time-seconds
   bool no_stall_check = false;                 // --no-stall-check
+  std::string monitor;                         // --monitor [ADDR:]PORT
+  std::optional<double> straggler_threshold;   // --straggler-threshold PERCENT
+  std::optional<int> straggler_window_s;       // --straggler-window SECONDS
   std::optional<double> fusion_threshold_mb;   // --fusion-threshold-mb (horovodrun)
   bool tcp = false;                            // --tcp (horovodrun): TCP even within a host
   std::optional<std::string> config_file;      // --config-file (horovodrun's YAML, a job file)

@@ -61,6 +61,10 @@ inline constexpr HostKeyPolicy kDefaultHostKeyPolicy = HostKeyPolicy::kAcceptNew
 // Stall inspection (env::kStallWarningSeconds, env::kStallShutdownSeconds), as Horovod's.
 inline constexpr std::chrono::seconds kDefaultStallWarning{60};
 inline constexpr std::chrono::seconds kDefaultStallShutdown{0};  // never
+// The straggler line (launcher/src/monitor/): named when the others wait for one rank more than
+// this share of their time, over windows of this many seconds.
+inline constexpr double kDefaultStragglerThreshold = 0.10;
+inline constexpr std::chrono::seconds kDefaultStragglerWindow{10};
 
 // ParseSshClient reads "libssh2" / "openssh"; ParseHostKeyPolicy reads "yes" / "accept-new" / "no"
 // (and OpenSSH's synonyms "true", "false", "off"). Anything else is an InvalidArgument naming the
@@ -161,6 +165,11 @@ struct LaunchSpec {
   // stalled at this wait; 0: never.
   std::chrono::seconds stall_warning = kDefaultStallWarning;
   std::chrono::seconds stall_shutdown = kDefaultStallShutdown;
+  // --monitor [ADDR:]PORT: the live page ("" for none); --straggler-threshold (a fraction; 0: no
+  // straggler line) and --straggler-window.
+  std::string monitor;
+  double straggler_threshold = kDefaultStragglerThreshold;
+  std::chrono::seconds straggler_window = kDefaultStragglerWindow;
   // Print the plan, start nothing (the CLI prints it; Launch is not called).
   bool dry_run = false;
   // --no-probe: --dry-run prints the plan alone, asking no remote host which trainrun it has.

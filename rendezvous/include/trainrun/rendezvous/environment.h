@@ -241,6 +241,20 @@ inline constexpr EnvParam kStallShutdownSeconds{
 // that collective completed).
 inline constexpr char kStallKeyPrefix[] = "trainrun/stall/";
 
+// Straggler attribution and the live view (--monitor; collectives/src/attribution.h,
+// launcher/src/monitor/). Every kMonitorPeriodMs each rank publishes its cumulative collective
+// counters under kMonitorKeyPrefix<rank> (one small Set; 0: never). The launcher sets it: the
+// straggler window (--straggler-window, 10 s), or 1 s with --monitor.
+inline constexpr EnvParam kMonitorPeriodMs{
+    "TRAINRUN_MONITOR_PERIOD_MS", 0,
+    "milliseconds between a rank's reports of its collective counters to trainrun (0: none)"};
+inline constexpr char kMonitorKeyPrefix[] = "trainrun/monitor/";
+// Read by trainrun (--monitor) and `trainrun top`: the token the live page and /metrics ask for
+// off loopback (unset: trainrun makes one and prints it in the page's address).
+inline constexpr StringParam kMonitorToken{
+    "TRAINRUN_MONITOR_TOKEN", "",
+    "the token trainrun's --monitor page asks for off loopback, and `trainrun top` sends"};
+
 // Whether the launcher gives each local rank its own GPU through CUDA_VISIBLE_DEVICES (1) or
 // leaves CUDA_VISIBLE_DEVICES alone (0), e.g. when the workers pick devices themselves.
 inline constexpr EnvParam kAssignGpus{
