@@ -514,11 +514,16 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
     planned.num_proc = per_node->num_proc;
     absl::StatusOr<Hosts> hosts = ResolveHosts(planned, env);
     if (!hosts.ok()) return hosts.status();
-    if (options.host_discovery_script && !planned.num_proc) {
-      // Every discovered slot, up to --max-np.
+    if (options.host_discovery_script) {
+      // Every discovered slot, up to --max-np, as Horovod starts them; -np is how many the job
+      // needs (the start fails with fewer), and without --max-np also the most.
       int total = 0;
       for (const hostfile::HostSpec& host : hosts->hosts) total += host.slots;
-      planned.num_proc = options.max_np ? std::min(total, *options.max_np) : total;
+      if (!planned.num_proc) {
+        planned.num_proc = options.max_np ? std::min(total, *options.max_np) : total;
+      } else if (options.max_np) {
+        planned.num_proc = std::max(*planned.num_proc, std::min(total, *options.max_np));
+      }
     }
     // A discovery script's hosts keep their names: the script's later runs are compared by name.
     if (!options.host_discovery_script) MergeNamesOfThisMachine(hosts->hosts);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "rank_ranges.h"
@@ -68,10 +69,13 @@ ElasticController::HostLostHandler() {
       for (int rank : ranks) server_->NoteRankExit(rank, why);
     }
     host_failed_ = true;
-    if (!ranks.empty() && !supervisor_->StoppedOnPurpose(ranks.front())) {
+    const bool blacklist = !ranks.empty() && !supervisor_->StoppedOnPurpose(ranks.front());
+    if (blacklist) {
       Blacklist(slots_.HostOf(ranks.front()).host, absl::StrCat("it was lost (", why, ")"));
     }
     supervisor_->OnHostLost(ranks, why);
+    if (blacklist)
+      EndIfEveryHostBlacklisted(absl::StrCat(why, ": ", RankRanges(ranks), " lost"), 1);
   };
 }
 
@@ -82,11 +86,42 @@ void ElasticController::OnRankExit(int rank, const ExitInfo& exit) {
   supervisor_->OnRankExit(rank, exit);
   if (host_failure) {
     Blacklist(slots_.HostOf(rank).host, absl::StrCat("rank ", rank, " ", exit.Describe()));
+    EndIfEveryHostBlacklisted(
+        absl::StrCat("rank ", rank, " on ", slots_.HostOf(rank).host, " ", exit.Describe()),
+        exit.ExitCode());
   }
+}
+
+void ElasticController::EndIfEveryHostBlacklisted(const std::string& failure, int code) {
+  // Only hosts blacklisted for good (no --blacklist-cooldown-range): with a cooldown they return.
+  if (spec_.elastic->discovery_script.empty() || spec_.elastic->blacklist_cooldown.has_value() ||
+      supervisor_->done() || supervisor_->ending() || supervisor_->finishing()) {
+    return;
+  }
+  std::set<std::string> hosts = listed_;
+  if (hosts.empty()) {
+    for (const hostfile::HostSpec& host : slots_.hosts) hosts.insert(host.host);
+  }
+  const auto now = std::chrono::steady_clock::now();
+  for (const std::string& host : hosts) {
+    if (!Blacklisted(host, now)) return;
+  }
+  std::vector<std::string> names(hosts.begin(), hosts.end());
+  supervisor_->EndFor(EveryHostBlacklisted{
+      absl::StrCat(failure,
+                   "; every host of the host discovery script's output is now blacklisted (",
+                   absl::StrJoin(names, ", "),
+                   "), so no host is left to go on with: Horovod detected that one or more "
+                   "processes exited with non-zero status, and the job was stopped"),
+      code == 0 ? 1 : code});
 }
 
 void ElasticController::StartDiscovery() {
   if (spec_.elastic->discovery_script.empty()) return;
+  Logger().debug(
+      "elastic: a failing rank blacklists its host for new ranks, as Horovod's, but its other "
+      "ranks go on (Horovod stops every rank of a blacklisted host); the job fails once every "
+      "host is blacklisted");
   discovery_thread_ = std::thread([this] {
     const ElasticSpec& elastic = *spec_.elastic;
     std::unique_lock<std::mutex> lock(discovery_mutex_);

@@ -88,6 +88,9 @@ class ElasticController final : public MembershipController {
   // ranks until its cooldown (--blacklist-cooldown-range; forever without it) has passed.
   void Blacklist(const std::string& host, const std::string& what);
   bool Blacklisted(const std::string& host, std::chrono::steady_clock::time_point now) const;
+  // EndIfEveryHostBlacklisted ends the job (EveryHostBlacklisted, saying `failure`, exit code
+  // `code`) when every host of the discovery output is blacklisted for good, as Horovod fails.
+  void EndIfEveryHostBlacklisted(const std::string& failure, int code);
   // Place is rank `slot`'s place in the job's newest membership with `added` joined to it.
   std::optional<rendezvous::RankPlace> PlaceWith(const std::vector<int>& added, int slot) const;
 

@@ -32,11 +32,19 @@ bool ElasticPolicy::OnExit(int rank, const ExitInfo& exit) {
   // A rank stopped because its host left the discovery output: already one change.
   if (lost_.count(rank) > 0) return false;
   if (context_.job.Ending()) return true;
-  // A failure while the job already waits for ranks is that wait's consequence, not news.
-  if (below_minimum_.has_value()) return false;
-  Loss({rank},
-       absl::StrCat("rank ", rank, " on ", context_.plan.HostOf(rank).host, " ", exit.Describe()),
-       exit.time);
+  const std::string why =
+      absl::StrCat("rank ", rank, " on ", context_.plan.HostOf(rank).host, " ", exit.Describe());
+  if (below_minimum_.has_value()) {
+    // A failure while the job already waits for ranks: the wait's consequence, unless it was the
+    // last rank (then nothing is left to wait with, and the job ends at once).
+    lost_.insert(rank);
+    below_minimum_->remaining = static_cast<int>(Survivors().size());
+    below_minimum_->rank = rank;
+    below_minimum_->why = why;
+    EndIfNoneLeft();
+    return false;
+  }
+  Loss({rank}, why, exit.time);
   return false;
 }
 
@@ -113,7 +121,15 @@ void ElasticPolicy::OnHostLost(const std::vector<int>& ranks, const std::string&
       members.push_back(rank);
     }
   }
-  if (members.empty() || context_.job.Ending() || below_minimum_.has_value()) return;
+  if (members.empty() || context_.job.Ending()) return;
+  if (below_minimum_.has_value()) {
+    for (int rank : members) lost_.insert(rank);
+    below_minimum_->remaining = static_cast<int>(Survivors().size());
+    below_minimum_->rank = members.front();
+    below_minimum_->why = absl::StrCat(why, ": ", RankRanges(members), " lost");
+    EndIfNoneLeft();
+    return;
+  }
   Loss(members, absl::StrCat(why, ": ", RankRanges(members), " lost"),
        std::chrono::steady_clock::now(), context_.plan.HostOf(members.front()).host);
 }
@@ -168,7 +184,7 @@ void ElasticPolicy::Loss(const std::vector<int>& ranks, const std::string& why,
         "for ranks",
         why, survivors.size(), survivors.size() == 1 ? "rank is" : "ranks are", elastic_.min_np,
         elastic_.timeout.count());
-    WaitForRanks();
+    if (!EndIfNoneLeft()) WaitForRanks();
     return;
   }
   MembershipChange change;
@@ -186,6 +202,20 @@ void ElasticPolicy::Record(MembershipChange change, const std::string& why,
   change.when = when;
   changes_.push_back(change);
   if (context_.on_membership_change) context_.on_membership_change(change);
+}
+
+bool ElasticPolicy::EndIfNoneLeft() {
+  if (!below_minimum_.has_value() || !below_minimum_->waiting || below_minimum_->remaining > 0 ||
+      !pending_.empty() || context_.job.Ending() || context_.job.Done()) {
+    return false;
+  }
+  // Every rank has failed and none is starting: no rank is left to go on with once more come,
+  // so the job ends now (as Horovod's), not after the elastic timeout.
+  elastic_timer_.cancel();
+  below_minimum_->waiting = false;
+  context_.job.End(BelowMinimum{below_minimum_->rank, below_minimum_->why, 0, elastic_.min_np,
+                                std::chrono::seconds(0)});
+  return true;
 }
 
 void ElasticPolicy::WaitForRanks() {

@@ -48,6 +48,9 @@ class ElasticPolicy final : public FailurePolicy {
   void Record(MembershipChange change, const std::string& why, const std::vector<int>& members,
               std::chrono::steady_clock::time_point when);
   void WaitForRanks();
+  // EndIfNoneLeft ends the job at once (BelowMinimum with no rank left) when it waits for ranks,
+  // every rank has failed and none is starting; returns true when it did.
+  bool EndIfNoneLeft();
   // GiveUpPending stops the pending ranks (a member finished: the job ends without them).
   void GiveUpPending();
   // Stop stops `ranks`: SIGTERM now, SIGKILL after the grace period.

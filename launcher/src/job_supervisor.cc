@@ -283,7 +283,8 @@ std::optional<int> JobSupervisor::SilentRank() const {
 
 std::optional<EndReason> JobSupervisor::Reason() const {
   if (reason_.has_value() && (std::holds_alternative<BelowMinimum>(*reason_) ||
-                              std::holds_alternative<ResetLimitReached>(*reason_))) {
+                              std::holds_alternative<ResetLimitReached>(*reason_) ||
+                              std::holds_alternative<EveryHostBlacklisted>(*reason_))) {
     return reason_;
   }
   if (std::optional<int> blamed = Blamed(); blamed.has_value()) return RankFailed{*blamed};
@@ -297,6 +298,9 @@ int JobSupervisor::exit_code() const {
     }
     if (const auto* below = std::get_if<BelowMinimum>(&*reason)) {
       return exits_.at(below->rank).ExitCode();
+    }
+    if (const auto* blacklisted = std::get_if<EveryHostBlacklisted>(&*reason)) {
+      return blacklisted->code;
     }
     if (const auto* interrupted = std::get_if<Interrupted>(&*reason)) {
       return 128 + interrupted->signal;
@@ -388,7 +392,13 @@ void JobSupervisor::Render(const EndReason& reason, std::set<int>& accounted,
                            std::vector<std::string>& lines) const {
   if (const auto* failed = std::get_if<RankFailed>(&reason)) {
     RenderRankFailed(failed->rank, accounted, lines);
-  } else if (const auto* below = std::get_if<BelowMinimum>(&reason)) {
+  } else if (const auto* below = std::get_if<BelowMinimum>(&reason);
+             below != nullptr && below->remaining == 0) {
+    // Every rank had failed: nothing to wait for (Horovod stops there too).
+    lines.push_back(absl::StrCat(below->why, "; no rank was left (every rank had failed), so the ",
+                                 "job was stopped"));
+    AppendStderrTail(below->rank, lines);
+  } else if (below != nullptr) {
     lines.push_back(absl::StrCat(
         below->why, "; ", below->remaining, below->remaining == 1 ? " rank was" : " ranks were",
         " left, fewer than --min-np ", below->min_np, ", and no rank came within ",
@@ -396,6 +406,8 @@ void JobSupervisor::Render(const EndReason& reason, std::set<int>& accounted,
     AppendStderrTail(below->rank, lines);
   } else if (const auto* reset = std::get_if<ResetLimitReached>(&reason)) {
     lines.push_back(reset->message);
+  } else if (const auto* blacklisted = std::get_if<EveryHostBlacklisted>(&reason)) {
+    lines.push_back(blacklisted->message);
   } else if (const auto* early = std::get_if<ExitedBeforeJoin>(&reason)) {
     const int rank = early->rank;
     accounted.insert(rank);

@@ -346,19 +346,36 @@ TEST_CASE("elastic: below --min-np the job waits for the elastic timeout, then e
   f.supervisor.OnRankExit(1, Exit(0, lost, SIGKILL));
   CHECK(f.changes.empty());
   CHECK(f.ranks.terminated == 0);
-  // The survivor ends while trainrun waits: still not done before the timeout.
-  f.supervisor.OnRankExit(0, Exit(1, lost));
+  // The survivor waits with trainrun: not done before the timeout, then stopped.
   CHECK_FALSE(f.done);
   f.io.run_one();  // the elastic timer
   CHECK(std::chrono::steady_clock::now() - lost >= std::chrono::seconds(1));
-  CHECK(f.done);
   CHECK(f.ranks.terminated == 1);
+  f.supervisor.OnRankExit(0, Exit(0, std::chrono::steady_clock::now(), SIGTERM));
+  CHECK(f.done);
   CHECK(f.supervisor.exit_code() == 128 + SIGKILL);
   const std::string summary = f.supervisor.Summary();
   CHECK(summary.rfind("rank 1 on localhost was killed by SIGKILL; 1 rank was left, fewer than "
                       "--min-np 2, and no rank came within 1 s (--elastic-timeout), so the job "
                       "was stopped",
                       0) == 0);
+}
+
+TEST_CASE("elastic: when every rank has failed the job ends at once, with the last failure's code",
+          "[launcher][supervisor][elastic]") {
+  // Horovod's: no rank is left to wait with, so the elastic timeout (600 s here) is not waited.
+  ElasticFixture f(2, 2, std::chrono::seconds(600));
+  const auto lost = std::chrono::steady_clock::now();
+  f.supervisor.OnRankExit(1, Exit(0, lost, SIGKILL));
+  CHECK_FALSE(f.done);
+  f.supervisor.OnRankExit(0, Exit(3, lost));
+  CHECK(f.done);
+  CHECK(f.supervisor.exit_code() == 3);
+  const std::string summary = f.supervisor.Summary();
+  CHECK(summary.rfind("rank 0 on localhost exited with code 3; no rank was left (every rank had "
+                      "failed), so the job was stopped",
+                      0) == 0);
+  CHECK(summary.find("rank was left, fewer") == std::string::npos);
 }
 
 TEST_CASE("not elastic: the first failure still ends the job", "[launcher][supervisor][elastic]") {

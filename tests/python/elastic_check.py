@@ -22,6 +22,15 @@
     elastic_check.py TRAINRUN PYTHON blacklist          as grow, but every rank on 127.0.0.1 fails
                                                         at once: the host is blacklisted, retried
                                                         after 2 s, then after 4 s (cooldown 2 8)
+    elastic_check.py TRAINRUN PYTHON all-fail           every rank fails (--min-np 1: the second
+                                                        failure leaves none; --min-np 2: the first
+                                                        already left too few): the job ends within
+                                                        2 s of the last failure, with its code
+    elastic_check.py TRAINRUN PYTHON blacklist-all      the discovery script lists localhost:2;
+                                                        rank 1 fails, blacklisting the only host:
+                                                        the job fails with Horovod's message
+    elastic_check.py TRAINRUN PYTHON start-max-np       the discovery script lists localhost:4;
+                                                        -np 2 --max-np 4 starts 4 ranks (Horovod's)
 
 Prints "elastic check ok" when every expectation holds; otherwise names the first that failed and
 shows trainrun's output.
@@ -277,6 +286,84 @@ def blacklist(trainrun, python):
         fail("the job did not finish at its 2 ranks", out)
 
 
+def run_ranks(trainrun, flags, code):
+    """Runs `code` (Python) as every rank under trainrun `flags`; returns the exit code, the output
+    and time.time() when trainrun ended."""
+    command = [trainrun, *flags, sys.executable, "-c", code]
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=120, check=False)
+    return done.returncode, done.stdout, time.time()
+
+
+# Rank r sleeps 0.3 + 0.7 r s, prints when it fails, and exits 3 + r.
+FAILING_RANK = """
+import os, sys, time
+rank = int(os.environ["HOROVOD_RANK"])
+time.sleep(0.3 + 0.7 * rank)
+print(f"rank {rank} fails at {time.time():.3f}", flush=True)
+sys.exit(3 + rank)
+"""
+
+
+def all_fail(trainrun):
+    for min_np in (1, 2):
+        code, out, ended = run_ranks(trainrun, ["-np", "2", "--min-np", str(min_np)], FAILING_RANK)
+        failures = [float(t) for t in re.findall(r"rank \d fails at (\d+\.\d+)", out)]
+        if len(failures) != 2:
+            fail(f"--min-np {min_np}: expected both ranks to fail, saw {len(failures)}", out)
+        if code != 4:
+            fail(f"--min-np {min_np}: trainrun exited {code}, not 4 (the last failure's code)", out)
+        if "trainrun: error: rank 1 on localhost exited with code 4; no rank was left (every rank " \
+           "had failed), so the job was stopped" not in out:
+            fail(f"--min-np {min_np}: no summary saying no rank was left", out)
+        if "rank was left, fewer" in out or "ranks were left" in out:
+            fail(f"--min-np {min_np}: the summary counts ranks that were not left", out)
+        after = ended - max(failures)
+        if after > 2:
+            fail(f"--min-np {min_np}: ended {after:.2f} s after the last failure, not within 2 s",
+                 out)
+        print(f"--min-np {min_np}: ended {after:.2f} s after the last failure")
+
+
+def blacklist_all(trainrun):
+    rank_code = """
+import os, sys, time
+if os.environ["HOROVOD_RANK"] == "1":
+    time.sleep(0.5)
+    sys.exit(7)
+time.sleep(20)
+"""
+    start = time.time()
+    code, out, ended = run_ranks(
+        trainrun, ["-np", "2", "--min-np", "1", "--host-discovery-script", "echo localhost:2"],
+        rank_code)
+    if code != 7:
+        fail(f"trainrun exited {code}, not 7 (the failure that blacklisted the last host)", out)
+    if "every host of the host discovery script's output is now blacklisted (localhost), so no " \
+       "host is left to go on with: Horovod detected that one or more processes exited with " \
+       "non-zero status, and the job was stopped" not in out:
+        fail("no summary saying every host is blacklisted", out)
+    if ended - start > 15:
+        fail(f"the job ran {ended - start:.1f} s: the surviving rank was not stopped", out)
+    print(f"failed after {ended - start:.1f} s with every host blacklisted")
+
+
+def start_max_np(trainrun):
+    rank_code = """
+import os
+print(f"started rank {os.environ['HOROVOD_RANK']} of {os.environ['HOROVOD_SIZE']}", flush=True)
+"""
+    code, out, _ = run_ranks(
+        trainrun, ["-np", "2", "--min-np", "2", "--max-np", "4", "--host-discovery-script",
+                   "echo localhost:4"], rank_code)
+    if code != 0:
+        fail(f"trainrun exited {code}, not 0", out)
+    started = sorted(re.findall(r"started rank (\d) of (\d)", out))
+    if started != [(str(r), "4") for r in range(4)]:
+        fail(f"expected ranks 0-3 of 4 to start, saw {started}", out)
+    print("started 4 ranks with -np 2 --max-np 4")
+
+
 def main():
     trainrun, python, mode = sys.argv[1:4]
     if mode == "survive":
@@ -291,6 +378,12 @@ def main():
         grow(trainrun, python)
     elif mode == "blacklist":
         blacklist(trainrun, python)
+    elif mode == "all-fail":
+        all_fail(trainrun)
+    elif mode == "blacklist-all":
+        blacklist_all(trainrun)
+    elif mode == "start-max-np":
+        start_max_np(trainrun)
     else:
         sys.exit(f"unknown mode {mode!r}")
     print("elastic check ok")

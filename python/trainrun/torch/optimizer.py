@@ -103,18 +103,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, op, backward_passes_per_step, bucket_bytes,
                  wire_dtype, predivide, process_set):
         super(self.__class__, self).__init__(params)
-        self._wire_dtype = wire_dtype  # e.g. torch.float16: buckets travel compressed
-        self._process_set = process_set or trainrun.global_process_set
-        self._set_id = self._process_set.process_set_id or 0
-        # Reduces only when this rank and others are in the set; else steps on its own gradients.
-        self._solo = not self._process_set.included() or self._process_set.size() == 1
-        self._op, self._prescale, self._postscale = op, 1.0, 1.0
-        if predivide != 1.0:  # Horovod's split of the averaging around the sum
-            self._op = trainrun.Sum
-            self._prescale = 1.0 / predivide
-            self._postscale = predivide / self._process_set.size()
-        self._backward_passes_per_step = backward_passes_per_step
-
+        # The names first, before anything asks the runtime (Horovod checks them without init()).
         all_params = [p for group in self.param_groups for p in group["params"]]
         if named_parameters is not None:
             named_parameters = list(named_parameters)
@@ -133,6 +122,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if unnamed:
             raise ValueError(f"{len(unnamed)} parameter(s) of the optimizer are missing from "
                              "named_parameters; pass model.named_parameters() of the same model")
+
+        self._wire_dtype = wire_dtype  # e.g. torch.float16: buckets travel compressed
+        self._process_set = process_set or trainrun.global_process_set
+        self._set_id = self._process_set.process_set_id or 0
+        # Reduces only when this rank and others are in the set; else steps on its own gradients.
+        self._solo = not self._process_set.included() or self._process_set.size() == 1
+        self._op, self._prescale, self._postscale = op, 1.0, 1.0
+        if predivide != 1.0:  # Horovod's split of the averaging around the sum
+            self._op = trainrun.Sum
+            self._prescale = 1.0 / predivide
+            self._postscale = predivide / self._process_set.size()
+        self._backward_passes_per_step = backward_passes_per_step
 
         on_device = next((p for p in all_params if p.device.type != "cpu"), None)
         if on_device is not None:

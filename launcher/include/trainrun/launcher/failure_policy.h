@@ -72,17 +72,23 @@ struct Stalled {
   std::string description;  // who waited where (StallInspector)
 };
 struct BelowMinimum {
-  int rank = 0;       // the failure that left too few ranks
+  int rank = 0;       // the failure that left too few ranks (the last one when none is left)
   std::string why;    // how it was lost ("rank 2 on a was killed by SIGKILL")
-  int remaining = 0;  // how many ranks were left
+  int remaining = 0;  // how many ranks were left; 0: every rank had failed, the job ended at once
   int min_np = 0;
   std::chrono::seconds timeout{0};  // the elastic timeout that passed
+};
+// EveryHostBlacklisted: a failure blacklisted the last host of the discovery script's output that
+// was not (with no --blacklist-cooldown-range, so none comes back): Horovod fails the job there.
+struct EveryHostBlacklisted {
+  std::string message;  // the failure and the hosts blacklisted
+  int code = 1;         // the failure's exit code
 };
 struct ResetLimitReached {
   std::string message;  // the change past --reset-limit, and the limit
 };
 using EndReason = std::variant<RankFailed, StartFailed, Interrupted, ExitedBeforeJoin, Stalled,
-                               BelowMinimum, ResetLimitReached>;
+                               BelowMinimum, ResetLimitReached, EveryHostBlacklisted>;
 
 class FailurePolicy {
  public:

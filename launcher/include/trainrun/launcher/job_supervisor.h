@@ -128,6 +128,8 @@ class JobSupervisor final : private FailurePolicy::Job {
   bool finishing() const { return policy_->finishing(); }
   // ending: the teardown has begun (every rank is being stopped).
   bool ending() const { return teardown_started_.has_value(); }
+  // EndFor ends the job for `reason` (the membership controller's: every host blacklisted).
+  void EndFor(EndReason reason) { End(std::move(reason)); }
   // interrupted: trainrun was told to stop (SIGINT, SIGTERM, SIGHUP), whatever the ranks did.
   bool interrupted() const {
     return reason_.has_value() && std::holds_alternative<Interrupted>(*reason_);

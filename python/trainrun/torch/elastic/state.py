@@ -62,8 +62,9 @@ class _SamplerHandler(_Handler):
 
     def sync(self):
         import trainrun.torch as hvd  # pylint: disable=import-outside-toplevel
-        # The union of what every rank recorded, then rank 0's epoch: each rank re-shards the
-        # rest of the epoch for the new size.
+        # Rank 0's epoch and processed_num (every rank records the same batches, as Horovod's
+        # sync broadcasts), with the union of the indices every rank recorded; each rank then
+        # re-shards the rest of the epoch for the new size.
         processed = set().union(*hvd.allgather_object(set(self.value.processed_indices)))
         state = self.value.state_dict()
         state["processed_indices"] = processed
