@@ -129,6 +129,8 @@ class DeviceWork {
   void Wait();
   // path: the path this collective took (kUndecided before Run).
   Path path() const { return path_; }
+  // owner: the DeviceCollectives that started it.
+  const DeviceCollectives& owner() const { return owner_; }
 
  private:
   friend class DeviceCollectives;
