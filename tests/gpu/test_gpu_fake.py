@@ -4,6 +4,7 @@ collectives in flight collected in any order, pinned buffers reused, and the sen
 is missing. Every rank of a job runs this file (`trainrun -np N python -m pytest test_gpu_fake.py`).
 """
 
+import os
 import random
 import time
 
@@ -234,3 +235,43 @@ def test_host_memory_behind_the_interface_is_one_sentence():
 
     with pytest.raises(trainrun.InvalidArgumentError, match="points to host memory, not to a GPU"):
         trainrun.allreduce(Liar())
+
+
+def test_missing_libraries_are_one_sentence_each(tmp_path):
+    """A process whose TRAINRUN_NCCL_LIBRARY and TRAINRUN_CUDA_LIBRARY point nowhere: gpu_info()
+    says so, and a GPU array without the fake is refused naming the missing CUDA runtime."""
+    import subprocess
+    import sys
+
+    code = ("import trainrun, fake_cuda, _fake_gpu\n"
+            "info = trainrun.gpu_info()\n"
+            "print('NCCL:', info['nccl_why_not'])\n"
+            "print('CUDA:', info['cuda_why_not'])\n"
+            "trainrun.init()\n"
+            "class A:\n"
+            "    __cuda_array_interface__ = {'shape': (4,), 'typestr': '<f4', 'data': (4096, False),"
+            " 'version': 3, 'stream': 1}\n"
+            "try:\n"
+            "    trainrun.allreduce(A())\n"
+            "except trainrun.InvalidArgumentError as e:\n"
+            "    print('ERROR:', e)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINRUN_", "HOROVOD_"))}
+    env.update(TRAINRUN_NCCL_LIBRARY=str(tmp_path / "libnccl.so.2"),
+               TRAINRUN_CUDA_LIBRARY=str(tmp_path / "cuda"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60, check=True).stdout.splitlines()
+    assert out[0].startswith(f"NCCL: NCCL (libnccl.so.2) did not load from "
+                             f"TRAINRUN_NCCL_LIBRARY={tmp_path}/libnccl.so.2: "), out
+    assert out[1].startswith("CUDA: CUDA's runtime (libcudart.so.13 or .12) did not load from "
+                             "TRAINRUN_CUDA_LIBRARY="), out
+    assert out[2].startswith("ERROR: a GPU buffer was given, but CUDA's runtime "), out
+    assert len(out) == 3
+
+
+def test_a_cuda_tensor_where_torch_has_no_cuda_is_one_sentence():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this torch has CUDA")
+    with pytest.raises((AssertionError, RuntimeError), match="CUDA") as caught:
+        trainrun.allreduce(torch.ones(4, device="cuda"))
+    assert "\n" not in str(caught.value).strip()
