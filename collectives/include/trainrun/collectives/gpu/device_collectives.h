@@ -177,6 +177,8 @@ class DeviceCollectives {
   // NcclCan: whether NCCL can run `call` itself (types and ops it has); else it is staged.
   bool NcclCan(const DeviceCall& call) const;
   void WaitDone(DeviceWork& work);
+  // WaitEvent waits on the CPU for `event` (of `work`), within the timeout.
+  void WaitEvent(DeviceWork& work, Event event);
   Event TakeEvent();
   void GiveEvent(Event event);
   Stream StageStream();
