@@ -100,11 +100,11 @@ if(TARGET trainrun_collectives AND TARGET trainrun_rendezvous)
   # trainrun::collectives: the C++ API (communicator.h) and the C API (c_api.h) in one library.
   trainrun_install_bundle(trainrun_collectives
     OUTPUT_NAME trainrun_collectives
-    ARCHIVES trainrun_collectives trainrun_gpu_loader trainrun_rendezvous trainrun_rendezvous_file_store
-             trainrun_rendezvous_proto
+    ARCHIVES trainrun_collectives trainrun_gpu_loader trainrun_rendezvous
+             trainrun_rendezvous_file_store trainrun_rendezvous_proto
     PUBLIC absl::status absl::statusor
     PRIVATE gRPC::grpc++ protobuf::libprotobuf OpenSSL::Crypto absl::str_format
-            absl::synchronization absl::strings Threads::Threads)
+            absl::synchronization absl::strings Threads::Threads ${CMAKE_DL_LIBS})
   set_target_properties(trainrun_collectives_shared PROPERTIES EXPORT_NAME collectives)
   target_include_directories(trainrun_collectives_shared INTERFACE
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/collectives/include>

@@ -12,7 +12,8 @@ its parameters, and rank 0 checks (through an allgather) that they are bit-ident
 Run from the repository root: when `trainrun` is not importable (not installed, no PYTHONPATH),
 the script looks for the package the build made in build/python (or $TRAINRUN_BUILD_DIR/python).
 Options: --epochs N, --batch-size B (per rank), --lr LR (for one rank), --min-accuracy A (exit 1
-below it).
+below it), --device cuda (each rank trains on GPU local_rank % GPUs; the gradients are reduced on
+the GPU, over NCCL when every rank has a GPU of its own, else through pinned host memory).
 """
 
 import argparse
@@ -44,6 +45,8 @@ def parse_args():
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--min-accuracy", type=float, default=0.0,
                         help="exit with status 1 when the final test accuracy is lower")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: train on GPU local_rank %% the host's GPUs")
     return parser.parse_args()
 
 
@@ -67,16 +70,17 @@ def parameter_hash(model):
     h = hashlib.sha256()
     for name, tensor in model.state_dict().items():
         h.update(name.encode())
-        h.update(tensor.detach().contiguous().numpy().tobytes())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
 def evaluate(model, x, y):
     """Accuracy on this rank's shard of (x, y), summed over ranks: (correct, count) of all."""
-    idx = torch.arange(hvd.rank(), len(x), hvd.size())  # every item once, no padding
+    idx = torch.arange(hvd.rank(), len(x), hvd.size(), device=x.device)  # each item once
     with torch.no_grad():
         correct = (model(x[idx]).argmax(dim=1) == y[idx]).sum()
-    totals = hvd.allreduce(torch.tensor([int(correct), len(idx)], dtype=torch.int64),
+    totals = hvd.allreduce(torch.tensor([int(correct), len(idx)], dtype=torch.int64,
+                                        device=x.device),
                            op=hvd.Sum, name="accuracy")
     return int(totals[0]) / int(totals[1])
 
@@ -85,9 +89,13 @@ def main():
     args = parse_args()
     hvd.init()
     torch.manual_seed(args.seed + hvd.rank())  # different on purpose: the broadcast fixes it
-    x_train, y_train, x_test, y_test = load_data()
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    x_train, y_train, x_test, y_test = (t.to(device) for t in load_data())
 
-    model = make_model()
+    model = make_model().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -97,8 +105,8 @@ def main():
     for epoch in range(args.epochs):
         model.train()
         shard = torch.tensor(hvd.shard_indices(len(x_train), shuffle=True, seed=args.seed,
-                                               epoch=epoch))
-        loss_sum = torch.zeros(1)
+                                               epoch=epoch), device=device)
+        loss_sum = torch.zeros(1, device=device)
         batches = 0
         for b in range(0, len(shard), args.batch_size):
             batch = shard[b:b + args.batch_size]
@@ -123,7 +131,8 @@ def main():
     digests = hvd.allgather_object(digest)
     identical = all(d == digests[0] for d in digests)
     if rank == 0:
-        print(f"final test accuracy {accuracy:.4f} on {hvd.size()} rank(s) in {elapsed:.2f} s; "
+        print(f"final test accuracy {accuracy:.4f} on {hvd.size()} rank(s) ({device.type}) in "
+              f"{elapsed:.2f} s; "
               f"parameters {'bit-identical on every rank' if identical else 'DIFFER across ranks'}",
               flush=True)
     hvd.shutdown()

@@ -1,6 +1,8 @@
 #include "trainrun/collectives/runtime.h"
 
 #include <algorithm>
+#include <initializer_list>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <utility>
@@ -45,12 +47,52 @@ const char* DeviceName(DeviceKind kind) {
   return "unknown";
 }
 
+// OnGpu: the collective's buffers are on a GPU (every one: a mix is refused by HostBuffer).
+bool OnGpu(std::initializer_list<const TensorRef*> refs) {
+  for (const TensorRef* ref : refs) {
+    if (ref->device == DeviceKind::kHost) return false;
+  }
+  return true;
+}
+bool OnGpu(const std::vector<const TensorRef*>& refs) {
+  for (const TensorRef* ref : refs) {
+    if (ref->device == DeviceKind::kHost) return false;
+  }
+  return true;
+}
+
+// DeviceCallOf describes a collective of GPU buffers `inputs` -> `outputs` for DeviceCollectives.
+gpu::DeviceCall DeviceCallOf(gpu::DeviceOp op, const std::vector<TensorRef>& inputs,
+                             const std::vector<TensorRef>& outputs, const CallCheck& check) {
+  gpu::DeviceCall call;
+  call.op = op;
+  call.check = check;
+  const TensorRef& first = inputs.front();
+  call.type = first.type;
+  call.device = first.device_index;
+  call.has_stream = true;
+  call.stream = first.stream;
+  for (const TensorRef& ref : inputs) {
+    if (ref.data == nullptr && ref.count != 0) throw InvalidArgumentError("null buffer address");
+    call.inputs.push_back(ref.data);
+    call.input_counts.push_back(ref.count);
+  }
+  for (const TensorRef& ref : outputs) {
+    if (ref.data == nullptr && ref.count != 0) throw InvalidArgumentError("null buffer address");
+    call.outputs.push_back(ref.data);
+    call.output_count = ref.count;
+  }
+  return call;
+}
+
 }  // namespace
 
 Runtime::Runtime() = default;
 
 Runtime::~Runtime() {
   thread_.reset();  // Finishes what was submitted while the communicators are still there.
+  device_work_.clear();
+  device_.clear();
   sets_.clear();
 }
 
@@ -58,7 +100,9 @@ void Runtime::Init() {
   if (thread_) return;
   if (forked_) throw Error(kForkedChild);
   if (elastic_ && (!world_ || failed_ || world_->broken() || elastic_->Moved())) {
-    world_.reset();  // Closes the old data plane first.
+    device_work_.clear();
+    device_.clear();  // NCCL communicators of the old generation go with it
+    world_.reset();   // Closes the old data plane first.
     failed_ = false;
     world_ = elastic_->JoinNext();
   } else if (!world_) {
@@ -75,6 +119,8 @@ void Runtime::Init() {
 void Runtime::Shutdown() {
   if (!thread_) return;
   thread_.reset();  // Finishes what was submitted.
+  device_work_.clear();
+  for (auto& [id, set] : sets_) ForgetDevice(set.get());  // the world's stays, as its connections
   sets_.clear();
   next_set_ = 1;
 }
@@ -92,6 +138,8 @@ void Runtime::AbandonAfterFork() {
     (void)thread_.release();
     (void)world_.release();
     for (auto& [id, set] : sets_) (void)set.release();
+    for (auto& [comm, device] : device_) (void)device.release();
+    for (auto& [handle, work] : device_work_) new std::shared_ptr<gpu::DeviceWork>(work);  // leak
     forked_ = true;
   }
 }
@@ -140,16 +188,15 @@ void Runtime::RemoveProcessSet(int id) {
   const Handle drained = comm_thread.Submit([](Communicator&) {});
   while (!comm_thread.WaitFor(drained, std::chrono::milliseconds(100))) {
   }
+  ForgetDevice(it->second.get());
   sets_.erase(it);
 }
 
 void* Runtime::HostBuffer(const TensorRef& ref) {
   if (ref.device != DeviceKind::kHost) {
-    // Device buffers are dispatched here once a device backend is built in.
-    throw InvalidArgumentError(MakeMessage("a buffer on ", DeviceName(ref.device), ":",
-                                           ref.device_index,
-                                           " was given, but this build's runtime reduces host "
-                                           "memory only"));
+    throw InvalidArgumentError(MakeMessage("one collective got a buffer on ",
+                                           DeviceName(ref.device), ":", ref.device_index,
+                                           " and one in host memory; put them on one device"));
   }
   if (ref.data == nullptr && ref.count != 0) throw InvalidArgumentError("null buffer address");
   return ref.data;
@@ -162,6 +209,11 @@ Runtime::Handle Runtime::Submit(int set, std::function<void(Communicator&)> job)
 
 Runtime::Handle Runtime::Allreduce(const TensorRef& input, const TensorRef& output, ReduceOp op,
                                    int set, CallCheck check, bool prompt) {
+  if (OnGpu({&input, &output})) {
+    gpu::DeviceCall call = DeviceCallOf(gpu::DeviceOp::kAllreduce, {input}, {output}, check);
+    call.reduce = op;
+    return SubmitDevice(set, std::move(call));
+  }
   const void* in = HostBuffer(input);
   void* out = HostBuffer(output);
   const size_t count = output.count;
@@ -175,6 +227,19 @@ Runtime::Handle Runtime::Allreduce(const TensorRef& input, const TensorRef& outp
 
 Runtime::Handle Runtime::GroupedAllreduce(const std::vector<TensorRef>& buffers, DataType type,
                                           ReduceOp op, int set, CallCheck check) {
+  std::vector<const TensorRef*> refs;
+  for (const TensorRef& ref : buffers) refs.push_back(&ref);
+  if (!buffers.empty() && OnGpu(refs)) {
+    for (const TensorRef& ref : buffers) {
+      if (ref.type != type) {
+        throw InvalidArgumentError(MakeMessage("a grouped allreduce of ", DataTypeName(type),
+                                               " got a buffer of ", DataTypeName(ref.type)));
+      }
+    }
+    gpu::DeviceCall call = DeviceCallOf(gpu::DeviceOp::kGroupedAllreduce, buffers, {}, check);
+    call.reduce = op;
+    return SubmitDevice(set, std::move(call));
+  }
   std::vector<Communicator::Buffer> views;
   views.reserve(buffers.size());
   for (const TensorRef& ref : buffers) {
@@ -188,6 +253,11 @@ Runtime::Handle Runtime::GroupedAllreduce(const std::vector<TensorRef>& buffers,
 }
 
 Runtime::Handle Runtime::Broadcast(const TensorRef& data, int root, int set, CallCheck check) {
+  if (OnGpu({&data})) {
+    gpu::DeviceCall call = DeviceCallOf(gpu::DeviceOp::kBroadcast, {data}, {}, check);
+    call.root = root;
+    return SubmitDevice(set, std::move(call));
+  }
   void* p = HostBuffer(data);
   const size_t count = data.count;
   const DataType type = data.type;
@@ -196,6 +266,11 @@ Runtime::Handle Runtime::Broadcast(const TensorRef& data, int root, int set, Cal
 
 Runtime::Handle Runtime::Allgatherv(const TensorRef& input, const TensorRef& output,
                                     std::vector<size_t> counts, int set, CallCheck check) {
+  if (OnGpu({&input, &output})) {
+    gpu::DeviceCall call = DeviceCallOf(gpu::DeviceOp::kAllgatherv, {input}, {output}, check);
+    call.counts = std::move(counts);
+    return SubmitDevice(set, std::move(call));
+  }
   const void* in = HostBuffer(input);
   void* out = HostBuffer(output);
   const DataType type = output.type;
@@ -206,6 +281,13 @@ Runtime::Handle Runtime::Allgatherv(const TensorRef& input, const TensorRef& out
 
 Runtime::Handle Runtime::ReduceScatter(const TensorRef& input, const TensorRef& output, ReduceOp op,
                                        int set, CallCheck check) {
+  if (OnGpu({&input, &output})) {
+    gpu::DeviceCall call = DeviceCallOf(gpu::DeviceOp::kReduceScatter, {input}, {output}, check);
+    call.reduce = op;
+    // The input holds size() blocks of the output's count.
+    call.input_counts = {output.count * static_cast<size_t>(Set(set).size())};
+    return SubmitDevice(set, std::move(call));
+  }
   const void* in = HostBuffer(input);
   void* out = HostBuffer(output);
   const size_t count = output.count;
@@ -216,6 +298,12 @@ Runtime::Handle Runtime::ReduceScatter(const TensorRef& input, const TensorRef& 
 Runtime::Handle Runtime::Alltoallv(const TensorRef& input, std::vector<size_t> send_counts,
                                    const TensorRef& output, std::vector<size_t> recv_counts,
                                    int set, CallCheck check) {
+  if (OnGpu({&input, &output})) {
+    gpu::DeviceCall call = DeviceCallOf(gpu::DeviceOp::kAlltoallv, {input}, {output}, check);
+    call.send_counts = std::move(send_counts);
+    call.counts = std::move(recv_counts);
+    return SubmitDevice(set, std::move(call));
+  }
   const void* in = HostBuffer(input);
   void* out = HostBuffer(output);
   const DataType type = output.type;
@@ -229,7 +317,16 @@ Runtime::Handle Runtime::Barrier(int set) {
 
 bool Runtime::WaitFor(Handle handle, std::chrono::milliseconds timeout) {
   try {
-    return thread().WaitFor(handle, timeout);
+    bool done = false;
+    try {
+      done = thread().WaitFor(handle, timeout);
+    } catch (const Error&) {
+      device_work_.erase(handle);  // its Run threw: nothing of it is left to wait for
+      throw;
+    }
+    if (!done) return false;
+    FinishDevice(handle);
+    return true;
   } catch (const IoError&) {
     NoteFailure();
     throw;
@@ -241,7 +338,16 @@ bool Runtime::WaitFor(Handle handle, std::chrono::milliseconds timeout) {
 
 bool Runtime::TryCollect(Handle handle) {
   try {
-    return thread().TryCollect(handle);
+    bool done = false;
+    try {
+      done = thread().TryCollect(handle);
+    } catch (const Error&) {
+      device_work_.erase(handle);  // its Run threw: nothing of it is left to wait for
+      throw;
+    }
+    if (!done) return false;
+    FinishDevice(handle);
+    return true;
   } catch (const IoError&) {
     NoteFailure();
     throw;
@@ -249,6 +355,55 @@ bool Runtime::TryCollect(Handle handle) {
     NoteFailure();
     throw;
   }
+}
+
+void Runtime::UseGpuRuntime(std::shared_ptr<gpu::GpuRuntime> runtime) {
+  gpu_runtime_ = std::move(runtime);
+}
+
+gpu::GpuRuntime& Runtime::Gpu() {
+  if (!gpu_runtime_) {
+    const gpu::RuntimeLoad& cuda = gpu::CudaRuntime();
+    if (!cuda.runtime) {
+      throw InvalidArgumentError(MakeMessage("a GPU buffer was given, but ", cuda.why_not));
+    }
+    gpu_runtime_ = cuda.runtime;
+  }
+  return *gpu_runtime_;
+}
+
+gpu::Path Runtime::GpuPath(int set, std::string* why) {
+  auto it = device_.find(&Set(set));
+  if (it == device_.end()) return gpu::Path::kUndecided;
+  if (why != nullptr) *why = it->second->why();
+  return it->second->path();
+}
+
+Runtime::Handle Runtime::SubmitDevice(int set, gpu::DeviceCall call) {
+  Communicator& comm = Set(set);
+  std::unique_ptr<gpu::DeviceCollectives>& device = device_[&comm];
+  if (!device) device = std::make_unique<gpu::DeviceCollectives>(comm, Gpu());
+  std::shared_ptr<gpu::DeviceWork> work = device->Start(std::move(call));
+  const Handle handle = thread().Submit([work](Communicator&) { work->Run(); });
+  device_work_[handle] = std::move(work);
+  return handle;
+}
+
+void Runtime::FinishDevice(Handle handle) {
+  auto it = device_work_.find(handle);
+  if (it == device_work_.end()) return;
+  std::shared_ptr<gpu::DeviceWork> work = std::move(it->second);
+  device_work_.erase(it);
+  work->Wait();
+}
+
+void Runtime::ForgetDevice(const Communicator* comm) {
+  auto it = device_.find(comm);
+  if (it == device_.end()) return;
+  for (auto w = device_work_.begin(); w != device_work_.end();) {
+    w = &w->second->owner() == it->second.get() ? device_work_.erase(w) : std::next(w);
+  }
+  device_.erase(it);
 }
 
 }  // namespace trainrun::collectives

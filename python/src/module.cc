@@ -2,10 +2,11 @@
 //
 // It binds the process's Runtime (collectives/runtime.h: joining, the elastic session, the
 // communication thread), and exposes collectives on raw addresses: Python passes (address, count,
-// dtype code) taken from a NumPy array or a torch tensor, so contiguous buffers are never copied
-// and this file needs neither NumPy nor torch. Every wait releases the GIL and wakes up regularly
-// to let Ctrl-C through. Library exceptions become trainrun.Error and its subclasses, with the
-// library's message.
+// dtype code, and for a GPU buffer its device and stream) taken from a NumPy array, a torch tensor
+// or a CUDA Array Interface or DLPack object, so contiguous buffers are never copied and this file
+// needs neither NumPy nor torch (gpu_calls.h binds what GPU buffers need besides). Every wait
+// releases the GIL and wakes up regularly to let Ctrl-C through. Library exceptions become
+// trainrun.Error and its subclasses, with the library's message.
 #include <pthread.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "fast_calls.h"
+#include "gpu_calls.h"
 #include "trainrun/collectives/comm_thread.h"
 #include "trainrun/collectives/communicator.h"
 #include "trainrun/collectives/errors.h"
@@ -53,12 +55,19 @@ DataType ToDataType(int code) {
   return static_cast<DataType>(code);
 }
 
-// Host is the TensorRef of `count` elements of dtype code `dtype` at `address` in host memory.
-TensorRef Host(uintptr_t address, size_t count, int dtype) {
+// Ref is the TensorRef of `count` elements of dtype code `dtype` at `address`: in host memory
+// when `device` is -1, else on CUDA device `device`, ordered on `stream` (a cudaStream_t value, as
+// PyTorch's cuda_stream and the CUDA Array Interface give it).
+TensorRef Ref(uintptr_t address, size_t count, int dtype, int device = -1, uintptr_t stream = 0) {
   TensorRef ref;
   ref.data = reinterpret_cast<void*>(address);
   ref.count = count;
   ref.type = ToDataType(dtype);
+  if (device >= 0) {
+    ref.device = collectives::DeviceKind::kCuda;
+    ref.device_index = device;
+    ref.stream = reinterpret_cast<void*>(stream);
+  }
   return ref;
 }
 
@@ -243,19 +252,22 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "allreduce_async",
       [](uintptr_t input, uintptr_t output, size_t count, int dtype, ReduceOp op, int set,
-         std::string name, std::optional<std::vector<int64_t>> shape, bool prompt) {
-        return TheRuntime().Allreduce(Host(input, count, dtype), Host(output, count, dtype), op,
-                                      set, MakeCheck(std::move(name), std::move(shape)), prompt);
+         std::string name, std::optional<std::vector<int64_t>> shape, bool prompt, int device,
+         uintptr_t stream) {
+        return TheRuntime().Allreduce(Ref(input, count, dtype, device, stream),
+                                      Ref(output, count, dtype, device, stream), op, set,
+                                      MakeCheck(std::move(name), std::move(shape)), prompt);
       },
       py::arg("input"), py::arg("output"), py::arg("count"), py::arg("dtype"), py::arg("op"),
       py::arg("set") = 0, py::arg("name") = "", py::arg("shape") = py::none(),
-      py::arg("prompt") = false);
+      py::arg("prompt") = false, py::arg("device") = -1, py::arg("stream") = 0);
   // One allreduce of several buffers of one type, in place, without concatenating them where the
   // transport can (grouped_allreduce).
   m.def(
       "grouped_allreduce_async",
       [](std::vector<uintptr_t> addresses, std::vector<int64_t> counts, int dtype, ReduceOp op,
-         int set, std::string name, std::optional<std::vector<int64_t>> shape) {
+         int set, std::string name, std::optional<std::vector<int64_t>> shape, int device,
+         uintptr_t stream) {
         if (addresses.size() != counts.size()) {
           throw trainrun::InvalidArgumentError(
               trainrun::internal::MakeMessage("grouped allreduce got ", addresses.size(),
@@ -263,60 +275,71 @@ PYBIND11_MODULE(_core, m) {
         }
         std::vector<size_t> n = ToCounts(counts, "grouped allreduce");
         std::vector<TensorRef> buffers;
-        for (size_t i = 0; i < n.size(); ++i) buffers.push_back(Host(addresses[i], n[i], dtype));
+        for (size_t i = 0; i < n.size(); ++i) {
+          buffers.push_back(Ref(addresses[i], n[i], dtype, device, stream));
+        }
         return TheRuntime().GroupedAllreduce(buffers, ToDataType(dtype), op, set,
                                              MakeCheck(std::move(name), std::move(shape)));
       },
       py::arg("addresses"), py::arg("counts"), py::arg("dtype"), py::arg("op"), py::arg("set") = 0,
-      py::arg("name") = "", py::arg("shape") = py::none());
+      py::arg("name") = "", py::arg("shape") = py::none(), py::arg("device") = -1,
+      py::arg("stream") = 0);
   m.def(
       "broadcast_async",
       [](uintptr_t address, size_t count, int dtype, int root, int set, std::string name,
-         std::optional<std::vector<int64_t>> shape) {
-        return TheRuntime().Broadcast(Host(address, count, dtype), root, set,
+         std::optional<std::vector<int64_t>> shape, int device, uintptr_t stream) {
+        return TheRuntime().Broadcast(Ref(address, count, dtype, device, stream), root, set,
                                       MakeCheck(std::move(name), std::move(shape)));
       },
       py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("root"), py::arg("set") = 0,
-      py::arg("name") = "", py::arg("shape") = py::none());
+      py::arg("name") = "", py::arg("shape") = py::none(), py::arg("device") = -1,
+      py::arg("stream") = 0);
   m.def(
       "allgatherv_async",
       [](uintptr_t input, uintptr_t output, std::vector<int64_t> counts, int dtype, int set,
-         std::string name, std::optional<std::vector<int64_t>> shape) {
+         std::string name, std::optional<std::vector<int64_t>> shape, int device,
+         uintptr_t stream) {
         std::vector<size_t> n = ToCounts(counts, "allgather");
         size_t total = 0;
         for (size_t c : n) total += c;
-        return TheRuntime().Allgatherv(Host(input, total, dtype), Host(output, total, dtype),
-                                       std::move(n), set,
+        return TheRuntime().Allgatherv(Ref(input, total, dtype, device, stream),
+                                       Ref(output, total, dtype, device, stream), std::move(n), set,
                                        MakeCheck(std::move(name), std::move(shape)));
       },
       py::arg("input"), py::arg("output"), py::arg("counts"), py::arg("dtype"), py::arg("set") = 0,
-      py::arg("name") = "", py::arg("shape") = py::none());
+      py::arg("name") = "", py::arg("shape") = py::none(), py::arg("device") = -1,
+      py::arg("stream") = 0);
   m.def(
       "reducescatter_async",
       [](uintptr_t input, uintptr_t output, size_t count, int dtype, ReduceOp op, int set,
-         std::string name, std::optional<std::vector<int64_t>> shape) {
-        return TheRuntime().ReduceScatter(Host(input, count, dtype), Host(output, count, dtype), op,
-                                          set, MakeCheck(std::move(name), std::move(shape)));
+         std::string name, std::optional<std::vector<int64_t>> shape, int device,
+         uintptr_t stream) {
+        return TheRuntime().ReduceScatter(Ref(input, count, dtype, device, stream),
+                                          Ref(output, count, dtype, device, stream), op, set,
+                                          MakeCheck(std::move(name), std::move(shape)));
       },
       py::arg("input"), py::arg("output"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-      py::arg("set") = 0, py::arg("name") = "", py::arg("shape") = py::none());
+      py::arg("set") = 0, py::arg("name") = "", py::arg("shape") = py::none(),
+      py::arg("device") = -1, py::arg("stream") = 0);
   m.def(
       "alltoallv_async",
       [](uintptr_t input, std::vector<int64_t> send_counts, uintptr_t output,
          std::vector<int64_t> recv_counts, int dtype, int set, std::string name,
-         std::optional<std::vector<int64_t>> shape) {
+         std::optional<std::vector<int64_t>> shape, int device, uintptr_t stream) {
         std::vector<size_t> sends = ToCounts(send_counts, "alltoall splits");
         std::vector<size_t> recvs = ToCounts(recv_counts, "alltoall received splits");
         size_t sent = 0;
         size_t received = 0;
         for (size_t c : sends) sent += c;
         for (size_t c : recvs) received += c;
-        return TheRuntime().Alltoallv(Host(input, sent, dtype), std::move(sends),
-                                      Host(output, received, dtype), std::move(recvs), set,
+        return TheRuntime().Alltoallv(Ref(input, sent, dtype, device, stream), std::move(sends),
+                                      Ref(output, received, dtype, device, stream),
+                                      std::move(recvs), set,
                                       MakeCheck(std::move(name), std::move(shape)));
       },
       py::arg("input"), py::arg("send_counts"), py::arg("output"), py::arg("recv_counts"),
-      py::arg("dtype"), py::arg("set") = 0, py::arg("name") = "", py::arg("shape") = py::none());
+      py::arg("dtype"), py::arg("set") = 0, py::arg("name") = "", py::arg("shape") = py::none(),
+      py::arg("device") = -1, py::arg("stream") = 0);
   m.def(
       "barrier_async", [](int set) { return TheRuntime().Barrier(set); }, py::arg("set") = 0);
   m.def(
@@ -353,6 +376,7 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "poll", [](CommThread::Handle h) { return TheRuntime().Done(h); }, py::arg("handle"),
       "Whether the operation `handle` has finished.");
+  AddGpuCalls(m, []() -> Runtime& { return TheRuntime(); });
   m.def("wait", &Wait, py::arg("handle"),
         "Waits for the operation `handle`; raises its error if it failed.");
 }

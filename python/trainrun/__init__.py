@@ -29,6 +29,7 @@ rank of a new job and returns the ranks' return values (see trainrun/_launch.py)
 
 import array as _array
 import pickle as _pickle
+import sys as _sys
 
 from trainrun import _core
 from trainrun import _buffers
@@ -42,7 +43,8 @@ __all__ = [
     "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "grouped_allgather", "grouped_allgather_async", "grouped_reducescatter",
     "grouped_reducescatter_async", "join", "barrier", "start_timeline", "stop_timeline", "synchronize", "poll", "broadcast_object",
-    "allgather_object", "supported_dtypes", "ProcessSet", "global_process_set", "add_process_set",
+    "allgather_object", "supported_dtypes", "gpu_info", "ProcessSet", "global_process_set",
+    "add_process_set",
     "remove_process_set", "ReduceOp", "Sum", "Average", "Min", "Max", "Product", "Error",
     "InternalError", "IoError", "TimeoutError", "InvalidArgumentError", "MismatchError",
     "run", "TrainRunner", "JobError", "RemoteTraceback",
@@ -63,6 +65,18 @@ Max = ReduceOp.Max
 Product = ReduceOp.Product
 
 supported_dtypes = _buffers.supported_dtypes
+
+
+def gpu_info():
+    """What GPU support loaded in this process, and why not: a dict with `cuda` (CUDA's runtime
+    loaded), `cuda_runtime`, `cuda_why_not`, `devices`, `nccl` (libnccl.so.2 loaded),
+    `nccl_version`, `nccl_path`, `nccl_why_not`, and `path`/`path_why`: how the job's GPU
+    collectives go ("nccl", "staged", or "undecided" before the first one)."""
+    return _core.gpu_info()
+
+
+# The Python nvidia-* wheels (nvidia/nccl/lib, ...) are looked for under every sys.path folder.
+_core.add_gpu_search_dirs([p for p in _sys.path if isinstance(p, str) and p])
 
 is_initialized = _core.is_initialized
 rank = _core.rank
@@ -296,6 +310,19 @@ def _scale_(t, factor):
         else:
             t.copy_((t.double() * factor).to(t.dtype))
         return
+    if not hasattr(t, "__array_interface__") and (hasattr(t, "__cuda_array_interface__")
+                                                   or hasattr(t, "__dlpack_device__")):
+        # A GPU array scales itself (CuPy's, on its current stream: the one its interface names).
+        scaled = t
+        try:
+            scaled *= factor
+        except TypeError:
+            scaled = None
+        if scaled is not t:
+            raise InvalidArgumentError(
+                f"prescale_factor and postscale_factor need a {type(t).__name__} that can be "
+                "scaled in place (t *= factor); scale it yourself, or use a torch tensor")
+        return
     import numpy
 
     if t.dtype.kind == "f" and t.dtype.itemsize >= 4:
@@ -348,7 +375,7 @@ def _allreduce_start(tensor, op, name, process_set, prescale_factor, postscale_f
     try:
         # In place: the core may fuse it with the allreduces queued next to it (tensor fusion).
         h = _core.allreduce_async(buf.ptr, buf.ptr, buf.count, buf.dtype, op, set_id, name or "",
-                                  buf.shape, awaited)
+                                  buf.shape, awaited, buf.device, buf.stream)
     except Exception:
         _names_in_flight.discard(key)
         raise
@@ -422,9 +449,11 @@ def grouped_allreduce_async_(tensors, op=None, name=None, process_set=None, pres
     try:
         for dtype_name, members in by_dtype.items():
             shape = [len(members)] + [bufs[i].count for i in members]
+            first = bufs[members[0]]
             core.append(_core.grouped_allreduce_async(
                 [bufs[i].ptr for i in members], [bufs[i].count for i in members],
-                bufs[members[0]].dtype, op, set_id, (name or "") + f"#{dtype_name}", shape))
+                first.dtype, op, set_id, (name or "") + f"#{dtype_name}", shape, first.device,
+                first.stream))
     except Exception:
         for h in core:  # what was queued runs; wait for it before raising
             try:
@@ -498,7 +527,7 @@ def broadcast_async_(tensor, root_rank=0, name=None, process_set=None):
     key = _claim_name(set_id, name, what)
     try:
         h = _core.broadcast_async(buf.ptr, buf.count, buf.dtype, root, set_id, name or "",
-                                  _shape(buf))
+                                  _shape(buf), buf.device, buf.stream)
     except Exception:
         _names_in_flight.discard(key)
         raise
@@ -555,7 +584,7 @@ def grouped_allgather_async(tensors, name=None, process_set=None):
         out = _buffers.empty_like(b, (sum(rows),) + rest)
         ob = _buffers.view(out, what, writable=True)
         core.append(_core.allgatherv_async(b.ptr, ob.ptr, [f * row for f in rows], b.dtype,
-                                           set_id, name or "", _shape(b)))
+                                           set_id, name or "", _shape(b), b.device, b.stream))
         outs.append(out)
     key = _claim_name(set_id, name, what)
     return _register(core, lambda: outs, (tensors, outs), key)
@@ -626,11 +655,13 @@ def grouped_reducescatter_async(tensors, op=None, name=None, process_set=None,
             out = _buffers.empty_like(b, (parts[me],) + rest)
             ob = _buffers.view(out, what, writable=True)
             core.append(_core.reducescatter_async(wb.ptr, ob.ptr, parts[me] * row, wb.dtype, op,
-                                                  set_id, name or "", _shape(b)))
+                                                  set_id, name or "", _shape(b), wb.device,
+                                                  wb.stream))
             results.append((out, None, work))
         else:  # Uneven parts: reduce everything, keep ours.
             core.append(_core.allreduce_async(wb.ptr, wb.ptr, wb.count, wb.dtype, op, set_id,
-                                              name or "", _shape(b)))
+                                              name or "", _shape(b), False, wb.device,
+                                              wb.stream))
             results.append((work, (begin, parts[me]), work))
 
     def finish():
@@ -722,7 +753,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     ob = _buffers.view(out, what, writable=True)
     key = _claim_name(set_id, name, what)
     h = _core.alltoallv_async(buf.ptr, [s * row for s in sends], ob.ptr, [r * row for r in recvs],
-                              buf.dtype, set_id, name or "", _shape(buf))
+                              buf.dtype, set_id, name or "", _shape(buf), buf.device, buf.stream)
 
     def finish():
         if buf.is_torch:

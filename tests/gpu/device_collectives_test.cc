@@ -622,3 +622,41 @@ TEST_CASE("TRAINRUN_GPU_PATH=nccl where NCCL cannot serve fails on every rank, s
 
 }  // namespace
 }  // namespace trainrun::collectives::gpu
+
+namespace trainrun::collectives::gpu {
+namespace {
+
+TEST_CASE("staged: a large allreduce goes in overlapping chunks, every element right",
+          "[gpu_fake]") {
+  for (int size : {2, 3}) {
+    FakeGpuRuntime fake(size);
+    Ranks(size, fake, [&](Rank& rank) {
+      const int me = rank.comm.rank();
+      for (DataType type : {DataType::kFloat32, DataType::kFloat16, DataType::kInt64}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+          const size_t count = (size_t{3} << 20) / ElementSize(type) + 3;  // > 2 MiB, uneven
+          DeviceBuffer data(fake, count, type, me);
+          for (size_t i = 0; i < count; ++i) Put(type, data.data, i, Value(type, op, me, i));
+          DeviceCall call;
+          call.op = DeviceOp::kAllreduce;
+          call.inputs = {data.data};
+          call.input_counts = {count};
+          call.outputs = {data.data};
+          call.type = type;
+          call.reduce = op;
+          Execute(rank.gpu, call);
+          for (size_t i = 0; i < count; ++i) {
+            const double want = Reduce(type, op, size, i);
+            if (std::abs(Get(type, data.data, i) - want) > Tolerance(type) * std::abs(want)) {
+              FAIL(DataTypeName(type) << " " << ReduceOpName(op) << " element " << i << ": "
+                                      << Get(type, data.data, i) << " != " << want);
+            }
+          }
+        }
+      }
+    });
+  }
+}
+
+}  // namespace
+}  // namespace trainrun::collectives::gpu

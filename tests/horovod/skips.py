@@ -4,8 +4,6 @@ Only reasons a Horovod maintainer would accept belong here: hardware or builds t
 not have, or a documented difference in design. Tests not named here must pass.
 """
 
-GPU = "needs CUDA: trainrun.torch reduces CPU tensors, and this machine has no GPU"
-
 SKIPS = {
     # Horovod matches operations across ranks by name, so a barrier may overtake a pending
     # allreduce. trainrun runs each rank's collectives in call order (DESIGN: every rank calls the

@@ -164,22 +164,28 @@ int64_t HostId() {
   return static_cast<int64_t>(std::hash<std::string>()(std::string(name) + "/" + boot) >> 1);
 }
 
-// Poll waits until done() is true: spinning for the first 50 us (a copy of a few MiB), then
-// sleeping in growing steps up to 1 ms; `check` runs between polls and may throw.
+// Poll waits until done() is true: yielding for the first 500 us (a copy of a few MiB), then
+// sleeping in steps growing to 100 us; `check` runs between polls and may throw.
 template <typename Done, typename Check>
 void Poll(Done done, Check check) {
   const auto start = Clock::now();
   auto sleep = std::chrono::microseconds(10);
   while (!done()) {
     check();
-    if (Clock::now() - start < std::chrono::microseconds(50)) {
+    if (Clock::now() - start < std::chrono::microseconds(500)) {
       std::this_thread::yield();
       continue;
     }
     std::this_thread::sleep_for(sleep);
-    sleep = std::min(sleep * 2, std::chrono::microseconds(1000));
+    sleep = std::min(sleep * 2, std::chrono::microseconds(100));
   }
 }
+
+// The staged allreduce of a buffer of at least kPipelineBytes goes in kPipelineChunks chunks, so
+// that the copy down of a chunk overlaps the reduction of the one before, and the copy back of a
+// chunk the reduction of the next.
+constexpr size_t kPipelineBytes = size_t{2} << 20;
+constexpr size_t kPipelineChunks = 4;
 
 }  // namespace
 
@@ -596,11 +602,29 @@ void DeviceCollectives::RunStaged(DeviceWork& work) {
   switch (call.op) {
     case DeviceOp::kAllreduce: {
       const size_t count = call.input_counts[0];
-      void* host = pinned(count);
-      down(host, call.inputs[0], count);
-      landed();
-      comm_.Allreduce(host, count, call.type, call.reduce, call.check);
-      up(call.outputs[0], host, count);
+      char* host = static_cast<char*>(pinned(count));
+      // Chunks are cut alike on every rank (from the count alone), each its own host allreduce.
+      const size_t chunks = count * element >= kPipelineBytes ? kPipelineChunks : 1;
+      const size_t per_chunk = (count + chunks - 1) / chunks;
+      std::vector<Event> copied;
+      for (size_t begin = 0; begin < count; begin += per_chunk) {
+        const size_t n = std::min(per_chunk, count - begin);
+        down(host + begin * element, static_cast<const char*>(call.inputs[0]) + begin * element, n);
+        copied.push_back(TakeEvent());
+        runtime_.Record(copied.back(), stream);
+      }
+      try {
+        for (size_t c = 0, begin = 0; begin < count; ++c, begin += per_chunk) {
+          const size_t n = std::min(per_chunk, count - begin);
+          WaitEvent(work, copied[c]);
+          comm_.Allreduce(host + begin * element, n, call.type, call.reduce, call.check);
+          up(static_cast<char*>(call.outputs[0]) + begin * element, host + begin * element, n);
+        }
+      } catch (...) {
+        for (Event event : copied) GiveEvent(event);
+        throw;
+      }
+      for (Event event : copied) GiveEvent(event);
       break;
     }
     case DeviceOp::kGroupedAllreduce: {
@@ -671,10 +695,12 @@ void DeviceCollectives::RunStaged(DeviceWork& work) {
   runtime_.Record(work.done_, stream);
 }
 
-void DeviceCollectives::WaitDone(DeviceWork& work) {
+void DeviceCollectives::WaitDone(DeviceWork& work) { WaitEvent(work, work.done_); }
+
+void DeviceCollectives::WaitEvent(DeviceWork& work, Event event) {
   const auto deadline = Clock::now() + timeout_;
   Nccl* nccl = work.path_ == Path::kNccl ? nccl_.get() : nullptr;
-  Poll([&] { return runtime_.Done(work.done_); },
+  Poll([&] { return runtime_.Done(event); },
        [&] {
          if (nccl != nullptr && nccl->comm != nullptr && !nccl->aborted) {
            int state = kNcclSuccess;

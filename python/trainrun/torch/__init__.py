@@ -57,12 +57,13 @@ class Adasum:
         raise InvalidArgumentError("Adasum is an op, not a class to instantiate")
 
 
-# --- What this build has (truthful: trainrun.torch reduces CPU tensors over its own transports) -
+# --- What this build has (CUDA and NCCL are opened at run time: trainrun.gpu_info() says what loaded)
 
 
 def nccl_built():
-    """False: trainrun.torch reduces CPU tensors (the C++ NCCL communicator is not bound here)."""
-    return False
+    """True: NCCL is opened at run time where it is installed (trainrun.gpu_info() says whether
+    it loaded here, and why not); without it CUDA tensors go through pinned host memory."""
+    return True
 
 
 def mpi_built():
@@ -96,7 +97,8 @@ def ccl_built():
 
 
 def cuda_built():
-    return False
+    """True: CUDA tensors are reduced (CUDA's runtime is opened at run time; gpu_info())."""
+    return True
 
 
 def rocm_built():

@@ -44,7 +44,8 @@ class _Bucket:
     def __init__(self, index, params):
         self.index = index
         self.params = params
-        self.flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype)
+        self.flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype,
+                                device=params[0].device)
         self.views = []
         offset = 0
         for p in params:
@@ -80,11 +81,12 @@ class _Bucket:
 
 
 def _make_buckets(params, bucket_bytes):
-    """Groups params, last first, into buckets of one dtype closed once they hold bucket_bytes
-    (as DDP does: a bias is not left alone in a bucket because the next weight is large)."""
+    """Groups params, last first, into buckets of one dtype and device closed once they hold
+    bucket_bytes (as DDP does: a bias is not left alone in a bucket because the next weight is
+    large)."""
     buckets, current, current_bytes = [], [], 0
     for p in reversed(params):
-        if current and p.dtype != current[0].dtype:
+        if current and (p.dtype != current[0].dtype or p.device != current[0].device):
             buckets.append(_Bucket(len(buckets), current))
             current, current_bytes = [], 0
         current.append(p)
@@ -135,12 +137,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._postscale = predivide / self._process_set.size()
         self._backward_passes_per_step = backward_passes_per_step
 
-        on_device = next((p for p in all_params if p.device.type != "cpu"), None)
-        if on_device is not None:
+        elsewhere = next((p for p in all_params if p.device.type not in ("cpu", "cuda")), None)
+        if elsewhere is not None:
             raise trainrun.InvalidArgumentError(
-                f"DistributedOptimizer: parameter {self._names[on_device]} is on "
-                f"{on_device.device}; trainrun.torch reduces CPU gradients only, so keep the "
-                "model on the CPU")
+                f"DistributedOptimizer: parameter {self._names[elsewhere]} is on "
+                f"{elsewhere.device}; trainrun.torch reduces CPU and CUDA gradients, so move the "
+                "model to one of them")
         seen = set()
         params = []
         for p in all_params:
@@ -222,11 +224,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             wire = bucket.wire_buffer
             wire.copy_(bucket.flat)
         bucket.wire = wire
-        code = _buffers.view(wire, "DistributedOptimizer", True).dtype
+        buf = _buffers.view(wire, "DistributedOptimizer", True)
         ptr = wire.data_ptr()
-        bucket.handle = _core.allreduce_async(ptr, ptr, wire.numel(), code, self._op, self._set_id,
+        bucket.handle = _core.allreduce_async(ptr, ptr, wire.numel(), buf.dtype, self._op,
+                                              self._set_id,
                                               f"DistributedOptimizer bucket {bucket.index}",
-                                              [wire.numel()], prompt=True)
+                                              [wire.numel()], True, buf.device, buf.stream)
 
     def _finish(self, bucket):
         if bucket.wire is not bucket.flat:

@@ -20,8 +20,11 @@
 //   }
 //
 // (examples/collectives/elastic_worker.cc is that loop in full.) Buffers are handed to the
-// runtime as a TensorRef: where the elements are (host memory, or a device and its stream), so
-// that one call path serves every kind of memory; this build reduces host memory only.
+// runtime as a TensorRef: where the elements are (host memory, or a GPU and its stream), so that
+// one call path serves every kind of memory. GPU buffers go to the communicator's
+// gpu::DeviceCollectives (gpu/device_collectives.h: NCCL, or staged through pinned host memory),
+// over CUDA's runtime opened at run time (gpu/runtime.h); WaitFor of a GPU collective also waits
+// for its results on the GPU and orders the buffer's stream after them.
 //
 // A Runtime is driven by one thread at a time (the caller's), besides its communication thread.
 #pragma once
@@ -35,6 +38,8 @@
 
 #include "trainrun/collectives/comm_thread.h"
 #include "trainrun/collectives/communicator.h"
+#include "trainrun/collectives/gpu/device_collectives.h"
+#include "trainrun/collectives/gpu/runtime.h"
 #include "trainrun/collectives/types.h"
 
 namespace trainrun::collectives {
@@ -46,7 +51,8 @@ enum class DeviceKind : int { kHost = 0, kCuda = 1 };
 
 // TensorRef describes a buffer a caller hands the runtime: `count` elements of `type` at `data`,
 // on `device` (kHost: `device_index` and `stream` unused; kCuda: the GPU's index and the stream,
-// a cudaStream_t, the caller's work on it is ordered before the collective's).
+// a cudaStream_t (0: the legacy default stream): the caller's work on it is ordered before the
+// collective, and its later work after the collective's results).
 struct TensorRef {
   void* data = nullptr;
   size_t count = 0;
@@ -156,9 +162,28 @@ class Runtime {
   // Done: the collective `handle` has finished (successfully or not).
   bool Done(Handle handle) { return thread().Done(handle); }
 
+  // UseGpuRuntime makes `runtime` the GPU runtime of later GPU collectives instead of CUDA's (the
+  // tests' CPU fake, tests/gpu/fake_gpu_runtime.h, which no shipped binary contains). Call it
+  // before the first GPU collective.
+  void UseGpuRuntime(std::shared_ptr<gpu::GpuRuntime> runtime);
+  // Gpu returns the GPU runtime (UseGpuRuntime's, else CUDA's), or throws InvalidArgumentError
+  // saying why there is none.
+  gpu::GpuRuntime& Gpu();
+  // GpuPath: the path process set `set`'s GPU collectives take (kUndecided before its first one
+  // ran), and why, a phrase.
+  gpu::Path GpuPath(int set, std::string* why = nullptr);
+
  private:
   // HostBuffer returns `ref`'s host address, checked (null with a count, a device buffer).
   static void* HostBuffer(const TensorRef& ref);
+  // SubmitDevice starts `call` on process set `set`'s DeviceCollectives (made at its first GPU
+  // collective) and queues its Run on the communication thread.
+  Handle SubmitDevice(int set, gpu::DeviceCall call);
+  // FinishDevice waits for the GPU half of `handle` (if it is a GPU collective) once the thread
+  // is through with it, noting an IoError or TimeoutError.
+  void FinishDevice(Handle handle);
+  // ForgetDevice drops the DeviceCollectives of `comm` and the works still on it.
+  void ForgetDevice(const Communicator* comm);
 
   std::unique_ptr<Communicator> world_;
   std::map<int, std::unique_ptr<Communicator>> sets_;  // null: this rank is not a member
@@ -167,6 +192,9 @@ class Runtime {
   bool forked_ = false;
   std::unique_ptr<ElasticSession> elastic_;
   bool failed_ = false;
+  std::shared_ptr<gpu::GpuRuntime> gpu_runtime_;  // set: UseGpuRuntime's, else CUDA's once used
+  std::map<const Communicator*, std::unique_ptr<gpu::DeviceCollectives>> device_;
+  std::map<Handle, std::shared_ptr<gpu::DeviceWork>> device_work_;
 };
 
 }  // namespace trainrun::collectives

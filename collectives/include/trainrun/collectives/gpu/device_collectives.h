@@ -129,6 +129,8 @@ class DeviceWork {
   void Wait();
   // path: the path this collective took (kUndecided before Run).
   Path path() const { return path_; }
+  // owner: the DeviceCollectives that started it.
+  const DeviceCollectives& owner() const { return owner_; }
 
  private:
   friend class DeviceCollectives;
@@ -175,6 +177,8 @@ class DeviceCollectives {
   // NcclCan: whether NCCL can run `call` itself (types and ops it has); else it is staged.
   bool NcclCan(const DeviceCall& call) const;
   void WaitDone(DeviceWork& work);
+  // WaitEvent waits on the CPU for `event` (of `work`), within the timeout.
+  void WaitEvent(DeviceWork& work, Event event);
   Event TakeEvent();
   void GiveEvent(Event event);
   Stream StageStream();
