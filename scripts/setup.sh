@@ -29,6 +29,8 @@ packages=(
   slurmctld slurmd slurm-client munge util-linux
   # trainrun.run(fn): the function and its arguments travel to the ranks by cloudpickle
   python3-cloudpickle
+  # the portable bundle's test (tests/install/portable_test.sh): a minimal Debian root to run it in
+  debootstrap
 )
 
 missing=()
