@@ -98,9 +98,12 @@ if(TARGET trainrun_collectives AND TARGET trainrun_rendezvous)
   find_package(OpenSSL REQUIRED)
 
   # trainrun::collectives: the C++ API (communicator.h) and the C API (c_api.h) in one library.
+  # The archives, also what the portable library holds (cmake/TrainrunPortable.cmake).
+  set(TRAINRUN_COLLECTIVES_ARCHIVES trainrun_collectives trainrun_gpu_loader trainrun_rendezvous
+      trainrun_rendezvous_file_store trainrun_rendezvous_proto)
   trainrun_install_bundle(trainrun_collectives
     OUTPUT_NAME trainrun_collectives
-    ARCHIVES trainrun_collectives trainrun_rendezvous trainrun_rendezvous_proto
+    ARCHIVES ${TRAINRUN_COLLECTIVES_ARCHIVES}
     PUBLIC absl::status absl::statusor
     PRIVATE gRPC::grpc++ protobuf::libprotobuf OpenSSL::Crypto absl::str_format
             absl::synchronization absl::strings Threads::Threads)
@@ -125,8 +128,10 @@ if(TARGET trainrun_collectives AND TARGET trainrun_rendezvous)
   # The worker-side headers and what they include.
   install(FILES
     collectives/include/trainrun/collectives/c_api.h
+    collectives/include/trainrun/collectives/comm_thread.h
     collectives/include/trainrun/collectives/communicator.h
     collectives/include/trainrun/collectives/errors.h
+    collectives/include/trainrun/collectives/runtime.h
     collectives/include/trainrun/collectives/types.h
     DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/trainrun/collectives COMPONENT dev)
   install(FILES
@@ -242,6 +247,10 @@ endif()
 
 # --- Documentation ------------------------------------------------------------------------------
 install(FILES README.md DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT reference)
+# The README's links: docs/usage.md (the reference) and docs/performance.md, beside it as in the
+# sources.
+install(FILES docs/usage.md docs/performance.md DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs
+        COMPONENT reference)
 if(EXISTS ${PROJECT_SOURCE_DIR}/LICENSE)
   install(FILES LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT reference)
 endif()

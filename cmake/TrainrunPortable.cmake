@@ -27,7 +27,7 @@
 # would), so a process that also loads another gRPC, Protobuf or OpenSSL (PyTorch's, Python's)
 # keeps the two apart.
 if(NOT (TRAINRUN_STATIC_DEPS AND CMAKE_SYSTEM_NAME STREQUAL "Linux"
-        AND TARGET trainrun_collectives_shared AND TARGET trainrun_rendezvous_file_store))
+        AND TARGET trainrun_collectives_shared AND DEFINED TRAINRUN_COLLECTIVES_ARCHIVES))
   return()
 endif()
 
@@ -42,11 +42,20 @@ set(_abseil_files
   ${_abseil}/absl/random/internal/pool_urbg.cc
   ${_abseil}/absl/container/internal/raw_hash_set.cc)
 set(_re2_files ${_re2}/re2/re2.cc)
+# Fetched again (each source package only if its version changed) when the list here changes or
+# when dpkg installs another version of one of the packages.
+set(_packages libprotobuf-dev libabsl-dev libre2-dev)
+set(_package_lists)
+foreach(package ${_packages})
+  file(GLOB _list /var/lib/dpkg/info/${package}.list /var/lib/dpkg/info/${package}:*.list)
+  list(APPEND _package_lists ${_list})
+endforeach()
 add_custom_command(
   OUTPUT ${_sources}/stamp
   BYPRODUCTS ${_protobuf_files} ${_abseil_files} ${_re2_files}
-  COMMAND ${PROJECT_SOURCE_DIR}/cmake/fetch_debian_sources.sh ${_sources}
-          libprotobuf-dev libabsl-dev libre2-dev
+  COMMAND ${PROJECT_SOURCE_DIR}/cmake/fetch_debian_sources.sh ${_sources} ${_packages}
+  DEPENDS ${PROJECT_SOURCE_DIR}/cmake/fetch_debian_sources.sh
+          ${PROJECT_SOURCE_DIR}/cmake/TrainrunPortable.cmake ${_package_lists}
   COMMENT "Fetching Debian's Protobuf, Abseil and RE2 sources (the portable library)"
   VERBATIM)
 add_custom_target(trainrun_portable_sources DEPENDS ${_sources}/stamp)
@@ -89,11 +98,10 @@ set(_map ${PROJECT_BINARY_DIR}/portable/trainrun_portable.map)
 configure_file(${PROJECT_SOURCE_DIR}/cmake/trainrun_portable.map.in ${_map} @ONLY)
 unset(ABSL_FUNCTIONS)
 
-# The library: every object of trainrun's worker-side archives (as the installed library, plus
-# the FileStore the Python extension uses), the objects above, and the static archives of the
-# rest (cmake/link_static_deps.sh swaps the .so files the targets name for their .a files).
-set(_archives trainrun_collectives trainrun_rendezvous trainrun_rendezvous_proto
-              trainrun_rendezvous_file_store)
+# The library: every object of trainrun's worker-side archives (those of the installed library),
+# the objects above, and the static archives of the rest (cmake/link_static_deps.sh swaps the .so
+# files the targets name for their .a files).
+set(_archives ${TRAINRUN_COLLECTIVES_ARCHIVES})
 set(_files)
 foreach(archive ${_archives})
   list(APPEND _files $<TARGET_FILE:${archive}>)

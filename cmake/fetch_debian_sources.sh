@@ -43,7 +43,7 @@ for binary in "$@"; do
     exit 1
   }
   name=${spec%%=*}
-  [ -f "$out/$name/.unpacked" ] && continue
+  [ "$(cat "$out/$name/.unpacked" 2>/dev/null)" = "$spec" ] && continue
   rm -rf "${out:?}/$name" "$out/download/$name"
   mkdir -p "$out/download/$name"
   # shellcheck disable=SC2086
@@ -57,7 +57,7 @@ for binary in "$@"; do
     echo "fetch_debian_sources: dpkg-source could not unpack $dsc ($out/download/$name.unpack.log says why)" >&2
     exit 1
   }
-  touch "$out/$name/.unpacked"
+  echo "$spec" >"$out/$name/.unpacked"
   rm -rf "${out:?}/download/$name" "$out/$name"_*
 done
 touch "$out/stamp"

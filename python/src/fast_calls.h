@@ -18,12 +18,15 @@
 #include <exception>
 #include <functional>
 
-#include "comm_thread.h"
+#include "trainrun/collectives/comm_thread.h"
 #include "trainrun/collectives/communicator.h"
 
 namespace trainrun::python {
 
-// FastCallHooks is what the fast calls need of the module (module.cc's Runtime and helpers).
+using collectives::CommThread;
+
+// FastCallHooks is what the fast calls need of the module (the process's Runtime and module.cc's
+// helpers).
 struct FastCallHooks {
   // thread returns the communication thread; throws when trainrun is not initialized.
   std::function<CommThread&()> thread;

@@ -5,13 +5,14 @@
 # reruns are fast. The bundle is copied in, a C++ worker built against the bundle alone (its
 # headers and library, nothing of the build tree), and `trainrun -np 2` of it allreduces inside the
 # root under chroot. Also: readelf -d NEEDED of every binary in the bundle is in the allowed set
-# (glibc, libstdc++, libgcc_s, zlib, OpenSSL 3), ldd inside the root finds everything, and the
-# bundle runs with glibc 2.34. /proc, /dev/shm and /dev/pts are mounted for the job and unmounted
-# after; nothing is left in the root.
+# (glibc, libstdc++, libgcc_s, zlib, OpenSSL 3), ldd inside the root finds everything, the
+# bundle runs with glibc 2.34, and the Python extension builds against the bundle alone
+# (python/bundle/build.sh, timed) and allreduces at 2 ranks on this host. /proc, /dev/shm and
+# /dev/pts are mounted for the job and unmounted after; nothing is left in the root.
 #
-# Usage: portable_test.sh BUILD_DIR SOURCE_DIR. Exit 77 (skip) when not root (chroot, mount) or
-# when Debian's mirror (TRAINRUN_DEBIAN_MIRROR, default http://deb.debian.org/debian) cannot be
-# reached for the root or the sources the portable library is built from.
+# Usage: portable_test.sh BUILD_DIR SOURCE_DIR [PYTHON]. Exit 77 (skip) when not root (chroot,
+# mount) or when Debian's mirror (TRAINRUN_DEBIAN_MIRROR, default http://deb.debian.org/debian)
+# cannot be reached for the root or the sources the portable library is built from.
 set -euo pipefail
 build=$(realpath "$1")
 source_dir=$(realpath "$2")
@@ -123,6 +124,34 @@ echo "$run"
 for rank in 0 1; do
   expect_in "$run" "^\[$rank\]<stdout>:rank $rank of 2: C\+\+ allreduce sum 3 ok" "rank $rank's output"
 done
+
+step "the Python extension built against the bundle alone (as on a GPU machine), 2 ranks"
+# Not in the root, which has no Python: on this host, with the bundle's headers and library only
+# (the extension must find every symbol it needs in libtrainrun_collectives.so.0).
+python=${3:-/usr/bin/python3}
+if "$python" -c 'import numpy' 2>/dev/null && [[ -f /usr/lib/cmake/pybind11/pybind11Config.cmake ||
+      -n $("$python" -m pybind11 --cmakedir 2>/dev/null) ]]; then
+  pybuild=$build/portable/python-build
+  rm -rf "$pybuild"
+  start=$(date +%s%N)
+  "$bundle/python/bundle/build.sh" "$pybuild" "$python" >"$build/portable/python-build.log" 2>&1 ||
+    { tail -20 "$build/portable/python-build.log" >&2; fail "python/bundle/build.sh failed"; }
+  echo "python/bundle/build.sh: $((($(date +%s%N) - start) / 1000000)) ms (load: $(cut -d' ' -f1 /proc/loadavg))"
+  extension=$(ls "$pybuild"/python/trainrun/_core*.so)
+  needed=$(readelf -d "$extension" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
+  echo "${extension##*/}: $(echo $needed)"
+  extra=$(grep -Ev "$allowed" <<<"$needed" | grep -vx 'libtrainrun_collectives\.so\.0' || true)
+  [[ -z $extra ]] || fail "the extension needs $(echo $extra)"
+  set +e
+  run=$(timeout 120 "$bundle/bin/trainrun" -np 2 env PYTHONPATH="$pybuild/python" "$python" -c "$PY_ALLREDUCE" 2>&1)
+  status=$?
+  set -e
+  echo "$run"
+  [[ $status -eq 0 ]] || fail "trainrun -np 2 of the Python allreduce exited $status"
+  expect_in "$run" "allreduce ok from $pybuild/python/trainrun" "the Python ranks' output"
+else
+  echo "no NumPy or pybind11 for $python: the Python extension is not built here"
+fi
 
 step "nothing left behind"
 cleanup

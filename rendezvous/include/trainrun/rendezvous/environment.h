@@ -328,6 +328,22 @@ inline constexpr StringParam kTimeline{"TRAINRUN_TIMELINE", "",
                                        "Chrome trace file of the collectives (empty: none)"};
 inline constexpr char kHorovodTimeline[] = "HOROVOD_TIMELINE";
 
+// --- GPUs (collectives/gpu/) ---------------------------------------------------------------------
+
+// Where libnccl.so.2 is: the file, or a folder holding it; searched before the Python nvidia-*
+// wheels and the loader's path (collectives/gpu/loader.h).
+inline constexpr char kNcclLibrary[] = "TRAINRUN_NCCL_LIBRARY";
+// Where CUDA's runtime (libcudart.so.13 or .12) is: the file, or a folder holding it.
+inline constexpr char kCudaLibrary[] = "TRAINRUN_CUDA_LIBRARY";
+// How a communicator moves GPU buffers: "auto" (NCCL when every rank has a GPU of its own and NCCL
+// loads, else host staging), "nccl" (fail when NCCL cannot serve) or "staged" (always through
+// pinned host memory).
+inline constexpr StringParam kGpuPath{"TRAINRUN_GPU_PATH", "auto",
+                                      "auto, nccl or staged: how GPU buffers are reduced"};
+// Set to 1 in every worker by `trainrun --verbose`: a worker says once per communicator which path
+// its GPU buffers take.
+inline constexpr EnvParam kVerbose{"TRAINRUN_VERBOSE", 0, "1: workers say what they chose"};
+
 // Read by python/trainrun (Python code reads the environment itself; declared here so every
 // variable stays listed in one place).
 // Size of the gradient buckets trainrun.torch.DistributedOptimizer reduces as one message (default

@@ -1,4 +1,4 @@
-#include "comm_thread.h"
+#include "trainrun/collectives/comm_thread.h"
 
 #include <algorithm>
 #include <iterator>
@@ -7,9 +7,9 @@
 
 #include "trainrun/collectives/errors.h"
 
-namespace trainrun::python {
+namespace trainrun::collectives {
 
-CommThread::CommThread(collectives::Communicator& comm, size_t fusion_bytes)
+CommThread::CommThread(Communicator& comm, size_t fusion_bytes)
     : comm_(&comm), fusion_bytes_(fusion_bytes), thread_([this] { Loop(); }) {}
 
 CommThread::~CommThread() {
@@ -181,8 +181,8 @@ void CommThread::HoldForMore(std::unique_lock<std::mutex>& lock) {
   }
 }
 
-size_t CommThread::WithoutOverlap(
-    const std::vector<collectives::Communicator::ReadyAllreduce>& ready, size_t element) {
+size_t CommThread::WithoutOverlap(const std::vector<Communicator::ReadyAllreduce>& ready,
+                                  size_t element) {
   // The common case (nothing overlaps) is one sort of the ranges, no map.
   std::vector<std::pair<const char*, const char*>> ranges;
   ranges.reserve(ready.size());
@@ -213,8 +213,8 @@ size_t CommThread::WithoutOverlap(
 
 void CommThread::RunFused(std::unique_lock<std::mutex>& lock) {
   const Allreduce& head = *queue_.front().allreduce;
-  collectives::Communicator* comm = head.comm;
-  std::vector<collectives::Communicator::ReadyAllreduce> ready;
+  Communicator* comm = head.comm;
+  std::vector<Communicator::ReadyAllreduce> ready;
   const size_t element = collectives::ElementSize(head.type);
   size_t bytes = 0;
   for (const Entry& entry : queue_) {
@@ -247,4 +247,4 @@ void CommThread::RunFused(std::unique_lock<std::mutex>& lock) {
   }
 }
 
-}  // namespace trainrun::python
+}  // namespace trainrun::collectives

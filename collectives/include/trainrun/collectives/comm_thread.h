@@ -1,14 +1,15 @@
-// CommThread: the one thread that drives the process's Communicator, running collectives in the
-// order they were submitted, so Python can start an allreduce and go on (backward keeps computing
-// gradients) while this thread waits on the network without the GIL.
+// CommThread: the one thread that drives a worker's Communicator (runtime.h owns it), running
+// collectives in the order they were submitted, so the caller can start an allreduce and go on
+// (backward keeps computing gradients) while this thread waits on the network (in Python, without
+// the GIL).
 //
 //   CommThread thread(*comm);
 //   auto h = thread.Submit([=](Communicator& c) { c.Allreduce(p, n, type, op); });
 //   ... other work ...
-//   thread.Wait(h);  // rethrows what the collective threw
+//   thread.WaitFor(h, std::chrono::milliseconds(100));  // rethrows what the collective threw
 //
 // Every collective, synchronous ones included, goes through Submit, so the order on every rank is
-// the order of the calls in Python.
+// the order of the calls.
 //
 // Tensor fusion (Horovod's): in-place allreduces submitted with SubmitAllreduce that wait in the
 // queue one after another (same communicator, element type and op, buffers apart, at most
@@ -35,35 +36,35 @@
 
 #include "trainrun/collectives/communicator.h"
 
-namespace trainrun::python {
+namespace trainrun::collectives {
 
 class CommThread {
  public:
   using Handle = int64_t;
-  using Job = std::function<void(collectives::Communicator&)>;
+  using Job = std::function<void(Communicator&)>;
   // How long after the last allreduce was queued the thread waits for another before it runs the
   // ones queued (unless someone waits for one of them, or the fusion cap is queued).
   static constexpr std::chrono::microseconds kHold{1000};
 
   // An in-place allreduce that may be fused with the ones queued next to it.
   struct Allreduce {
-    collectives::Communicator* comm;  // kept alive by the caller until the job has run
+    Communicator* comm;  // kept alive by the caller until the job has run
     void* data;
     size_t count;
-    collectives::DataType type;
-    collectives::ReduceOp op;
-    collectives::CallCheck check;
+    DataType type;
+    ReduceOp op;
+    CallCheck check;
   };
 
   // CommThread starts the thread, which drives `comm` (the caller keeps it alive longer).
   // `fusion_bytes` caps one fused allreduce (0: no fusion, every allreduce runs alone).
-  explicit CommThread(collectives::Communicator& comm, size_t fusion_bytes = 0);
+  explicit CommThread(Communicator& comm, size_t fusion_bytes = 0);
   // ~CommThread finishes the jobs already submitted, then stops the thread.
   ~CommThread();
   CommThread(const CommThread&) = delete;
   CommThread& operator=(const CommThread&) = delete;
 
-  const collectives::Communicator& comm() const { return *comm_; }
+  const Communicator& comm() const { return *comm_; }
 
   // Submit queues `job` and returns its handle at once.
   Handle Submit(Job job);
@@ -98,13 +99,13 @@ class CommThread {
   void RunFused(std::unique_lock<std::mutex>& lock);
   // WithoutOverlap returns how many of `ready` (buffers of `element`-byte elements) run together:
   // all, or up to the first whose buffer overlaps an earlier one's.
-  static size_t WithoutOverlap(const std::vector<collectives::Communicator::ReadyAllreduce>& ready,
+  static size_t WithoutOverlap(const std::vector<Communicator::ReadyAllreduce>& ready,
                                size_t element);
   // HoldForMore waits (lock held) while more allreduces are likely to come to fuse with the head.
   void HoldForMore(std::unique_lock<std::mutex>& lock);
   void Finish(Handle handle, std::exception_ptr error);
 
-  collectives::Communicator* comm_;
+  Communicator* comm_;
   std::mutex mutex_;
   std::condition_variable queued_;    // a job arrived, or stopping_
   std::condition_variable finished_;  // a job finished
@@ -138,4 +139,4 @@ class CommThread {
   std::thread thread_;
 };
 
-}  // namespace trainrun::python
+}  // namespace trainrun::collectives
