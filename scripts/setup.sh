@@ -31,6 +31,9 @@ packages=(
   python3-cloudpickle
   # the portable bundle's test (tests/install/portable_test.sh): a minimal Debian root to run it in
   debootstrap
+  # tests/hardening: a capture of the rendezvous' traffic must not hold the job token (tcpdump);
+  # trainrun under valgrind, and scripts/sanitize.sh memcheck
+  tcpdump valgrind
 )
 
 missing=()
