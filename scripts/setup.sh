@@ -32,8 +32,9 @@ packages=(
   # the portable bundle's test (tests/install/portable_test.sh): a minimal Debian root to run it in
   debootstrap
   # tests/hardening: a capture of the rendezvous' traffic must not hold the job token (tcpdump);
-  # trainrun under valgrind, and scripts/sanitize.sh memcheck
-  tcpdump valgrind
+  # trainrun under valgrind, and scripts/sanitize.sh memcheck; the speed guard (tests/guard,
+  # bench/guard/guard.py): instruction counts under callgrind and blocking system calls by strace
+  tcpdump valgrind strace
 )
 
 missing=()
