@@ -98,10 +98,12 @@ if(TARGET trainrun_collectives AND TARGET trainrun_rendezvous)
   find_package(OpenSSL REQUIRED)
 
   # trainrun::collectives: the C++ API (communicator.h) and the C API (c_api.h) in one library.
+  # The archives, also what the portable library holds (cmake/TrainrunPortable.cmake).
+  set(TRAINRUN_COLLECTIVES_ARCHIVES trainrun_collectives trainrun_gpu_loader trainrun_rendezvous
+      trainrun_rendezvous_file_store trainrun_rendezvous_proto)
   trainrun_install_bundle(trainrun_collectives
     OUTPUT_NAME trainrun_collectives
-    ARCHIVES trainrun_collectives trainrun_gpu_loader trainrun_rendezvous
-             trainrun_rendezvous_file_store trainrun_rendezvous_proto
+    ARCHIVES ${TRAINRUN_COLLECTIVES_ARCHIVES}
     PUBLIC absl::status absl::statusor
     PRIVATE gRPC::grpc++ protobuf::libprotobuf OpenSSL::Crypto absl::str_format
             absl::synchronization absl::strings Threads::Threads ${CMAKE_DL_LIBS})

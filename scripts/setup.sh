@@ -35,6 +35,8 @@ packages=(
   # tests/monitor: the --monitor page in headless Chromium, driven over the DevTools protocol
   # (python3-websocket), /metrics through Prometheus' own text parser, `trainrun top` in tmux
   chromium fonts-dejavu-core python3-websocket python3-prometheus-client tmux
+  # the portable bundle's test (tests/install/portable_test.sh): a minimal Debian root to run it in
+  debootstrap
   # tests/hardening: a capture of the rendezvous' traffic must not hold the job token (tcpdump);
   # trainrun under valgrind, and scripts/sanitize.sh memcheck; the speed guard (tests/guard,
   # bench/guard/guard.py): instruction counts under callgrind and blocking system calls by strace

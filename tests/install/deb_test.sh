@@ -93,9 +93,16 @@ done
 info=$(dpkg-deb -I "$runtime")
 echo "$info" | grep -E '^ (Package|Version|Depends|Recommends|Suggests):'
 expect_in "$info" '^ Package: trainrun$' "trainrun's Package"
-# Depends computed by dpkg-shlibdeps from what the binaries link, plus the interpreter.
-for dep in libc6 libstdc\\+\\+6 libssh2-1 'libgrpc\+\+1' libprotobuf libabsl 'python3 \(>= 3'; do
-  expect_in "$(grep '^ Depends:' <<<"$info")" "$dep" "trainrun's Depends"
+# Depends computed by dpkg-shlibdeps from what the binaries link, plus the interpreter: the
+# shared library and the extension link gRPC, Protobuf and Abseil; the executables link every
+# library statically but glibc and libstdc++ (cmake/TrainrunStaticDeps.cmake), so libssh2,
+# spdlog and fmt are no dependency.
+depends=$(grep '^ Depends:' <<<"$info")
+for dep in libc6 libstdc\\+\\+6 'libgrpc\+\+1' libprotobuf libabsl 'python3 \(>= 3'; do
+  expect_in "$depends" "$dep" "trainrun's Depends"
+done
+for dep in libssh2 libspdlog libfmt; do
+  if grep -q "$dep" <<<"$depends"; then fail "trainrun's Depends name $dep: $depends"; fi
 done
 expect_in "$info" 'shlibs|triggers' "trainrun's control files (shlibs, ldconfig trigger)"
 contents=$(dpkg-deb -c "$runtime")
