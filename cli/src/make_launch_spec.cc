@@ -25,8 +25,8 @@
 #include "trainrun/hostfile/slurm.h"
 #include "trainrun/launcher/host_discovery.h"
 #include "trainrun/launcher/local_host.h"
-#include "trainrun/launcher/python_interpreter.h"
 #include "trainrun/launcher/monitor.h"
+#include "trainrun/launcher/python_interpreter.h"
 #include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::cli {
