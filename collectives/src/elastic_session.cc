@@ -8,7 +8,6 @@
 #include "trainrun/rendezvous/client.h"
 #include "trainrun/rendezvous/environment.h"
 #include "trainrun/rendezvous/generation.h"
-#include "worker_connect.h"
 
 namespace trainrun::collectives {
 namespace {
@@ -66,9 +65,11 @@ std::unique_ptr<Communicator> ElasticSession::Join() {
   store_ = session->store;
   slot_ = session->assignment.rank;
   generation_ = 0;
-  // trainrun always sets it; the fallback is its default (600 s) and margin (30 s).
-  timeout_ = std::chrono::milliseconds(
-      int64_t{IntFromEnvironment(env::kElasticTimeout, 630, "")} * 1000);
+  try {
+    timeout_ = std::chrono::seconds(env::kElasticTimeoutSeconds.Get());
+  } catch (const env::BadSetting& e) {
+    throw InvalidArgumentError(e.what());
+  }
   // A rank the job grew by (started while the job ran) joins the first generation that has it.
   if (IsSet(env::kElasticSlot)) return JoinNext(/*first_with_me=*/true);
   const RankInfo& info = session->assignment;
@@ -94,9 +95,8 @@ std::unique_ptr<Communicator> ElasticSession::JoinNext(bool first_with_me) {
   }
   std::optional<RankInfo> place = next->PlaceOf(slot_);
   if (!place) {
-    throw Error(
-        MakeMessage("slot ", slot_, " is not a member of generation ", next->number,
-                    " of the elastic job"));
+    throw Error(MakeMessage("slot ", slot_, " is not a member of generation ", next->number,
+                            " of the elastic job"));
   }
   // From here on a failure waits for the generation after this one.
   generation_ = next->number;

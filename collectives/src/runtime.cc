@@ -14,21 +14,13 @@ namespace {
 
 using ::trainrun::internal::MakeMessage;
 
-// FusionBytes is the most bytes of in-place allreduces the communication thread fuses into one:
-// TRAINRUN_FUSION_BYTES (`--fusion-threshold-mb`; 0 turns fusion off), else 64 MiB, Horovod's
-// default fusion threshold.
+// FusionBytes is the most bytes of in-place allreduces the communication thread fuses into one.
 size_t FusionBytes() {
-  constexpr int64_t kDefault = int64_t{64} << 20;
-  std::optional<std::string> value = env::Lookup(env::kFusionBytes.name);
-  if (!value || value->empty()) return kDefault;
   try {
-    size_t used = 0;
-    long long parsed = std::stoll(*value, &used);
-    if (used == value->size() && parsed >= 0) return static_cast<size_t>(parsed);
-  } catch (const std::exception&) {
+    return static_cast<size_t>(env::kFusionThresholdBytes.Get());
+  } catch (const env::BadSetting& e) {
+    throw InvalidArgumentError(e.what());
   }
-  throw Error(MakeMessage(env::kFusionBytes.name, "=", *value,
-                          " is not a number of bytes (0 or more)"));
 }
 
 constexpr char kForkedChild[] =
@@ -204,14 +196,13 @@ Runtime::Handle Runtime::Allgatherv(const TensorRef& input, const TensorRef& out
   });
 }
 
-Runtime::Handle Runtime::ReduceScatter(const TensorRef& input, const TensorRef& output,
-                                       ReduceOp op, int set, CallCheck check) {
+Runtime::Handle Runtime::ReduceScatter(const TensorRef& input, const TensorRef& output, ReduceOp op,
+                                       int set, CallCheck check) {
   const void* in = HostBuffer(input);
   void* out = HostBuffer(output);
   const size_t count = output.count;
   const DataType type = output.type;
-  return Submit(set,
-                [=](Communicator& c) { c.ReduceScatter(in, out, count, type, op, check); });
+  return Submit(set, [=](Communicator& c) { c.ReduceScatter(in, out, count, type, op, check); });
 }
 
 Runtime::Handle Runtime::Alltoallv(const TensorRef& input, std::vector<size_t> send_counts,
@@ -220,10 +211,8 @@ Runtime::Handle Runtime::Alltoallv(const TensorRef& input, std::vector<size_t> s
   const void* in = HostBuffer(input);
   void* out = HostBuffer(output);
   const DataType type = output.type;
-  return Submit(set, [=, sends = std::move(send_counts),
-                      recvs = std::move(recv_counts)](Communicator& c) {
-    c.Alltoallv(in, sends, out, recvs, type, check);
-  });
+  return Submit(set, [=, sends = std::move(send_counts), recvs = std::move(recv_counts)](
+                         Communicator& c) { c.Alltoallv(in, sends, out, recvs, type, check); });
 }
 
 Runtime::Handle Runtime::Barrier(int set) {

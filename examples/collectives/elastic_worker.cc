@@ -90,8 +90,7 @@ struct State {
   void Sync(Communicator& world) {
     double step_value = step;
     world.Broadcast(&step_value, 1, DataType::kFloat64, 0, Named("state.step"));
-    world.Broadcast(weights.data(), weights.size(), DataType::kFloat64, 0,
-                    Named("state.weights"));
+    world.Broadcast(weights.data(), weights.size(), DataType::kFloat64, 0, Named("state.weights"));
     step = static_cast<int>(step_value);
     Commit();
   }
@@ -237,11 +236,10 @@ int Run(const Options& options) {
   std::vector<double> lowest = state.weights;
   std::vector<double> highest = state.weights;
   world.Allreduce(lowest.data(), kDim, DataType::kFloat64, ReduceOp::kMin, Named("final.min"));
-  world.Allreduce(highest.data(), kDim, DataType::kFloat64, ReduceOp::kMax,
-                  Named("final.max"));
-  const bool identical = std::memcmp(lowest.data(), highest.data(), kDim * sizeof(double)) == 0 &&
-                         std::memcmp(lowest.data(), state.weights.data(), kDim * sizeof(double)) ==
-                             0;
+  world.Allreduce(highest.data(), kDim, DataType::kFloat64, ReduceOp::kMax, Named("final.max"));
+  const bool identical =
+      std::memcmp(lowest.data(), highest.data(), kDim * sizeof(double)) == 0 &&
+      std::memcmp(lowest.data(), state.weights.data(), kDim * sizeof(double)) == 0;
   const double loss = Loss(state.weights);
   if (world.rank() == 0) {
     std::printf("final loss %.3g on %d rank(s) after %d steps (generation %d); weights %s\n", loss,

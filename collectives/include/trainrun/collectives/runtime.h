@@ -140,9 +140,8 @@ class Runtime {
                     int set, CallCheck check);
   Handle ReduceScatter(const TensorRef& input, const TensorRef& output, ReduceOp op, int set,
                        CallCheck check);
-  Handle Alltoallv(const TensorRef& input, std::vector<size_t> send_counts,
-                   const TensorRef& output, std::vector<size_t> recv_counts, int set,
-                   CallCheck check);
+  Handle Alltoallv(const TensorRef& input, std::vector<size_t> send_counts, const TensorRef& output,
+                   std::vector<size_t> recv_counts, int set, CallCheck check);
   Handle Barrier(int set);
   // Submit queues `job` on process set `set`'s communicator (checked now, so a bad set fails at
   // the call).
