@@ -100,7 +100,7 @@ if(TARGET trainrun_collectives AND TARGET trainrun_rendezvous)
   # trainrun::collectives: the C++ API (communicator.h) and the C API (c_api.h) in one library.
   trainrun_install_bundle(trainrun_collectives
     OUTPUT_NAME trainrun_collectives
-    ARCHIVES trainrun_collectives trainrun_rendezvous trainrun_rendezvous_file_store
+    ARCHIVES trainrun_collectives trainrun_gpu_loader trainrun_rendezvous trainrun_rendezvous_file_store
              trainrun_rendezvous_proto
     PUBLIC absl::status absl::statusor
     PRIVATE gRPC::grpc++ protobuf::libprotobuf OpenSSL::Crypto absl::str_format
@@ -245,6 +245,10 @@ endif()
 
 # --- Documentation ------------------------------------------------------------------------------
 install(FILES README.md DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT reference)
+# The README's links: docs/usage.md (the reference) and docs/performance.md, beside it as in the
+# sources.
+install(FILES docs/usage.md docs/performance.md DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs
+        COMPONENT reference)
 if(EXISTS ${PROJECT_SOURCE_DIR}/LICENSE)
   install(FILES LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT reference)
 endif()

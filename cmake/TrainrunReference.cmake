@@ -1,6 +1,6 @@
 # trainrun's reference a user keeps: the man page trainrun(1) and bash and zsh completion, made at
-# build time from `trainrun --help` (and README.md's paragraphs on output, failures and the
-# environment) by cmake/gen_reference.py, so a flag added to the CLI reaches all three without
+# build time from `trainrun --help` (and README.md's opening and docs/usage.md's paragraphs on
+# output, failures and the environment) by cmake/gen_reference.py, so a flag added to the CLI reaches all three without
 # editing. Outputs land in build/share/ (man -l build/share/man/man1/trainrun.1) and are installed
 # with the `reference` component.
 if(NOT TARGET trainrun)
@@ -28,9 +28,11 @@ add_custom_command(
           ${_share}/bash-completion/completions ${_share}/zsh/vendor-completions
   COMMAND ${_trainrun_reference_python} ${PROJECT_SOURCE_DIR}/cmake/gen_reference.py
           --trainrun $<TARGET_FILE:trainrun> --readme ${PROJECT_SOURCE_DIR}/README.md
+          --reference ${PROJECT_SOURCE_DIR}/docs/usage.md
           --version ${PROJECT_VERSION} --man ${TRAINRUN_MAN_PAGE}
           --bash ${TRAINRUN_BASH_COMPLETION} --zsh ${TRAINRUN_ZSH_COMPLETION}
   DEPENDS trainrun ${PROJECT_SOURCE_DIR}/cmake/gen_reference.py ${PROJECT_SOURCE_DIR}/README.md
+          ${PROJECT_SOURCE_DIR}/docs/usage.md
   COMMENT "Generating trainrun(1) and bash/zsh completion from trainrun --help"
   VERBATIM)
 add_custom_target(trainrun_reference ALL

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Generates trainrun's reference from the program itself: the man page trainrun(1), and bash and
-zsh completion, all from one parse of `trainrun --help` (CLI11's layout), plus the README's
-paragraphs on output, failures and the environment for the man page. Run at build time
+zsh completion, all from one parse of `trainrun --help` (CLI11's layout), plus the README's opening
+(the man page's DESCRIPTION) and the user reference's (docs/usage.md) paragraphs on output, failures
+and the environment. Run at build time
 (cmake/TrainrunReference.cmake), so a flag added to the CLI appears everywhere without editing.
 
-    gen_reference.py --trainrun build/bin/trainrun --readme README.md --version 0.1.0 \\
+    gen_reference.py --trainrun build/bin/trainrun --readme README.md --reference docs/usage.md --version 0.1.0 \\
         --man out/trainrun.1 --bash out/trainrun --zsh out/_trainrun
 
 Standard library only; writes ASCII roff (non-ASCII characters become roff escapes).
@@ -251,11 +252,11 @@ def option_help(option):
     return roff_text(text)
 
 
-def man_page(help, readme, version):
-    paragraphs = readme_paragraphs(readme)
+def man_page(help, readme, reference, version):
+    paragraphs = readme_paragraphs(reference)
     out = [
-        r'.\" trainrun(1), generated from `trainrun --help` and README.md by cmake/gen_reference.py.',
-        r'.\" Do not edit: change the program or the README.',
+        r'.\" trainrun(1), generated from `trainrun --help`, README.md and docs/usage.md by',
+        r'.\" cmake/gen_reference.py. Do not edit: change the program or those files.',
         '.TH TRAINRUN 1 "" "trainrun %s" "User Commands"' % version,
         ".SH NAME",
         r"trainrun \- " + roff_escape(help.summary[:1].lower() + help.summary[1:]),
@@ -299,7 +300,7 @@ def man_page(help, readme, version):
     for title, leads in sections:
         found = readme_section(paragraphs, leads)
         if not found:
-            print(f"gen_reference: README.md has no paragraph opening with **{leads[0]}**; "
+            print(f"gen_reference: docs/usage.md has no paragraph opening with **{leads[0]}**; "
                   f"the man page has no {title} section", file=sys.stderr)
             continue
         out.append(".SH " + title)
@@ -428,7 +429,9 @@ fi
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trainrun", required=True, help="the trainrun executable")
-    parser.add_argument("--readme", required=True)
+    parser.add_argument("--readme", required=True, help="README.md: its opening is DESCRIPTION")
+    parser.add_argument("--reference", required=True,
+                        help="docs/usage.md: OUTPUT, FAILURES, ENVIRONMENT, COMPATIBILITY")
     parser.add_argument("--version", required=True)
     parser.add_argument("--man", help="write the man page here (and FILE.gz)")
     parser.add_argument("--bash", help="write bash completion here")
@@ -444,9 +447,11 @@ def main():
         sys.exit(f"gen_reference: found only {len(help.options)} options in `trainrun --help`")
     with open(args.readme, encoding="utf-8") as f:
         readme = f.read()
+    with open(args.reference, encoding="utf-8") as f:
+        reference = f.read()
 
     if args.man:
-        page = man_page(help, readme, args.version)
+        page = man_page(help, readme, reference, args.version)
         with open(args.man, "w", encoding="ascii") as f:
             f.write(page)
         with open(args.man + ".gz", "wb") as raw:

@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "trainrun/collectives/gpu/loader.h"
 #include "trainrun/hostfile/host_list.h"
 #include "trainrun/launcher/host_access.h"
 #include "trainrun/launcher/local_host.h"
@@ -63,6 +64,14 @@ void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out) {
     out << "bound to: one " << launcher::BindToName(spec.bind_to) << " per local rank\n";
   }
   if (spec.per_node) return PrintPerNode(*spec.per_node, out);
+  // What the ranks of this host will find: GPUs, the driver, NCCL (asked of the libraries with
+  // dlopen; the collectives are not linked here). Remote hosts answer `trainrun --gpu-probe` below.
+  if (spec.dry_run &&
+      std::any_of(plan.hosts.begin(), plan.hosts.end(), [](const hostfile::HostSpec& host) {
+        return launcher::IsLocalHost(host.host);
+      })) {
+    out << "GPUs here: " << collectives::gpu::DescribeProbe(collectives::gpu::ProbeHost()) << "\n";
+  }
   // How each host is reached, when any is not this machine.
   bool any_remote = false;
   for (const hostfile::HostSpec& host : plan.hosts) any_remote |= !launcher::IsLocalHost(host.host);

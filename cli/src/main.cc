@@ -2,13 +2,16 @@
 // trainrun_launcher; see trainrun/cli/run_main.h.
 //
 // `trainrun --agent` (alone) is the hidden role the launcher starts on every remote host over SSH
-// (trainrun/launcher/agent.h): it speaks the agent protocol on stdin/stdout.
+// (trainrun/launcher/agent.h): it speaks the agent protocol on stdin/stdout. `trainrun --gpu-probe`
+// (alone) prints what this host has for GPUs, for a remote --dry-run (collectives/gpu/loader.h).
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "trainrun/cli/run_main.h"
+#include "trainrun/collectives/gpu/loader.h"
 #include "trainrun/launcher/agent.h"
 #include "trainrun/launcher/launcher.h"
 #include "trainrun/rendezvous/environment.h"
@@ -25,6 +28,12 @@ int main(int argc, char** argv) {
       return 2;
     }
     return trainrun::launcher::RunAgent();
+  }
+  if (argc == 2 && std::strcmp(argv[1], "--gpu-probe") == 0) {
+    const std::string probe =
+        trainrun::collectives::gpu::DescribeProbe(trainrun::collectives::gpu::ProbeHost());
+    std::printf("gpu: %s\n", probe.c_str());
+    return 0;
   }
   trainrun::cli::InstallStderrLogger();
   return trainrun::cli::RunMain(trainrun::cli::Arguments(argc, argv), trainrun::launcher::Launch);

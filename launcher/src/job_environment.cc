@@ -117,6 +117,7 @@ absl::StatusOr<JobEnvironment> JobEnvironment::Create(const LaunchSpec& spec,
   // The warning time trainrun acts on (a -x value of it included: MakeLaunchSpec read it there).
   job.forced_[env::kStallWarningSeconds.name] = absl::StrCat(spec.stall_warning.count());
   job.assign_gpus_ = spec.assign_gpus || env::kAssignGpus.Get() != 0;
+  if (spec.verbose && !job.forced_.count(env::kVerbose.name)) job.forced_[env::kVerbose.name] = "1";
   return job;
 }
 

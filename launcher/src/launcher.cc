@@ -13,6 +13,7 @@
 #include "nodes/node_join.h"
 #include "reach_hosts.h"
 #include "start_deadline.h"
+#include "trainrun/launcher/failure_policy.h"
 #include "trainrun/launcher/logging.h"
 #include "trainrun/launcher/output_forwarder.h"
 #include "trainrun/rendezvous/environment.h"
@@ -120,7 +121,9 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
   absl::StatusOr<std::unique_ptr<OutputForwarder>> output = OpenOutput(spec);
   if (!output.ok()) return output.status();
   IgnoreSigpipe ignore_sigpipe;
-  if (spec.max_restarts == 0) {
+  // Fail fast and elastic run the job once (the failure policy is the supervisor's); restart runs
+  // it again after each failure.
+  if (FailureModeOf(spec) != FailureMode::kRestart) {
     absl::StatusOr<Attempt> attempt = RunOnce(WithElastic(spec), **output);
     if (!attempt.ok()) return attempt.status();
     return attempt->exit_code;

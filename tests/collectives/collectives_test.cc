@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "rank_threads.h"
 #include "spawn.h"
 #include "trainrun/collectives/communicator.h"
 #include "trainrun/rendezvous/environment.h"
@@ -19,6 +21,8 @@ namespace trainrun::collectives {
 namespace {
 
 using testing::Spawn;
+using ::trainrun::testing::RequireNoFailures;
+using ::trainrun::testing::ThreadFailures;
 
 const std::vector<DataType> kTypes = {DataType::kFloat32,  DataType::kFloat64, DataType::kFloat16,
                                       DataType::kBFloat16, DataType::kInt32,   DataType::kInt64,
@@ -335,8 +339,15 @@ TEST_CASE(
   ScopedEnv chunk("TRAINRUN_SHM_CHUNK_BYTES", "4096");
   for (int n : {1, 2, 3, 5}) {
     for (size_t pieces : {size_t{1}, size_t{7}, size_t{60}}) {
+      // Ranks report wrong values and go on with the collectives, so that no peer waits for a rank
+      // that stopped; the main thread asserts (rank_threads.h).
+      ThreadFailures failures;
       Spawn(n, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
         Communicator comm(store, rank, n);
+        auto expect = [&](bool ok, const char* what) {
+          return failures.Expect(
+              ok, absl::StrCat("n ", n, ", ", pieces, " pieces, rank ", rank, ": ", what));
+        };
         std::mt19937 sizes(static_cast<unsigned>(pieces));
         std::vector<std::vector<double>> data;
         for (size_t i = 0; i < pieces; ++i) {
@@ -348,49 +359,62 @@ TEST_CASE(
         std::vector<Communicator::Buffer> buffers;
         for (auto& x : data) buffers.push_back({x.data(), x.size()});
         comm.GroupedAllreduce(buffers, DataType::kFloat64, ReduceOp::kSum);
+        bool summed = true;
         for (size_t i = 0; i < pieces; ++i) {
           for (size_t k = 0; k < data[i].size(); ++k) {
-            REQUIRE(data[i][k] == n * (n - 1) / 2.0 + n * static_cast<double>(i + k % 11));
+            summed &= data[i][k] == n * (n - 1) / 2.0 + n * static_cast<double>(i + k % 11);
           }
         }
+        expect(summed, "every piece is the sum");
         // Average (divided piece by piece) and max, which this rank's part reduces straight
         // from the pieces.
         for (size_t i = 0; i < pieces; ++i) {
           for (size_t k = 0; k < data[i].size(); ++k) data[i][k] = rank * 3.0 + (k % 7);
         }
         comm.GroupedAllreduce(buffers, DataType::kFloat64, ReduceOp::kAverage);
+        bool averaged = true;
         for (size_t i = 0; i < pieces; ++i) {
           for (size_t k = 0; k < data[i].size(); ++k) {
-            REQUIRE(data[i][k] == (3.0 * n * (n - 1) / 2.0 + n * static_cast<double>(k % 7)) / n);
+            averaged &=
+                data[i][k] == (3.0 * n * (n - 1) / 2.0 + n * static_cast<double>(k % 7)) / n;
           }
         }
+        expect(averaged, "every piece is the average");
         for (size_t i = 0; i < pieces; ++i) {
           for (size_t k = 0; k < data[i].size(); ++k) data[i][k] = (rank * 7 + k) % 13;
         }
         comm.GroupedAllreduce(buffers, DataType::kFloat64, ReduceOp::kMax);
+        bool maxed = true;
         for (size_t i = 0; i < pieces; ++i) {
           for (size_t k = 0; k < data[i].size(); ++k) {
             double most = 0;
             for (int r = 0; r < n; ++r) most = std::max<double>(most, (r * 7 + k) % 13);
-            REQUIRE(data[i][k] == most);
+            maxed &= data[i][k] == most;
           }
         }
+        expect(maxed, "every piece is the max");
         // Two views of one buffer overlap: reduced as their concatenation (each view's own sum).
         std::vector<float> shared(3000, static_cast<float>(rank + 1));
         comm.GroupedAllreduce({{shared.data(), 2000}, {shared.data() + 1000, 2000}},
                               DataType::kFloat32, ReduceOp::kAverage);
-        REQUIRE(shared[0] == (n + 1) / 2.0f);
-        REQUIRE(shared[2999] == (n + 1) / 2.0f);
+        expect(shared[0] == (n + 1) / 2.0f, "the overlapping views' first element");
+        expect(shared[2999] == (n + 1) / 2.0f, "the overlapping views' last element");
         // A rank that groups differently from the others' total is a mismatch, as allreduce's.
         std::vector<int32_t> a(10, 1), b(rank == 0 ? 5 : 10, 1);
         if (n > 1) {
-          REQUIRE_THROWS_AS(comm.GroupedAllreduce({{a.data(), a.size()}, {b.data(), b.size()}},
-                                                  DataType::kInt32, ReduceOp::kSum),
-                            MismatchError);
+          bool mismatch = false;
+          try {
+            comm.GroupedAllreduce({{a.data(), a.size()}, {b.data(), b.size()}}, DataType::kInt32,
+                                  ReduceOp::kSum);
+          } catch (const MismatchError&) {
+            mismatch = true;
+          }
+          expect(mismatch, "grouping unlike the others' total is a MismatchError");
         }
         comm.GroupedAllreduce({{a.data(), a.size()}}, DataType::kInt32, ReduceOp::kSum);
-        REQUIRE(a[9] == n);
+        expect(a[9] == n, "the allreduce after the mismatch");
       });
+      RequireNoFailures(failures);
     }
   }
 }

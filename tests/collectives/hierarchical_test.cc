@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "skip_test.h"
 #include "trainrun/collectives/communicator.h"
 #include "trainrun/rendezvous/file_store.h"
 #include "trainrun/rendezvous/memory_store.h"
@@ -302,8 +303,7 @@ class TwoHosts {
 TEST_CASE("hierarchical allreduce across two network-namespace hosts of processes",
           "[hierarchical][netns][process]") {
   if (::geteuid() != 0) {
-    WARN("needs root to make network namespaces; skipped");
-    return;
+    trainrun::testing::SkipTest("needs root to make network namespaces");
   }
   TwoHosts hosts;
   REQUIRE(hosts.ok());

@@ -24,7 +24,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "rank_threads.h"
 #include "shm_transport.h"
+#include "skip_test.h"
 #include "spawn.h"
 #include "trainrun/collectives/communicator.h"
 #include "trainrun/rendezvous/file_store.h"
@@ -212,8 +215,7 @@ TEST_CASE(
     "to TCP, shm refuses",
     "[shm][process]") {
   if (::geteuid() != 0) {
-    WARN("needs root to make PID namespaces; skipped");
-    return;
+    trainrun::testing::SkipTest("needs root to make PID namespaces");
   }
   for (const std::string mode : {"auto", "shm"}) {
     TempDir dir;
@@ -256,14 +258,18 @@ TEST_CASE(
     "threads of one process share memory: shm is chosen and TRAINRUN_TRANSPORT's value is "
     "checked",
     "[shm]") {
-  testing::Spawn(3, [](int rank, std::shared_ptr<rendezvous::Store> store) {
+  ::trainrun::testing::ThreadFailures failures;
+  testing::Spawn(3, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
     Communicator comm(store, rank, 3, Options("auto"));
-    CHECK(std::string(comm.transport()) == "shm");
+    failures.Expect(std::string(comm.transport()) == "shm",
+                    absl::StrCat("rank ", rank, " of 3 chose shm, not ", comm.transport()));
   });
-  testing::Spawn(2, [](int rank, std::shared_ptr<rendezvous::Store> store) {
+  testing::Spawn(2, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
     Communicator comm(store, rank, 2, Options("tcp"));
-    CHECK(std::string(comm.transport()) == "tcp");
+    failures.Expect(std::string(comm.transport()) == "tcp",
+                    absl::StrCat("rank ", rank, " of 2 was told tcp, chose ", comm.transport()));
   });
+  ::trainrun::testing::RequireNoFailures(failures);
   auto store = std::make_shared<rendezvous::MemoryStore>();
   CHECK_THROWS_AS(Communicator(store, 0, 1, Options("carrier-pigeon")), InvalidArgumentError);
 }

@@ -31,7 +31,7 @@ for f in bin/trainrun libexec/trainrun/trainrun-rank-shim "$libdir/libtrainrun_c
          "$libdir/cmake/trainrun/trainrunConfig.cmake" "$libdir/cmake/trainrun/trainrunConfigVersion.cmake" \
          "$libdir/pkgconfig/trainrun.pc" share/man/man1/trainrun.1.gz \
          share/bash-completion/completions/trainrun share/zsh/vendor-completions/_trainrun \
-         share/doc/trainrun/README.md; do
+         share/doc/trainrun/README.md share/doc/trainrun/docs/usage.md; do
   [[ -e $prefix/$f ]] || fail "cmake --install did not install $f"
 done
 ls "$site"/trainrun/_core.*.so "$site"/trainrun/__init__.py "$site"/trainrun/__main__.py \

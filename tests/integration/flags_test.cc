@@ -18,6 +18,8 @@
 #include <sstream>
 #include <string>
 
+#include "skip_test.h"
+
 namespace {
 
 struct JobResult {
@@ -100,8 +102,7 @@ const char kShowCpus[] = "sh -c 'grep Cpus_allowed_list /proc/self/status'";
 TEST_CASE("bind-to core pins local ranks to disjoint cores, and report-bindings says which",
           "[integration][flags]") {
   if (UsableCpus() < 2) {
-    WARN("one usable CPU: disjoint cores cannot be shown here");
-    return;
+    trainrun::testing::SkipTest("one usable CPU: disjoint cores cannot be shown here");
   }
   JobResult job = RunJob(std::string("-np 2 --bind-to core --report-bindings ") + kShowCpus);
   INFO(job.out << job.err);

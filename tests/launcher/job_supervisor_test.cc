@@ -435,7 +435,8 @@ TEST_CASE("elastic: --reset-limit ends the job at the change past it, saying so"
 
 namespace {
 
-// The fixture's plan grown by `n` ranks on host `host` (what JobRun::Grow does to the slots).
+// The fixture's plan grown by `n` ranks on host `host` (what ElasticController::Grow does to the
+// slots).
 std::vector<int> GrowPlan(trainrun::hostfile::SlotPlan& plan, const std::string& host, int n) {
   plan.hosts.push_back({"", host, n, std::nullopt});
   std::vector<int> added;
@@ -555,4 +556,66 @@ TEST_CASE("elastic: ranks that join a job waiting below --min-np end the wait",
   for (int r : {0, 2}) f.supervisor.OnRankExit(r, Exit(0, now));
   CHECK(f.done);
   CHECK(f.supervisor.exit_code() == 0);
+}
+
+TEST_CASE("a rank that exits 0 without joining while a joined rank runs ends the job, naming it",
+          "[launcher][supervisor]") {
+  Fixture f(3);
+  const auto now = std::chrono::steady_clock::now();
+  // Rank 2 exits 0 before anyone joined: nobody waits for it yet.
+  f.supervisor.OnRankExit(2, Exit(0, now));
+  CHECK(f.ranks.terminated == 0);
+  // Rank 0 joins: now it would wait for rank 2 until its timeout.
+  f.supervisor.OnRankJoined(0);
+  CHECK(f.ranks.terminated == 1);
+  // Rank 1's join overtook the news of its exit: not the rank named.
+  f.supervisor.OnRankJoined(1);
+  f.supervisor.OnRankExit(1, Exit(0, now));
+  f.supervisor.OnRankExit(0, Exit(0, std::chrono::steady_clock::now(), SIGTERM));
+  CHECK(f.done);
+  CHECK(f.supervisor.exit_code() == 1);
+  CHECK(f.supervisor.Summary().rfind(
+            "rank 2 on localhost exited with code 0 without joining the job, while the other "
+            "ranks waited for it; the job was stopped",
+            0) == 0);
+}
+
+TEST_CASE("ranks that all exit 0 after joining, or before anyone joined, end the job well",
+          "[launcher][supervisor]") {
+  Fixture f(2);
+  const auto now = std::chrono::steady_clock::now();
+  f.supervisor.OnRankJoined(0);
+  f.supervisor.OnRankExit(0, Exit(0, now));
+  f.supervisor.OnRankExit(1, Exit(0, now));  // it never joined, but nobody runs to wait for it
+  CHECK(f.done);
+  CHECK(f.ranks.terminated == 0);
+  CHECK(f.supervisor.exit_code() == 0);
+  CHECK(f.supervisor.Summary().empty());
+}
+
+TEST_CASE("the failure mode: elastic with --min-np, restart with --max-restarts, else fail fast",
+          "[launcher][supervisor]") {
+  using trainrun::launcher::FailureMode;
+  using trainrun::launcher::FailureModeOf;
+  trainrun::launcher::LaunchSpec spec;
+  CHECK(FailureModeOf(spec) == FailureMode::kFailFast);
+  spec.max_restarts = 2;
+  CHECK(FailureModeOf(spec) == FailureMode::kRestart);
+  spec.max_restarts = 0;
+  spec.elastic = ElasticSpec{};
+  CHECK(FailureModeOf(spec) == FailureMode::kElastic);
+}
+
+TEST_CASE("fail fast: membership events change nothing, and there is no membership summary",
+          "[launcher][supervisor]") {
+  Fixture f(2);
+  f.supervisor.OnRanksRemoved({1}, "host b left the host discovery script's output");
+  CHECK(f.supervisor.Live(1));
+  CHECK(f.supervisor.MembershipChanges().empty());
+  CHECK_FALSE(f.supervisor.finishing());
+  const auto now = std::chrono::steady_clock::now();
+  for (int r : {0, 1}) f.supervisor.OnRankExit(r, Exit(0, now));
+  CHECK(f.done);
+  CHECK(f.supervisor.ElasticSummary().empty());
+  CHECK(f.supervisor.Summary().empty());
 }

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "skip_test.h"
 #include "trainrun/collectives/errors.h"
 #include "trainrun/collectives/nccl/check.h"
 #include "trainrun/rendezvous/memory_store.h"
@@ -418,8 +419,7 @@ TEST_CASE("a rank that never joins makes creation time out and abort", "[nccl][g
 
 TEST_CASE("a peer that stops taking part releases the other ranks by the deadline", "[nccl][gpu]") {
   if (VisibleGpus() < 2) {
-    WARN("needs 2 GPUs; " << VisibleGpus() << " visible");
-    return;
+    trainrun::testing::SkipTest("needs 2 GPUs; " + std::to_string(VisibleGpus()) + " visible");
   }
   rendezvous::MemoryStore store;
   std::promise<void> joined;

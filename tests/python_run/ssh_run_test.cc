@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "skip_test.h"
 #include "sshd_fixture.h"
 
 namespace trainrun::testing {
@@ -15,8 +16,7 @@ namespace {
 
 TEST_CASE("trainrun.run over two SSH hosts returns every rank's value", "[python][ssh][netns]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "rank_threads.h"
 #include "test_job.h"
 #include "trainrun/rendezvous/client.h"
 #include "trainrun/rendezvous/memory_store.h"
@@ -21,6 +22,9 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using Clock = std::chrono::steady_clock;
+using ::trainrun::testing::RequireNoFailures;
+using ::trainrun::testing::RunRanks;
+using ::trainrun::testing::ThreadFailures;
 
 bool Contains(const absl::Status& status, const std::string& text) {
   return std::string(status.message()).find(text) != std::string::npos;
@@ -52,16 +56,15 @@ std::string ValueOf(int r) {
 // tables.
 std::vector<std::vector<std::string>> GatherAll(const Job& job, int n, const std::string& name) {
   std::vector<std::vector<std::string>> got(n);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < n; ++r) {
-    ranks.emplace_back([&, r] {
-      WorkerSession s = job.JoinAs(r);
-      auto table = s.store->Allgather(name, r, n, ValueOf(r), seconds(20));
-      REQUIRE(table.ok());
-      got[r] = *std::move(table);
-    });
-  }
-  for (auto& t : ranks) t.join();
+  ThreadFailures failures([&] { job.server->Shutdown(); });
+  RunRanks(n, failures, [&](int r) {
+    absl::StatusOr<WorkerSession> s = job.TryJoinAs(r);
+    if (!failures.ExpectOk(s.status(), absl::StrCat("rank ", r, " joins"))) return;
+    auto table = s->store->Allgather(name, r, n, ValueOf(r), seconds(20));
+    if (!failures.ExpectOk(table.status(), absl::StrCat("rank ", r, "'s allgather"))) return;
+    got[r] = *std::move(table);
+  });
+  RequireNoFailures(failures);
   return got;
 }
 
@@ -76,16 +79,14 @@ TEST_CASE("Allgather gives every rank every value in rank order", "[rendezvous][
     // Each contribution is also a key of its own, as the default Allgather leaves it.
     CHECK(job.server->ValuesWithPrefix("collectives/world/addr/").size() == static_cast<size_t>(n));
     MemoryStore memory;
-    std::vector<std::thread> ranks;
     std::vector<std::vector<std::string>> by_default(n);
-    for (int r = 0; r < n; ++r) {
-      ranks.emplace_back([&, r] {
-        auto table = memory.Allgather("collectives/world/addr", r, n, ValueOf(r), seconds(20));
-        REQUIRE(table.ok());
-        by_default[r] = *std::move(table);
-      });
-    }
-    for (auto& t : ranks) t.join();
+    ThreadFailures failures;
+    RunRanks(n, failures, [&](int r) {
+      auto table = memory.Allgather("collectives/world/addr", r, n, ValueOf(r), seconds(20));
+      if (!failures.ExpectOk(table.status(), absl::StrCat("rank ", r, "'s allgather"))) return;
+      by_default[r] = *std::move(table);
+    });
+    RequireNoFailures(failures);
     CHECK(by_default == got);
     CHECK(job.server->WaitingCalls() == 0);
   }
@@ -98,27 +99,22 @@ TEST_CASE("Each elastic generation's gather gets a table of its own", "[rendezvo
   // Generation 0: all four; generation 1 (after slot 2 was lost): slots 0, 1, 3 as ranks 0, 1, 2,
   // with new addresses. The communicator's name carries the generation ("world.g1").
   std::vector<std::vector<std::string>> first(4), second(3);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 4; ++r) {
-    ranks.emplace_back([&, r] {
-      auto table = sessions[r].store->Allgather("collectives/world/addr", r, 4,
-                                                absl::StrCat("g0-rank", r), seconds(10));
-      REQUIRE(table.ok());
-      first[r] = *table;
-    });
-  }
-  for (auto& t : ranks) t.join();
-  ranks.clear();
+  ThreadFailures failures([&] { job.server->Shutdown(); });
+  RunRanks(4, failures, [&](int r) {
+    auto table = sessions[r].store->Allgather("collectives/world/addr", r, 4,
+                                              absl::StrCat("g0-rank", r), seconds(10));
+    if (!failures.ExpectOk(table.status(), absl::StrCat("rank ", r, "'s gather"))) return;
+    first[r] = *table;
+  });
+  RequireNoFailures(failures);
   const int slots[3] = {0, 1, 3};
-  for (int r = 0; r < 3; ++r) {
-    ranks.emplace_back([&, r] {
-      auto table = sessions[slots[r]].store->Allgather(
-          "collectives/world.g1/addr", r, 3, absl::StrCat("g1-slot", slots[r]), seconds(10));
-      REQUIRE(table.ok());
-      second[r] = *table;
-    });
-  }
-  for (auto& t : ranks) t.join();
+  RunRanks(3, failures, [&](int r) {
+    auto table = sessions[slots[r]].store->Allgather(
+        "collectives/world.g1/addr", r, 3, absl::StrCat("g1-slot", slots[r]), seconds(10));
+    if (!failures.ExpectOk(table.status(), absl::StrCat("rank ", r, "'s gather"))) return;
+    second[r] = *table;
+  });
+  RequireNoFailures(failures);
   for (const auto& table : first) {
     CHECK(table == std::vector<std::string>{"g0-rank0", "g0-rank1", "g0-rank2", "g0-rank3"});
   }
@@ -157,12 +153,14 @@ TEST_CASE("An early rank waits for the last contribution, or times out naming th
   // Two ranks of a gather of two: the first waits until the second arrives, and not after.
   std::atomic<bool> released{false};
   Clock::time_point released_at;
+  ThreadFailures failures([&] { job.server->Shutdown(); });
   std::thread waiter([&] {
     auto table = r0.store->Allgather("pair", 0, 2, "first", seconds(20));
     released_at = Clock::now();
     released = true;
-    REQUIRE(table.ok());
-    CHECK(*table == std::vector<std::string>{"first", "second"});
+    if (!failures.ExpectOk(table.status(), "the first rank's gather")) return;
+    failures.Expect(*table == std::vector<std::string>{"first", "second"},
+                    "the first rank gets both values in rank order");
   });
   std::this_thread::sleep_for(milliseconds(300));
   CHECK_FALSE(released.load());
@@ -170,6 +168,7 @@ TEST_CASE("An early rank waits for the last contribution, or times out naming th
   const Clock::time_point last_at = Clock::now();
   auto table = r1.store->Allgather("pair", 1, 2, "second", seconds(20));
   waiter.join();
+  RequireNoFailures(failures);
   REQUIRE(table.ok());
   CHECK(*table == std::vector<std::string>{"first", "second"});
   CHECK(released_at >= last_at);
@@ -204,15 +203,14 @@ TEST_CASE("Allgather calls past the limits are refused naming the limit",
 
   // Three values of 1000 bytes make a table past 2500 bytes: every caller hears so, now and later.
   std::vector<absl::Status> results(3);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 3; ++r) {
-    ranks.emplace_back([&, r] {
-      WorkerSession mine = r == 0 ? job.JoinAs(1) : r == 1 ? job.JoinAs(2) : job.JoinAs(3);
-      results[r] =
-          mine.store->Allgather("big", r, 3, std::string(1000, 'a' + r), seconds(10)).status();
-    });
-  }
-  for (auto& t : ranks) t.join();
+  ThreadFailures failures;
+  RunRanks(3, failures, [&](int r) {
+    absl::StatusOr<WorkerSession> mine = job.TryJoinAs(r + 1);
+    if (!failures.ExpectOk(mine.status(), absl::StrCat("rank ", r + 1, " joins"))) return;
+    results[r] =
+        mine->store->Allgather("big", r, 3, std::string(1000, 'a' + r), seconds(10)).status();
+  });
+  RequireNoFailures(failures);
   for (const absl::Status& result : results) {
     CHECK(result.code() == absl::StatusCode::kResourceExhausted);
     CHECK(Contains(result, "over the limit of 2500 bytes"));
@@ -222,11 +220,13 @@ TEST_CASE("Allgather calls past the limits are refused naming the limit",
 
   // Waiting gathers count against the waiting calls' limit.
   std::vector<std::thread> waiting;
+  ThreadFailures timeouts;
   for (int i = 0; i < 2; ++i) {
     waiting.emplace_back([&, i] {
-      CHECK(
+      timeouts.Expect(
           s.store->Allgather(absl::StrCat("w", i), 0, 2, "v", milliseconds(500)).status().code() ==
-          absl::StatusCode::kDeadlineExceeded);
+              absl::StatusCode::kDeadlineExceeded,
+          absl::StrCat("waiting gather w", i, " times out"));
     });
   }
   const auto until = Clock::now() + seconds(5);
@@ -236,6 +236,7 @@ TEST_CASE("Allgather calls past the limits are refused naming the limit",
   status = s.store->Allgather("w-third", 0, 2, "v", milliseconds(500)).status();
   CHECK(status.code() == absl::StatusCode::kResourceExhausted);
   for (auto& t : waiting) t.join();
+  RequireNoFailures(timeouts);
 
   // A caller without the job's token is refused.
   ClientOptions stranger;

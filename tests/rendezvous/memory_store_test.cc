@@ -6,20 +6,26 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "rank_threads.h"
 #include "trainrun/rendezvous/client.h"
 
 namespace trainrun::rendezvous {
 namespace {
 
 using std::chrono::milliseconds;
+using ::trainrun::testing::RequireNoFailures;
+using ::trainrun::testing::RunRanks;
+using ::trainrun::testing::ThreadFailures;
 
 TEST_CASE("MemoryStore get waits for every key", "[memory_store]") {
   MemoryStore store;
   std::atomic<bool> done{false};
+  ThreadFailures failures;
   std::thread getter([&] {
     auto values = store.Get({"a", "b"}, std::chrono::seconds(10));
-    REQUIRE(values.ok());
-    CHECK(*values == std::vector<std::string>{"1", "2"});
+    if (!failures.ExpectOk(values.status(), "the waiting Get")) return;
+    failures.Expect(*values == std::vector<std::string>{"1", "2"}, "the Get's values in order");
     done = true;
   });
   REQUIRE(store.Set("a", "1").ok());
@@ -27,6 +33,7 @@ TEST_CASE("MemoryStore get waits for every key", "[memory_store]") {
   CHECK_FALSE(done.load());
   REQUIRE(store.Set("b", "2").ok());
   getter.join();
+  RequireNoFailures(failures);
   CHECK(done.load());
 }
 
@@ -42,16 +49,19 @@ TEST_CASE("MemoryStore get times out naming the missing keys", "[memory_store]")
 TEST_CASE("MemoryStore add and barrier", "[memory_store]") {
   MemoryStore store;
   constexpr int kRanks = 8;
-  std::vector<std::thread> ranks;
   std::atomic<int> passed{0};
-  for (int r = 0; r < kRanks; ++r) {
-    ranks.emplace_back([&] {
-      REQUIRE(store.Add("counter", 2).ok());
-      REQUIRE(store.Barrier("all", kRanks, std::chrono::seconds(10)).ok());
-      ++passed;
-    });
-  }
-  for (auto& t : ranks) t.join();
+  ThreadFailures failures;
+  RunRanks(kRanks, failures, [&](int r) {
+    if (!failures.ExpectOk(store.Add("counter", 2).status(), absl::StrCat("rank ", r, "'s Add"))) {
+      return;
+    }
+    if (!failures.ExpectOk(store.Barrier("all", kRanks, std::chrono::seconds(10)),
+                           absl::StrCat("rank ", r, "'s barrier"))) {
+      return;
+    }
+    ++passed;
+  });
+  RequireNoFailures(failures);
   CHECK(passed == kRanks);
   auto sum = store.Add("counter", 0);
   REQUIRE(sum.ok());
@@ -64,21 +74,19 @@ TEST_CASE("ShareFromRoot over MemoryStore gives every rank the root's blob", "[m
   constexpr int kRanks = 5;
   std::vector<std::string> got(kRanks);
   std::atomic<int> made{0};
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < kRanks; ++r) {
-    ranks.emplace_back([&, r] {
-      auto blob = ShareFromRoot(
-          store, "nccl/world", r, /*root=*/2,
-          [&] {
-            ++made;
-            return std::string("unique-id-\0bytes", 16);
-          },
-          std::chrono::seconds(10));
-      REQUIRE(blob.ok());
-      got[r] = *blob;
-    });
-  }
-  for (auto& t : ranks) t.join();
+  ThreadFailures failures;
+  RunRanks(kRanks, failures, [&](int r) {
+    auto blob = ShareFromRoot(
+        store, "nccl/world", r, /*root=*/2,
+        [&] {
+          ++made;
+          return std::string("unique-id-\0bytes", 16);
+        },
+        std::chrono::seconds(10));
+    if (!failures.ExpectOk(blob.status(), absl::StrCat("rank ", r, "'s ShareFromRoot"))) return;
+    got[r] = *blob;
+  });
+  RequireNoFailures(failures);
   CHECK(made == 1);
   for (const auto& blob : got) CHECK(blob == std::string("unique-id-\0bytes", 16));
 }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "rank_threads.h"
 #include "relay_wire.h"
 #include "test_job.h"
 #include "trainrun/rendezvous/client.h"
@@ -32,6 +33,8 @@ using std::chrono::seconds;
 using Clock = std::chrono::steady_clock;
 using testing::Job;
 using testing::StartJob;
+using ::trainrun::testing::RequireNoFailures;
+using ::trainrun::testing::ThreadFailures;
 
 bool Contains(const absl::Status& status, const std::string& text) {
   return std::string(status.message()).find(text) != std::string::npos;
@@ -203,17 +206,19 @@ TEST_CASE("relay: Set, Get, Add, Barrier and exit reports pass through", "[rende
   REQUIRE(store0.ok());
   REQUIRE(store1.ok());
   // A Get waits in the server, not in the relay, while the other rank's Set passes it.
+  ThreadFailures get_failures([&] { job.server->Shutdown(); });
   std::thread getter([&] {
     auto values = (*store1)->Get({"k1", "k2"}, seconds(10));
-    REQUIRE(values.ok());
-    CHECK((*values)[0] == "v1");
-    CHECK((*values)[1] == std::string("v\0two", 5));
+    if (!get_failures.ExpectOk(values.status(), "the Get through the relay")) return;
+    get_failures.Expect((*values)[0] == "v1", "the first value");
+    get_failures.Expect((*values)[1] == std::string("v\0two", 5), "the second value, whole");
   });
   std::this_thread::sleep_for(milliseconds(100));
   CHECK(job.server->WaitingCalls() == 1);
   REQUIRE((*store0)->Set("k1", "v1").ok());
   REQUIRE((*store0)->Set("k2", std::string("v\0two", 5)).ok());
   getter.join();
+  RequireNoFailures(get_failures);
   CHECK(*(*store0)->Add("n", 5) == 5);
   CHECK(*(*store1)->Add("n", -2) == 3);
   auto statuses = OnThreads(

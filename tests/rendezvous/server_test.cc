@@ -26,6 +26,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/rendezvous.grpc.pb.h"
+#include "rank_threads.h"
+#include "skip_test.h"
 #include "test_job.h"
 #include "trainrun/rendezvous/client.h"
 #include "trainrun/rendezvous/generation.h"
@@ -41,6 +43,9 @@ using std::chrono::seconds;
 using Clock = std::chrono::steady_clock;
 using testing::Job;
 using testing::StartJob;
+using ::trainrun::testing::RequireNoFailures;
+using ::trainrun::testing::RunRanks;
+using ::trainrun::testing::ThreadFailures;
 
 bool Contains(const absl::Status& status, const std::string& text) {
   return std::string(status.message()).find(text) != std::string::npos;
@@ -93,8 +98,7 @@ TEST_CASE("Server and client work over IPv6 loopback", "[rendezvous]") {
   options.ranks = OneHostPlan(1);
   auto server = Server::Start(options);
   if (!server.ok()) {
-    WARN("no IPv6 loopback here: " << server.status().message());
-    return;
+    trainrun::testing::SkipTest(absl::StrCat("no IPv6 loopback here: ", server.status().message()));
   }
   CHECK((*server)->address() == absl::StrCat("[::1]:", (*server)->port()));
   ClientOptions client;
@@ -252,26 +256,33 @@ TEST_CASE("A wrong or missing token is refused and changes nothing", "[rendezvou
 TEST_CASE("Put, get, add and barrier across ranks", "[rendezvous]") {
   constexpr int kRanks = 8;
   Job job = StartJob(OneHostPlan(kRanks));
-  std::vector<std::thread> ranks;
   std::vector<std::vector<std::string>> seen(kRanks);
   std::vector<int64_t> counts(kRanks);
-  for (int r = 0; r < kRanks; ++r) {
-    ranks.emplace_back([&, r] {
-      WorkerSession s = job.JoinAs(r);
-      REQUIRE(s.store->Set(absl::StrCat("addr/", r), absl::StrCat("10.0.0.", r, ":1234")).ok());
-      std::vector<std::string> keys;
-      for (int p = 0; p < kRanks; ++p) keys.push_back(absl::StrCat("addr/", p));
-      auto values = s.store->Get(keys, seconds(10));
-      REQUIRE(values.ok());
-      seen[r] = *values;
-      REQUIRE(s.store->Add("arrived", 1).ok());
-      REQUIRE(s.store->Barrier("after-add", kRanks, seconds(10)).ok());
-      auto total = s.store->Add("arrived", 0);
-      REQUIRE(total.ok());
-      counts[r] = *total;
-    });
-  }
-  for (auto& t : ranks) t.join();
+  ThreadFailures failures([&] { job.server->Shutdown(); });
+  RunRanks(kRanks, failures, [&](int r) {
+    const std::string rank = absl::StrCat("rank ", r);
+    absl::StatusOr<WorkerSession> s = job.TryJoinAs(r);
+    if (!failures.ExpectOk(s.status(), rank + " joins")) return;
+    if (!failures.ExpectOk(
+            s->store->Set(absl::StrCat("addr/", r), absl::StrCat("10.0.0.", r, ":1234")),
+            rank + "'s Set")) {
+      return;
+    }
+    std::vector<std::string> keys;
+    for (int p = 0; p < kRanks; ++p) keys.push_back(absl::StrCat("addr/", p));
+    auto values = s->store->Get(keys, seconds(10));
+    if (!failures.ExpectOk(values.status(), rank + "'s Get")) return;
+    seen[r] = *values;
+    if (!failures.ExpectOk(s->store->Add("arrived", 1).status(), rank + "'s Add") ||
+        !failures.ExpectOk(s->store->Barrier("after-add", kRanks, seconds(10)),
+                           rank + "'s barrier")) {
+      return;
+    }
+    auto total = s->store->Add("arrived", 0);
+    if (!failures.ExpectOk(total.status(), rank + "'s second Add")) return;
+    counts[r] = *total;
+  });
+  RequireNoFailures(failures);
   for (int r = 0; r < kRanks; ++r) {
     REQUIRE(seen[r].size() == kRanks);
     for (int p = 0; p < kRanks; ++p) CHECK(seen[r][p] == absl::StrCat("10.0.0.", p, ":1234"));
@@ -285,12 +296,13 @@ TEST_CASE("A waiting get is released exactly when its last key lands", "[rendezv
   WorkerSession setter = job.JoinAs(1);
   std::atomic<bool> released{false};
   Clock::time_point released_at;
+  ThreadFailures failures([&] { job.server->Shutdown(); });
   std::thread t([&] {
     auto values = waiter.store->Get({"x", "y", "x"}, seconds(20));
     released_at = Clock::now();
     released = true;
-    REQUIRE(values.ok());
-    CHECK(*values == std::vector<std::string>{"1", "2", "1"});
+    if (!failures.ExpectOk(values.status(), "the waiting Get")) return;
+    failures.Expect(*values == std::vector<std::string>{"1", "2", "1"}, "its values in order");
   });
   std::this_thread::sleep_for(milliseconds(200));
   REQUIRE(setter.store->Set("x", "1").ok());
@@ -299,6 +311,7 @@ TEST_CASE("A waiting get is released exactly when its last key lands", "[rendezv
   const Clock::time_point set_at = Clock::now();
   REQUIRE(setter.store->Set("y", "2").ok());
   t.join();
+  RequireNoFailures(failures);
   CHECK(released.load());
   CHECK(released_at >= set_at);
   CHECK(released_at - set_at < milliseconds(200));
@@ -308,17 +321,16 @@ TEST_CASE("ShareFromRoot through the server", "[rendezvous]") {
   constexpr int kRanks = 4;
   Job job = StartJob(OneHostPlan(kRanks));
   std::vector<std::string> got(kRanks);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < kRanks; ++r) {
-    ranks.emplace_back([&, r] {
-      WorkerSession s = job.JoinAs(r);
-      auto blob = ShareFromRoot(
-          *s.store, "nccl/world/0", r, 0, [] { return std::string(128, '\x7f'); }, seconds(10));
-      REQUIRE(blob.ok());
-      got[r] = *blob;
-    });
-  }
-  for (auto& t : ranks) t.join();
+  ThreadFailures failures([&] { job.server->Shutdown(); });
+  RunRanks(kRanks, failures, [&](int r) {
+    absl::StatusOr<WorkerSession> s = job.TryJoinAs(r);
+    if (!failures.ExpectOk(s.status(), absl::StrCat("rank ", r, " joins"))) return;
+    auto blob = ShareFromRoot(
+        *s->store, "nccl/world/0", r, 0, [] { return std::string(128, '\x7f'); }, seconds(10));
+    if (!failures.ExpectOk(blob.status(), absl::StrCat("rank ", r, "'s ShareFromRoot"))) return;
+    got[r] = *blob;
+  });
+  RequireNoFailures(failures);
   for (const auto& blob : got) CHECK(blob == std::string(128, '\x7f'));
 }
 
@@ -328,11 +340,16 @@ TEST_CASE("A timed-out wait names the ranks that never arrived", "[rendezvous]")
   WorkerSession r1 = job.JoinAs(1);
   job.server->NoteRankExit(3, "exited with code 1");
 
-  std::thread other([&] { CHECK_FALSE(r1.store->Barrier("start", 4, milliseconds(400)).ok()); });
+  ThreadFailures failures;
+  std::thread other([&] {
+    failures.Expect(!r1.store->Barrier("start", 4, milliseconds(400)).ok(),
+                    "the other rank's barrier fails too");
+  });
   const auto start = Clock::now();
   absl::Status barrier = r0.store->Barrier("start", 4, milliseconds(400));
   const auto elapsed = Clock::now() - start;
   other.join();
+  RequireNoFailures(failures);
   CHECK(barrier.code() == absl::StatusCode::kDeadlineExceeded);
   CHECK(elapsed >= milliseconds(400));
   CHECK(elapsed < milliseconds(1500));
@@ -532,10 +549,11 @@ TEST_CASE("A worker killed mid-wait does not disturb the others", "[rendezvous]"
   int wstatus = 0;
   REQUIRE(waitpid(pid, &wstatus, WNOHANG) == 0);  // still waiting
   WorkerSession r0 = job.JoinAs(0);
+  ThreadFailures failures([&] { job.server->Shutdown(); });
   std::thread waiter([&] {
     auto values = r0.store->Get({"after"}, seconds(20));
-    REQUIRE(values.ok());
-    CHECK((*values)[0] == "kill");
+    if (!failures.ExpectOk(values.status(), "rank 0's Get")) return;
+    failures.Expect((*values)[0] == "kill", "rank 0 gets the value set after the kill");
   });
   REQUIRE(WaitUntil([&] { return job.server->WaitingCalls() == 2; }));
   REQUIRE(kill(pid, SIGKILL) == 0);
@@ -546,6 +564,7 @@ TEST_CASE("A worker killed mid-wait does not disturb the others", "[rendezvous]"
   std::this_thread::sleep_for(milliseconds(200));
   REQUIRE(r0.store->Set("after", "kill").ok());
   waiter.join();
+  RequireNoFailures(failures);
   // The killed rank had entered the barrier, so rank 0 completes it.
   CHECK(r0.store->Barrier("barrier_example", 2, seconds(5)).ok());
 }
@@ -586,14 +605,18 @@ TEST_CASE("Garbage on the port does not hurt the server", "[rendezvous]") {
 TEST_CASE("Shutdown releases waiting calls with UNAVAILABLE", "[rendezvous]") {
   Job job = StartJob(OneHostPlan(1));
   WorkerSession s = job.JoinAs(0);
+  ThreadFailures failures;
   std::thread waiter([&] {
     auto values = s.store->Get({"never"}, seconds(30));
-    CHECK(values.status().code() == absl::StatusCode::kUnavailable);
+    failures.Expect(
+        values.status().code() == absl::StatusCode::kUnavailable,
+        absl::StrCat("the waiting Get ends UNAVAILABLE, not ", values.status().ToString()));
   });
   std::this_thread::sleep_for(milliseconds(200));
   const auto start = Clock::now();
   job.server->Shutdown();
   waiter.join();
+  RequireNoFailures(failures);
   CHECK(Clock::now() - start < seconds(5));
 }
 

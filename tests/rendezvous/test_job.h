@@ -26,10 +26,14 @@ struct Job {
     client.call_timeout = std::chrono::seconds(10);
     return client;
   }
+  // JoinAs joins as `rank` on the test's thread (it asserts); TryJoinAs on any thread.
   WorkerSession JoinAs(int rank) const {
-    auto session = Join(ClientFor(rank), std::chrono::seconds(10));
+    auto session = TryJoinAs(rank);
     REQUIRE(session.ok());
     return *std::move(session);
+  }
+  absl::StatusOr<WorkerSession> TryJoinAs(int rank) const {
+    return Join(ClientFor(rank), std::chrono::seconds(10));
   }
 };
 

@@ -2,7 +2,7 @@
 // slurmctld on this host, N slurmd nodes each in its own network namespace), stopped when the
 // object goes, also when a test fails or throws.
 //
-//   if (std::string why = SlurmCluster::CannotRun(); !why.empty()) { WARN(why); return; }
+//   if (std::string why = SlurmCluster::CannotRun(); !why.empty()) SkipTest(why);  // skip_test.h
 //   SlurmCluster cluster(2);
 //   std::string out;
 //   int status = RunCommand(cluster.Command({"salloc", "-N", "2", "srun", "hostname"}), &out);

@@ -7,15 +7,13 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "skip_test.h"
 
 namespace trainrun::testing {
 namespace {
 
 TEST_CASE("slurm: scancel leaves nothing on any node; srun -u is byte-clean", "[slurm]") {
-  if (std::string why = SlurmCluster::CannotRun(); !why.empty()) {
-    WARN(why);
-    return;
-  }
+  if (std::string why = SlurmCluster::CannotRun(); !why.empty()) SkipTest(why);
   SlurmCluster cluster(2);
   std::string out;
   // A job whose tasks each leave a detached grandchild; scancel while they run.

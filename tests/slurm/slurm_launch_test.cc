@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "skip_test.h"
 #include "slurm_fixture.h"
 
 namespace trainrun::testing {
@@ -25,10 +26,7 @@ int RunInAllocation(const SlurmCluster& cluster, const std::vector<std::string>&
 }
 
 TEST_CASE("slurm: trainrun reaches an allocation's nodes through srun", "[slurm]") {
-  if (std::string why = SlurmCluster::CannotRun(); !why.empty()) {
-    WARN(why);
-    return;
-  }
+  if (std::string why = SlurmCluster::CannotRun(); !why.empty()) SkipTest(why);
   SlurmCluster cluster(2);
   const std::string& n1 = cluster.nodes()[0];
   const std::string& n2 = cluster.nodes()[1];

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "skip_test.h"
 #include "sshd_fixture.h"
 
 namespace trainrun::testing {
@@ -60,8 +61,7 @@ Outcome RunWithChaos(const SshWorld& world, const NetnsCluster& cluster, const s
 TEST_CASE("chaos: an agent killed, a host link down, a rank killed or stopped on netns hosts",
           "[ssh][netns][slow][chaos]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   const char* trials_env = std::getenv("CHAOS_TRIALS");
   const int trials = trials_env != nullptr ? std::atoi(trials_env) : 2;

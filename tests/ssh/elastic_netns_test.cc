@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "skip_test.h"
 #include "sshd_fixture.h"
 
 namespace trainrun::testing {
@@ -143,8 +144,7 @@ std::vector<int> ResumedSteps(const std::string& log) {
 TEST_CASE("elastic: a netns host added to the discovery script's output; the job grows onto it",
           "[ssh][netns][slow][elastic]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   const char* rounds_env = std::getenv("ELASTIC_GROW_ROUNDS");
   const int rounds = rounds_env != nullptr ? std::max(1, std::atoi(rounds_env)) : 1;
@@ -221,8 +221,7 @@ TEST_CASE(
     "the job goes on at its size",
     "[ssh][netns][slow][elastic]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(1, world.dir(), world.dir() + "/keys/authorized_keys");
@@ -252,8 +251,7 @@ TEST_CASE(
 TEST_CASE("elastic: a host whose link is cut mid-training is lost; the job ends on the other",
           "[ssh][netns][slow][elastic]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   const char* rounds_env = std::getenv("ELASTIC_NETNS_ROUNDS");
   const int rounds = rounds_env != nullptr ? std::max(1, std::atoi(rounds_env)) : 1;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "skip_test.h"
 #include "sshd_fixture.h"
 
 namespace trainrun::testing {
@@ -51,8 +52,7 @@ std::string Hosts(const NetnsCluster& cluster, int slots) {
 TEST_CASE("multihost: -np 8 over two SSH hosts passes the rendezvous barrier",
           "[ssh][netns][barrier]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
@@ -97,8 +97,7 @@ TEST_CASE("multihost: -np 8 over two SSH hosts passes the rendezvous barrier",
 TEST_CASE("multihost: remote ranks join and pass barriers through their host's relay",
           "[ssh][netns][relay]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
@@ -139,8 +138,7 @@ TEST_CASE("multihost: remote ranks join and pass barriers through their host's r
 TEST_CASE("multihost: a remote rank's failure ends the job everywhere, naming rank and host",
           "[ssh][netns][failure]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
@@ -212,8 +210,7 @@ TEST_CASE("multihost: a remote rank's failure ends the job everywhere, naming ra
 TEST_CASE("multihost: local and remote ranks in one job and an unreachable host failing the start",
           "[ssh][netns][mixed]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
@@ -295,8 +292,7 @@ TEST_CASE("multihost: local and remote ranks in one job and an unreachable host 
 TEST_CASE("multihost: each start failure in its own words, with nothing left on the other host",
           "[ssh][netns][errors]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
@@ -368,8 +364,7 @@ void WriteScript(const std::string& path, const std::string& text) {
 TEST_CASE("multihost: an ~/.ssh/config alias reaches the workers as the address trainrun reached",
           "[ssh][netns][alias]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
@@ -404,8 +399,7 @@ TEST_CASE("multihost: an ~/.ssh/config alias reaches the workers as the address 
 TEST_CASE("multihost: a remote host's ranks get GPUs by that host's count, from its agent",
           "[ssh][netns][gpus]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
@@ -444,8 +438,7 @@ TEST_CASE("multihost: a remote host's ranks get GPUs by that host's count, from 
 TEST_CASE("multihost: --start-timeout is one deadline, from the first connection to the last start",
           "[ssh][netns][deadline]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
@@ -504,8 +497,7 @@ TEST_CASE("multihost: --start-timeout is one deadline, from the first connection
 TEST_CASE("multihost: the dry run tells each host's trainrun; another release is one line at start",
           "[ssh][netns][versions]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
@@ -521,10 +513,16 @@ TEST_CASE("multihost: the dry run tells each host's trainrun; another release is
   INFO(out);
   CHECK(status == 0);
   CHECK(out.find(plan_line) == 0);
+  // Each host's line ends with what its `trainrun --gpu-probe` said (GPUs, driver, NCCL).
   const std::string found =
-      absl::StrCat(": trainrun ", TRAINRUN_RELEASE, " at ", TRAINRUN_BIN, ", as here\n");
-  CHECK(out.find("trainrun on the hosts:\n  " + host0 + found + "  " + host1 + found) !=
-        std::string::npos);
+      absl::StrCat(": trainrun ", TRAINRUN_RELEASE, " at ", TRAINRUN_BIN, ", as here; ");
+  const size_t hosts_at = out.find("trainrun on the hosts:\n  " + host0 + found);
+  CHECK(hosts_at != std::string::npos);
+  const size_t host1_at = out.find("\n  " + host1 + found);
+  CHECK(host1_at != std::string::npos);
+  if (host1_at != std::string::npos) {
+    CHECK(out.find("NCCL", host1_at) < out.find('\n', host1_at + 1));
+  }
   CHECK(out.find("localhost: trainrun") == std::string::npos);  // this machine is not asked
   CHECK(seconds < 10);
 
@@ -570,8 +568,7 @@ TEST_CASE("multihost: the dry run tells each host's trainrun; another release is
 TEST_CASE("multihost: an allreduce across two SSH hosts gives the right result",
           "[ssh][netns][allreduce]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
@@ -603,8 +600,7 @@ TEST_CASE("multihost: an allreduce across two SSH hosts gives the right result",
 TEST_CASE("multihost: a host that falls off the network fails the job, naming it",
           "[ssh][netns][slow][netloss]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
@@ -637,8 +633,7 @@ TEST_CASE("multihost: a host that falls off the network fails the job, naming it
 TEST_CASE("multihost: kill -9 of trainrun leaves nothing running on the hosts",
           "[ssh][netns][kill9]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
@@ -733,8 +728,7 @@ int ArrivalSecond(const std::string& out, const std::string& needle) {
 TEST_CASE("multihost: a remote rank's lines arrive as it prints them (Python and C stdio)",
           "[ssh][netns][live]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
@@ -764,12 +758,10 @@ TEST_CASE("multihost: a remote rank's lines arrive as it prints them (Python and
 TEST_CASE("multihost: --bind-to core, --report-bindings and -wdir on a remote host",
           "[ssh][netns][placement]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   if (std::thread::hardware_concurrency() < 2) {
-    WARN("skipped: one CPU, disjoint cores cannot be shown");
-    return;
+    trainrun::testing::SkipTest("one CPU: disjoint cores cannot be shown");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "skip_test.h"
 #include "sshd_fixture.h"
 
 namespace trainrun::testing {
@@ -89,8 +90,7 @@ bool Contains(const std::string& text, const std::string& part) {
 TEST_CASE("per-node: two independently started nodes run a checked allreduce",
           "[netns][per_node][allreduce]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
@@ -116,8 +116,7 @@ TEST_CASE("per-node: two independently started nodes run a checked allreduce",
 TEST_CASE("per-node: a wrong token is refused; a node that never arrives is named",
           "[netns][per_node][token]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
@@ -152,8 +151,7 @@ TEST_CASE("per-node: a wrong token is refused; a node that never arrives is name
 TEST_CASE("per-node: a rank killed on node 1 ends both nodes with the same summary",
           "[netns][per_node][failure]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
@@ -173,8 +171,7 @@ TEST_CASE("per-node: a rank killed on node 1 ends both nodes with the same summa
 TEST_CASE("per-node: node 0's trainrun killed ends node 1's ranks with a clear line",
           "[netns][per_node][node0_lost]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
@@ -229,8 +226,7 @@ double Median(std::vector<double> values) {
 // from the client namespace (-H h0:2,h1:2), median of 5 each.
 TEST_CASE("per-node: start time next to an SSH launch", "[.bench][netns][per_node]") {
   if (!CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 
+#include "skip_test.h"
 #include "ssh/remote_channel.h"
 #include "sshd_fixture.h"
 
@@ -43,8 +44,7 @@ absl::StatusOr<std::string> RunIn(const std::string& ns, const std::string& host
 TEST_CASE("netns: two hosts reached on port 22, and the local address toward them",
           "[ssh][netns]") {
   if (!testing::CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
@@ -75,8 +75,7 @@ TEST_CASE("netns: two hosts reached on port 22, and the local address toward the
 
 TEST_CASE("netns: unresolvable name and unreachable host, each in its own words", "[ssh][netns]") {
   if (!testing::CanUseNetns()) {
-    WARN("skipped: needs root and iproute2");
-    return;
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
   }
   SshWorld world;
   NetnsCluster cluster(1, world.dir(), world.dir() + "/keys/authorized_keys");

@@ -92,11 +92,18 @@ std::vector<std::string> ProbeRemoteTrainrun(const LaunchSpec& spec) {
       absl::string_view reason = found[i].status().message();
       absl::ConsumePrefix(&reason, absl::StrCat("host ", hosts[i].host, ": "));
       lines.push_back(absl::StrCat(label, ": ", reason));
-    } else if (*found[i] == remote::TrainrunRelease()) {
-      lines.push_back(absl::StrCat(label, ": trainrun ", *found[i], " at ", trainrun, ", as here"));
+      continue;
+    }
+    const std::string release = found[i]->substr(0, found[i]->find('\n'));
+    const std::string gpu = release.size() < found[i]->size()
+                                ? absl::StrCat("; ", found[i]->substr(release.size() + 1))
+                                : std::string();
+    if (release == remote::TrainrunRelease()) {
+      lines.push_back(
+          absl::StrCat(label, ": trainrun ", release, " at ", trainrun, ", as here", gpu));
     } else {
-      lines.push_back(absl::StrCat(label, ": trainrun ", *found[i], " at ", trainrun,
-                                   ", but this is trainrun ", remote::TrainrunRelease()));
+      lines.push_back(absl::StrCat(label, ": trainrun ", release, " at ", trainrun,
+                                   ", but this is trainrun ", remote::TrainrunRelease(), gpu));
     }
   }
   return lines;

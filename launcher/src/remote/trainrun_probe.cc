@@ -44,14 +44,20 @@ absl::StatusOr<std::string> ReadVersion(const std::string& name, const std::stri
                                             "; install it there, or pass --remote-trainrun PATH"));
   }
   if (!end.ok()) return end;
+  // `--gpu-probe` (a trainrun that has it) adds a line "gpu: ...", passed on after a newline.
+  std::string gpu;
+  if (size_t at = printed.find("\ngpu: "); at != std::string::npos) {
+    gpu = printed.substr(at + 6);
+    gpu = std::string(absl::StripAsciiWhitespace(gpu.substr(0, gpu.find('\n'))));
+  }
   const std::string first_line = printed.substr(0, printed.find('\n'));
   absl::string_view line = absl::StripAsciiWhitespace(first_line);
   if (!absl::ConsumePrefix(&line, "trainrun ") || line.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("host ", name, ": ", trainrun, " is not trainrun (`--version` printed \"",
-                     absl::CEscape(absl::StripAsciiWhitespace(printed).substr(0, 80)), "\")"));
+                     absl::CEscape(absl::StripAsciiWhitespace(first_line).substr(0, 80)), "\")"));
   }
-  return std::string(line);
+  return gpu.empty() ? std::string(line) : absl::StrCat(line, "\n", gpu);
 }
 
 }  // namespace
@@ -79,7 +85,10 @@ std::vector<absl::StatusOr<std::string>> ProbeTrainrun(channel::HostChannel& cha
     --shared->running;
     shared->changed.notify_all();
   };
-  channel.Start(hosts, absl::StrCat(ShellQuote(trainrun), " --version"), deadline,
+  channel.Start(hosts,
+                absl::StrCat(ShellQuote(trainrun), " --version && { ", ShellQuote(trainrun),
+                             " --gpu-probe 2>/dev/null || true; }"),
+                deadline,
                 [shared, finish, hosts, trainrun, deadline](
                     int i, absl::StatusOr<std::unique_ptr<channel::HostStream>> stream) {
                   if (!stream.ok()) return finish(i, stream.status());

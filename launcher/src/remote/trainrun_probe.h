@@ -18,10 +18,12 @@
 namespace trainrun::launcher::remote {
 
 // ProbeTrainrun runs `<trainrun> --version` on each of `hosts` through `channel` and returns, in
-// the hosts' order, the release it printed, or why there is none, in one sentence naming the host:
-// NotFound when nothing is at that path there, FailedPrecondition when what is there is not
-// trainrun, DeadlineExceeded when the host did not answer before `deadline`, else the channel's own
-// reason (name not resolved, refused, authentication, ...).
+// the hosts' order, the release it printed (followed, after a newline, by what
+// `<trainrun> --gpu-probe` says of the host's GPUs, when that trainrun has it), or why there is
+// none, in one sentence naming the host: NotFound when nothing is at that path there,
+// FailedPrecondition when what is there is not trainrun, DeadlineExceeded when the host did not
+// answer before `deadline`, else the channel's own reason (name not resolved, refused,
+// authentication, ...).
 std::vector<absl::StatusOr<std::string>> ProbeTrainrun(channel::HostChannel& channel,
                                                        const std::vector<hostfile::HostSpec>& hosts,
                                                        const std::string& trainrun,

@@ -469,6 +469,23 @@ inline constexpr IntSetting kBucketBytes{
     "gradient bucket of trainrun.torch.DistributedOptimizer, bytes",
     kOldFusionBytes};
 
+// --- GPUs (collectives/gpu/) ---------------------------------------------------------------------
+
+// Where libnccl.so.2 is: the file, or a folder holding it; searched before the Python nvidia-*
+// wheels and the loader's path (collectives/gpu/loader.h).
+inline constexpr char kNcclLibrary[] = "TRAINRUN_NCCL_LIBRARY";
+// Where CUDA's runtime (libcudart.so.13 or .12) is: the file, or a folder holding it.
+inline constexpr char kCudaLibrary[] = "TRAINRUN_CUDA_LIBRARY";
+// How a communicator moves GPU buffers: "auto" (NCCL when every rank has a GPU of its own and NCCL
+// loads, else host staging), "nccl" (fail when NCCL cannot serve) or "staged" (always through
+// pinned host memory).
+inline constexpr StringSetting kGpuPath{"TRAINRUN_GPU_PATH", "auto", "auto|nccl|staged",
+                                        Side::kRank, "how GPU buffers are reduced"};
+// Set to 1 in every worker by `trainrun --verbose`: a worker says once per communicator which path
+// its GPU buffers take.
+inline constexpr IntSetting kVerbose{
+    "TRAINRUN_VERBOSE", 0, 0, 1, Side::kRank, "1: workers say what they chose"};
+
 // --- Every setting -------------------------------------------------------------------------------
 
 // SettingRef is one entry of kSettings: exactly one of the two is set.
@@ -513,6 +530,8 @@ inline constexpr SettingRef kSettings[] = {
     {nullptr, &kTimeline},
     {&kFusionThresholdBytes, nullptr},
     {&kBucketBytes, nullptr},
+    {nullptr, &kGpuPath},
+    {&kVerbose, nullptr},
 };
 
 // FindSetting returns the setting named `name` (its name or old name), or nullptr.

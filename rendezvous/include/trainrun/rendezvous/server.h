@@ -1,6 +1,9 @@
 // The rendezvous server that `trainrun` runs for a job: workers join, publish and wait for keys,
 // and meet at barriers. It runs on gRPC's callback API, so a waiting Get or Barrier holds only its
 // reactor until the keys arrive or its deadline passes; no thread is parked per waiting rank.
+// Inside (src/): the ranks (membership.h), the store and its waiting calls (rendezvous_state.h,
+// no gRPC) and the gRPC adapter (service.h). It keeps state and answers calls; what a rank's
+// end means for the job is the launcher's supervisor's to decide.
 //
 //   ServerOptions options;
 //   options.job_id = "job-1";
@@ -77,10 +80,10 @@ struct ServerOptions {
   // Called, on a gRPC thread and without the server's lock, for each "failed because of peer P"
   // report as it arrives (the launcher posts it to its supervisor). May be empty.
   std::function<void(const PeerFailure&)> on_peer_failure;
-  // Called once, without the server's lock, when a rank that never joined has exited 0 while a rank
-  // that did join is still running: that rank will never join, so the others would wait for it
-  // until their timeout. Called on the thread of the NoteRankExit or Join that made it known.
-  std::function<void(int rank)> on_exit_before_join;
+  // Called, on a gRPC thread and without the server's lock, for each rank as it joins, before its
+  // Join is answered (the launcher's supervisor sees from this and the ranks' exits when a rank
+  // ended without joining while others wait for it). May be empty.
+  std::function<void(int rank)> on_join;
 };
 
 // RankState is what the server knows about one rank.
@@ -113,9 +116,8 @@ class Server {
   int port() const;
 
   // NoteRankExit records how rank `rank` ended, completing "rank 3 ...": "exited with code 1",
-  // "was killed by SIGKILL". Timeout errors of waiting ranks then say it. `success`: it exited 0
-  // (see ServerOptions::on_exit_before_join).
-  void NoteRankExit(int rank, const std::string& how, bool success = false);
+  // "was killed by SIGKILL". Timeout errors of waiting ranks then say it.
+  void NoteRankExit(int rank, const std::string& how);
 
   // AddRanks appends ranks to the job (an elastic job that grows onto a new host) and returns the
   // first one's number; the others follow in order. Such a rank joins by its number (its

@@ -1,0 +1,196 @@
+// DeviceCollectives: a communicator's collectives on GPU buffers, by one of two paths chosen once
+// per communicator (at its first GPU collective, by an exchange among its ranks):
+//
+//  - NCCL, when every rank has a GPU of its own (no two ranks of a host on one device) and NCCL
+//    loads on every rank (loader.h). Each collective is enqueued on the communicator's own stream
+//    after an event recorded on the buffer's stream at the call; the caller's stream then waits on
+//    the collective's completion event (Wait), as PyTorch's NCCL process group does.
+//  - host-staged otherwise (no NCCL, ranks sharing a GPU, or TRAINRUN_GPU_PATH=staged): the
+//    buffers are copied, in the same stream order, into pinned host buffers that are reused from
+//    call to call (PinnedPool), the host Communicator's collective runs on them, and the results
+//    are copied back; the caller's stream waits on the copy back.
+//
+// A collective has three steps on two threads, so that the caller (Python) goes on while it runs:
+//
+//   auto work = gpu.Start(spec);           // caller: records where the buffers are ready
+//   thread.Submit([work] { work->Run(); });  // the communication thread, in call order
+//   ...
+//   work->Wait();                          // caller, after the thread ran it: waits for the
+//                                          // completion on the CPU, orders the stream after it
+//
+// Every GPU call goes through a GpuRuntime (runtime.h), so the tests run all of this over a CPU
+// fake. A DeviceCollectives is used by one caller thread and one communication thread.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "trainrun/collectives/communicator.h"
+#include "trainrun/collectives/gpu/runtime.h"
+#include "trainrun/collectives/types.h"
+
+namespace trainrun::collectives::gpu {
+
+enum class Path { kUndecided, kNccl, kStaged };
+
+// PathName: "nccl", "staged" or "undecided".
+const char* PathName(Path path);
+
+// PinnedPool hands out pinned host buffers by size class (powers of two from 64 KiB) and keeps
+// those given back for the next call of that class, so a training loop allocates during its first
+// steps only. Thread-safe.
+class PinnedPool {
+ public:
+  explicit PinnedPool(GpuRuntime& runtime) : runtime_(runtime) {}
+  ~PinnedPool();
+  PinnedPool(const PinnedPool&) = delete;
+  PinnedPool& operator=(const PinnedPool&) = delete;
+
+  // Acquire returns a buffer of at least `bytes` bytes.
+  void* Acquire(size_t bytes);
+  // Release gives back a buffer Acquire returned.
+  void Release(void* buffer);
+  // allocations: how many buffers the pool has allocated from the runtime so far.
+  size_t allocations() const;
+
+ private:
+  static int SizeClass(size_t bytes);
+  GpuRuntime& runtime_;
+  mutable std::mutex mutex_;
+  std::vector<std::vector<void*>> free_;  // by size class
+  std::vector<std::pair<void*, int>> in_use_;
+  size_t allocations_ = 0;
+};
+
+// The kinds of collective a GPU buffer takes part in.
+enum class DeviceOp {
+  kAllreduce,
+  kGroupedAllreduce,
+  kBroadcast,
+  kAllgatherv,
+  kReduceScatter,
+  kAlltoallv
+};
+
+// DeviceCall describes one collective on device buffers. Counts are elements of `type`.
+struct DeviceCall {
+  DeviceOp op = DeviceOp::kAllreduce;
+  // kAllreduce, kReduceScatter: inputs[0] -> outputs[0] (the same pointer: in place).
+  // kGroupedAllreduce: inputs[i], in place (outputs empty). kBroadcast: inputs[0], in place.
+  // kAllgatherv: inputs[0] (counts[rank] elements) -> outputs[0] (sum of counts).
+  // kAlltoallv: inputs[0] (sum of send_counts) -> outputs[0] (sum of counts).
+  std::vector<void*> inputs;
+  std::vector<size_t> input_counts;
+  std::vector<void*> outputs;
+  size_t output_count = 0;
+  std::vector<size_t> counts;       // kAllgatherv: per rank; kAlltoallv: received per rank
+  std::vector<size_t> send_counts;  // kAlltoallv
+  DataType type = DataType::kFloat32;
+  ReduceOp reduce = ReduceOp::kSum;
+  int root = 0;
+  CallCheck check;
+  // The device the buffers are on (-1: ask the runtime), and the stream their producers and
+  // consumers are ordered on (has_stream false: the data is ready now, nothing to order after).
+  int device = -1;
+  bool has_stream = false;
+  Stream stream = nullptr;
+};
+
+class DeviceCollectives;
+
+// DeviceOptions tunes a DeviceCollectives.
+struct DeviceOptions {
+  // "auto", "nccl" or "staged" (env::kGpuPath when empty).
+  std::string path;
+  // Say the path once on stderr (env::kVerbose when unset).
+  int verbose = -1;
+  // Bound on Wait (zero: TRAINRUN_TIMEOUT).
+  std::chrono::milliseconds timeout{0};
+};
+
+// DeviceWork: one collective in flight (see the file comment for its three steps).
+class DeviceWork {
+ public:
+  ~DeviceWork();
+  DeviceWork(const DeviceWork&) = delete;
+  DeviceWork& operator=(const DeviceWork&) = delete;
+
+  // Run performs the collective; on the communication thread, in call order. Throws what the
+  // collective throws (the caller's Wait on the thread's handle rethrows it).
+  void Run();
+  // Wait waits on the CPU until the collective's results are in the output buffers, then makes the
+  // caller's stream wait for them. Throws TimeoutError (and aborts NCCL) past the timeout, IoError
+  // when NCCL reports a peer's failure. Call it after Run has returned; safe to call twice.
+  void Wait();
+  // path: the path this collective took (kUndecided before Run).
+  Path path() const { return path_; }
+
+ private:
+  friend class DeviceCollectives;
+  DeviceWork(DeviceCollectives& owner, DeviceCall call);
+
+  DeviceCollectives& owner_;
+  DeviceCall call_;
+  Event ready_ = nullptr;  // recorded on the caller's stream at Start
+  Event done_ = nullptr;   // recorded after the last copy or NCCL call
+  std::vector<void*> pinned_;
+  Path path_ = Path::kUndecided;
+  bool waited_ = false;
+};
+
+class DeviceCollectives {
+ public:
+  // DeviceCollectives serves `comm` (which outlives it) through `runtime`. Nothing is exchanged
+  // until the first collective runs.
+  DeviceCollectives(Communicator& comm, GpuRuntime& runtime, DeviceOptions options = {});
+  ~DeviceCollectives();
+  DeviceCollectives(const DeviceCollectives&) = delete;
+  DeviceCollectives& operator=(const DeviceCollectives&) = delete;
+
+  // Start checks `call` and records where its buffers are ready on their stream; the caller then
+  // has the returned work Run on the communication thread. Throws InvalidArgumentError for a
+  // buffer that is not on a GPU, or on another GPU than this communicator's earlier ones.
+  std::shared_ptr<DeviceWork> Start(DeviceCall call);
+
+  // path: the path chosen (kUndecided before the first collective ran); why: the reason, a phrase.
+  Path path() const { return path_; }
+  const std::string& why() const { return why_; }
+  int device() const { return device_; }
+  PinnedPool& pinned() { return pinned_; }
+  GpuRuntime& runtime() { return runtime_; }
+
+ private:
+  friend class DeviceWork;
+  struct Nccl;
+
+  // Decide runs the exchange that picks the path (communication thread, first collective).
+  void Decide(int device);
+  void RunStaged(DeviceWork& work);
+  void RunNccl(DeviceWork& work);
+  // NcclCan: whether NCCL can run `call` itself (types and ops it has); else it is staged.
+  bool NcclCan(const DeviceCall& call) const;
+  void WaitDone(DeviceWork& work);
+  Event TakeEvent();
+  void GiveEvent(Event event);
+  Stream StageStream();
+
+  Communicator& comm_;
+  GpuRuntime& runtime_;
+  DeviceOptions options_;
+  std::chrono::milliseconds timeout_;
+  PinnedPool pinned_;
+  Path path_ = Path::kUndecided;
+  std::string why_;
+  int device_ = -1;
+  Stream stage_stream_ = nullptr;
+  std::unique_ptr<Nccl> nccl_;
+  std::mutex events_mutex_;
+  std::vector<Event> events_;
+};
+
+}  // namespace trainrun::collectives::gpu

@@ -1,0 +1,728 @@
+#include "trainrun/collectives/gpu/device_collectives.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <thread>
+
+#include "trainrun/collectives/errors.h"
+#include "trainrun/collectives/gpu/loader.h"
+#include "trainrun/rendezvous/environment.h"
+
+namespace trainrun::collectives::gpu {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// NCCL's entry points, resolved from the library OpenNccl found. Types are NCCL's (nccl.h) with the
+// communicator as void*, enums as int, and ncclUniqueId as 128 bytes, which NCCL has kept since
+// 2.0; the enum values used below are stable across NCCL 2 releases.
+constexpr int kNcclSuccess = 0;
+constexpr int kNcclSystemError = 2;
+constexpr int kNcclInvalidArgument = 4;
+constexpr int kNcclInvalidUsage = 5;
+constexpr int kNcclRemoteError = 6;
+constexpr int kNcclInProgress = 7;
+constexpr size_t kNcclUniqueIdBytes = 128;
+enum NcclType {
+  kNcclInt8 = 0,
+  kNcclUint8 = 1,
+  kNcclInt32 = 2,
+  kNcclInt64 = 4,
+  kNcclFloat16 = 6,
+  kNcclFloat32 = 7,
+  kNcclFloat64 = 8,
+  kNcclBfloat16 = 9
+};
+enum NcclOp { kNcclSum = 0, kNcclProd = 1, kNcclMax = 2, kNcclMin = 3, kNcclAvg = 4 };
+struct NcclUniqueId {
+  char internal[kNcclUniqueIdBytes];
+};
+
+struct NcclApi {
+  int (*get_version)(int*);
+  int (*get_unique_id)(NcclUniqueId*);
+  int (*comm_init_rank)(void**, int, NcclUniqueId, int);
+  int (*comm_destroy)(void*);
+  int (*comm_abort)(void*);
+  int (*comm_get_async_error)(void*, int*);
+  const char* (*get_error_string)(int);
+  const char* (*get_last_error)(void*);
+  int (*all_reduce)(const void*, void*, size_t, int, int, void*, void*);
+  int (*broadcast)(const void*, void*, size_t, int, int, void*, void*);
+  int (*all_gather)(const void*, void*, size_t, int, void*, void*);
+  int (*reduce_scatter)(const void*, void*, size_t, int, int, void*, void*);
+  int (*send)(const void*, size_t, int, int, void*, void*);
+  int (*recv)(void*, size_t, int, int, void*, void*);
+  int (*group_start)();
+  int (*group_end)();
+};
+
+// LoadNcclApi returns the resolved table, or null with *why_not set.
+const NcclApi* LoadNcclApi(std::string* why_not) {
+  static std::string why;
+  static const NcclApi* api = [&]() -> const NcclApi* {
+    const LibraryLoad& library = OpenNccl();
+    if (library.handle == nullptr) {
+      why = library.why_not;
+      return nullptr;
+    }
+    static NcclApi table{};
+    std::string missing;
+    auto resolve = [&](const char* name, auto& fn) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(library.handle, name));
+      if (fn == nullptr && missing.empty()) missing = name;
+    };
+    resolve("ncclGetVersion", table.get_version);
+    resolve("ncclGetUniqueId", table.get_unique_id);
+    resolve("ncclCommInitRank", table.comm_init_rank);
+    resolve("ncclCommDestroy", table.comm_destroy);
+    resolve("ncclCommAbort", table.comm_abort);
+    resolve("ncclCommGetAsyncError", table.comm_get_async_error);
+    resolve("ncclGetErrorString", table.get_error_string);
+    resolve("ncclGetLastError", table.get_last_error);
+    resolve("ncclAllReduce", table.all_reduce);
+    resolve("ncclBroadcast", table.broadcast);
+    resolve("ncclAllGather", table.all_gather);
+    resolve("ncclReduceScatter", table.reduce_scatter);
+    resolve("ncclSend", table.send);
+    resolve("ncclRecv", table.recv);
+    resolve("ncclGroupStart", table.group_start);
+    resolve("ncclGroupEnd", table.group_end);
+    if (!missing.empty()) {
+      why = internal::MakeMessage(library.path, " lacks ", missing, " (NCCL 2.12 or later needed)");
+      return nullptr;
+    }
+    return &table;
+  }();
+  if (api == nullptr && why_not != nullptr) *why_not = why;
+  return api;
+}
+
+int NcclTypeOf(DataType type) {
+  switch (type) {
+    case DataType::kFloat32:
+      return kNcclFloat32;
+    case DataType::kFloat64:
+      return kNcclFloat64;
+    case DataType::kFloat16:
+      return kNcclFloat16;
+    case DataType::kBFloat16:
+      return kNcclBfloat16;
+    case DataType::kInt32:
+      return kNcclInt32;
+    case DataType::kInt64:
+      return kNcclInt64;
+    case DataType::kUInt8:
+    case DataType::kBool:
+      return kNcclUint8;
+    case DataType::kInt8:
+      return kNcclInt8;
+    case DataType::kInt16:
+      return -1;
+  }
+  return -1;
+}
+
+bool IsFloat(DataType type) {
+  return type == DataType::kFloat32 || type == DataType::kFloat64 || type == DataType::kFloat16 ||
+         type == DataType::kBFloat16;
+}
+
+int NcclOpOf(ReduceOp op, DataType type) {
+  if (type == DataType::kBool) {  // 0/1 bytes: sum and max are or, product and min are and
+    return (op == ReduceOp::kSum || op == ReduceOp::kMax) ? kNcclMax : kNcclMin;
+  }
+  switch (op) {
+    case ReduceOp::kSum:
+      return kNcclSum;
+    case ReduceOp::kAverage:
+      return kNcclAvg;
+    case ReduceOp::kMin:
+      return kNcclMin;
+    case ReduceOp::kMax:
+      return kNcclMax;
+    case ReduceOp::kProduct:
+      return kNcclProd;
+  }
+  return kNcclSum;
+}
+
+// HostId: the same number on every process of one machine (its name and boot), so ranks can tell
+// which of them share a host and so a GPU.
+int64_t HostId() {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  return static_cast<int64_t>(std::hash<std::string>()(std::string(name) + "/" + boot) >> 1);
+}
+
+// Poll waits until done() is true: spinning for the first 50 us (a copy of a few MiB), then
+// sleeping in growing steps up to 1 ms; `check` runs between polls and may throw.
+template <typename Done, typename Check>
+void Poll(Done done, Check check) {
+  const auto start = Clock::now();
+  auto sleep = std::chrono::microseconds(10);
+  while (!done()) {
+    check();
+    if (Clock::now() - start < std::chrono::microseconds(50)) {
+      std::this_thread::yield();
+      continue;
+    }
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, std::chrono::microseconds(1000));
+  }
+}
+
+}  // namespace
+
+const char* PathName(Path path) {
+  switch (path) {
+    case Path::kNccl:
+      return "nccl";
+    case Path::kStaged:
+      return "staged";
+    case Path::kUndecided:
+      return "undecided";
+  }
+  return "?";
+}
+
+// --- PinnedPool ----------------------------------------------------------------------------------
+
+int PinnedPool::SizeClass(size_t bytes) {
+  int size_class = 0;
+  size_t capacity = size_t{64} << 10;
+  while (capacity < bytes) {
+    capacity <<= 1;
+    ++size_class;
+  }
+  return size_class;
+}
+
+void* PinnedPool::Acquire(size_t bytes) {
+  const int size_class = SizeClass(bytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (free_.size() <= static_cast<size_t>(size_class)) free_.resize(size_class + 1);
+  void* buffer = nullptr;
+  if (!free_[size_class].empty()) {
+    buffer = free_[size_class].back();
+    free_[size_class].pop_back();
+  } else {
+    buffer = runtime_.AllocPinned((size_t{64} << 10) << size_class);
+    ++allocations_;
+  }
+  in_use_.emplace_back(buffer, size_class);
+  return buffer;
+}
+
+void PinnedPool::Release(void* buffer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = in_use_.begin(); it != in_use_.end(); ++it) {
+    if (it->first == buffer) {
+      free_[it->second].push_back(buffer);
+      in_use_.erase(it);
+      return;
+    }
+  }
+  TRAINRUN_ENFORCE(false, "a pinned buffer the pool did not hand out was given back");
+}
+
+size_t PinnedPool::allocations() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return allocations_;
+}
+
+PinnedPool::~PinnedPool() {
+  for (auto& size_class : free_) {
+    for (void* buffer : size_class) runtime_.FreePinned(buffer);
+  }
+  for (auto& [buffer, size_class] : in_use_) runtime_.FreePinned(buffer);
+}
+
+// --- NCCL ----------------------------------------------------------------------------------------
+
+struct DeviceCollectives::Nccl {
+  const NcclApi* api = nullptr;
+  void* comm = nullptr;
+  Stream stream = nullptr;
+  int version = 0;
+  bool aborted = false;
+
+  // Check throws for a failed NCCL call, naming `what`; a peer's failure is an IoError.
+  void Check(int result, const std::string& what) {
+    if (result == kNcclSuccess) return;
+    const char* last = api->get_last_error(comm);
+    const std::string message =
+        internal::MakeMessage(what, " failed: NCCL: ", api->get_error_string(result),
+                              (last && *last) ? std::string(" (") + last + ")" : std::string());
+    if (result == kNcclRemoteError || result == kNcclSystemError) {
+      Abort();
+      throw IoError(message + "; the NCCL communicator was aborted, a peer rank may have failed");
+    }
+    if (result == kNcclInvalidArgument || result == kNcclInvalidUsage) {
+      throw InvalidArgumentError(message);
+    }
+    throw Error(message);
+  }
+  void* Live() const {
+    if (aborted || comm == nullptr) {
+      throw Error(
+          "the NCCL communicator was aborted after an earlier failure; "
+          "restart the job (or the elastic generation)");
+    }
+    return comm;
+  }
+  void Abort() noexcept {
+    if (comm != nullptr && !aborted) api->comm_abort(comm);
+    aborted = true;
+  }
+};
+
+// --- DeviceCollectives ---------------------------------------------------------------------------
+
+DeviceCollectives::DeviceCollectives(Communicator& comm, GpuRuntime& runtime, DeviceOptions options)
+    : comm_(comm), runtime_(runtime), options_(std::move(options)), pinned_(runtime) {
+  if (options_.path.empty()) options_.path = env::kGpuPath.Get();
+  if (absl::StatusOr<std::string> path = env::kGpuPath.Parse(options_.path); !path.ok()) {
+    throw InvalidArgumentError(std::string(path.status().message()));
+  }
+  if (options_.verbose < 0) options_.verbose = env::kVerbose.Get() != 0 ? 1 : 0;
+  timeout_ = options_.timeout.count() > 0 ? options_.timeout
+                                          : std::chrono::seconds(env::kTimeoutSeconds.Get());
+}
+
+DeviceCollectives::~DeviceCollectives() {
+  if (nccl_) {
+    if (nccl_->comm != nullptr) {
+      if (nccl_->aborted) {
+        // Already torn down by Abort.
+      } else {
+        nccl_->api->comm_destroy(nccl_->comm);
+      }
+    }
+    if (nccl_->stream != nullptr) runtime_.DeleteStream(nccl_->stream);
+  }
+  if (stage_stream_ != nullptr) runtime_.DeleteStream(stage_stream_);
+  for (Event event : events_) runtime_.DeleteEvent(event);
+}
+
+Event DeviceCollectives::TakeEvent() {
+  {
+    std::lock_guard<std::mutex> lock(events_mutex_);
+    if (!events_.empty()) {
+      Event event = events_.back();
+      events_.pop_back();
+      return event;
+    }
+  }
+  return runtime_.NewEvent(device_);
+}
+
+void DeviceCollectives::GiveEvent(Event event) {
+  if (event == nullptr) return;
+  std::lock_guard<std::mutex> lock(events_mutex_);
+  events_.push_back(event);
+}
+
+Stream DeviceCollectives::StageStream() {
+  if (stage_stream_ == nullptr) stage_stream_ = runtime_.NewStream(device_);
+  return stage_stream_;
+}
+
+std::shared_ptr<DeviceWork> DeviceCollectives::Start(DeviceCall call) {
+  std::vector<const void*> pointers(call.inputs.begin(), call.inputs.end());
+  pointers.insert(pointers.end(), call.outputs.begin(), call.outputs.end());
+  if (pointers.empty()) throw InvalidArgumentError("a GPU collective without buffers");
+  int device = call.device;
+  for (const void* pointer : pointers) {
+    if (pointer == nullptr) continue;
+    const int on = runtime_.DeviceOf(pointer);
+    if (on < 0) {
+      throw InvalidArgumentError(internal::MakeMessage(
+          "a buffer of ", call.check.name.empty() ? "this collective" : call.check.name,
+          " is host memory, not on a GPU; pass it as a CPU array or tensor"));
+    }
+    if (device < 0) device = on;
+    if (on != device) {
+      throw InvalidArgumentError(
+          internal::MakeMessage("the buffers of one collective are on cuda:", device,
+                                " and cuda:", on, "; put them on one GPU"));
+    }
+  }
+  if (device < 0) throw InvalidArgumentError("a GPU collective whose buffers are all empty");
+  if (device_ < 0) device_ = device;
+  if (device != device_) {
+    throw InvalidArgumentError(
+        internal::MakeMessage("this buffer is on cuda:", device, " but rank ", comm_.rank(),
+                              "'s earlier GPU collectives on this communicator used cuda:", device_,
+                              "; a rank uses one GPU (torch.cuda.set_device(local_rank))"));
+  }
+  call.device = device;
+  auto work = std::shared_ptr<DeviceWork>(new DeviceWork(*this, std::move(call)));
+  if (work->call_.has_stream) {
+    work->ready_ = TakeEvent();
+    runtime_.Record(work->ready_, work->call_.stream);
+  }
+  work->done_ = TakeEvent();
+  return work;
+}
+
+void DeviceCollectives::Decide(int device) {
+  std::string nccl_why;
+  const bool nccl_loads = runtime_.RealDevices() && LoadNcclApi(&nccl_why) != nullptr;
+  if (!runtime_.RealDevices()) nccl_why = "the GPU runtime is the tests' CPU fake";
+  const int64_t forced = options_.path == "nccl" ? 1 : options_.path == "staged" ? 2 : 0;
+  const int size = comm_.size();
+  std::array<int64_t, 4> mine = {HostId(), device, nccl_loads ? 1 : 0, forced};
+  std::vector<int64_t> all(4 * static_cast<size_t>(size));
+  CallCheck check;
+  check.name = "choosing the GPU path";
+  comm_.Allgather(mine.data(), all.data(), 4, DataType::kInt64, check);
+  std::string why;
+  int without_nccl = -1;
+  int shared_a = -1;
+  int shared_b = -1;
+  bool want_nccl = false;
+  bool want_staged = false;
+  for (int r = 0; r < size; ++r) {
+    const int64_t* p = &all[4 * static_cast<size_t>(r)];
+    if (p[2] == 0 && without_nccl < 0) without_nccl = r;
+    want_nccl |= p[3] == 1;
+    want_staged |= p[3] == 2;
+    for (int q = 0; q < r && shared_a < 0; ++q) {
+      const int64_t* o = &all[4 * static_cast<size_t>(q)];
+      if (o[0] == p[0] && o[1] == p[1]) {
+        shared_a = q;
+        shared_b = r;
+      }
+    }
+  }
+  if (want_staged) {
+    why = internal::MakeMessage(env::kGpuPath.name, "=staged");
+  } else if (without_nccl >= 0) {
+    why = without_nccl == comm_.rank()
+              ? nccl_why
+              : internal::MakeMessage("rank ", without_nccl, " of the communicator has no NCCL");
+  } else if (shared_a >= 0) {
+    why = internal::MakeMessage("ranks ", shared_a, " and ", shared_b,
+                                " share cuda:", all[4 * static_cast<size_t>(shared_b) + 1],
+                                " of one host");
+  }
+  if (!why.empty() && want_nccl) {
+    throw InvalidArgumentError(
+        internal::MakeMessage(env::kGpuPath.name, "=nccl, but NCCL cannot serve: ", why));
+  }
+  runtime_.SetDevice(device);
+  if (why.empty()) {
+    nccl_ = std::make_unique<Nccl>();
+    nccl_->api = LoadNcclApi(nullptr);
+    nccl_->api->get_version(&nccl_->version);
+    // Rank 0 makes the ID; it travels with a status byte, so a failure there fails every rank.
+    std::vector<uint8_t> id(kNcclUniqueIdBytes + 1, 0);
+    std::string root_error;
+    if (comm_.rank() == 0) {
+      NcclUniqueId made{};
+      const int result = nccl_->api->get_unique_id(&made);
+      if (result == kNcclSuccess) {
+        id[0] = 1;
+        std::memcpy(id.data() + 1, made.internal, kNcclUniqueIdBytes);
+      } else {
+        root_error = nccl_->api->get_error_string(result);
+      }
+    }
+    CallCheck id_check;
+    id_check.name = "NCCL unique ID";
+    comm_.Broadcast(id.data(), id.size(), DataType::kUInt8, 0, id_check);
+    if (id[0] != 1) {
+      throw Error(internal::MakeMessage("rank 0 could not create the NCCL unique ID",
+                                        root_error.empty() ? "" : ": " + root_error));
+    }
+    NcclUniqueId unique{};
+    std::memcpy(unique.internal, id.data() + 1, kNcclUniqueIdBytes);
+    nccl_->Check(nccl_->api->comm_init_rank(&nccl_->comm, size, unique, comm_.rank()),
+                 internal::MakeMessage("rank ", comm_.rank(), " joining NCCL over ", size,
+                                       " ranks on cuda:", device));
+    nccl_->stream = runtime_.NewStream(device);
+    path_ = Path::kNccl;
+    why_ = "every rank has a GPU of its own and NCCL loads";
+  } else {
+    path_ = Path::kStaged;
+    why_ = why;
+  }
+  if (options_.verbose != 0) {
+    std::cerr << "trainrun: rank " << comm_.info().rank << ": GPU buffers of a communicator of "
+              << size << (size == 1 ? " rank" : " ranks") << " on cuda:" << device << " go "
+              << (path_ == Path::kNccl ? "over NCCL " + VersionString(nccl_->version, true)
+                                       : std::string("through pinned host memory (host-staged)"))
+              << ": " << why_ << "\n";
+  }
+}
+
+bool DeviceCollectives::NcclCan(const DeviceCall& call) const {
+  const bool reduces = call.op == DeviceOp::kAllreduce || call.op == DeviceOp::kGroupedAllreduce ||
+                       call.op == DeviceOp::kReduceScatter;
+  if (!reduces) return true;  // moves bytes: any type
+  if (NcclTypeOf(call.type) < 0) return false;
+  // NCCL's average of integers is not trainrun's truncating division on every version.
+  if (call.reduce == ReduceOp::kAverage && !IsFloat(call.type)) return false;
+  return true;
+}
+
+void DeviceCollectives::RunNccl(DeviceWork& work) {
+  const DeviceCall& call = work.call_;
+  Nccl& nccl = *nccl_;
+  void* comm = nccl.Live();
+  const NcclApi& api = *nccl.api;
+  Stream stream = nccl.stream;
+  if (call.has_stream) runtime_.WaitEvent(stream, work.ready_);
+  const size_t element = ElementSize(call.type);
+  // Byte-moving collectives of types NCCL lacks go as bytes.
+  int type = NcclTypeOf(call.type);
+  size_t scale = 1;
+  if (type < 0) {
+    type = kNcclUint8;
+    scale = element;
+  }
+  const int op = NcclOpOf(call.reduce, call.type);
+  const int size = comm_.size();
+  const int rank = comm_.rank();
+  const std::string what =
+      internal::MakeMessage("rank ", rank, " enqueueing a ", DataTypeName(call.type), " collective",
+                            call.check.name.empty() ? std::string() : " '" + call.check.name + "'");
+  switch (call.op) {
+    case DeviceOp::kAllreduce:
+      nccl.Check(api.all_reduce(call.inputs[0], call.outputs[0], call.input_counts[0], type, op,
+                                comm, stream),
+                 what);
+      break;
+    case DeviceOp::kGroupedAllreduce:
+      nccl.Check(api.group_start(), what);
+      for (size_t i = 0; i < call.inputs.size(); ++i) {
+        nccl.Check(api.all_reduce(call.inputs[i], call.inputs[i], call.input_counts[i], type, op,
+                                  comm, stream),
+                   what);
+      }
+      nccl.Check(api.group_end(), what);
+      break;
+    case DeviceOp::kBroadcast:
+      nccl.Check(api.broadcast(call.inputs[0], call.inputs[0], call.input_counts[0] * scale, type,
+                               call.root, comm, stream),
+                 what);
+      break;
+    case DeviceOp::kReduceScatter:
+      nccl.Check(api.reduce_scatter(call.inputs[0], call.outputs[0], call.output_count, type, op,
+                                    comm, stream),
+                 what);
+      break;
+    case DeviceOp::kAllgatherv: {
+      const bool even = std::all_of(call.counts.begin(), call.counts.end(),
+                                    [&](size_t c) { return c == call.counts[0]; });
+      if (even) {
+        nccl.Check(api.all_gather(call.inputs[0], call.outputs[0], call.counts[0] * scale, type,
+                                  comm, stream),
+                   what);
+        break;
+      }
+      // Uneven blocks: one broadcast per rank, as one group.
+      nccl.Check(api.group_start(), what);
+      size_t offset = 0;
+      for (int r = 0; r < size; ++r) {
+        char* block = static_cast<char*>(call.outputs[0]) + offset * element;
+        nccl.Check(api.broadcast(r == rank ? call.inputs[0] : block, block, call.counts[r] * scale,
+                                 type, r, comm, stream),
+                   what);
+        offset += call.counts[r];
+      }
+      nccl.Check(api.group_end(), what);
+      break;
+    }
+    case DeviceOp::kAlltoallv: {
+      nccl.Check(api.group_start(), what);
+      size_t sent = 0;
+      size_t received = 0;
+      for (int r = 0; r < size; ++r) {
+        if (call.send_counts[r] > 0) {
+          nccl.Check(api.send(static_cast<const char*>(call.inputs[0]) + sent * element,
+                              call.send_counts[r] * scale, type, r, comm, stream),
+                     what);
+        }
+        if (call.counts[r] > 0) {
+          nccl.Check(api.recv(static_cast<char*>(call.outputs[0]) + received * element,
+                              call.counts[r] * scale, type, r, comm, stream),
+                     what);
+        }
+        sent += call.send_counts[r];
+        received += call.counts[r];
+      }
+      nccl.Check(api.group_end(), what);
+      break;
+    }
+  }
+  runtime_.Record(work.done_, stream);
+}
+
+void DeviceCollectives::RunStaged(DeviceWork& work) {
+  const DeviceCall& call = work.call_;
+  Stream stream = StageStream();
+  if (call.has_stream) runtime_.WaitEvent(stream, work.ready_);
+  const size_t element = ElementSize(call.type);
+  auto pinned = [&](size_t count) {
+    void* buffer = pinned_.Acquire(count * element);
+    work.pinned_.push_back(buffer);
+    return buffer;
+  };
+  auto down = [&](void* host, const void* device, size_t count) {
+    if (count > 0) runtime_.Copy(host, device, count * element, stream);
+  };
+  auto up = [&](void* device, const void* host, size_t count) {
+    if (count > 0) runtime_.Copy(device, host, count * element, stream);
+  };
+  // The copies down must have landed before the host collective reads them.
+  auto landed = [&] {
+    runtime_.Record(work.done_, stream);
+    WaitDone(work);
+  };
+  const size_t size = static_cast<size_t>(comm_.size());
+  const size_t rank = static_cast<size_t>(comm_.rank());
+  switch (call.op) {
+    case DeviceOp::kAllreduce: {
+      const size_t count = call.input_counts[0];
+      void* host = pinned(count);
+      down(host, call.inputs[0], count);
+      landed();
+      comm_.Allreduce(host, count, call.type, call.reduce, call.check);
+      up(call.outputs[0], host, count);
+      break;
+    }
+    case DeviceOp::kGroupedAllreduce: {
+      size_t total = 0;
+      for (size_t c : call.input_counts) total += c;
+      char* host = static_cast<char*>(pinned(total));
+      std::vector<Communicator::Buffer> buffers;
+      size_t offset = 0;
+      for (size_t i = 0; i < call.inputs.size(); ++i) {
+        down(host + offset * element, call.inputs[i], call.input_counts[i]);
+        buffers.push_back({host + offset * element, call.input_counts[i]});
+        offset += call.input_counts[i];
+      }
+      landed();
+      comm_.GroupedAllreduce(buffers, call.type, call.reduce, call.check);
+      offset = 0;
+      for (size_t i = 0; i < call.inputs.size(); ++i) {
+        up(call.inputs[i], host + offset * element, call.input_counts[i]);
+        offset += call.input_counts[i];
+      }
+      break;
+    }
+    case DeviceOp::kBroadcast: {
+      const size_t count = call.input_counts[0];
+      void* host = pinned(count);
+      const bool root = static_cast<int>(rank) == call.root;
+      if (root) down(host, call.inputs[0], count);
+      landed();
+      comm_.Broadcast(host, count, call.type, call.root, call.check);
+      if (!root) up(call.inputs[0], host, count);
+      break;
+    }
+    case DeviceOp::kAllgatherv: {
+      size_t total = 0;
+      for (size_t c : call.counts) total += c;
+      void* in = pinned(call.counts[rank]);
+      void* out = pinned(total);
+      down(in, call.inputs[0], call.counts[rank]);
+      landed();
+      comm_.Allgatherv(in, out, call.counts, call.type, call.check);
+      up(call.outputs[0], out, total);
+      break;
+    }
+    case DeviceOp::kReduceScatter: {
+      const size_t count = call.output_count;
+      void* in = pinned(count * size);
+      void* out = pinned(count);
+      down(in, call.inputs[0], count * size);
+      landed();
+      comm_.ReduceScatter(in, out, count, call.type, call.reduce, call.check);
+      up(call.outputs[0], out, count);
+      break;
+    }
+    case DeviceOp::kAlltoallv: {
+      size_t sent = 0;
+      size_t received = 0;
+      for (size_t c : call.send_counts) sent += c;
+      for (size_t c : call.counts) received += c;
+      void* in = pinned(sent);
+      void* out = pinned(received);
+      down(in, call.inputs[0], sent);
+      landed();
+      comm_.Alltoallv(in, call.send_counts, out, call.counts, call.type, call.check);
+      up(call.outputs[0], out, received);
+      break;
+    }
+  }
+  runtime_.Record(work.done_, stream);
+}
+
+void DeviceCollectives::WaitDone(DeviceWork& work) {
+  const auto deadline = Clock::now() + timeout_;
+  Nccl* nccl = work.path_ == Path::kNccl ? nccl_.get() : nullptr;
+  Poll([&] { return runtime_.Done(work.done_); },
+       [&] {
+         if (nccl != nullptr && nccl->comm != nullptr && !nccl->aborted) {
+           int state = kNcclSuccess;
+           nccl->api->comm_get_async_error(nccl->comm, &state);
+           if (state != kNcclSuccess && state != kNcclInProgress) {
+             nccl->Check(state, internal::MakeMessage("rank ", comm_.rank(),
+                                                      " waiting for an NCCL collective"));
+           }
+         }
+         if (Clock::now() >= deadline) {
+           if (nccl != nullptr) nccl->Abort();
+           throw TimeoutError(internal::MakeMessage(
+               "rank ", comm_.rank(), " waited ", timeout_.count(), " ms for a GPU collective (",
+               PathName(work.path_), " path) that did not finish",
+               nccl != nullptr ? "; the NCCL communicator was aborted" : "",
+               "; a peer rank may have failed (raise TRAINRUN_TIMEOUT if the work is just slow)"));
+         }
+       });
+}
+
+// --- DeviceWork ----------------------------------------------------------------------------------
+
+DeviceWork::DeviceWork(DeviceCollectives& owner, DeviceCall call)
+    : owner_(owner), call_(std::move(call)) {}
+
+DeviceWork::~DeviceWork() {
+  for (void* buffer : pinned_) owner_.pinned_.Release(buffer);
+  owner_.GiveEvent(ready_);
+  owner_.GiveEvent(done_);
+}
+
+void DeviceWork::Run() {
+  if (owner_.path_ == Path::kUndecided) owner_.Decide(call_.device);
+  path_ = owner_.path_ == Path::kNccl && owner_.NcclCan(call_) ? Path::kNccl : Path::kStaged;
+  if (path_ == Path::kNccl) {
+    owner_.RunNccl(*this);
+  } else {
+    owner_.RunStaged(*this);
+  }
+}
+
+void DeviceWork::Wait() {
+  if (waited_) return;
+  TRAINRUN_ENFORCE(path_ != Path::kUndecided, "DeviceWork::Wait before Run");
+  owner_.WaitDone(*this);
+  if (call_.has_stream) owner_.runtime_.WaitEvent(call_.stream, done_);
+  waited_ = true;
+  for (void* buffer : pinned_) owner_.pinned_.Release(buffer);
+  pinned_.clear();
+}
+
+}  // namespace trainrun::collectives::gpu

@@ -1,0 +1,624 @@
+// DeviceCollectives over the CPU fake of a GPU runtime: every collective and type on "device"
+// buffers at 1, 2 and 3 ranks against a float64 reference, the stream-order protocol with delayed
+// "kernels" and no synchronize, 200 collectives in flight collected in any order, and pinned
+// buffers reused. Ranks are threads over the in-memory store; each runs its collectives' Run on a
+// thread of its own, as the Python bindings' communication thread does.
+#include "trainrun/collectives/gpu/device_collectives.h"
+
+#include <algorithm>
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "fake_gpu_runtime.h"
+#include "trainrun/collectives/communicator.h"
+#include "trainrun/rendezvous/memory_store.h"
+
+namespace trainrun::collectives::gpu {
+namespace {
+
+using testing::FakeGpuRuntime;
+
+const std::vector<DataType> kTypes = {DataType::kFloat32,  DataType::kFloat64, DataType::kFloat16,
+                                      DataType::kBFloat16, DataType::kInt32,   DataType::kInt64,
+                                      DataType::kUInt8,    DataType::kInt8,    DataType::kInt16,
+                                      DataType::kBool};
+const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin,
+                                    ReduceOp::kMax, ReduceOp::kProduct};
+
+bool IsFloat(DataType t) {
+  return t == DataType::kFloat32 || t == DataType::kFloat64 || t == DataType::kFloat16 ||
+         t == DataType::kBFloat16;
+}
+
+double Get(DataType type, const char* base, size_t i) {
+  const char* p = base + i * ElementSize(type);
+  switch (type) {
+    case DataType::kFloat32: {
+      float v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case DataType::kFloat64: {
+      double v;
+      std::memcpy(&v, p, 8);
+      return v;
+    }
+    case DataType::kFloat16: {
+      _Float16 v;
+      std::memcpy(&v, p, 2);
+      return static_cast<float>(v);
+    }
+    case DataType::kBFloat16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      uint32_t bits = static_cast<uint32_t>(h) << 16;
+      float v;
+      std::memcpy(&v, &bits, 4);
+      return v;
+    }
+    case DataType::kInt32: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case DataType::kInt64: {
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      return static_cast<double>(v);
+    }
+    case DataType::kInt16: {
+      int16_t v;
+      std::memcpy(&v, p, 2);
+      return v;
+    }
+    case DataType::kUInt8:
+    case DataType::kBool:
+      return static_cast<uint8_t>(*p);
+    case DataType::kInt8:
+      return static_cast<int8_t>(*p);
+  }
+  return 0;
+}
+
+// Put writes a small integer, exact in every type.
+void Put(DataType type, char* base, size_t i, double value) {
+  char* p = base + i * ElementSize(type);
+  switch (type) {
+    case DataType::kFloat32: {
+      float v = static_cast<float>(value);
+      std::memcpy(p, &v, 4);
+      break;
+    }
+    case DataType::kFloat64:
+      std::memcpy(p, &value, 8);
+      break;
+    case DataType::kFloat16: {
+      _Float16 v = static_cast<_Float16>(value);
+      std::memcpy(p, &v, 2);
+      break;
+    }
+    case DataType::kBFloat16: {
+      float f = static_cast<float>(value);
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      uint16_t h = static_cast<uint16_t>(bits >> 16);
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case DataType::kInt32: {
+      int32_t v = static_cast<int32_t>(value);
+      std::memcpy(p, &v, 4);
+      break;
+    }
+    case DataType::kInt64: {
+      int64_t v = static_cast<int64_t>(value);
+      std::memcpy(p, &v, 8);
+      break;
+    }
+    case DataType::kInt16: {
+      int16_t v = static_cast<int16_t>(value);
+      std::memcpy(p, &v, 2);
+      break;
+    }
+    case DataType::kUInt8:
+    case DataType::kBool:
+    case DataType::kInt8:
+      *p = static_cast<char>(static_cast<int64_t>(value));
+      break;
+  }
+}
+
+// Value: element i of rank r's input, small enough that any reduction of 3 ranks is exact.
+double Value(DataType type, ReduceOp op, int rank, size_t i) {
+  if (type == DataType::kBool) return static_cast<double>((i + static_cast<size_t>(rank)) % 3 == 0);
+  if (op == ReduceOp::kProduct) return static_cast<double>((i + rank) % 3 == 0 ? 2 : 1);
+  const int64_t v = static_cast<int64_t>((i * 7 + static_cast<size_t>(rank) * 3) % 11);
+  return type == DataType::kUInt8 ? static_cast<double>(v) : static_cast<double>(v - 5);
+}
+
+double Reduce(DataType type, ReduceOp op, int size, size_t i) {
+  double acc = Value(type, op, 0, i);
+  for (int r = 1; r < size; ++r) {
+    const double v = Value(type, op, r, i);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAverage:
+        acc += v;
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
+      case ReduceOp::kProduct:
+        acc *= v;
+        break;
+    }
+  }
+  if (type == DataType::kBool) return acc != 0 ? 1 : 0;
+  if (op == ReduceOp::kAverage) return IsFloat(type) ? acc / size : std::trunc(acc / size);
+  return acc;
+}
+
+double Tolerance(DataType type) {
+  return type == DataType::kFloat16 ? 1e-2 : type == DataType::kBFloat16 ? 3e-2 : 1e-6;
+}
+
+// A rank: its host communicator and its GPU collectives over the shared fake.
+struct Rank {
+  Rank(std::shared_ptr<rendezvous::Store> store, int rank, int size, GpuRuntime& runtime,
+       DeviceOptions options = {})
+      : comm(std::move(store), rank, size, Options()), gpu(comm, runtime, options) {}
+  static CommunicatorOptions Options() {
+    CommunicatorOptions options;
+    options.job_token = "gpu-test";
+    options.job_id = "gpu-test";
+    options.listen_address = "127.0.0.1";
+    return options;
+  }
+  Communicator comm;
+  DeviceCollectives gpu;
+};
+
+// Ranks runs `fn` on `size` rank threads and rethrows the first failure.
+void Ranks(int size, GpuRuntime& runtime, const std::function<void(Rank&)>& fn,
+           DeviceOptions options = {}) {
+  auto store = std::make_shared<rendezvous::MemoryStore>();
+  std::vector<std::exception_ptr> errors(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        Rank rank(store, r, size, runtime, options);
+        fn(rank);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+// Execute runs one collective through its three steps, Run on a thread of its own.
+void Execute(DeviceCollectives& gpu, DeviceCall call) {
+  std::shared_ptr<DeviceWork> work = gpu.Start(std::move(call));
+  std::exception_ptr error;
+  std::thread thread([&] {
+    try {
+      work->Run();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  thread.join();
+  if (error) std::rethrow_exception(error);
+  work->Wait();
+}
+
+// DeviceBuffer: `count` elements on `rank`'s fake device, freed at the end of the scope.
+struct DeviceBuffer {
+  DeviceBuffer(GpuRuntime& runtime, size_t count, DataType type, int device)
+      : runtime(runtime), bytes(count * ElementSize(type)) {
+    data = static_cast<char*>(runtime.AllocDevice(bytes, device));
+    std::memset(data, 0x7f, bytes);
+  }
+  ~DeviceBuffer() { runtime.FreeDevice(data); }
+  GpuRuntime& runtime;
+  size_t bytes;
+  char* data;
+};
+
+void CheckAll(int size) {
+  FakeGpuRuntime fake(size);
+  Ranks(size, fake, [&](Rank& rank) {
+    const int me = rank.comm.rank();
+    const int n = rank.comm.size();
+    for (DataType type : kTypes) {
+      for (size_t count : {size_t{1}, size_t{1000}, size_t{70001}}) {
+        // allreduce: every op, in place and out of place.
+        for (ReduceOp op : kOps) {
+          if (type == DataType::kBool && op == ReduceOp::kAverage) continue;
+          for (bool in_place : {true, false}) {
+            DeviceBuffer in(fake, count, type, me);
+            DeviceBuffer out(fake, count, type, me);
+            for (size_t i = 0; i < count; ++i) Put(type, in.data, i, Value(type, op, me, i));
+            DeviceCall call;
+            call.op = DeviceOp::kAllreduce;
+            call.inputs = {in.data};
+            call.input_counts = {count};
+            call.outputs = {in_place ? in.data : out.data};
+            call.type = type;
+            call.reduce = op;
+            Execute(rank.gpu, call);
+            const char* result = in_place ? in.data : out.data;
+            for (size_t i = 0; i < count; ++i) {
+              const double want = Reduce(type, op, n, i);
+              const double got = Get(type, result, i);
+              if (std::abs(got - want) > Tolerance(type) * std::max(1.0, std::abs(want))) {
+                FAIL("allreduce " << DataTypeName(type) << " " << ReduceOpName(op) << " count "
+                                  << count << " rank " << me << "/" << n << " element " << i << ": "
+                                  << got << " != " << want);
+              }
+            }
+          }
+        }
+        // grouped allreduce of three buffers (sum).
+        {
+          std::vector<std::unique_ptr<DeviceBuffer>> parts;
+          DeviceCall call;
+          call.op = DeviceOp::kGroupedAllreduce;
+          call.type = type;
+          call.reduce = ReduceOp::kSum;
+          for (size_t k = 0; k < 3; ++k) {
+            parts.push_back(std::make_unique<DeviceBuffer>(fake, count + k, type, me));
+            for (size_t i = 0; i < count + k; ++i) {
+              Put(type, parts.back()->data, i, Value(type, ReduceOp::kSum, me, i + k));
+            }
+            call.inputs.push_back(parts.back()->data);
+            call.input_counts.push_back(count + k);
+          }
+          Execute(rank.gpu, call);
+          for (size_t k = 0; k < 3; ++k) {
+            for (size_t i = 0; i < count + k; ++i) {
+              REQUIRE(Get(type, parts[k]->data, i) ==
+                      Approx(Reduce(type, ReduceOp::kSum, n, i + k)).margin(Tolerance(type) * 16));
+            }
+          }
+        }
+        // broadcast from the last rank.
+        {
+          DeviceBuffer data(fake, count, type, me);
+          for (size_t i = 0; i < count; ++i)
+            Put(type, data.data, i, Value(type, ReduceOp::kMax, me, i));
+          DeviceCall call;
+          call.op = DeviceOp::kBroadcast;
+          call.inputs = {data.data};
+          call.input_counts = {count};
+          call.type = type;
+          call.root = n - 1;
+          Execute(rank.gpu, call);
+          for (size_t i = 0; i < count; ++i) {
+            REQUIRE(Get(type, data.data, i) == Value(type, ReduceOp::kMax, n - 1, i));
+          }
+        }
+        // allgatherv: rank r gives count + r elements.
+        {
+          std::vector<size_t> counts;
+          size_t total = 0;
+          for (int r = 0; r < n; ++r) {
+            counts.push_back(count + r);
+            total += count + r;
+          }
+          DeviceBuffer in(fake, counts[me], type, me);
+          DeviceBuffer out(fake, total, type, me);
+          for (size_t i = 0; i < counts[me]; ++i)
+            Put(type, in.data, i, Value(type, ReduceOp::kMax, me, i));
+          DeviceCall call;
+          call.op = DeviceOp::kAllgatherv;
+          call.inputs = {in.data};
+          call.input_counts = {counts[me]};
+          call.outputs = {out.data};
+          call.output_count = total;
+          call.counts = counts;
+          call.type = type;
+          Execute(rank.gpu, call);
+          size_t offset = 0;
+          for (int r = 0; r < n; ++r) {
+            for (size_t i = 0; i < counts[r]; ++i) {
+              REQUIRE(Get(type, out.data, offset + i) == Value(type, ReduceOp::kMax, r, i));
+            }
+            offset += counts[r];
+          }
+        }
+        // reducescatter (sum): each rank keeps block rank of count elements.
+        if (type != DataType::kBool) {
+          DeviceBuffer in(fake, count * n, type, me);
+          DeviceBuffer out(fake, count, type, me);
+          for (size_t i = 0; i < count * n; ++i)
+            Put(type, in.data, i, Value(type, ReduceOp::kSum, me, i));
+          DeviceCall call;
+          call.op = DeviceOp::kReduceScatter;
+          call.inputs = {in.data};
+          call.input_counts = {count * n};
+          call.outputs = {out.data};
+          call.output_count = count;
+          call.type = type;
+          call.reduce = ReduceOp::kSum;
+          Execute(rank.gpu, call);
+          for (size_t i = 0; i < count; ++i) {
+            REQUIRE(Get(type, out.data, i) ==
+                    Approx(Reduce(type, ReduceOp::kSum, n, me * count + i))
+                        .margin(Tolerance(type) * 16));
+          }
+        }
+        // alltoallv: rank s sends s + d + 1 elements to rank d.
+        {
+          std::vector<size_t> sends, recvs;
+          for (int d = 0; d < n; ++d)
+            sends.push_back(static_cast<size_t>(me + d + 1) * (count % 7 + 1));
+          for (int s = 0; s < n; ++s)
+            recvs.push_back(static_cast<size_t>(s + me + 1) * (count % 7 + 1));
+          size_t sent = 0, received = 0;
+          for (size_t c : sends) sent += c;
+          for (size_t c : recvs) received += c;
+          DeviceBuffer in(fake, sent, type, me);
+          DeviceBuffer out(fake, received, type, me);
+          for (size_t i = 0; i < sent; ++i)
+            Put(type, in.data, i, Value(type, ReduceOp::kMax, me, i));
+          DeviceCall call;
+          call.op = DeviceOp::kAlltoallv;
+          call.inputs = {in.data};
+          call.input_counts = {sent};
+          call.outputs = {out.data};
+          call.output_count = received;
+          call.send_counts = sends;
+          call.counts = recvs;
+          call.type = type;
+          Execute(rank.gpu, call);
+          size_t offset = 0;
+          for (int s = 0; s < n; ++s) {
+            size_t from = 0;  // where rank s's block for me starts in its input
+            for (int d = 0; d < me; ++d) from += static_cast<size_t>(s + d + 1) * (count % 7 + 1);
+            for (size_t i = 0; i < recvs[s]; ++i) {
+              REQUIRE(Get(type, out.data, offset + i) == Value(type, ReduceOp::kMax, s, from + i));
+            }
+            offset += recvs[s];
+          }
+        }
+      }
+    }
+    REQUIRE(rank.gpu.path() == Path::kStaged);
+    // The rank that lacks NCCL names its reason, the others name that rank.
+    REQUIRE_THAT(rank.gpu.why(),
+                 Catch::Contains(me == 0 ? "the GPU runtime is the tests' CPU fake"
+                                         : "rank 0 of the communicator has no NCCL"));
+  });
+}
+
+TEST_CASE("staged: every collective and type on device buffers at 1 rank", "[gpu_fake]") {
+  CheckAll(1);
+}
+TEST_CASE("staged: every collective and type on device buffers at 2 ranks", "[gpu_fake]") {
+  CheckAll(2);
+}
+TEST_CASE("staged: every collective and type on device buffers at 3 ranks", "[gpu_fake]") {
+  CheckAll(3);
+}
+
+// A float32 allreduce (sum) of `count` elements, in place, ordered on `stream`.
+DeviceCall SumOn(void* data, size_t count, Stream stream) {
+  DeviceCall call;
+  call.op = DeviceOp::kAllreduce;
+  call.inputs = {data};
+  call.input_counts = {count};
+  call.outputs = {data};
+  call.type = DataType::kFloat32;
+  call.reduce = ReduceOp::kSum;
+  call.has_stream = true;
+  call.stream = stream;
+  return call;
+}
+
+TEST_CASE(
+    "staged: stream order without synchronize: a delayed kernel writes, the allreduce "
+    "reads after it, a later kernel reads the result",
+    "[gpu_fake]") {
+  FakeGpuRuntime fake(2);
+  Ranks(2, fake, [&](Rank& rank) {
+    const int me = rank.comm.rank();
+    const size_t count = 4096;
+    Stream stream = fake.NewStream(me);
+    auto* data = static_cast<float*>(fake.AllocDevice(count * 4, me));
+    std::fill(data, data + count, -1.0f);
+    // The "kernel" writes the values 200 ms after it is launched; nothing waits for it on the CPU.
+    fake.Launch(stream, [=] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>((me + 1) * i);
+    });
+    const auto before = std::chrono::steady_clock::now();
+    std::shared_ptr<DeviceWork> work = rank.gpu.Start(SumOn(data, count, stream));
+    REQUIRE(std::chrono::steady_clock::now() - before < std::chrono::milliseconds(150));
+    std::thread comm_thread([&] { work->Run(); });
+    comm_thread.join();
+    work->Wait();
+    // A later "kernel" on the same stream reads the buffer into host memory.
+    std::vector<float> seen(count);
+    fake.Launch(stream, [&] { std::memcpy(seen.data(), data, count * 4); });
+    fake.Synchronize(stream);  // the test observing its kernel, not the code under test
+    for (size_t i = 0; i < count; ++i) REQUIRE(seen[i] == static_cast<float>(3 * i));
+    fake.FreeDevice(data);
+    fake.DeleteStream(stream);
+  });
+}
+
+TEST_CASE("staged: the caller's stream waits for the copy back, not the CPU", "[gpu_fake]") {
+  // Wait() orders the stream after the results: a kernel launched right after reads them even
+  // though the copy back is slowed down (the fake's copies run on the staging stream's thread).
+  FakeGpuRuntime fake(1);
+  Ranks(1, fake, [&](Rank& rank) {
+    const size_t count = 1 << 20;
+    Stream stream = fake.NewStream(0);
+    auto* data = static_cast<float*>(fake.AllocDevice(count * 4, 0));
+    std::fill(data, data + count, 2.0f);
+    auto work = rank.gpu.Start(SumOn(data, count, stream));
+    work->Run();
+    work->Wait();
+    float first = 0;
+    fake.Launch(stream, [&] { first = data[count - 1]; });
+    fake.Synchronize(stream);
+    REQUIRE(first == 2.0f);
+    fake.FreeDevice(data);
+    fake.DeleteStream(stream);
+  });
+}
+
+TEST_CASE("staged: 200 collectives in flight, collected in any order", "[gpu_fake]") {
+  FakeGpuRuntime fake(2);
+  Ranks(2, fake, [&](Rank& rank) {
+    const int me = rank.comm.rank();
+    constexpr int kInFlight = 200;
+    Stream stream = fake.NewStream(me);
+    std::vector<float*> buffers;
+    std::vector<std::shared_ptr<DeviceWork>> works;
+    // The communication thread runs what is queued, in order, while the caller goes on.
+    std::mutex mutex;
+    std::condition_variable queued;
+    std::deque<std::shared_ptr<DeviceWork>> queue;
+    std::atomic<int> ran{0};
+    std::exception_ptr error;
+    std::thread comm_thread([&] {
+      for (int k = 0; k < kInFlight; ++k) {
+        std::shared_ptr<DeviceWork> work;
+        {
+          std::unique_lock<std::mutex> lock(mutex);
+          queued.wait(lock, [&] { return !queue.empty(); });
+          work = queue.front();
+          queue.pop_front();
+        }
+        try {
+          work->Run();
+        } catch (...) {
+          error = std::current_exception();
+        }
+        ++ran;
+      }
+    });
+    for (int k = 0; k < kInFlight; ++k) {
+      const size_t count = 1 + static_cast<size_t>(k) * 37;
+      auto* data = static_cast<float*>(fake.AllocDevice(count * 4, me));
+      fake.Launch(stream, [=] {
+        for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(k + me * 1000 + i % 5);
+      });
+      buffers.push_back(data);
+      works.push_back(rank.gpu.Start(SumOn(data, count, stream)));
+      std::lock_guard<std::mutex> lock(mutex);
+      queue.push_back(works.back());
+      queued.notify_one();
+    }
+    std::vector<int> order(kInFlight);
+    for (int k = 0; k < kInFlight; ++k) order[k] = k;
+    std::shuffle(order.begin(), order.end(), std::mt19937(me + 7));
+    // Wait may only follow Run: collect each once the thread is past it, in the shuffled order.
+    comm_thread.join();
+    if (error) std::rethrow_exception(error);
+    for (int k : order) works[k]->Wait();
+    std::vector<float> seen;
+    for (int k : order) {
+      const size_t count = 1 + static_cast<size_t>(k) * 37;
+      seen.assign(count, 0);
+      float* data = buffers[k];
+      fake.Launch(stream, [&, data, count] { std::memcpy(seen.data(), data, count * 4); });
+      fake.Synchronize(stream);
+      for (size_t i = 0; i < count; ++i) {
+        REQUIRE(seen[i] == static_cast<float>(2 * k + 1000 + 2 * (i % 5)));
+      }
+    }
+    for (float* data : buffers) fake.FreeDevice(data);
+    fake.DeleteStream(stream);
+  });
+}
+
+TEST_CASE("staged: pinned buffers are reused (allocations flat after warm-up)", "[gpu_fake]") {
+  FakeGpuRuntime fake(2);
+  Ranks(2, fake, [&](Rank& rank) {
+    const int me = rank.comm.rank();
+    std::vector<size_t> counts = {256, 1 << 18, 1 << 20, 3000000};
+    std::vector<float*> buffers;
+    for (size_t count : counts)
+      buffers.push_back(static_cast<float*>(fake.AllocDevice(count * 4, me)));
+    auto step = [&] {
+      std::vector<std::shared_ptr<DeviceWork>> works;
+      for (size_t k = 0; k < counts.size(); ++k) {
+        std::fill(buffers[k], buffers[k] + counts[k], 1.0f);
+        DeviceCall call = SumOn(buffers[k], counts[k], nullptr);
+        call.has_stream = false;
+        works.push_back(rank.gpu.Start(call));
+      }
+      for (auto& work : works) work->Run();
+      for (auto& work : works) work->Wait();
+    };
+    for (int i = 0; i < 3; ++i) step();
+    const size_t warm = rank.gpu.pinned().allocations();
+    REQUIRE(warm > 0);
+    for (int i = 0; i < 50; ++i) step();
+    REQUIRE(rank.gpu.pinned().allocations() == warm);
+    REQUIRE(buffers[3][0] == 2.0f);
+    for (float* data : buffers) fake.FreeDevice(data);
+  });
+}
+
+TEST_CASE("a host buffer, or buffers on two devices, are refused in one sentence", "[gpu_fake]") {
+  FakeGpuRuntime fake(2);
+  Ranks(1, fake, [&](Rank& rank) {
+    std::vector<float> host(4);
+    DeviceCall call = SumOn(host.data(), 4, nullptr);
+    call.has_stream = false;
+    call.check.name = "grad.w";
+    REQUIRE_THROWS_WITH(rank.gpu.Start(call), Catch::Contains("grad.w is host memory"));
+    auto* a = static_cast<float*>(fake.AllocDevice(16, 0));
+    auto* b = static_cast<float*>(fake.AllocDevice(16, 1));
+    call.inputs = {a};
+    call.outputs = {b};
+    REQUIRE_THROWS_WITH(rank.gpu.Start(call), Catch::Contains("are on cuda:0 and cuda:1"));
+    fake.FreeDevice(a);
+    fake.FreeDevice(b);
+  });
+}
+
+TEST_CASE("TRAINRUN_GPU_PATH=nccl where NCCL cannot serve fails on every rank, saying why",
+          "[gpu_fake]") {
+  FakeGpuRuntime fake(2);
+  DeviceOptions options;
+  options.path = "nccl";
+  std::atomic<int> refused{0};
+  Ranks(
+      2, fake,
+      [&](Rank& rank) {
+        auto* data = static_cast<float*>(fake.AllocDevice(16, rank.comm.rank()));
+        DeviceCall call = SumOn(data, 4, nullptr);
+        call.has_stream = false;
+        auto work = rank.gpu.Start(call);
+        try {
+          work->Run();
+        } catch (const InvalidArgumentError& e) {
+          if (std::string(e.what()).find("NCCL cannot serve") != std::string::npos) ++refused;
+        }
+        fake.FreeDevice(data);
+      },
+      options);
+  REQUIRE(refused == 2);
+}
+
+}  // namespace
+}  // namespace trainrun::collectives::gpu

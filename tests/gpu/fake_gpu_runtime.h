@@ -1,0 +1,81 @@
+// FakeGpuRuntime: a GpuRuntime over host memory, for tests only (no shipped binary contains it).
+//
+// "Device" memory is host memory the fake hands out and remembers, so DeviceOf tells it from other
+// host memory. Every stream is a thread that runs what is enqueued on it in order: copies, event
+// records, waits on events, and "kernels" (any function, e.g. one that sleeps, then writes), so the
+// stream-order protocol of device_collectives.h runs with real concurrency. Stream handles 0, 1 and
+// 2 (the legacy and per-thread default streams) are one default stream.
+//
+//   FakeGpuRuntime fake(/*devices=*/2);
+//   void* buffer = fake.AllocDevice(bytes, 0);
+//   fake.Launch(stream, [=] { Sleep(50ms); std::memset(buffer, 1, bytes); });
+//   fake.Synchronize(stream);
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "trainrun/collectives/gpu/runtime.h"
+
+namespace trainrun::collectives::gpu::testing {
+
+class FakeGpuRuntime final : public GpuRuntime {
+ public:
+  explicit FakeGpuRuntime(int devices = 1);
+  ~FakeGpuRuntime() override;
+
+  std::string Describe() const override { return "the tests' CPU fake of a GPU runtime"; }
+  bool RealDevices() const override { return false; }
+  int DeviceCount() override { return devices_; }
+  int CurrentDevice() override;
+  void SetDevice(int device) override;
+  int DeviceOf(const void* pointer) override;
+  Stream NewStream(int device) override;
+  void DeleteStream(Stream stream) noexcept override;
+  Event NewEvent(int device) override;
+  void DeleteEvent(Event event) noexcept override;
+  void Record(Event event, Stream stream) override;
+  void WaitEvent(Stream stream, Event event) override;
+  bool Done(Event event) override;
+  void Copy(void* destination, const void* source, size_t bytes, Stream stream) override;
+  void* AllocPinned(size_t bytes) override;
+  void FreePinned(void* pointer) noexcept override;
+  void* AllocDevice(size_t bytes, int device) override;
+  void FreeDevice(void* pointer) noexcept override;
+
+  // Launch enqueues `kernel` on `stream`.
+  void Launch(Stream stream, std::function<void()> kernel);
+  // Synchronize waits until everything enqueued on `stream` so far has run.
+  void Synchronize(Stream stream);
+  // pinned_allocations: AllocPinned calls so far; copies: Copy calls so far.
+  size_t pinned_allocations() const { return pinned_allocations_.load(); }
+  size_t copies() const { return copies_.load(); }
+
+ private:
+  struct FakeStream;
+  struct FakeEvent {
+    std::mutex mutex;
+    std::condition_variable reached;
+    uint64_t recorded = 0;
+    uint64_t completed = 0;
+  };
+  FakeStream& Resolve(Stream stream);
+
+  int devices_;
+  std::unique_ptr<FakeStream> default_stream_;
+  std::mutex mutex_;
+  std::map<const char*, std::pair<size_t, int>> device_memory_;  // start -> (bytes, device)
+  std::atomic<size_t> pinned_allocations_{0};
+  std::atomic<size_t> copies_{0};
+};
+
+}  // namespace trainrun::collectives::gpu::testing
