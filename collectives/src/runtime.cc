@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "elastic_session.h"
+#include "rank_setting.h"
 #include "trainrun/rendezvous/environment.h"
 #include "worker_connect.h"
 
@@ -13,15 +14,6 @@ namespace trainrun::collectives {
 namespace {
 
 using ::trainrun::internal::MakeMessage;
-
-// FusionBytes is the most bytes of in-place allreduces the communication thread fuses into one.
-size_t FusionBytes() {
-  try {
-    return static_cast<size_t>(env::kFusionThresholdBytes.Get());
-  } catch (const env::BadSetting& e) {
-    throw InvalidArgumentError(e.what());
-  }
-}
 
 constexpr char kForkedChild[] =
     "trainrun cannot be used in a process forked after trainrun.init() (e.g. a DataLoader "
@@ -61,7 +53,8 @@ void Runtime::Init() {
       world_ = ConnectWorld();
     }
   }
-  thread_ = std::make_unique<CommThread>(*world_, FusionBytes());
+  thread_ = std::make_unique<CommThread>(
+      *world_, static_cast<size_t>(RankSetting(env::kFusionThresholdBytes)));
 }
 
 void Runtime::Shutdown() {
