@@ -1,6 +1,7 @@
 #include "trainrun/rendezvous/environment.h"
 
 #include <cstdlib>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -11,11 +12,23 @@
 namespace trainrun::env {
 namespace {
 
-// BoundsText says which integers a setting accepts, for its sentence.
-std::string BoundsText(const IntSetting& s) {
-  if (s.max_value == kNoLimit) return absl::StrCat(s.min_value, " or more");
+// Accepted says which values a setting accepts, for its sentence ("NAME is 'x'; set it to ...").
+std::string Accepted(const IntSetting& s) {
+  if (s.max_value == kNoLimit) return absl::StrCat("an integer of ", s.min_value, " or more");
   if (s.min_value == 0 && s.max_value == 1) return "0 or 1";
-  return absl::StrCat("from ", s.min_value, " to ", s.max_value);
+  return absl::StrCat("an integer from ", s.min_value, " to ", s.max_value);
+}
+
+std::string Accepted(const StringSetting& s) {
+  std::vector<std::string> choices = absl::StrSplit(s.choices, '|');
+  std::string last = choices.back();
+  choices.pop_back();
+  return absl::StrCat(absl::StrJoin(choices, ", "), " or ", last);
+}
+
+absl::Status Refused(const char* name, absl::string_view text, const std::string& accepted) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, " is '", text, "'; set it to ", accepted, " (or unset it)"));
 }
 
 // ValueOf is the environment's value of a setting named `name` (or `old_name`, when `name` is
@@ -43,8 +56,7 @@ absl::StatusOr<int64_t> IntSetting::Parse(absl::string_view text) const {
   int64_t value = 0;
   const bool digits = !text.empty() && (text[0] == '-' || absl::ascii_isdigit(text[0]));
   if (!digits || !absl::SimpleAtoi(text, &value) || value < min_value || value > max_value) {
-    return absl::InvalidArgumentError(absl::StrCat(name, "=", text, " is not an integer ",
-                                                   BoundsText(*this), "; fix or unset it"));
+    return Refused(name, text, Accepted(*this));
   }
   return value;
 }
@@ -68,9 +80,7 @@ absl::StatusOr<std::string> StringSetting::Parse(absl::string_view text) const {
   for (absl::string_view choice : absl::StrSplit(choices, '|')) {
     if (choice == text) return std::string(text);
   }
-  return absl::InvalidArgumentError(absl::StrCat(name, "=", text, " is not one of ",
-                                                 absl::StrJoin(absl::StrSplit(choices, '|'), ", "),
-                                                 "; fix or unset it"));
+  return Refused(name, text, Accepted(*this));
 }
 
 std::string StringSetting::Get() const {

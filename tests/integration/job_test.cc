@@ -161,9 +161,10 @@ TEST_CASE("a setting's bad value is one sentence naming it, before any rank star
   JobResult job = RunJob("-x TRAINRUN_SOCKETS_PER_PEER=many -np 2 " + kWorker + " 1");
   INFO(job.output);
   CHECK(job.exit_code == 2);
-  CHECK(job.output ==
-        "trainrun: error: -x TRAINRUN_SOCKETS_PER_PEER: TRAINRUN_SOCKETS_PER_PEER=many is not an "
-        "integer from 1 to 64; fix or unset it\n");
+  CHECK(
+      job.output ==
+      "trainrun: error: -x TRAINRUN_SOCKETS_PER_PEER: TRAINRUN_SOCKETS_PER_PEER is 'many'; set it "
+      "to an integer from 1 to 64 (or unset it)\n");
 }
 
 namespace {

@@ -476,8 +476,8 @@ def test_fusion_threshold_and_bucket_size_are_two_settings():
         os.environ["TRAINRUN_BUCKET_BYTES"] = "1MB"
         with pytest.raises(trainrun.InvalidArgumentError) as error:
             _core.int_setting("TRAINRUN_BUCKET_BYTES")
-        assert str(error.value) == ("TRAINRUN_BUCKET_BYTES=1MB is not an integer 0 or more; "
-                                    "fix or unset it")
+        assert str(error.value) == ("TRAINRUN_BUCKET_BYTES is '1MB'; set it to an integer of 0 "
+                                    "or more (or unset it)")
     finally:
         for name, value in saved.items():
             if value is None:

@@ -186,9 +186,10 @@ inline constexpr char kPath[] = "PATH";
 // A setting is a variable a rank or trainrun acts on, declared once below with its name, type,
 // default, accepted values, which side reads it, and its meaning, in the manner of NCCL_PARAM. Its
 // Parse is the one parser of its values, on every side: a bad value is one sentence naming the
-// variable and the value ("TRAINRUN_TIMEOUT=abc is not an integer; fix or unset it"), which Get()
-// throws as BadSetting, and trainrun returns as InvalidArgument before it starts a rank. kSettings
-// lists them all: `trainrun --help`, the man page and the README's table are made from it.
+// variable and the value ("TRAINRUN_TIMEOUT is 'abc'; set it to an integer of 1 or more (or unset
+// it)"), which Get() throws as BadSetting, and trainrun returns as InvalidArgument before it starts
+// a rank. kSettings lists them all: `trainrun --help`, the man page and docs/usage.md's table are
+// made from it.
 
 // Side says who acts on a setting: the ranks (the collectives, the Python package), trainrun, or
 // both (trainrun passes the value it acts on to every rank).
