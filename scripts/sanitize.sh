@@ -4,20 +4,25 @@
 # sanitizer; any report (from the test process or from any trainrun, agent or worker process it
 # started) fails the run.
 #
-#   scripts/sanitize.sh asan     # ASan + UBSan: every test not labelled gpu, slow, python or
-#                                # install
+#   scripts/sanitize.sh asan     # ASan + UBSan: every test not labelled gpu, slow, python,
+#                                # install or hardening
 #   TRAINRUN_ASAN_BUDGET=S scripts/sanitize.sh asan
 #                                # the same within S seconds, build included: the tests run in
 #                                # three tiers (unit, launcher/integration, ssh/netns/slurm), and a
 #                                # tier that would not fit in what is left is left out, said in one
 #                                # line (CI's use: its 90 minutes do not always hold a cold build)
 #   scripts/sanitize.sh tsan     # TSan: the collectives and rendezvous tests
-#   scripts/sanitize.sh          # both
+#   scripts/sanitize.sh memcheck # Valgrind's memcheck on the launcher: its in-process tests
+#                                # (supervisor, stall, output, host discovery) and whole trainrun
+#                                # jobs (-np 2 true; -np 2 barrier_example: the rendezvous over
+#                                # TLS), in the normal build (MEMCHECK_BUILD_DIR, default build/)
+#   scripts/sanitize.sh          # asan and tsan
 #
 # The python-labelled tests are left out: they load the extension into Debian's uninstrumented
 # python3, which would need the sanitizer runtime preloaded and reports PyTorch's own leaks. So are
 # the install-labelled ones: they build and install the release tree (a wheel, a .deb), which
-# this build's flags do not reach.
+# this build's flags do not reach. So are the hardening-labelled ones: they time jobs under attack
+# against the plain job, and one runs trainrun under valgrind.
 # Suppressions (scripts/sanitizers/) name third-party code only, each with its reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -84,7 +89,7 @@ run_asan() {
   export ASAN_OPTIONS="log_path=$reports/report:detect_leaks=1:abort_on_error=0"
   export LSAN_OPTIONS="suppressions=$root/scripts/sanitizers/lsan.supp:print_suppressions=0"
   export UBSAN_OPTIONS="log_path=$reports/report:print_stacktrace=1:halt_on_error=1"
-  local never='gpu|slow|python|install' remote='ssh|netns|slurm' status=0 ran=0 left=()
+  local never='gpu|slow|python|install|hardening' remote='ssh|netns|slurm' status=0 ran=0 left=()
   # asan_tier NAME COST SELECTION...: runs the tests that SELECTION (ctest -L/-LE) picks, unless
   # COST seconds more would overrun the budget. The costs are what the tiers took here at load
   # 5-10 (221, 134 and 396 s, -j2), rounded up by about a half for a slower machine.
@@ -130,12 +135,29 @@ run_tsan() {
   return "$status"
 }
 
+run_memcheck() {
+  local dir=${MEMCHECK_BUILD_DIR:-build}
+  command -v valgrind >/dev/null || { echo "sanitize: valgrind is not installed" >&2; return 1; }
+  cmake --build "$dir" -j2 --target launcher_test trainrun trainrun_rank_shim barrier_example
+  # Definite leaks and every memory error fail the run; gRPC's and abseil's process-lifetime
+  # singletons are "still reachable", not reported. The ranks themselves are not traced.
+  local vg=(valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite
+            --show-leak-kinds=definite)
+  local status=0
+  "${vg[@]}" "$dir/bin/launcher_test" "[supervisor],[stall],[output]" || status=$?
+  "${vg[@]}" "$dir/bin/trainrun" -np 2 true || status=$?
+  "${vg[@]}" "$dir/bin/trainrun" -np 2 "$dir/bin/barrier_example" || status=$?
+  ((status == 0)) && echo "sanitize: memcheck found nothing"
+  return "$status"
+}
+
 for mode in "${modes[@]}"; do
   start=$SECONDS
   case $mode in
     asan) run_asan ;;
     tsan) run_tsan ;;
-    *) echo "usage: $0 [asan|tsan]..." >&2; exit 2 ;;
+    memcheck) run_memcheck ;;
+    *) echo "usage: $0 [asan|tsan|memcheck]..." >&2; exit 2 ;;
   esac
   echo "sanitize: $mode took $((SECONDS - start)) s"
 done

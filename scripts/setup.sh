@@ -29,6 +29,10 @@ packages=(
   slurmctld slurmd slurm-client munge util-linux
   # trainrun.run(fn): the function and its arguments travel to the ranks by cloudpickle
   python3-cloudpickle
+  # tests/hardening: a capture of the rendezvous' traffic must not hold the job token (tcpdump);
+  # trainrun under valgrind, and scripts/sanitize.sh memcheck; the speed guard (tests/guard,
+  # bench/guard/guard.py): instruction counts under callgrind and blocking system calls by strace
+  tcpdump valgrind strace
 )
 
 missing=()

@@ -29,6 +29,9 @@
 //
 //   build/bin/rendezvous_bench --runs 1 --processes 16 --relay -v 8192
 //
+// `--no-tls` runs server, relays and workers in plain text (trainrun --no-tls), to measure what TLS
+// costs; workers in other processes hear it through TRAINRUN_RENDEZVOUS_TLS=off.
+//
 // --spawn N PROGRAM [ARGS...] instead starts N real worker processes (all "on localhost") with the
 // environment trainrun gives them, and times server start to last exit: the launcher-free floor of
 // `trainrun -np N PROGRAM`, e.g. with build/bin/barrier_example.
@@ -57,6 +60,11 @@
 #include "trainrun/rendezvous/environment.h"
 #include "trainrun/rendezvous/relay.h"
 #include "trainrun/rendezvous/server.h"
+
+namespace {
+// False with --no-tls (or TRAINRUN_RENDEZVOUS_TLS=off inherited from the bench's parent).
+bool Tls() { return trainrun::env::Lookup(trainrun::env::kRendezvousTls).value_or("") != "off"; }
+}  // namespace
 
 extern char** environ;
 
@@ -138,6 +146,7 @@ int RunWorkers(const std::string& address, const std::string& token, int n, int 
       options.server_address = address;
       options.job_id = "bench";
       options.token = token;
+      options.tls = Tls();
       options.host = host;
       options.local_ranks = workers;
       auto started = rdv::Relay::Start(options);
@@ -163,6 +172,7 @@ int RunWorkers(const std::string& address, const std::string& token, int n, int 
       client.address = address;
       client.job_id = "bench";
       client.token = token;
+      client.tls = Tls();
       client.host = plan[r].host;
       client.local_rank = plan[r].local_rank;
       if (relay) client.relay = relays.at(client.host)->socket();
@@ -325,6 +335,7 @@ double RunOnce(int n, int processes, bool per_key, bool relay, bool verbose) {
   rdv::ServerOptions options;
   options.job_id = "bench";
   options.token = "bench-token-0123456789abcdef";
+  options.tls = Tls();
   options.ranks = Plan(n);
   auto server = rdv::Server::Start(options);
   if (!server.ok()) {
@@ -371,6 +382,7 @@ double SpawnOnce(int n, char** argv) {
   auto token = rdv::RandomToken();
   if (!token.ok()) return -1;
   options.token = *token;
+  options.tls = Tls();
   for (int r = 0; r < n; ++r) options.ranks.push_back({"localhost", r, n, 0, 1});
   auto server = rdv::Server::Start(options);
   if (!server.ok()) {
@@ -389,6 +401,7 @@ double SpawnOnce(int n, char** argv) {
         absl::StrCat("TRAINRUN_LOCAL_RANK=", r),
         absl::StrCat("TRAINRUN_LOCAL_SIZE=", n),
         "TRAINRUN_TIMEOUT=60",
+        absl::StrCat("TRAINRUN_RENDEZVOUS_TLS=", Tls() ? "on" : "off"),
     };
     std::vector<char*> envp;
     for (auto& e : env) envp.push_back(e.data());
@@ -457,6 +470,8 @@ int main(int argc, char** argv) {
       per_key = true;
     } else if (std::strcmp(argv[i], "--relay") == 0) {
       relay = true;
+    } else if (std::strcmp(argv[i], "--no-tls") == 0) {
+      setenv(trainrun::env::kRendezvousTls, "off", 1);
     } else if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
       runs = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--processes") == 0 && i + 1 < argc) {

@@ -423,6 +423,7 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
   spec.tag_output = options.tag_output;
   spec.prefix_timestamp = options.prefix_timestamp;
   spec.stdout_pty = options.pty;
+  spec.rendezvous_tls = options.tls;
   spec.assign_gpus = options.assign_gpus;
   // horovodrun's knobs that trainrun has: as -x would set them (an explicit -x wins).
   auto export_default = [&spec](const char* name, std::string value) {
@@ -504,10 +505,12 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
   if (!elastic.ok()) return elastic.status();
   spec.elastic = *elastic;
   if (per_node->spec) {
-    // Node 0 serves the job's rendezvous at the endpoint's port, on every interface.
+    // Node 0 serves the job's rendezvous at the endpoint's address (where every node reaches it),
+    // on a port of its own: the endpoint's port stays the join port for the whole job, so that a
+    // node started twice hears at once that its node rank has joined.
     spec.per_node = per_node->spec;
-    spec.rendezvous_addr = "0.0.0.0";
-    spec.rendezvous_port = per_node->spec->endpoint_port;
+    spec.rendezvous_addr = per_node->spec->endpoint_host;
+    spec.rendezvous_port = 0;
   }
   spec.hosts_from_slurm = !per_node->spec && !options.hosts && !options.hostfile &&
                           options.launcher != "local" && env(env::kSlurmJobNodelist).has_value();

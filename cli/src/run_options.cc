@@ -372,6 +372,10 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
                "Print the plan (host, rank, local_rank, cross_rank, command), how each remote host "
                "is reached and the trainrun release found there; start no job.");
 
+  app.add_flag("--tls,!--no-tls", options.tls,
+               "Run the job's rendezvous over TLS with a certificate made from the job's token, "
+               "so the token never crosses the network (default: on; --no-tls: plain text, to "
+               "debug).");
   app.add_option("--rendezvous-port", options.rendezvous_port,
                  "Port of the job's rendezvous server; 0 lets the kernel choose.")
       ->type_name("PORT")

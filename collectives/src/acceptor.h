@@ -29,7 +29,7 @@ class Acceptor {
   using Place = std::function<bool(PeerIdentity, Fd)>;
 
   static constexpr size_t kMaxPending = 256;
-  static constexpr std::chrono::seconds kHandshakeTimeout{10};
+  static constexpr std::chrono::seconds kHandshakeTimeout{5};  // the deadline of admission.h
   // Refused connections logged one by one; the rest are counted in one line at the end.
   static constexpr int kMaxLogged = 3;
 

@@ -1,5 +1,6 @@
 // ShmTransport: the ranks of one host exchange through one shared segment (shm_segment.h) instead
-// of sockets.
+// of sockets. Defined in shm_transport.cc (layout, peers, failure), shm_ring.cc (point to point),
+// shm_wait.cc (the wait policy, the allreduce steps) and shm_allreduce.cc (the allreduce paths).
 //
 // Point-to-point Send/Recv (what broadcast, allgather, reduce-scatter and barrier use) go through a
 // single-producer single-consumer ring per ordered pair of ranks. Allreduce has its own path
@@ -100,6 +101,9 @@ class ShmTransport : public Transport {
   // kHeaderBytes of it are free for the caller (same_host.h keeps its nonce there).
   static size_t SegmentBytes(int size, const ShmOptions& options);
   static constexpr size_t kHeaderBytes = 4096;
+  // Where a slot's chunk starts: the call record of a chunked allreduce's first chunk goes before,
+  // at the slot's start, where the small paths put theirs (TryCheckedAllreduce).
+  static constexpr size_t kChunkAt = 256;
 
   // ShmTransport takes over `segment`, which every rank of the communicator has mapped with the
   // same size and options. Registers this process in it; the caller must make every rank finish
@@ -130,8 +134,12 @@ class ShmTransport : public Transport {
   // collective exchanges first) go through the allreduce slots: one synchronisation, where the
   // ring over Send/Recv takes n-1 (each a sleep and a wake-up when ranks share cores).
   bool TryAllgather(const void* input, void* output, size_t bytes) override;
-  // An allreduce whose record and input fit one slot (ShmOptions::small_bytes) together: the
-  // record at the slot's start (where TryAllgather puts it), the input one cache line further.
+  // The record always goes at the slot's start, where TryAllgather puts it. An allreduce whose
+  // record and input fit ShmOptions::small_bytes together: the input one cache line further, one
+  // synchronisation in all. A larger one (record of at most kChunkAt bytes): the chunked allreduce,
+  // whose first step carries the record beside the first chunk, so the records cost no step of
+  // their own either; when `reduce(same)` says no, it stops after that step, before anything is
+  // written to `output`.
   bool TryCheckedAllreduce(const void* input, void* output, size_t count, DataType type,
                            ReduceOp op, const void* record, size_t record_bytes, void* records,
                            FunctionRef<bool(bool)> reduce) override;
@@ -165,6 +173,8 @@ class ShmTransport : public Transport {
   Channel& channel(int from, int to) const;
   char* ring(int from, int to) const;
   char* slot(int r, uint32_t generation) const;
+  // chunk_at is where slot(r, generation)'s chunk of a chunked allreduce starts.
+  char* chunk_at(int r, uint32_t generation) const { return slot(r, generation) + kChunkAt; }
 
   Request NewRequest(size_t bytes);
   bool Progress();
@@ -178,6 +188,12 @@ class ShmTransport : public Transport {
   void Idle(std::atomic<uint32_t>& word, std::atomic<uint32_t>& waiters, uint32_t seen,
             WaitClock& clock, int blame);
   void CheckPeers(int blame);
+  // MaySpin says whether the next wait may spin, EndWait notes whether its spin paid: after a spin
+  // that ran out, the next 2^k - 1 waits do not spin (k: spins that ran out in a row, at most 6).
+  // Two ranks that share one CPU (woken onto their waker's CPU, or a stale published CPU) would
+  // otherwise spin out every wait while the one they wait for cannot run.
+  bool MaySpin();
+  void EndWait(const WaitClock& clock);
   // Activity is, in an adaptive wait, the least active of the ranks this one waits on (kIdle over
   // kNeedsCpu over kRunning; see ClassifyPeer); `blame` is the one a point-to-point wait waits on.
   PeerActivity Activity(int blame, Clock::time_point now, bool grace);
@@ -203,8 +219,21 @@ class ShmTransport : public Transport {
   void PrefetchSlots(uint32_t generation, size_t bytes) const;
   // Pieces is a logical buffer made of pieces (TryAllreducePieces); null: `in` and `out`.
   struct Pieces;
-  void ChunkAllreduce(const char* in, char* out, size_t count, DataType type, ReduceOp op,
-                      int divisor, const PartAllreduce* across, const Pieces* pieces = nullptr);
+  // Check is a call record that rides with the first chunk (TryCheckedAllreduce).
+  struct Check {
+    const void* record;
+    size_t record_bytes;
+    void* records;
+    FunctionRef<bool(bool)> reduce;
+  };
+  // ChunkAllreduce returns false when `check` said not to reduce (after its first step).
+  bool ChunkAllreduce(const char* in, char* out, size_t count, DataType type, ReduceOp op,
+                      int divisor, const PartAllreduce* across, const Pieces* pieces = nullptr,
+                      const Check* check = nullptr);
+  // CompareRecords compares every rank's record of `generation` with this rank's `record`; when
+  // one differs, copies them all to `records`. Returns whether all were the same.
+  bool CompareRecords(uint32_t generation, const void* record, size_t record_bytes,
+                      void* records) const;
   // AllreduceAcrossGroups above one chunk: the chunks' `across` steps run on a helper thread,
   // overlapping the next chunk's copy-in and reduction and the previous chunk's copy-out.
   void PipelinedAcross(const char* in, char* out, size_t count, DataType type, ReduceOp op,
@@ -241,6 +270,8 @@ class ShmTransport : public Transport {
   Clock::time_point no_yield_until_{};          // set by NoteGap and BackOff
   std::chrono::nanoseconds no_yield_period_{};  // BackOff's last, where ranks outnumber the CPUs
   bool oversubscribed_ = false;                 // more ranks than CPUs this process may use
+  int spin_misses_ = 0;                         // MaySpin/EndWait
+  int spin_skip_ = 0;
 };
 
 }  // namespace trainrun::collectives::internal

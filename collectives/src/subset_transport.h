@@ -34,9 +34,29 @@ class SubsetTransport : public Transport {
   int failed_peer() const override { return parent_->failed_peer(); }
   void Abort(int peer, const std::string& message) override { parent_->Abort(peer, message); }
   void Finished() override { parent_->Finished(); }
+  // A set of every rank in order is the parent renamed: it takes the parent's own ways of
+  // exchanging records too, so that a set's collective and the world's meet at the same place
+  // (over TCP between two ranks, the same frames; see TcpTransport::TryAllgather).
+  bool TryAllgather(const void* input, void* output, size_t bytes) override {
+    return whole() && parent_->TryAllgather(input, output, bytes);
+  }
+  bool TryCheckedAllreduce(const void* input, void* output, size_t count, DataType type,
+                           ReduceOp op, const void* record, size_t record_bytes, void* records,
+                           FunctionRef<bool(bool)> reduce) override {
+    return whole() && parent_->TryCheckedAllreduce(input, output, count, type, op, record,
+                                                   record_bytes, records, reduce);
+  }
   const char* name() const override { return parent_->name(); }
 
  private:
+  bool whole() const {
+    if (size() != parent_->size()) return false;
+    for (int i = 0; i < size(); ++i) {
+      if (ranks_[i] != i) return false;
+    }
+    return true;
+  }
+
   std::shared_ptr<Transport> parent_;
   std::vector<int> ranks_;
   int rank_;

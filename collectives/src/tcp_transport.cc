@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <thread>
 
 #include "acceptor.h"
+#include "reduce.h"
 #include "store_calls.h"
 #include "trainrun/collectives/errors.h"
 
@@ -28,6 +30,8 @@ constexpr size_t kMinStripeBytes = 64 << 10;
 // One send(2) moves at most this much, so a rank alternates between sending and receiving often
 // enough that both directions of a connection stay busy.
 constexpr size_t kMaxSendBytes = 256 << 10;
+// At most this many queued sends go out in one sendmsg(2).
+constexpr size_t kMaxSendParts = 8;
 constexpr char kBye = 'B';
 constexpr char kAbort = 'A';
 // How long a lost data connection waits for the abort its peer may have sent just before.
@@ -213,16 +217,33 @@ void TcpTransport::CompletePart(Request request) {
 bool TcpTransport::ProgressSends(Conn& conn) {
   bool moved = false;
   while (!conn.sends.empty() && conn.maybe_writable) {
-    Op& op = conn.sends.front();
-    ssize_t n = ::send(conn.fd.get(), op.data, std::min(op.left, kMaxSendBytes),
-                       MSG_DONTWAIT | MSG_NOSIGNAL);
+    // The queued sends go out together, up to kMaxSendBytes: one system call for a frame's head and
+    // its data (TryCheckedAllreduce), no copy into one buffer.
+    iovec parts[kMaxSendParts];
+    size_t count = 0, total = 0;
+    for (const Op& op : conn.sends) {
+      if (count == kMaxSendParts || total == kMaxSendBytes) break;
+      const size_t take = std::min(op.left, kMaxSendBytes - total);
+      parts[count++] = {op.data, take};
+      total += take;
+    }
+    msghdr message{};
+    message.msg_iov = parts;
+    message.msg_iovlen = count;
+    ssize_t n = ::sendmsg(conn.fd.get(), &message, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n > 0) {
       moved = true;
-      op.data += n;
-      op.left -= static_cast<size_t>(n);
-      if (op.left == 0) {
-        CompletePart(op.request);
-        conn.sends.pop_front();
+      size_t sent = static_cast<size_t>(n);
+      while (sent > 0) {
+        Op& op = conn.sends.front();
+        const size_t k = std::min(sent, op.left);
+        op.data += k;
+        op.left -= k;
+        sent -= k;
+        if (op.left == 0) {
+          CompletePart(op.request);
+          conn.sends.pop_front();
+        }
       }
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       conn.maybe_writable = false;
@@ -384,9 +405,15 @@ void TcpTransport::FailTimeout() {
 }
 
 void TcpTransport::Wait(Request request) {
-  if (request >= remaining_.size()) return;
+  if (request >= remaining_.size() || remaining_[request] == 0) return;
+  if (Progress() && remaining_[request] == 0) return;  // no wait: spinning neither paid nor failed
   auto last_progress = Clock::now();
   auto last_interrupt_check = last_progress;
+  // Spin only while spinning pays (see spin_skip_): a wait whose spin ran out makes the next
+  // 2^k - 1 waits sleep at once, k the spins that ran out in a row (at most 6).
+  const bool spin = options_.spin.count() > 0 && spin_skip_ == 0;
+  if (spin_skip_ > 0) --spin_skip_;
+  bool spin_ran_out = false;
   while (remaining_[request] > 0) {
     if (Progress()) {
       if (remaining_[request] == 0) break;
@@ -404,7 +431,8 @@ void TcpTransport::Wait(Request request) {
       }
     }
     int wait_ms = 0;
-    if (now - last_progress >= options_.spin) {
+    if (!spin || now - last_progress >= options_.spin) {
+      spin_ran_out = spin;
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(options_.timeout -
                                                                         (now - last_progress));
       wait_ms = static_cast<int>(
@@ -412,12 +440,87 @@ void TcpTransport::Wait(Request request) {
     }
     PollOnce(wait_ms);
   }
+  if (spin) {
+    spin_misses_ = spin_ran_out ? std::min(spin_misses_ + 1, 6) : 0;
+    spin_skip_ = (1 << spin_misses_) - 1;
+  }
 }
 
 void TcpTransport::WaitAll() {
   for (Request r = 0; r < remaining_.size(); ++r) Wait(r);
   remaining_.clear();
   pending_requests_ = 0;
+}
+
+// --- Framed exchanges between two ranks
+// -----------------------------------------------------------
+
+uint64_t TcpTransport::ExchangeFrames(const void* data, size_t bytes) {
+  const int peer = 1 - rank_;
+  const size_t head = frame_out_.size();
+  frame_in_.resize(head);
+  // The head and the data leave in one sendmsg (ProgressSends), without a copy.
+  Send(peer, frame_out_.data(), head);
+  if (bytes > 0) Send(peer, data, bytes);
+  Wait(Recv(peer, frame_in_.data(), head));
+  uint64_t theirs = 0;
+  std::memcpy(&theirs, frame_in_.data(), sizeof theirs);
+  if (theirs > kFoldBytes) {
+    failed_peer_ = peer;
+    Fail(peer, MakeMessage("rank ", peer, " sent a frame announcing ", theirs,
+                           " bytes of data, more than the ", kFoldBytes,
+                           " any rank sends (a different trainrun build?)"));
+  }
+  payload_in_.resize(theirs);
+  if (theirs > 0) Recv(peer, payload_in_.data(), theirs);
+  WaitAll();
+  return theirs;
+}
+
+bool TcpTransport::TryAllgather(const void* input, void* output, size_t bytes) {
+  if (size_ != 2 || bytes == 0 || bytes > kFrameRecordBytes) return false;
+  const uint64_t none = 0;
+  frame_out_.resize(sizeof none + bytes);
+  std::memcpy(frame_out_.data(), &none, sizeof none);
+  std::memcpy(frame_out_.data() + sizeof none, input, bytes);
+  ExchangeFrames(nullptr, 0);  // a peer's allreduce data, if its frame has any, is drained
+  char* out = static_cast<char*>(output);
+  std::memmove(out + rank_ * bytes, frame_out_.data() + sizeof none, bytes);
+  std::memcpy(out + (1 - rank_) * bytes, frame_in_.data() + sizeof none, bytes);
+  return true;
+}
+
+bool TcpTransport::TryCheckedAllreduce(const void* input, void* output, size_t count, DataType type,
+                                       ReduceOp op, const void* record, size_t record_bytes,
+                                       void* records, FunctionRef<bool(bool)> reduce) {
+  const size_t bytes = count * ElementSize(type);
+  if (size_ != 2 || count == 0 || bytes > kFoldBytes || record_bytes > kFrameRecordBytes) {
+    return false;
+  }
+  const uint64_t length = bytes;
+  frame_out_.resize(sizeof length + record_bytes);
+  std::memcpy(frame_out_.data(), &length, sizeof length);
+  std::memcpy(frame_out_.data() + sizeof length, record, record_bytes);
+  // Both frames are whole once this returns: the input went out (output may be the input).
+  const uint64_t theirs = ExchangeFrames(input, bytes);
+  const char* their_record = frame_in_.data() + sizeof length;
+  const bool same = std::memcmp(their_record, record, record_bytes) == 0;
+  if (!same) {
+    char* all = static_cast<char*>(records);
+    std::memcpy(all + rank_ * record_bytes, record, record_bytes);
+    std::memcpy(all + (1 - rank_) * record_bytes, their_record, record_bytes);
+  }
+  if (reduce(same)) {
+    TRAINRUN_ENFORCE(theirs == bytes, "rank ", 1 - rank_, " sent ", theirs,
+                     " bytes for an allreduce of ", bytes);
+    // Rank 0's data first on both ranks, so that both compute the same bits.
+    const char* mine = static_cast<const char*>(input);
+    const char* first = rank_ == 0 ? mine : payload_in_.data();
+    const char* second = rank_ == 0 ? payload_in_.data() : mine;
+    Reduce(type, op, output, first, second, count);
+    if (op == ReduceOp::kAverage) Divide(type, output, count, 2);
+  }
+  return true;
 }
 
 }  // namespace trainrun::collectives::internal

@@ -117,6 +117,10 @@ absl::StatusOr<JobEnvironment> JobEnvironment::Create(const LaunchSpec& spec,
   // The warning time trainrun acts on (a -x value of it included: MakeLaunchSpec read it there).
   job.forced_[env::kStallWarningSeconds.name] = absl::StrCat(spec.stall_warning.count());
   job.assign_gpus_ = spec.assign_gpus || env::kAssignGpus.Get() != 0;
+  // The ranks speak to the rendezvous as the launcher serves it; an enclosing job's setting must
+  // not leak in.
+  job.base_.erase(env::kRendezvousTls);
+  if (!spec.rendezvous_tls) job.forced_[env::kRendezvousTls] = "off";
   if (spec.verbose && !job.forced_.count(env::kVerbose.name)) job.forced_[env::kVerbose.name] = "1";
   return job;
 }

@@ -138,6 +138,7 @@ absl::Status JobRun::ServeRendezvous() {
   options.port = spec_.rendezvous_port;
   options.job_id = plan_.environment.job_id();
   options.token = plan_.environment.token();
+  options.tls = spec_.rendezvous_tls;
   for (const hostfile::RankAssignment& a : spec_.plan.ranks) {
     options.ranks.push_back(
         {spec_.plan.HostOf(a.rank).host, a.local_rank, a.local_size, a.cross_rank, a.cross_size});

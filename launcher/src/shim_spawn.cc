@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,9 @@
 #endif
 #if !defined(TRAINRUN_SANITIZED) && (defined(__x86_64__) || defined(__aarch64__))
 #define TRAINRUN_CLONE_SPAWN 1
+#endif
+#if __has_include(<valgrind/valgrind.h>)
+#include <valgrind/valgrind.h>
 #endif
 
 namespace trainrun::launcher::internal {
@@ -88,7 +92,55 @@ int SpawnChild(void* arg) {
   RawSyscall(SYS_write, 3, reinterpret_cast<long>(&record), sizeof(record));
   for (;;) RawSyscall(SYS_exit, 127);
 }
+
+// UnderValgrind says whether this process runs on Valgrind, which refuses a clone that shares
+// memory without CLONE_VFORK ("Unsupported clone() flags: 0x111") but supports posix_spawn's.
+bool UnderValgrind() {
+#ifdef RUNNING_ON_VALGRIND
+  if (RUNNING_ON_VALGRIND) return true;
 #endif
+  // Without valgrind.h: Valgrind preloads its core into every process it runs.
+  const char* preload = std::getenv("LD_PRELOAD");
+  return preload != nullptr && std::strstr(preload, "vgpreload_core") != nullptr;
+}
+#endif
+
+// PosixSpawn starts `spawn`'s shim with posix_spawn (the fallback where clone cannot be used).
+absl::Status PosixSpawn(ShimSpawn::Child& child, pid_t& pid_out) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  for (int target = 0; target < 4; ++target) {
+    posix_spawn_file_actions_adddup2(&actions, child.fds[target], target);
+  }
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t all;
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&attributes, &all);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
+  pid_t pid = -1;
+  const int error = posix_spawn(&pid, child.path, &actions, &attributes, child.argv, child.envp);
+  posix_spawnattr_destroy(&attributes);
+  posix_spawn_file_actions_destroy(&actions);
+  if (error == EAGAIN || error == ENOMEM) return ErrnoStatus(error, "posix_spawn");
+  if (error != 0) {
+    // The shim's execve failed (posix_spawn reports it here). Do as the clone's child does: a
+    // child that reports the exec failure on the status pipe and exits 127, so that both paths
+    // end such a rank alike (not executed, said once).
+    pid = fork();
+    if (pid < 0) return ErrnoStatus(errno, "fork");
+    if (pid == 0) {
+      timespec now{};
+      clock_gettime(CLOCK_MONOTONIC, &now);
+      const ShimRecord record{ShimRecord::kExecFailed, static_cast<int32_t>(error),
+                              int64_t{now.tv_sec} * 1000000000 + now.tv_nsec};
+      [[maybe_unused]] ssize_t written = write(child.fds[3], &record, sizeof(record));
+      _exit(127);
+    }
+  }
+  pid_out = pid;
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -120,61 +172,30 @@ absl::StatusOr<std::unique_ptr<ShimSpawn>> ShimSpawn::Start(const std::string& s
   for (const std::string& var : spawn->env_) spawn->envp_.push_back(const_cast<char*>(var.c_str()));
   spawn->envp_.push_back(nullptr);
 
-#ifdef TRAINRUN_CLONE_SPAWN
-  void* stack = mmap(nullptr, kChildStack, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
-  if (stack == MAP_FAILED) return ErrnoStatus(errno, "mmap");
-  spawn->stack_ = stack;
   spawn->child_ = {spawn->path_.c_str(), spawn->argv_.data(), spawn->envp_.data(),
                    spawn->fds_.data()};
-  // Every signal stays blocked in the child (and, through execve, in the shim, which takes them
-  // with sigwaitinfo); none of this process's handlers can run on the child's stack.
-  sigset_t all, previous;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &previous);
-  const pid_t pid = clone(SpawnChild, static_cast<char*>(stack) + kChildStack, CLONE_VM | SIGCHLD,
-                          &spawn->child_);
-  const int clone_errno = errno;
-  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
-  if (pid < 0) return ErrnoStatus(clone_errno, "clone");
-  spawn->pid_ = pid;
-  return spawn;
-#else
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  for (int target = 0; target < 4; ++target) {
-    posix_spawn_file_actions_adddup2(&actions, spawn->fds_[target], target);
+#ifdef TRAINRUN_CLONE_SPAWN
+  if (!UnderValgrind()) {
+    void* stack = mmap(nullptr, kChildStack, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
+    if (stack == MAP_FAILED) return ErrnoStatus(errno, "mmap");
+    spawn->stack_ = stack;
+    // Every signal stays blocked in the child (and, through execve, in the shim, which takes them
+    // with sigwaitinfo); none of this process's handlers can run on the child's stack.
+    sigset_t all, previous;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &previous);
+    const pid_t pid = clone(SpawnChild, static_cast<char*>(stack) + kChildStack, CLONE_VM | SIGCHLD,
+                            &spawn->child_);
+    const int clone_errno = errno;
+    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+    if (pid < 0) return ErrnoStatus(clone_errno, "clone");
+    spawn->pid_ = pid;
+    return spawn;
   }
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  sigset_t all;
-  sigfillset(&all);
-  posix_spawnattr_setsigmask(&attributes, &all);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
-  pid_t pid = -1;
-  const int error = posix_spawn(&pid, spawn->path_.c_str(), &actions, &attributes,
-                                spawn->argv_.data(), spawn->envp_.data());
-  posix_spawnattr_destroy(&attributes);
-  posix_spawn_file_actions_destroy(&actions);
-  if (error == EAGAIN || error == ENOMEM) return ErrnoStatus(error, "posix_spawn");
-  if (error != 0) {
-    // The shim's execve failed (posix_spawn reports it here). Do as the clone's child does: a
-    // child that reports the exec failure on the status pipe and exits 127, so that both paths
-    // end such a rank alike (not executed, said once).
-    pid = fork();
-    if (pid < 0) return ErrnoStatus(errno, "fork");
-    if (pid == 0) {
-      timespec now{};
-      clock_gettime(CLOCK_MONOTONIC, &now);
-      const ShimRecord record{ShimRecord::kExecFailed, static_cast<int32_t>(error),
-                              int64_t{now.tv_sec} * 1000000000 + now.tv_nsec};
-      [[maybe_unused]] ssize_t written = write(spawn->fds_[3], &record, sizeof(record));
-      _exit(127);
-    }
-  }
-  spawn->pid_ = pid;
-  return spawn;
 #endif
+  if (absl::Status started = PosixSpawn(spawn->child_, spawn->pid_); !started.ok()) return started;
+  return spawn;
 }
 
 }  // namespace trainrun::launcher::internal

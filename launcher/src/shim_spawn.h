@@ -13,8 +13,9 @@
 //
 // An execve that fails in the child (E2BIG, ENOMEM) is written to the status fd as the shim would
 // write its command's (ShimRecord kExecFailed), and the child exits 127. Where the raw system
-// calls are not written (architectures other than x86-64 and AArch64) and under the sanitizers
-// (which cannot follow a child sharing their memory), Start uses posix_spawn instead.
+// calls are not written (architectures other than x86-64 and AArch64), under the sanitizers
+// (which cannot follow a child sharing their memory) and when this process runs on Valgrind (which
+// refuses such a clone, "Unsupported clone() flags: 0x111"), Start uses posix_spawn instead.
 #pragma once
 
 #include <sys/types.h>

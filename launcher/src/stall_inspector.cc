@@ -72,11 +72,19 @@ bool StallInspector::ShutdownDue(Clock::time_point now) const {
 }
 
 std::vector<int> StallInspector::Stalled() const {
-  const std::string collective = Collective();
+  // A rank waiting inside a collective is not stalled: it waits for others (over TCP a rank can
+  // finish its share of #125 and wait in #126 for the stopped rank too). The stalled ones are in
+  // no collective.
   std::vector<int> stalled;
   for (int rank = 0; rank < size_; ++rank) {
-    auto it = waiting_.find(rank);
-    if (it == waiting_.end() || it->second != collective) stalled.push_back(rank);
+    if (waiting_.count(rank) == 0) stalled.push_back(rank);
+  }
+  if (!stalled.empty()) return stalled;
+  // Every rank waits in one: they call collectives in different orders. Those outside the one most
+  // ranks wait in are named.
+  const std::string collective = Collective();
+  for (const auto& [rank, op] : waiting_) {
+    if (op != collective) stalled.push_back(rank);
   }
   return stalled;
 }

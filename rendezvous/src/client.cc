@@ -91,13 +91,25 @@ absl::StatusOr<WorkerSession> Join(const ClientOptions& options,
       return status;
     }
   } else {
-    channel = internal::NewChannel(options.address);
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> made =
+        internal::NewChannel(options.address, options.token, options.tls);
+    if (!made.ok()) return made.status();
+    channel = *std::move(made);
     auto stub = proto::Rendezvous::NewStub(channel);
     grpc::ClientContext context;
     internal::PrepareContext(context, options, timeout);
     // The worker may start a moment before the server accepts; wait for it until the deadline.
     context.set_wait_for_ready(true);
     grpc::Status status = stub->Join(&context, request, &response);
+    if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+        channel->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+      // Waiting hides why the connection failed; one call that does not wait says it (a TLS
+      // handshake refused: this worker's token is not the server's job's).
+      grpc::ClientContext probe;
+      internal::PrepareContext(probe, options, std::chrono::seconds(1));
+      grpc::Status why = stub->Join(&probe, request, &response);
+      if (internal::IsTlsRefusal(why)) status = why;
+    }
     if (!status.ok()) return internal::ClientError(status, options, timeout);
   }
 
@@ -134,8 +146,11 @@ absl::StatusOr<std::shared_ptr<Store>> ConnectStore(const ClientOptions& options
   if (options.address.empty()) {
     return absl::InvalidArgumentError("no rendezvous server address given");
   }
-  return std::shared_ptr<Store>(std::make_shared<internal::GrpcStore>(
-      internal::NewChannel(options.address), options, options.expected_rank));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      internal::NewChannel(options.address, options.token, options.tls);
+  if (!channel.ok()) return channel.status();
+  return std::shared_ptr<Store>(
+      std::make_shared<internal::GrpcStore>(*std::move(channel), options, options.expected_rank));
 }
 
 absl::StatusOr<ClientOptions> ClientOptionsFromEnvironment() {
@@ -155,6 +170,10 @@ absl::StatusOr<ClientOptions> ClientOptionsFromEnvironment() {
   options.token = *std::move(token);
   options.host = *std::move(host);
   options.local_rank = *local_rank;
+  // "off" asks for plain text (--no-tls), which the server then speaks too.
+  if (std::optional<std::string> tls = env::Lookup(env::kRendezvousTls); tls && *tls == "off") {
+    options.tls = false;
+  }
   // "off" is what asks the agents for no relay (environment.h); the ranks then dial the server.
   if (std::optional<std::string> relay = env::Lookup(env::kRendezvousRelay);
       relay && *relay != "off") {

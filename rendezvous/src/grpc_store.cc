@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "tls.h"
 #include "wire.h"
 
 namespace trainrun::rendezvous::internal {
@@ -96,7 +97,8 @@ proto::ExitReport PeerFailureReport(int rank, int peer_rank, const std::string& 
   return request;
 }
 
-std::shared_ptr<grpc::Channel> NewChannel(const std::string& address) {
+absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(const std::string& address,
+                                                          const std::string& token, bool tls) {
   QuietAbseilMutexes();
   grpc::ChannelArguments args;
   // A worker's http_proxy must not route calls to the launcher next door.
@@ -114,8 +116,14 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_MAX_CHANNEL_TRACE_EVENT_MEMORY_PER_NODE, 0);
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  return grpc::CreateCustomChannel(ChannelTarget(address), grpc::InsecureChannelCredentials(),
-                                   args);
+  if (!tls) {
+    return grpc::CreateCustomChannel(ChannelTarget(address), grpc::InsecureChannelCredentials(),
+                                     args);
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials = ClientCredentials(token);
+  if (!credentials.ok()) return credentials.status();
+  args.SetSslTargetNameOverride(kTlsServerName);
+  return grpc::CreateCustomChannel(ChannelTarget(address), *credentials, args);
 }
 
 void PrepareContext(grpc::ClientContext& context, const ClientOptions& options,
@@ -125,8 +133,23 @@ void PrepareContext(grpc::ClientContext& context, const ClientOptions& options,
   context.set_deadline(std::chrono::system_clock::now() + timeout);
 }
 
+bool IsTlsRefusal(const grpc::Status& status) {
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return false;
+  const std::string& message = status.error_message();
+  return message.find("andshake") != std::string::npos ||
+         message.find("certificate") != std::string::npos ||
+         message.find("CERTIFICATE") != std::string::npos;
+}
+
 absl::Status ClientError(const grpc::Status& status, const ClientOptions& options,
                          std::chrono::milliseconds timeout) {
+  if (options.tls && IsTlsRefusal(status)) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "the rendezvous server at ", options.address,
+        " and this worker do not share the job's token (TRAINRUN_JOB_TOKEN): the TLS handshake "
+        "failed (",
+        status.error_message(), "); is the worker from another job?"));
+  }
   switch (status.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
       return absl::UnavailableError(absl::StrCat("cannot reach the rendezvous server at ",

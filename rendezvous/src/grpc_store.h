@@ -16,12 +16,18 @@
 namespace trainrun::rendezvous::internal {
 
 // NewChannel opens a channel to `address` with the options every rendezvous client uses (no HTTP
-// proxy, large enough messages).
-std::shared_ptr<grpc::Channel> NewChannel(const std::string& address);
+// proxy, large enough messages): TLS with the job's certificate made from `token` (tls.h), or
+// plain text when `tls` is false (--no-tls). INTERNAL when the certificate cannot be made.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(const std::string& address,
+                                                          const std::string& token, bool tls);
 
 // PrepareContext sets the job's metadata and a deadline of `timeout` from now on `context`.
 void PrepareContext(grpc::ClientContext& context, const ClientOptions& options,
                     std::chrono::milliseconds timeout);
+
+// IsTlsRefusal: the call failed because the TLS handshake did: the server's certificate is not
+// the one this worker's token makes, or the server refused this worker's (another job's token).
+bool IsTlsRefusal(const grpc::Status& status);
 
 // ClientError turns a failed call into a status a person can act on: the server's own message
 // when it answered, else one naming the server's address.

@@ -1,7 +1,9 @@
 #include "listener.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
 #include <grpcpp/server_posix.h>
 #include <linux/tcp.h>
 #include <netdb.h>
@@ -13,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -45,8 +48,21 @@ size_t RaiseFdLimit() {
   return static_cast<size_t>(limit.rlim_cur);
 }
 
+Admission::Limits Listener::AdmissionFor(size_t ranks) {
+  Admission::Limits limits;
+  rlimit files{};
+  const size_t half = getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY
+                          ? static_cast<size_t>(files.rlim_cur) / 2
+                          : 65536;
+  limits.total = std::max<size_t>(64, std::min(1024 + ranks, half));
+  // One address (a flood from one host) may hold three quarters: others still get in.
+  limits.per_address = std::max<size_t>(ranks, limits.total * 3 / 4);
+  return limits;
+}
+
 absl::StatusOr<std::unique_ptr<Listener>> Listener::Bind(const std::string& host_in, int port,
-                                                         size_t max_connections) {
+                                                         size_t max_connections,
+                                                         Admission::Limits admission) {
   std::string host = host_in;
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
@@ -84,22 +100,26 @@ absl::StatusOr<std::unique_ptr<Listener>> Listener::Bind(const std::string& host
     int bound_port = bound.ss_family == AF_INET6
                          ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
                          : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-    return std::unique_ptr<Listener>(new Listener(fd, bound_port, max_connections));
+    return std::unique_ptr<Listener>(new Listener(fd, bound_port, max_connections, admission));
   }
   freeaddrinfo(found);
   return absl::UnavailableError(why);
 }
 
-Listener::Listener(int fd, int port, size_t max_connections)
+Listener::Listener(int fd, int port, size_t max_connections, Admission::Limits admission)
     : fd_(fd),
       port_(port),
       max_connections_(max_connections),
+      admission_("the rendezvous", admission,
+                 [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }),
       wake_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
 
 Listener::~Listener() { Stop(); }
 
-void Listener::Start(grpc::Server* server) {
+void Listener::Start(grpc::Server* server,
+                     std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> tls) {
   server_ = server;
+  tls_ = std::move(tls);
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -116,6 +136,83 @@ void Listener::Stop() {
   wake_ = -1;
 }
 
+void Listener::Proven(const std::string& peer) {
+  std::lock_guard<std::mutex> lock(proven_mutex_);
+  if (!proven_peers_.insert(peer).second) return;
+  newly_proven_.push_back(peer);
+}
+
+std::string Listener::PeerName(int fd) const {
+  // A channel given as plain text is named by its fd (grpc_server_add_channel_from_fd); one given
+  // to the TLS acceptor by its peer's address, as grpc_sockaddr_to_uri writes it.
+  if (tls_ == nullptr) return absl::StrCat("fd:", fd);
+  sockaddr_storage peer{};
+  socklen_t length = sizeof(peer);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) != 0) return "";
+  char text[INET6_ADDRSTRLEN] = "";
+  if (peer.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&peer);
+    if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) {
+      in_addr v4{};
+      std::memcpy(&v4, a->sin6_addr.s6_addr + 12, sizeof(v4));
+      inet_ntop(AF_INET, &v4, text, sizeof(text));
+      return absl::StrCat("ipv4:", text, ":", ntohs(a->sin6_port));
+    }
+    inet_ntop(AF_INET6, &a->sin6_addr, text, sizeof(text));
+    return absl::StrCat("ipv6:[", text, "]:", ntohs(a->sin6_port));
+  }
+  const auto* a = reinterpret_cast<const sockaddr_in*>(&peer);
+  inet_ntop(AF_INET, &a->sin_addr, text, sizeof(text));
+  return absl::StrCat("ipv4:", text, ":", ntohs(a->sin_port));
+}
+
+namespace {
+
+// PeerAddress is the address part of a peer name ("ipv4:10.0.0.7:5000" -> "10.0.0.7"): the
+// per-address cap counts connections from one host, whatever their ports.
+std::string PeerAddress(int fd) {
+  sockaddr_storage peer{};
+  socklen_t length = sizeof(peer);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) != 0) return "?";
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (peer.ss_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&peer)->sin6_addr, text,
+              sizeof(text));
+  } else {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&peer)->sin_addr, text, sizeof(text));
+  }
+  return text;
+}
+
+}  // namespace
+
+void Listener::TakeProven() {
+  std::vector<std::string> proven;
+  {
+    std::lock_guard<std::mutex> lock(proven_mutex_);
+    proven.swap(newly_proven_);
+  }
+  for (const std::string& peer : proven) {
+    auto by_peer = unproven_by_peer_.find(peer);
+    if (by_peer == unproven_by_peer_.end()) continue;
+    auto it = unproven_.find(by_peer->second);
+    unproven_by_peer_.erase(by_peer);
+    if (it == unproven_.end()) continue;
+    admission_.Proven(it->first);
+    proven_.push_back(std::move(it->second));
+    unproven_.erase(it);
+  }
+}
+
+void Listener::CloseUnproven(uint64_t id) {
+  auto it = unproven_.find(id);
+  if (it == unproven_.end()) return;
+  // gRPC sees the end of the stream and closes its fd (and its own state for it) itself.
+  shutdown(it->second.fd, SHUT_RDWR);
+  unproven_by_peer_.erase(it->second.peer);
+  unproven_.erase(it);
+}
+
 void Listener::Refused(const char* why) {
   ++refused_;
   if (refused_ <= kMaxLoggedRefusals || refused_ % 1000 == 0) {
@@ -126,40 +223,47 @@ void Listener::Refused(const char* why) {
 
 void Listener::Sweep(bool all) {
   const Clock::time_point now = Clock::now();
-  // Forgets the connections of `list` whose fd gRPC closed (the number may already be reused).
-  auto forget_closed = [](std::vector<Connection>& list, size_t& i) {
-    if (InodeOf(list[i].fd) == list[i].inode) return false;
-    list[i] = list.back();
-    list.pop_back();
-    return true;
-  };
-  for (size_t i = 0; i < quiet_.size();) {
-    if (forget_closed(quiet_, i)) continue;
-    Connection& c = quiet_[i];
-    tcp_info info{};
-    socklen_t length = sizeof(info);
-    if (getsockopt(c.fd, IPPROTO_TCP, TCP_INFO, &info, &length) == 0 &&
-        length >= offsetof(tcp_info, tcpi_bytes_received) + sizeof(info.tcpi_bytes_received)) {
-      c.spoke = info.tcpi_bytes_received > 0;
-    } else {
-      c.spoke = true;  // cannot tell: leave it to gRPC
-    }
-    if (!c.spoke && now - c.accepted >= kSilentTimeout) {
-      // gRPC sees the end of the stream and closes its fd; a later sweep forgets it.
-      shutdown(c.fd, SHUT_RDWR);
-      c.spoke = true;
-    }
-    if (c.spoke) {
-      spoken_.push_back(c);
-      quiet_[i] = quiet_.back();
-      quiet_.pop_back();
+  TakeProven();
+  // Forgets the unproven connections whose fd gRPC closed (the number may already be reused).
+  for (auto it = unproven_.begin(); it != unproven_.end();) {
+    if (InodeOf(it->second.fd) == it->second.inode) {
+      ++it;
       continue;
     }
-    ++i;
+    admission_.Closed(it->first);
+    unproven_by_peer_.erase(it->second.peer);
+    it = unproven_.erase(it);
   }
+  if (tls_ != nullptr) {
+    // gRPC closes a connection whose TLS handshake has not ended within kTlsHandshakeTimeout of
+    // its hand-over, and the handshake is the proof (tls.h): one still open at the deadline has
+    // proved the token, even if it has made no call yet (a relay connects ahead of its ranks).
+    for (auto it = unproven_.begin(); it != unproven_.end();) {
+      if (now - it->second.accepted < admission_.limits().deadline) {
+        ++it;
+        continue;
+      }
+      admission_.Proven(it->first);
+      unproven_by_peer_.erase(it->second.peer);
+      proven_.push_back(std::move(it->second));
+      it = unproven_.erase(it);
+    }
+  }
+  for (uint64_t late : admission_.Expired(now)) CloseUnproven(late);
   if (!all) return;
-  for (size_t i = 0; i < spoken_.size();) {
-    if (!forget_closed(spoken_, i)) ++i;
+  std::vector<std::string> gone;
+  for (size_t i = 0; i < proven_.size();) {
+    if (InodeOf(proven_[i].fd) == proven_[i].inode) {
+      ++i;
+      continue;
+    }
+    gone.push_back(std::move(proven_[i].peer));
+    proven_[i] = std::move(proven_.back());
+    proven_.pop_back();
+  }
+  if (!gone.empty()) {
+    std::lock_guard<std::mutex> lock(proven_mutex_);
+    for (const std::string& peer : gone) proven_peers_.erase(peer);
   }
 }
 
@@ -197,9 +301,9 @@ void Listener::Run() {
           }
           break;
         }
-        if (quiet_.size() + spoken_.size() >= max_connections_) {
+        if (unproven_.size() + proven_.size() >= max_connections_) {
           Sweep(/*all=*/true);
-          if (quiet_.size() + spoken_.size() >= max_connections_) {
+          if (unproven_.size() + proven_.size() >= max_connections_) {
             close(fd);
             Refused("too many connections open at once");
             continue;
@@ -207,12 +311,37 @@ void Listener::Run() {
         }
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        quiet_.push_back(Connection{fd, InodeOf(fd), Clock::now()});
+        Connection connection{fd, InodeOf(fd), Clock::now(), next_id_++, PeerName(fd)};
+        {
+          // A name seen before belonged to a connection now closed (an fd number or a port
+          // reused): this one has proved nothing yet.
+          std::lock_guard<std::mutex> lock(proven_mutex_);
+          proven_peers_.erase(connection.peer);
+        }
+        if (auto old = unproven_by_peer_.find(connection.peer); old != unproven_by_peer_.end()) {
+          admission_.Closed(old->second);
+          unproven_.erase(old->second);
+          unproven_by_peer_.erase(old);
+        }
+        for (uint64_t evicted :
+             admission_.Admit(connection.id, PeerAddress(fd), connection.accepted)) {
+          CloseUnproven(evicted);
+        }
+        unproven_by_peer_[connection.peer] = connection.id;
+        unproven_.emplace(connection.id, std::move(connection));
         accepted.push_back(fd);
       }
     }
     for (int batch = 0; batch < 32 && given < accepted.size(); ++batch) {
-      grpc::AddInsecureChannelFromFd(server_, accepted[given++]);
+      const int fd = accepted[given++];
+      if (tls_ != nullptr) {
+        grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters connection;
+        connection.listener_fd = fd_;
+        connection.fd = fd;
+        tls_->HandleNewConnection(&connection);
+      } else {
+        grpc::AddInsecureChannelFromFd(server_, fd);
+      }
     }
     if (given == accepted.size()) {
       accepted.clear();

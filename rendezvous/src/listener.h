@@ -1,16 +1,23 @@
 // Listener: the rendezvous server's own TCP listening socket, which hands each connection to gRPC
-// (grpc::AddInsecureChannelFromFd) rather than letting gRPC accept.
+// (grpc::AddInsecureChannelFromFd, or an external connection acceptor with the job's TLS
+// credentials) rather than letting gRPC accept.
 //
 // Why: gRPC's own listener stops accepting for good after one accept4() fails with EMFILE
 // ("Failed accept4: Too many open files", grpc/grpc#16058, #20418, #31080), so a burst of idle
 // connections under `ulimit -Sn 1024` wedged the job's rendezvous, and on a multi-host job that
 // port faces the network. This loop instead rests a moment and goes on; it caps the connections
-// open at once (refusing the excess at once rather than leaving them queued), and closes
-// connections that sent nothing at all for kSilentTimeout.
+// open at once (refusing the excess at once rather than leaving them queued).
+//
+// Before authentication it applies the job's Admission (admission.h): a connection must prove the
+// token (the server calls Proven() at its first authenticated call) within the deadline from its
+// accept, and unproven connections are capped per peer address and in all, the oldest closed
+// first. With TLS (tls.h) the proof is already the handshake, so gRPC reads no request of a
+// stranger's; the deadline and caps bound what such connections hold meanwhile.
 //
 //   auto listener = Listener::Bind("127.0.0.1", 0);       // before the server is built
+//   auto tls = builder.experimental().AddExternalConnectionAcceptor(FROM_FD, creds);  // or null
 //   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-//   (*listener)->Start(server.get());                      // serves until Stop()
+//   (*listener)->Start(server.get(), std::move(tls));      // serves until Stop()
 #pragma once
 
 #include <sys/types.h>
@@ -19,15 +26,22 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "trainrun/rendezvous/admission.h"
 
 namespace grpc {
 class Server;
+namespace experimental {
+class ExternalConnectionAcceptor;
 }
+}  // namespace grpc
 
 namespace trainrun::rendezvous::internal {
 
@@ -40,23 +54,39 @@ class Listener {
  public:
   // At most this many connections are served at once; more are closed as they arrive.
   static constexpr size_t kDefaultMaxConnections = 4096;
-  // A connection that has sent no byte for this long after it was accepted is closed.
-  static constexpr std::chrono::seconds kSilentTimeout{10};
-  // Connections that have spoken are checked for having been closed by gRPC this often (and
-  // whenever the cap is reached), not at every sweep: with thousands of workers connected, a
-  // check of each every 100 ms cost the server more CPU than serving them.
+  // Proven connections are checked for having been closed by gRPC this often (and whenever the
+  // cap is reached), not at every sweep: with thousands of workers connected, a check of each
+  // every 100 ms cost the server more CPU than serving them.
   static constexpr std::chrono::seconds kSpokenSweepPeriod{5};
 
+  // AdmissionFor is the admission of a job of `ranks` ranks: every rank of one host may connect
+  // at once, and the unproven connections in all stay within half the descriptors this process
+  // may hold (so a flood is evicted rather than left to exhaust them).
+  static Admission::Limits AdmissionFor(size_t ranks);
+
+  // gRPC ends a TLS handshake that has not finished by then (set on the server by its builder's
+  // GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS); shorter than the admission's deadline, which then finds
+  // only connections that have finished it.
+  static constexpr std::chrono::milliseconds kTlsHandshakeTimeout{4000};
+
   // Bind listens on host:port (port 0: the kernel chooses). Fails with UNAVAILABLE.
+  // `admission` caps the connections that have not proved the token yet.
   static absl::StatusOr<std::unique_ptr<Listener>> Bind(const std::string& host, int port,
-                                                        size_t max_connections);
+                                                        size_t max_connections,
+                                                        Admission::Limits admission = {});
   ~Listener();
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
 
   int port() const { return port_; }
-  // Start accepts connections on a thread of its own and gives each to `server`.
-  void Start(grpc::Server* server);
+  // Start accepts connections on a thread of its own and gives each to `server`: through `tls`
+  // (an external connection acceptor with the job's TLS credentials) when given, else as a
+  // plain-text channel.
+  void Start(grpc::Server* server,
+             std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> tls = nullptr);
+  // Proven notes that the connection gRPC names `peer` (ServerContext::peer()) has proved the
+  // job's token. Thread-safe and cheap after the first call of each connection.
+  void Proven(const std::string& peer);
   // Stop stops accepting and closes the listening socket; connections already given stay gRPC's.
   void Stop();
 
@@ -67,13 +97,20 @@ class Listener {
     int fd;
     ino_t inode;
     std::chrono::steady_clock::time_point accepted;
-    bool spoke = false;  // has sent at least one byte
+    uint64_t id = 0;   // its Admission id while unproven
+    std::string peer;  // as gRPC will name it
   };
 
-  Listener(int fd, int port, size_t max_connections);
+  Listener(int fd, int port, size_t max_connections, Admission::Limits admission);
+  // PeerName is what gRPC's ServerContext::peer() will say for `fd`.
+  std::string PeerName(int fd) const;
+  // TakeProven moves the connections proven since the last call out of the unproven.
+  void TakeProven();
+  // CloseUnproven shuts down the unproven connection `id` (gRPC then closes its fd).
+  void CloseUnproven(uint64_t id);
   void Run();
-  // Forgets connections gRPC has closed and shuts down those silent for kSilentTimeout. Only the
-  // connections that have not spoken yet are looked at, unless `all`.
+  // Forgets connections gRPC has closed and shuts down the unproven ones past their deadline. Only
+  // the unproven connections are looked at, unless `all`.
   void Sweep(bool all);
   void Refused(const char* why);
 
@@ -81,12 +118,22 @@ class Listener {
   int port_;
   size_t max_connections_;
   grpc::Server* server_ = nullptr;
+  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> tls_;
+  Admission admission_;
+  // The accepting thread's: the unproven connections by Admission id, and their ids by peer name.
+  std::unordered_map<uint64_t, Connection> unproven_;
+  std::unordered_map<std::string, uint64_t> unproven_by_peer_;
+  uint64_t next_id_ = 1;
+  // Peers proven since the accepting thread last looked, and every peer proven so far (so that
+  // only a connection's first call takes the queue), under proven_mutex_.
+  std::mutex proven_mutex_;
+  std::vector<std::string> newly_proven_;
+  std::unordered_set<std::string> proven_peers_;
   std::atomic<bool> stop_{false};
   int wake_;  // an eventfd that Stop() writes, to end the accepting thread's poll at once
-  // The accepting thread's: connections that have not sent a byte yet (looked at every sweep),
-  // and those that have (looked at only to forget the ones gRPC closed).
-  std::vector<Connection> quiet_;
-  std::vector<Connection> spoken_;
+  // The accepting thread's: connections that have proved the token (looked at only to forget the
+  // ones gRPC closed).
+  std::vector<Connection> proven_;
   size_t refused_ = 0;
   std::thread thread_;
 };

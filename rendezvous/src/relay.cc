@@ -27,6 +27,7 @@
 #include "grpc_store.h"
 #include "proto/rendezvous.pb.h"
 #include "relay_wire.h"
+#include "trainrun/rendezvous/admission.h"
 #include "wire.h"
 
 namespace trainrun::rendezvous {
@@ -34,6 +35,17 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using internal::RelayMethod;
+
+// How often the loop looks for connections past the admission deadline while some are unproven.
+constexpr std::chrono::milliseconds kAdmissionSweep{100};
+
+// RelayAdmission: every rank of the host may connect at once (all peers are "local").
+Admission::Limits RelayAdmission(int local_ranks) {
+  Admission::Limits limits;
+  limits.total = 1024 + static_cast<size_t>(std::max(local_ranks, 0));
+  limits.per_address = limits.total;
+  return limits;
+}
 
 constexpr char kJoinBatch[] = "/trainrun.rendezvous.proto.Rendezvous/JoinBatch";
 constexpr char kAllgatherBatch[] = "/trainrun.rendezvous.proto.Rendezvous/AllgatherBatch";
@@ -147,6 +159,9 @@ class Relay::Impl {
   // The loop thread's own state.
   uint64_t next_connection_ = 2;  // 0: the listener, 1: the wake-up eventfd
   std::unordered_map<uint64_t, Connection> connections_;
+  // Connections that have not said the token yet: closed at the deadline, capped (admission.h;
+  // every peer of a Unix socket is "local").
+  Admission admission_{"the rendezvous relay", RelayAdmission(options_.local_ranks)};
   Batch joins_;
   std::map<BatchKey, Batch> gathers_;
   std::map<BatchKey, Batch> barriers_;
@@ -183,7 +198,10 @@ absl::Status Relay::Impl::Listen() {
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &event);
   event.data.u64 = 1;
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &event);
-  channel_ = internal::NewChannel(options_.server_address);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      internal::NewChannel(options_.server_address, options_.token, options_.tls);
+  if (!channel.ok()) return channel.status();
+  channel_ = *std::move(channel);
   // Connect now, while the agent starts its ranks, not on their first call: the TCP and HTTP/2
   // handshakes (about a third of the relay's work at start-up) then leave the ranks' path.
   channel_->GetState(/*try_to_connect=*/true);
@@ -228,6 +246,8 @@ void Relay::Impl::Run() {
     for (auto* batches : {&gathers_, &barriers_}) {
       for (auto& [key, batch] : *batches) next = std::min(next, batch.flush_at);
     }
+    // While a connection has not said the token, wake for its deadline.
+    if (admission_.unproven() > 0) next = std::min(next, Clock::now() + kAdmissionSweep);
     if (next != Clock::time_point::max()) {
       const auto wait = std::chrono::ceil<std::chrono::milliseconds>(next - Clock::now());
       timeout_ms = static_cast<int>(std::max<int64_t>(0, wait.count()));
@@ -254,6 +274,9 @@ void Relay::Impl::Run() {
       }
     }
     FlushDue(false);
+    if (admission_.unproven() > 0) {
+      for (uint64_t late : admission_.Expired(Clock::now())) Close(late);
+    }
   }
 }
 
@@ -262,6 +285,7 @@ void Relay::Impl::Accept() {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;
     const uint64_t id = next_connection_++;
+    for (uint64_t evicted : admission_.Admit(id, "local", Clock::now())) Close(evicted);
     connections_[id].fd = fd;
     epoll_event event{};
     event.events = EPOLLIN | EPOLLRDHUP;
@@ -346,6 +370,7 @@ void Relay::Impl::Close(uint64_t id) {
   if (found == connections_.end()) return;
   ::close(found->second.fd);
   connections_.erase(found);
+  admission_.Closed(id);
   // A rank that went away no longer waits: cancel its calls upstream, unless a batch still
   // carries another rank's.
   std::lock_guard<std::mutex> lock(mutex_);
@@ -369,6 +394,7 @@ void Relay::Impl::Handle(uint64_t id, const internal::RelayRequest& request) {
   if (request.method == RelayMethod::kHello) {
     // No answer: a wrong token is refused on the connection's first call, in that call's answer.
     connection.authenticated = internal::ConstantTimeEquals(options_.token, request.body);
+    if (connection.authenticated) admission_.Proven(id);
     return;
   }
   if (!connection.authenticated) {

@@ -20,6 +20,7 @@
 #include "membership.h"
 #include "rendezvous_state.h"
 #include "service.h"
+#include "tls.h"
 #include "wire.h"
 
 namespace trainrun::rendezvous {
@@ -70,12 +71,14 @@ absl::Status Server::Impl::Listen() {
   const std::string listen = internal::JoinHostPort(options_.bind_address, options_.port);
   // Our own listener accepts and hands connections to gRPC (see listener.h). It never sets
   // SO_REUSEPORT: two jobs must not share a fixed port silently.
-  absl::StatusOr<std::unique_ptr<internal::Listener>> listener =
-      internal::Listener::Bind(options_.bind_address, options_.port,
-                               options_.limits.max_connections + options_.ranks.size());
+  absl::StatusOr<std::unique_ptr<internal::Listener>> listener = internal::Listener::Bind(
+      options_.bind_address, options_.port, options_.limits.max_connections + options_.ranks.size(),
+      internal::Listener::AdmissionFor(options_.ranks.size()));
   if (listener.ok()) {
     listener_ = *std::move(listener);
     port_ = listener_->port();
+    service_.SetOnProven(
+        [listener = listener_.get()](const std::string& peer) { listener->Proven(peer); });
   }
   builder.RegisterService(&service_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(
@@ -90,6 +93,14 @@ absl::Status Server::Impl::Listen() {
   builder.AddChannelArgument(GRPC_ARG_ENABLE_CHANNELZ, 0);
   builder.AddChannelArgument(GRPC_ARG_MAX_CHANNEL_TRACE_EVENT_MEMORY_PER_NODE, 0);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  // With TLS (tls.h) connections reach gRPC through an acceptor with the job's credentials.
+  absl::StatusOr<std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor>> tls = nullptr;
+  if (options_.tls) {
+    tls = internal::AddTlsAcceptor(builder, options_.token);
+    builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                               static_cast<int>(internal::Listener::kTlsHandshakeTimeout.count()));
+  }
+  if (!tls.ok()) return tls.status();
   if (listener_ != nullptr) server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
     server_.reset();
@@ -99,7 +110,7 @@ absl::Status Server::Impl::Listen() {
         options_.port != 0 ? "; the port may be in use: choose another with --rendezvous-port"
                            : "; check --rendezvous-addr"));
   }
-  listener_->Start(server_.get());
+  listener_->Start(server_.get(), *std::move(tls));
   deadline_thread_ = std::thread([this] { state_.RunDeadlines(); });
   return absl::OkStatus();
 }

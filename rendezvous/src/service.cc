@@ -81,6 +81,7 @@ grpc::Status Service::Authenticate(grpc::CallbackServerContext* context) const {
                         "the rendezvous refused a call without this job's token "
                         "(TRAINRUN_JOB_TOKEN); is the worker from another job?");
   }
+  if (on_proven_) on_proven_(context->peer());
   return grpc::Status::OK;
 }
 

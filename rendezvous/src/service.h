@@ -10,6 +10,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +32,12 @@ class Service final : public proto::Rendezvous::WithRawCallbackMethod_Allgather<
 
   // WrapAnswer is RendezvousState's `wrap_answer`: a gather's table as an AllgatherResponse.
   static std::string WrapAnswer(std::string table);
+
+  // SetOnProven sets what each authenticated call tells with its peer's name (the listener's
+  // Proven: the connection has proved the job's token). Before the server starts.
+  void SetOnProven(std::function<void(const std::string& peer)> on_proven) {
+    on_proven_ = std::move(on_proven);
+  }
 
  private:
   class Call;
@@ -86,6 +93,7 @@ class Service final : public proto::Rendezvous::WithRawCallbackMethod_Allgather<
   const ServerOptions& options_;
   Membership& membership_;
   RendezvousState& state_;
+  std::function<void(const std::string& peer)> on_proven_;
 };
 
 }  // namespace trainrun::rendezvous::internal

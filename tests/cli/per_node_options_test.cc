@@ -66,7 +66,10 @@ TEST_CASE_METHOD(PerNodeApp, "per-node mode: torchrun's flags make the whole job
   CHECK(spec->plan.hosts[1].host == "node1");
   CHECK(spec->plan.ranks[5].host_index == 1);
   CHECK(spec->plan.ranks[5].local_rank == 1);
-  CHECK(spec->rendezvous_port == 29500);
+  // The rendezvous listens at the endpoint's address, on a port of its own (the endpoint's port
+  // stays the join port).
+  CHECK(spec->rendezvous_addr == "10.0.0.1");
+  CHECK(spec->rendezvous_port == 0);
   CHECK(spec->command == Words{"python", "train.py"});
 }
 

@@ -1,6 +1,7 @@
 // Every collective carries what it is: a rank that disagrees (another collective, count, type, op,
 // root, name or shape) makes every rank throw MismatchError for that call, and the communicator
 // goes on working. Also: Alltoallv with uneven counts, Subset (process sets), int16 and bool.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstdio>
@@ -75,76 +76,132 @@ void ExpectHealthy(Communicator& comm) {
   NOTE_CHECK(x == std::vector<float>(5, static_cast<float>(comm.size())));
 }
 
+// Both transports: over TCP between two ranks the records travel in frames that carry a small
+// allreduce's data too (TcpTransport::TryCheckedAllreduce); over shared memory, in the slots.
+CommunicatorOptions Over(const char* transport) {
+  CommunicatorOptions options;
+  options.transport = transport;
+  return options;
+}
+
 TEST_CASE("a mismatched collective raises on every rank and the next one works", "[api]") {
-  for (int size : {2, 3, 4}) {
-    Spawn(size, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
-      Communicator comm(store, rank, size);
-      std::vector<float> x(4, 1.0f);
-      // Rank 0 allreduces while the others wait in a barrier.
-      ExpectMismatch(
-          [&] {
-            if (rank == 0) {
-              comm.Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
-            } else {
-              comm.Barrier();
-            }
-          },
-          "rank 0 called allreduce of float32 x 4 (op sum) but rank 1 called barrier");
-      ExpectHealthy(comm);
-      // Counts, types, ops, roots, names and shapes.
-      ExpectMismatch(
-          [&] { comm.Allreduce(x.data(), rank == 1 ? 3 : 4, DataType::kFloat32, ReduceOp::kSum); },
-          "float32 x 3");
-      ExpectMismatch(
-          [&] {
-            comm.Allreduce(x.data(), 1, rank == 1 ? DataType::kInt32 : DataType::kFloat32,
-                           ReduceOp::kSum);
-          },
-          "int32");
-      ExpectMismatch(
-          [&] {
-            comm.Allreduce(x.data(), 4, DataType::kFloat32,
-                           rank == size - 1 ? ReduceOp::kMax : ReduceOp::kSum);
-          },
-          "(op max)");
-      ExpectMismatch([&] { comm.Broadcast(x.data(), 4, DataType::kFloat32, rank == 0 ? 0 : 1); },
-                     "from root 1");
-      CallCheck named;
-      named.name = rank == 0 ? "weights" : "bias";
-      ExpectMismatch(
-          [&] { comm.Allreduce(x.data(), 4, DataType::kFloat32, ReduceOp::kSum, named); },
-          "'bias'");
-      CallCheck shaped;
-      shaped.has_shape = true;
-      shaped.shape = rank == 0 ? std::vector<int64_t>{2, 2} : std::vector<int64_t>{4, 1};
-      ExpectMismatch(
-          [&] { comm.Allreduce(x.data(), 4, DataType::kFloat32, ReduceOp::kSum, shaped); },
-          "[4, 1]");
-      // A small allreduce carries its record in its data step over shared memory; a rank whose
-      // call exchanges records on their own (a large allreduce, an allgather) still meets it there,
-      // and every rank raises.
-      std::vector<float> big(1 << 16, 1.0f);
-      ExpectMismatch(
-          [&] {
-            comm.Allreduce(rank == 1 ? big.data() : x.data(), rank == 1 ? big.size() : x.size(),
-                           DataType::kFloat32, ReduceOp::kSum);
-          },
-          "rank 1 called allreduce of float32 x 65536");
-      std::vector<float> gathered(4 * size);
-      ExpectMismatch(
-          [&] {
-            if (rank == 0) {
-              comm.Allgather(x.data(), gathered.data(), 4, DataType::kFloat32);
-            } else {
-              comm.Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
-            }
-          },
-          "rank 0 called allgather of float32 x 4 but rank 1 called allreduce of float32 x 4");
-      ExpectHealthy(comm);
-      comm.Barrier();
-    });
-    CheckNoProblems();
-  }
+  for (const char* transport : {"auto", "tcp"})
+    for (int size : {2, 3, 4}) {
+      Spawn(size, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
+        Communicator comm(store, rank, size, Over(transport));
+        std::vector<float> x(4, 1.0f);
+        // Rank 0 allreduces while the others wait in a barrier.
+        ExpectMismatch(
+            [&] {
+              if (rank == 0) {
+                comm.Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
+              } else {
+                comm.Barrier();
+              }
+            },
+            "rank 0 called allreduce of float32 x 4 (op sum) but rank 1 called barrier");
+        ExpectHealthy(comm);
+        // Counts, types, ops, roots, names and shapes.
+        ExpectMismatch(
+            [&] {
+              comm.Allreduce(x.data(), rank == 1 ? 3 : 4, DataType::kFloat32, ReduceOp::kSum);
+            },
+            "float32 x 3");
+        ExpectMismatch(
+            [&] {
+              comm.Allreduce(x.data(), 1, rank == 1 ? DataType::kInt32 : DataType::kFloat32,
+                             ReduceOp::kSum);
+            },
+            "int32");
+        ExpectMismatch(
+            [&] {
+              comm.Allreduce(x.data(), 4, DataType::kFloat32,
+                             rank == size - 1 ? ReduceOp::kMax : ReduceOp::kSum);
+            },
+            "(op max)");
+        ExpectMismatch([&] { comm.Broadcast(x.data(), 4, DataType::kFloat32, rank == 0 ? 0 : 1); },
+                       "from root 1");
+        CallCheck named;
+        named.name = rank == 0 ? "weights" : "bias";
+        ExpectMismatch(
+            [&] { comm.Allreduce(x.data(), 4, DataType::kFloat32, ReduceOp::kSum, named); },
+            "'bias'");
+        CallCheck shaped;
+        shaped.has_shape = true;
+        shaped.shape = rank == 0 ? std::vector<int64_t>{2, 2} : std::vector<int64_t>{4, 1};
+        ExpectMismatch(
+            [&] { comm.Allreduce(x.data(), 4, DataType::kFloat32, ReduceOp::kSum, shaped); },
+            "[4, 1]");
+        // A small allreduce carries its record in its data step over shared memory; a rank whose
+        // call exchanges records on their own (a large allreduce, an allgather) still meets it
+        // there, and every rank raises.
+        std::vector<float> big(1 << 16, 1.0f);
+        ExpectMismatch(
+            [&] {
+              comm.Allreduce(rank == 1 ? big.data() : x.data(), rank == 1 ? big.size() : x.size(),
+                             DataType::kFloat32, ReduceOp::kSum);
+            },
+            "rank 1 called allreduce of float32 x 65536");
+        std::vector<float> gathered(4 * size);
+        ExpectMismatch(
+            [&] {
+              if (rank == 0) {
+                comm.Allgather(x.data(), gathered.data(), 4, DataType::kFloat32);
+              } else {
+                comm.Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
+              }
+            },
+            "rank 0 called allgather of float32 x 4 but rank 1 called allreduce of float32 x 4");
+        // A large allreduce carries its record in its first chunk's step over shared memory: two of
+        // different counts, and one beside an allgather or a barrier, still raise on every rank.
+        ExpectMismatch(
+            [&] {
+              comm.Allreduce(big.data(), rank == 1 ? big.size() - 16 : big.size(),
+                             DataType::kFloat32, ReduceOp::kSum);
+            },
+            "float32 x 65520");
+        ExpectMismatch(
+            [&] {
+              if (rank == 0) {
+                comm.Allgather(x.data(), gathered.data(), 4, DataType::kFloat32);
+              } else {
+                comm.Allreduce(big.data(), big.size(), DataType::kFloat32, ReduceOp::kSum);
+              }
+            },
+            "rank 0 called allgather of float32 x 4 but rank 1 called allreduce of float32 x "
+            "65536");
+        ExpectMismatch(
+            [&] {
+              if (rank == size - 1) {
+                comm.Barrier();
+              } else {
+                comm.Allreduce(big.data(), big.size(), DataType::kFloat32, ReduceOp::kSum);
+              }
+            },
+            "called barrier");
+        // A set of every rank, in order, meets the world's collectives at the same place.
+        std::vector<int> everyone(size);
+        for (int r = 0; r < size; ++r) everyone[r] = r;
+        auto all = comm.Subset(everyone, "all");
+        ExpectMismatch(
+            [&] {
+              if (rank == 0) {
+                all->Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
+              } else {
+                comm.Allreduce(big.data(), big.size(), DataType::kFloat32, ReduceOp::kSum);
+              }
+            },
+            "x 65536");
+        ExpectHealthy(comm);
+        ExpectHealthy(*all);
+        // The big buffer was left as it was by every failed call.
+        NOTE_CHECK(std::all_of(big.begin(), big.end(), [](float v) { return v == 1.0f; }));
+        comm.Allreduce(big.data(), big.size(), DataType::kFloat32, ReduceOp::kSum);
+        NOTE_CHECK(big == std::vector<float>(big.size(), static_cast<float>(size)));
+        comm.Barrier();
+      });
+      CheckNoProblems();
+    }
 }
 
 TEST_CASE("alltoallv with uneven counts", "[api]") {
@@ -210,38 +267,43 @@ TEST_CASE("bool reduces as or (sum, max) and and (product, min)", "[api]") {
 
 TEST_CASE("join: a joined rank adds zeros to the others' allreduces until all have joined",
           "[api]") {
-  for (int size : {1, 2, 3, 4}) {
-    for (int first = 0; first < size; ++first) {
-      Spawn(size, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
-        Communicator comm(store, rank, size);
-        int last = -1;
-        if (rank == first) {
-          last = comm.Join();
-        } else {
-          std::vector<double> x(7, 3.0);
-          comm.Allreduce(x.data(), x.size(), DataType::kFloat64, ReduceOp::kSum);
-          NOTE_CHECK(x == std::vector<double>(7, 3.0 * (size - 1)));
-          std::vector<int64_t> y(1, 6);
-          comm.Allreduce(y.data(), 1, DataType::kInt64, ReduceOp::kAverage);
-          NOTE_CHECK(y[0] == 6 * (size - 1) / size);  // the average still divides by size
-          comm.Barrier();
-          std::vector<float> z(2, 1.0f);
-          const int root = (first + 1) % size;
-          ExpectMismatch([&] { comm.Broadcast(z.data(), 2, DataType::kFloat32, root); },
-                         "has joined");
-          last = comm.Join();
-        }
-        // Every rank agrees on the last to join, which is not the one that joined first.
-        int64_t mine = last;
-        std::vector<int64_t> all(size);
-        comm.Allgather(&mine, all.data(), 1, DataType::kInt64);
-        NOTE_CHECK(all == std::vector<int64_t>(size, last));
-        if (size > 1) NOTE_CHECK(last != first);
-        ExpectHealthy(comm);
-      });
-      CheckNoProblems();
+  for (const char* transport : {"auto", "tcp"})
+    for (int size : {1, 2, 3, 4}) {
+      for (int first = 0; first < size; ++first) {
+        Spawn(size, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
+          Communicator comm(store, rank, size, Over(transport));
+          int last = -1;
+          if (rank == first) {
+            last = comm.Join();
+          } else {
+            std::vector<double> x(7, 3.0);
+            comm.Allreduce(x.data(), x.size(), DataType::kFloat64, ReduceOp::kSum);
+            NOTE_CHECK(x == std::vector<double>(7, 3.0 * (size - 1)));
+            std::vector<int64_t> y(1, 6);
+            comm.Allreduce(y.data(), 1, DataType::kInt64, ReduceOp::kAverage);
+            NOTE_CHECK(y[0] == 6 * (size - 1) / size);  // the average still divides by size
+            // A large one (over shared memory: the chunked path with the record in its first step).
+            std::vector<float> w(1 << 16, 2.0f);
+            comm.Allreduce(w.data(), w.size(), DataType::kFloat32, ReduceOp::kSum);
+            NOTE_CHECK(w == std::vector<float>(1 << 16, 2.0f * (size - 1)));
+            comm.Barrier();
+            std::vector<float> z(2, 1.0f);
+            const int root = (first + 1) % size;
+            ExpectMismatch([&] { comm.Broadcast(z.data(), 2, DataType::kFloat32, root); },
+                           "has joined");
+            last = comm.Join();
+          }
+          // Every rank agrees on the last to join, which is not the one that joined first.
+          int64_t mine = last;
+          std::vector<int64_t> all(size);
+          comm.Allgather(&mine, all.data(), 1, DataType::kInt64);
+          NOTE_CHECK(all == std::vector<int64_t>(size, last));
+          if (size > 1) NOTE_CHECK(last != first);
+          ExpectHealthy(comm);
+        });
+        CheckNoProblems();
+      }
     }
-  }
 }
 
 TEST_CASE("timeline: every rank's collectives land in one Chrome trace", "[api]") {

@@ -132,3 +132,41 @@ TEST_CASE("chaos: one of 4 ranks killed, stopped or exiting early, over TCP and 
   INFO(failed);
   CHECK(failures == 0);
 }
+
+// Over TCP a rank can finish its share of a collective and wait in the next one for the stopped
+// rank too; the stall check (warning 5 s, shutdown 10 s) must name only the rank in no collective.
+TEST_CASE("stall check over TCP: a SIGSTOPped rank, and only it, is named stalled",
+          "[integration][stall_blame]") {
+  const char* trials_env = std::getenv("STALL_TRIALS");
+  const int trials = trials_env != nullptr ? std::atoi(trials_env) : 30;
+  const unsigned seed = std::random_device()();
+  std::mt19937 random(seed);
+  INFO("seed " << seed);
+  int good = 0;
+  std::string failed;
+  for (int trial = 0; trial < trials; ++trial) {
+    const int victim = std::uniform_int_distribution<int>(0, 3)(random);
+    const int step = std::uniform_int_distribution<int>(0, 8)(random);
+    const std::string marker =
+        "TRAINRUN_CHAOS_ID=" + std::to_string(getpid()) + "-stall" + std::to_string(trial);
+    JobResult job = RunJob("-x " + marker +
+                           " -x TRAINRUN_TRANSPORT=tcp -x TRAINRUN_TIMEOUT=60"
+                           " --stall-check-warning-time-seconds 5"
+                           " --stall-check-shutdown-time-seconds 10 -np 4 " +
+                           TRAINRUN_JOB_WORKER + " 200 " + std::to_string(victim) + " " +
+                           std::to_string(step) + " stop");
+    const std::string blame = "rank " + std::to_string(victim) + " on localhost stalled: ";
+    const bool left = !NothingLeft(marker);
+    if (job.exit_code == 1 && job.output.find(blame) != std::string::npos && job.seconds < 25 &&
+        !left) {
+      ++good;
+    } else {
+      failed += "rank " + std::to_string(victim) + " step " + std::to_string(step) + ": exit " +
+                std::to_string(job.exit_code) + ", " + std::to_string(job.seconds) + " s" +
+                (left ? ", processes left" : "") + "\n" + job.output + "\n";
+    }
+  }
+  std::printf("stall check over TCP: %d/%d blamed exactly\n%s", good, trials, failed.c_str());
+  INFO(failed);
+  CHECK(good == trials);
+}

@@ -250,10 +250,30 @@ TEST_CASE("the stall inspector: who waits where, who has not joined, and when to
             .empty());
   CHECK_FALSE(inspector.ShutdownDue(t0 + seconds(59)));
   CHECK(inspector.ShutdownDue(t0 + seconds(60)));
-  CHECK(inspector.Stalled() == std::vector<int>{0, 3});
+  // Rank 3 waits, in another collective: only rank 0, in none, is stalled.
+  CHECK(inspector.Stalled() == std::vector<int>{0});
   // The collective completes: its reports are cleared, and the clock starts again.
   CHECK(inspector.Update({{1, ""}, {2, ""}}, t0 + seconds(61)).empty());
   CHECK_FALSE(inspector.ShutdownDue(t0 + seconds(200)));
+}
+
+TEST_CASE(
+    "the stall inspector never names a rank that waits inside a collective: over TCP a "
+    "rank can be one collective ahead of the stalled one's peers",
+    "[launcher][stall]") {
+  using std::chrono::seconds;
+  StallInspector inspector(4, seconds(5), seconds(10));
+  const auto t0 = StallInspector::Clock::now();
+  // Rank 2 is stopped in no collective; rank 1 finished its share of allreduce #125 and waits in
+  // #126, which needs rank 2 too.
+  inspector.Update({{0, "allreduce #125"}, {1, "allreduce #126"}, {3, "allreduce #125"}}, t0);
+  REQUIRE(inspector.ShutdownDue(t0 + seconds(5)));
+  CHECK(inspector.Stalled() == std::vector<int>{2});
+  // With every rank inside some collective (a program that calls them in different orders), no
+  // rank is in none: those outside the collective most ranks wait in are named.
+  StallInspector mismatch(3, seconds(5), seconds(10));
+  mismatch.Update({{0, "allreduce #3"}, {1, "allreduce #3"}, {2, "broadcast #3"}}, t0);
+  CHECK(mismatch.Stalled() == std::vector<int>{2});
 }
 
 namespace {

@@ -23,6 +23,7 @@
 #include "rank_threads.h"
 #include "relay_wire.h"
 #include "test_job.h"
+#include "trainrun/rendezvous/admission.h"
 #include "trainrun/rendezvous/client.h"
 
 namespace trainrun::rendezvous {
@@ -362,6 +363,31 @@ TEST_CASE("relay: a connection without the token cannot make the relay hold a la
   CHECK(::read(fd, &byte, 1) == 0);
   ::close(fd);
   CHECK(relay->upstream_calls() == 0);
+  // And it still serves its ranks.
+  CHECK(Join(Through(job, *relay, 0), seconds(10)).ok());
+}
+
+TEST_CASE("relay: a connection that never says the token is closed at the admission deadline",
+          "[rendezvous][relay]") {
+  Job job = StartJob(TwoHosts());
+  std::unique_ptr<Relay> relay = StartRelay(job, "a", 4);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  const std::string& name = relay->socket();
+  std::memcpy(address.sun_path + 1, name.data() + 1, name.size() - 1);  // "@...": abstract
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&address),
+                    static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size())) == 0);
+  const auto start = std::chrono::steady_clock::now();
+  pollfd poll_fd{fd, POLLIN, 0};
+  REQUIRE(::poll(&poll_fd, 1, 10000) == 1);  // silent: closed at Admission::kDefaultDeadline
+  char byte;
+  CHECK(::read(fd, &byte, 1) == 0);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  CHECK(waited >= Admission::kDefaultDeadline - milliseconds(100));
+  CHECK(waited < Admission::kDefaultDeadline + seconds(2));
+  ::close(fd);
   // And it still serves its ranks.
   CHECK(Join(Through(job, *relay, 0), seconds(10)).ok());
 }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "grpc_store.h"
 #include "proto/rendezvous.grpc.pb.h"
 #include "rank_threads.h"
 #include "skip_test.h"
@@ -54,6 +55,14 @@ bool Contains(const absl::Status& status, const std::string& text) {
 // `-H a:2,b:1`: a gets ranks 0 and 1, b gets rank 2; local_rank 0 lives on both hosts.
 std::vector<RankSlot> TwoHostPlan() {
   return {{"a", 0, 2, 0, 2}, {"a", 1, 2, 0, 1}, {"b", 0, 1, 1, 2}};
+}
+
+// A channel of its own to `job`'s server, as a worker makes it (TLS with the job's certificate).
+std::shared_ptr<grpc::Channel> JobChannel(const Job& job) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      internal::NewChannel(job.server->address(), job.options.token, job.options.tls);
+  REQUIRE(channel.ok());
+  return *channel;
 }
 
 // n ranks on one host.
@@ -139,8 +148,7 @@ TEST_CASE("Join gives each rank its place in the slot plan", "[rendezvous]") {
 TEST_CASE("Join sends the host names encoded once, or one by one to an older worker",
           "[rendezvous]") {
   Job job = StartJob(TwoHostPlan());
-  auto stub = proto::Rendezvous::NewStub(
-      grpc::CreateChannel(job.server->address(), grpc::InsecureChannelCredentials()));
+  auto stub = proto::Rendezvous::NewStub(JobChannel(job));
   for (int r = 0; r < 2; ++r) {
     grpc::ClientContext context;
     context.AddMetadata("trainrun-job-token", job.options.token);
@@ -456,10 +464,7 @@ TEST_CASE("1000 concurrent waiting calls all complete", "[rendezvous]") {
   Job job = StartJob(OneHostPlan(1));
   std::vector<std::unique_ptr<proto::Rendezvous::Stub>> stubs;
   for (int c = 0; c < 4; ++c) {
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    stubs.push_back(proto::Rendezvous::NewStub(grpc::CreateCustomChannel(
-        job.server->address(), grpc::InsecureChannelCredentials(), args)));
+    stubs.push_back(proto::Rendezvous::NewStub(JobChannel(job)));  // a connection each
   }
   const int threads_before = ThreadCount();
   PendingGets gets;
@@ -484,8 +489,7 @@ TEST_CASE("Waiting calls past the limit are refused, not queued", "[rendezvous]"
   ServerLimits limits;
   limits.max_waiters = 5;
   Job job = StartJob(OneHostPlan(1), limits);
-  auto stub = proto::Rendezvous::NewStub(
-      grpc::CreateChannel(job.server->address(), grpc::InsecureChannelCredentials()));
+  auto stub = proto::Rendezvous::NewStub(JobChannel(job));
   PendingGets gets;
   for (int i = 0; i < 5; ++i) gets.Start(*stub, job, "k");
   WorkerSession s = job.JoinAs(0);
@@ -500,8 +504,7 @@ TEST_CASE("Waiting calls past the limit are refused, not queued", "[rendezvous]"
 
 TEST_CASE("Cancelled waits leave the others undisturbed", "[rendezvous]") {
   Job job = StartJob(OneHostPlan(1));
-  auto stub = proto::Rendezvous::NewStub(
-      grpc::CreateChannel(job.server->address(), grpc::InsecureChannelCredentials()));
+  auto stub = proto::Rendezvous::NewStub(JobChannel(job));
   PendingGets cancelled, kept;
   for (int i = 0; i < 200; ++i) cancelled.Start(*stub, job, i % 2 ? "k" : "other");
   for (int i = 0; i < 50; ++i) kept.Start(*stub, job, "k");

@@ -65,7 +65,7 @@ TEST_CASE("node join: node 0 accepts the right proof and names what differs", "[
   CHECK_THAT(Verdict(spec, Request("secret", "c0", 3)),
              Catch::Contains("its --node-rank 3 is not one of 1 to 2"));
   CHECK_THAT(Verdict(spec, Request("secret", "c0", 1), {true, true, false}),
-             Catch::Contains("node 1 has joined already"));
+             Catch::Contains("node 1 of this job has already joined"));
   CHECK_THAT(Verdict(spec, Request("secret", "c0", 1, 4)),
              Catch::Contains("its --nproc-per-node 4 differs from node 0's 2"));
   CHECK_FALSE(DecodeJoinRequest("GET / HTTP/1.1").ok());

@@ -1,5 +1,6 @@
 #include "nodes/node_join.h"
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -14,7 +15,10 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/strings/escaping.h"
@@ -26,6 +30,7 @@
 #include "absl/time/clock.h"
 #include "nodes/socket_stream.h"
 #include "trainrun/launcher/logging.h"
+#include "trainrun/rendezvous/admission.h"
 
 namespace trainrun::launcher::nodes {
 namespace {
@@ -34,10 +39,10 @@ constexpr char kJoinWord[] = "trainrun-node-join";
 constexpr char kChallengeWord[] = "trainrun-node-challenge";
 constexpr size_t kNonceBytes = 32;
 constexpr int kJoinVersion = 1;
-// A connection that has not sent its whole request line by then is dropped (a stranger, a port
-// scanner); the line is short.
-constexpr absl::Duration kRequestTimeout = absl::Seconds(2);
 constexpr size_t kMaxLine = 4096;
+// Join requests with a wrong token said one by one on node 0; the rest are counted (a flood of
+// forged requests makes no more lines than that, plus the admission's one a minute).
+constexpr int kUnprovedRefusalsSaid = 3;
 
 // ReadLine reads one '\n'-terminated line, byte by byte so that nothing after it is consumed (the
 // agent protocol follows on the same socket).
@@ -95,122 +100,146 @@ std::string Hmac(const std::string& token, const std::string& text) {
   return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(mac), length));
 }
 
-// Listen binds the endpoint's port on every interface (IPv6 with IPv4 mapped, else IPv4).
-absl::StatusOr<posix::UniqueFd> Listen(int port) {
-  for (int family : {AF_INET6, AF_INET}) {
-    posix::UniqueFd fd(::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+// Listen binds the endpoint's address and port (--rdzv-endpoint's host, as every node dials it):
+// a stranger on another interface of node 0 never reaches the join port.
+absl::StatusOr<posix::UniqueFd> Listen(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (int error = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+      error != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve --rdzv-endpoint's host ", host, ": ", gai_strerror(error)));
+  }
+  std::string why = "no address";
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    posix::UniqueFd fd(
+        ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
     if (!fd) continue;
     int one = 1;
     ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_storage address{};
-    socklen_t length = 0;
-    if (family == AF_INET6) {
-      int zero = 0;
-      ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-      auto* a = reinterpret_cast<sockaddr_in6*>(&address);
-      a->sin6_family = AF_INET6;
-      a->sin6_addr = in6addr_any;
-      a->sin6_port = htons(static_cast<uint16_t>(port));
-      length = sizeof(sockaddr_in6);
-    } else {
-      auto* a = reinterpret_cast<sockaddr_in*>(&address);
-      a->sin_family = AF_INET;
-      a->sin_addr.s_addr = htonl(INADDR_ANY);
-      a->sin_port = htons(static_cast<uint16_t>(port));
-      length = sizeof(sockaddr_in);
+    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), 1024) != 0) {
+      why = std::strerror(errno);
+      continue;
     }
-    if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&address), length) != 0) {
-      if (errno == EAFNOSUPPORT || errno == EADDRNOTAVAIL) continue;
-      return absl::UnavailableError(absl::StrCat(
-          "cannot listen at port ", port, " for the other nodes: ", std::strerror(errno),
-          " (--rdzv-endpoint's port must be free on node 0)"));
-    }
-    if (::listen(fd.get(), 128) != 0) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot listen at port ", port, ": ", std::strerror(errno)));
-    }
+    ::freeaddrinfo(found);
     return fd;
   }
-  return absl::UnavailableError(absl::StrCat("cannot listen at port ", port));
+  ::freeaddrinfo(found);
+  return absl::UnavailableError(absl::StrCat(
+      "cannot listen at ", host, ":", port, " for the other nodes: ", why,
+      " (--rdzv-endpoint must name an address of node 0, and its port must be free there)"));
 }
 
-class NodeJoinChannel : public channel::HostChannel {
+// JoinPort serves node 0's join port on a thread of its own. Each joined node's stream holds it, so
+// once every node has joined it outlives the channel that started it and answers latecomers for
+// as long as the job's streams live.
+class JoinPort : public std::enable_shared_from_this<JoinPort> {
  public:
-  NodeJoinChannel(PerNodeSpec spec, std::chrono::seconds start_timeout)
+  JoinPort(PerNodeSpec spec, std::chrono::seconds start_timeout)
       : spec_(std::move(spec)), start_timeout_(start_timeout) {}
+  ~JoinPort() { Stop(); }
 
-  ~NodeJoinChannel() override {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-  }
+  const PerNodeSpec& spec() const { return spec_; }
+  bool all_joined() const { return all_joined_; }
 
-  std::string Describe(const hostfile::HostSpec& host, const std::string&) const override {
-    return absl::StrCat("joins by dialling this node at port ", spec_.endpoint_port, " (",
-                        host.host, "'s own trainrun --nnodes ", spec_.nnodes,
-                        " --node-rank N --rdzv-endpoint ", EndpointText(spec_), ")");
-  }
-
-  void Start(const std::vector<hostfile::HostSpec>& hosts, const std::string&, absl::Time deadline,
-             channel::StreamCallback on_stream) override {
-    thread_ = std::thread([this, count = hosts.size(), deadline, on_stream = std::move(on_stream)] {
+  void Start(size_t count, absl::Time deadline, channel::StreamCallback on_stream) {
+    thread_ = std::thread([this, count, deadline, on_stream = std::move(on_stream)] {
       Serve(count, deadline, on_stream);
     });
   }
 
+  // Stop closes the port and ends its thread.
+  void Stop() {
+    stop_ = true;
+    if (!thread_.joinable()) return;
+    // The last stream may go on the port's own thread (a join whose stream failed at once).
+    if (thread_.get_id() == std::this_thread::get_id()) {
+      thread_.detach();
+    } else {
+      thread_.join();
+    }
+  }
+
  private:
+  // Pending is a connection that has not yet sent its join request.
+  struct Pending {
+    posix::UniqueFd fd;
+    std::string from;
+    std::string challenge;
+    std::string received;  // what it has sent so far: part of its request line
+  };
+
+  // Serve answers every connection at the join port concurrently (a stranger's idle connection
+  // delays nobody), each under rendezvous::Admission's deadline and caps, until every node has
+  // joined, and then goes on answering (a second "node 1" hears at once that node 1 has joined)
+  // until the job ends. Nodes missing at `deadline` get one error naming them all.
   void Serve(size_t count, absl::Time deadline, const channel::StreamCallback& on_stream) {
-    absl::StatusOr<posix::UniqueFd> listener = Listen(spec_.endpoint_port);
+    absl::StatusOr<posix::UniqueFd> listener = Listen(spec_.endpoint_host, spec_.endpoint_port);
     if (!listener.ok()) {
       for (size_t i = 0; i < count; ++i) on_stream(static_cast<int>(i), listener.status());
       return;
     }
+    rendezvous::Admission admission(absl::StrCat("the per-node join port ", EndpointText(spec_)),
+                                    rendezvous::Admission::Limits{},
+                                    [](const std::string& line) { Logger().warn("{}", line); });
+    std::unordered_map<uint64_t, Pending> pending;
+    uint64_t next_id = 1;
+    auto drop = [&](uint64_t id) { pending.erase(id); };
     std::vector<bool> joined(spec_.nnodes, false);
     joined[0] = true;
     size_t arrived = 0;
-    while (arrived < count && !stop_ && absl::Now() < deadline) {
-      pollfd p{listener->get(), POLLIN, 0};
-      if (::poll(&p, 1, 100) <= 0) continue;
-      posix::UniqueFd fd(::accept4(listener->get(), nullptr, nullptr, SOCK_CLOEXEC));
-      if (!fd) continue;
-      int one = 1;
-      ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      const std::string from = NumericAddress(fd.get(), true);
-      const std::string challenge = Nonce();
-      if (challenge.empty() || !SendAll(fd.get(), absl::StrCat(kChallengeWord, " ", kJoinVersion,
-                                                               " ", challenge, "\n"))) {
-        continue;
+    while (!stop_ && (arrived == count || absl::Now() < deadline)) {
+      std::vector<pollfd> polled{{listener->get(), POLLIN, 0}};
+      std::vector<uint64_t> ids;
+      for (const auto& [id, connection] : pending) {
+        polled.push_back({connection.fd.get(), POLLIN, 0});
+        ids.push_back(id);
       }
-      absl::StatusOr<std::string> line = ReadLine(fd.get(), absl::Now() + kRequestTimeout);
-      if (!line.ok()) {
-        Logger().warn("per-node join: dropped a connection from {} that sent no join request ({})",
-                      from, std::string(line.status().message()));
-        continue;
+      ::poll(polled.data(), polled.size(), 100);
+      const auto now = rendezvous::Admission::Clock::now();
+      if ((polled[0].revents & POLLIN) != 0) {
+        for (int batch = 0; batch < 1024; ++batch) {
+          posix::UniqueFd fd(
+              ::accept4(listener->get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+          if (!fd) break;
+          int one = 1;
+          ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+          std::string from = NumericAddress(fd.get(), true);
+          Pending connection{std::move(fd), std::move(from), Nonce(), ""};
+          const std::string greeting =
+              absl::StrCat(kChallengeWord, " ", kJoinVersion, " ", connection.challenge, "\n");
+          if (connection.challenge.empty() ||
+              ::send(connection.fd.get(), greeting.data(), greeting.size(),
+                     MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(greeting.size())) {
+            continue;
+          }
+          const uint64_t id = next_id++;
+          for (uint64_t evicted : admission.Admit(id, connection.from, now)) drop(evicted);
+          pending.emplace(id, std::move(connection));
+        }
       }
-      absl::StatusOr<JoinRequest> request = DecodeJoinRequest(*line);
-      absl::Status verdict =
-          request.ok() ? CheckJoin(spec_, challenge, *request, joined) : request.status();
-      if (!verdict.ok()) {
-        Logger().warn("per-node join: refused {}: {}", from, std::string(verdict.message()));
-        SendAll(fd.get(), absl::StrCat("refused ", verdict.message(), "\n"));
-        continue;
+      for (size_t i = 1; i < polled.size(); ++i) {
+        if (polled[i].revents == 0) continue;
+        auto it = pending.find(ids[i - 1]);
+        if (it == pending.end()) continue;  // evicted by this round's accepts
+        std::string line;
+        const Taken taken = TakeLine(it->second, line);
+        if (taken == Taken::kWaiting) continue;
+        Pending connection = std::move(it->second);
+        pending.erase(it);
+        if (taken == Taken::kClosed) {
+          admission.Closed(ids[i - 1]);
+        } else if (taken == Taken::kTooLong) {
+          admission.Closed(ids[i - 1], rendezvous::Admission::Reason::kTooManyBytes);
+        } else if (Answer(std::move(connection), line, joined, admission, ids[i - 1], on_stream)) {
+          all_joined_ = ++arrived == count;
+        }
       }
-      if (!SendAll(fd.get(),
-                   absl::StrCat("ok ", NodeZeroProof(spec_.token, challenge, *request), "\n"))) {
-        continue;
-      }
-      const int node = request->node_rank;
-      absl::StatusOr<std::unique_ptr<SocketStream>> stream =
-          SocketStream::Create(std::move(fd), absl::StrCat("node ", node));
-      if (!stream.ok()) {
-        on_stream(node - 1, stream.status());
-        continue;
-      }
-      joined[node] = true;
-      ++arrived;
-      Logger().debug("per-node join: node {} joined from {}", node, from);
-      on_stream(node - 1, std::unique_ptr<channel::HostStream>(*std::move(stream)));
+      for (uint64_t late : admission.Expired(now)) drop(late);
     }
-    listener->Reset();  // the job's rendezvous server binds this port next
     if (arrived == count || stop_) return;
     std::vector<std::string> missing;
     for (int node = 1; node < spec_.nnodes; ++node) {
@@ -226,10 +255,108 @@ class NodeJoinChannel : public channel::HostChannel {
     }
   }
 
+  enum class Taken { kWaiting, kLine, kClosed, kTooLong };
+
+  // TakeLine reads what `connection` sent into its buffer and, once it holds a whole line, moves
+  // it (without its '\n') into `line`. A joining node sends nothing after its request until it is
+  // answered (the agent protocol follows), so whatever is read is the request. kWaiting while the
+  // line is incomplete; kTooLong when more than a line may hold came without one, or anything came
+  // after it.
+  static Taken TakeLine(Pending& connection, std::string& line) {
+    char buffer[kMaxLine];
+    const ssize_t n = ::recv(connection.fd.get(), buffer, sizeof buffer, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return Taken::kWaiting;
+    if (n <= 0) return Taken::kClosed;
+    connection.received.append(buffer, static_cast<size_t>(n));
+    const size_t newline = connection.received.find('\n');
+    if (newline == std::string::npos) {
+      return connection.received.size() >= kMaxLine ? Taken::kTooLong : Taken::kWaiting;
+    }
+    if (newline + 1 != connection.received.size()) return Taken::kTooLong;
+    line = connection.received.substr(0, newline);
+    return Taken::kLine;
+  }
+
+  // Answer checks one join request and answers it; true when node `request.node_rank` joined.
+  bool Answer(Pending connection, const std::string& line, std::vector<bool>& joined,
+              rendezvous::Admission& admission, uint64_t id,
+              const channel::StreamCallback& on_stream) {
+    absl::StatusOr<JoinRequest> request = DecodeJoinRequest(line);
+    const bool proved =
+        request.ok() && !spec_.token.empty() &&
+        SameProof(request->proof, JoinProof(spec_.token, connection.challenge, *request));
+    absl::Status verdict =
+        request.ok() ? CheckJoin(spec_, connection.challenge, *request, joined) : request.status();
+    if (!verdict.ok()) {
+      // A node that proved the token but differs is the user's mistake: said here as well as there,
+      // as is a join request with another token (a node given the wrong one), for the first few
+      // such; the rest, and anything that is no join request, are counted in the admission's line.
+      const bool said = request.ok() && (proved || spec_.token.empty() ||
+                                         unproved_refusals_said_++ < kUnprovedRefusalsSaid);
+      if (said) {
+        admission.Closed(id);
+        Logger().warn("per-node join: refused {}: {}", connection.from,
+                      std::string(verdict.message()));
+      } else {
+        admission.Closed(id, rendezvous::Admission::Reason::kRefused);
+      }
+      const std::string refusal = absl::StrCat("refused ", verdict.message(), "\n");
+      ::send(connection.fd.get(), refusal.data(), refusal.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      return false;
+    }
+    admission.Proven(id);
+    const int flags = ::fcntl(connection.fd.get(), F_GETFL);
+    ::fcntl(connection.fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+    if (!SendAll(connection.fd.get(),
+                 absl::StrCat("ok ", NodeZeroProof(spec_.token, connection.challenge, *request),
+                              "\n"))) {
+      return false;
+    }
+    const int node = request->node_rank;
+    absl::StatusOr<std::unique_ptr<SocketStream>> stream = SocketStream::Create(
+        std::move(connection.fd), absl::StrCat("node ", node), shared_from_this());
+    if (!stream.ok()) {
+      on_stream(node - 1, stream.status());
+      return false;
+    }
+    joined[node] = true;
+    Logger().debug("per-node join: node {} joined from {}", node, connection.from);
+    on_stream(node - 1, std::unique_ptr<channel::HostStream>(*std::move(stream)));
+    return true;
+  }
+
   const PerNodeSpec spec_;
   const std::chrono::seconds start_timeout_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> all_joined_{false};
+  int unproved_refusals_said_ = 0;  // the port's thread's
   std::thread thread_;
+};
+
+class NodeJoinChannel : public channel::HostChannel {
+ public:
+  NodeJoinChannel(PerNodeSpec spec, std::chrono::seconds start_timeout)
+      : port_(std::make_shared<JoinPort>(std::move(spec), start_timeout)) {}
+
+  // Until every node has joined, the port ends with the channel; after, with the job's streams.
+  ~NodeJoinChannel() override {
+    if (!port_->all_joined()) port_->Stop();
+  }
+
+  std::string Describe(const hostfile::HostSpec& host, const std::string&) const override {
+    const PerNodeSpec& spec = port_->spec();
+    return absl::StrCat("joins by dialling this node at port ", spec.endpoint_port, " (", host.host,
+                        "'s own trainrun --nnodes ", spec.nnodes, " --node-rank N --rdzv-endpoint ",
+                        EndpointText(spec), ")");
+  }
+
+  void Start(const std::vector<hostfile::HostSpec>& hosts, const std::string&, absl::Time deadline,
+             channel::StreamCallback on_stream) override {
+    port_->Start(hosts.size(), deadline, std::move(on_stream));
+  }
+
+ private:
+  std::shared_ptr<JoinPort> port_;
 };
 
 // Connect dials host:port once; "" and errno text on failure.
@@ -330,8 +457,8 @@ absl::Status CheckJoin(const PerNodeSpec& spec, const std::string& challenge,
   }
   if (joined[request.node_rank]) {
     return absl::AlreadyExistsError(absl::StrCat("node ", request.node_rank,
-                                                 " has joined already; give each node its own "
-                                                 "--node-rank"));
+                                                 " of this job has already joined; give each "
+                                                 "node its own --node-rank"));
   }
   if (request.nproc != spec.nproc_per_node) {
     return absl::FailedPreconditionError(

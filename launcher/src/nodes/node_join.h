@@ -4,8 +4,9 @@
 // remote/agent_protocol.h), so that one supervisor, one summary and one rendezvous serve the job:
 //
 //   node 0:  trainrun --nnodes 2 --node-rank 0 --rdzv-endpoint head:29400 --nproc-per-node 4 CMD
-//              listens at :29400 (NodeJoinChannel, a HostChannel), greets node 1's agent, then
-//              serves the job's rendezvous at :29400 and starts every node's ranks
+//              listens at head:29400 (NodeJoinChannel, a HostChannel), greets node 1's agent,
+//              then serves the job's rendezvous at head:<a port of its own> and starts every
+//              node's ranks
 //   node 1:  trainrun --nnodes 2 --node-rank 1 --rdzv-endpoint head:29400 --nproc-per-node 4 CMD
 //              DialNodeZero → "ok" → runs the agent over the socket until the job ends
 //
@@ -57,10 +58,12 @@ absl::StatusOr<JoinRequest> DecodeJoinRequest(absl::string_view line);
 absl::Status CheckJoin(const PerNodeSpec& spec, const std::string& challenge,
                        const JoinRequest& request, const std::vector<bool>& joined);
 
-// MakeNodeJoinChannel is node 0's HostChannel: Start listens at the endpoint's port, on every
-// interface, and hands host i (node i+1) its stream once that node has joined; nodes that have not
-// joined by the deadline get one error naming them all. The listening socket is closed once every
-// node has joined (or the deadline passed), so the job's rendezvous server can bind the port next.
+// MakeNodeJoinChannel is node 0's HostChannel: Start listens at the endpoint's address and port
+// and hands host i (node i+1) its stream once that node has joined; nodes that have not joined by
+// the deadline get one error naming them all. Connections are answered concurrently, each under
+// rendezvous::Admission's deadline and caps (a stranger's idle or flooding connections delay no
+// node). The port stays open until the channel is destroyed, so that a node started a second time
+// is told at once that its node rank has already joined.
 std::unique_ptr<channel::HostChannel> MakeNodeJoinChannel(const PerNodeSpec& spec,
                                                           std::chrono::seconds start_timeout);
 

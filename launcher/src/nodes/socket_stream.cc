@@ -36,15 +36,17 @@ std::string NumericAddress(int fd, bool peer) {
   return text;
 }
 
-absl::StatusOr<std::unique_ptr<SocketStream>> SocketStream::Create(posix::UniqueFd fd,
-                                                                   std::string name) {
+absl::StatusOr<std::unique_ptr<SocketStream>> SocketStream::Create(
+    posix::UniqueFd fd, std::string name, std::shared_ptr<void> keep_alive) {
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) {
     return absl::InternalError(absl::StrCat("cannot make a pipe: ", std::strerror(errno)));
   }
   ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) | O_NONBLOCK);
-  return std::unique_ptr<SocketStream>(new SocketStream(
+  std::unique_ptr<SocketStream> stream(new SocketStream(
       std::move(fd), posix::UniqueFd(pipe_fds[0]), posix::UniqueFd(pipe_fds[1]), std::move(name)));
+  stream->keep_alive_ = std::move(keep_alive);
+  return stream;
 }
 
 SocketStream::SocketStream(posix::UniqueFd fd, posix::UniqueFd wake_read,

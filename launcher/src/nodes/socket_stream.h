@@ -19,7 +19,10 @@ std::string NumericAddress(int fd, bool peer);
 class SocketStream : public channel::HostStream {
  public:
   // Takes the connected socket `fd`; `name` names the other side in errors ("node 1").
-  static absl::StatusOr<std::unique_ptr<SocketStream>> Create(posix::UniqueFd fd, std::string name);
+  // `keep_alive` is held as long as the stream (node 0's join port, which stays open while any
+  // joined node's stream lives).
+  static absl::StatusOr<std::unique_ptr<SocketStream>> Create(
+      posix::UniqueFd fd, std::string name, std::shared_ptr<void> keep_alive = nullptr);
 
   absl::Status Write(absl::string_view data, absl::Duration timeout) override;
   absl::StatusOr<size_t> Read(char* buffer, size_t size, absl::Duration timeout) override;
@@ -33,6 +36,7 @@ class SocketStream : public channel::HostStream {
   SocketStream(posix::UniqueFd fd, posix::UniqueFd wake_read, posix::UniqueFd wake_write,
                std::string name);
 
+  std::shared_ptr<void> keep_alive_;  // first: released last
   posix::UniqueFd fd_;
   posix::UniqueFd wake_read_;  // a pipe: Interrupt writes, a blocked Read wakes
   posix::UniqueFd wake_write_;

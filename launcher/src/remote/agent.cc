@@ -257,6 +257,7 @@ class Agent {
     options.server_address = *address;
     options.job_id = job_id.value_or("");
     options.token = *token;
+    options.tls = EnvValue(env, ::trainrun::env::kRendezvousTls).value_or("") != "off";
     options.host = EnvValue(env, ::trainrun::env::kHostname).value_or(Hostname());
     options.local_ranks = static_cast<int>(job.ranks.size());
     auto relay = rendezvous::Relay::Start(options);

@@ -33,6 +33,7 @@ struct RunOptions {
   bool tag_output = true;                      // --tag-output / --no-tag-output
   bool prefix_timestamp = false;               // --prefix-timestamp
   bool pty = true;                             // --pty / --no-pty
+  bool tls = true;                             // --tls / --no-tls
   bool assign_gpus = false;                    // --assign-gpus
   std::optional<int> stall_warning_s;          // --stall-check-warning-time-seconds
   std::optional<int> stall_shutdown_s;         // --stall-check-shutdown-time-seconds

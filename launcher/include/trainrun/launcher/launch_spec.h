@@ -129,6 +129,9 @@ struct LaunchSpec {
   // Each rank's stdout is a pseudo-terminal, so that C stdio and Python flush it line by line and
   // output is live (as Open MPI does); stderr stays a pipe. --no-pty: a pipe, as before.
   bool stdout_pty = true;
+  // The rendezvous over TLS with a certificate made from the job's token (the default);
+  // --no-tls: plain text, to debug (the token then crosses the network in clear).
+  bool rendezvous_tls = true;
   // --assign-gpus: one GPU per local rank through CUDA_VISIBLE_DEVICES (TRAINRUN_ASSIGN_GPUS=1
   // does the same). Off: CUDA_VISIBLE_DEVICES is left as it is, as horovodrun and torchrun do,
   // so that torch.cuda.set_device(local_rank) works.

@@ -107,6 +107,9 @@ class RankProcessSet : public RankControl {
   struct Reader;
 
   void ReadMore(Reader& reader);
+  // ReadWaiting reads what is already waiting after the `n` bytes in `reader`'s buffer, without
+  // blocking; returns how many.
+  size_t ReadWaiting(Reader& reader, size_t n);
   void OnBytes(Reader& reader, size_t n);
   void ArmIdleFlush(Reader& reader);
   void Flush(Reader& reader, size_t n);

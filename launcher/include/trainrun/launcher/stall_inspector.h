@@ -34,7 +34,9 @@ class StallInspector {
   // ShutdownDue: a shutdown time is set and the longest current wait has reached it.
   bool ShutdownDue(Clock::time_point now) const;
 
-  // Stalled lists the ranks that are not waiting in the collective the most ranks wait in.
+  // Stalled lists the ranks that wait in no collective (a rank waiting inside one waits for
+  // others, and is never named); when every rank waits in one, those outside the collective the
+  // most ranks wait in.
   std::vector<int> Stalled() const;
   // Describe says who waits where, for how long, and who has not joined: "ranks 1-2 have waited
   // 61 s in allreduce #3, which rank 0 has not joined".

@@ -48,8 +48,11 @@ struct ClientOptions {
   // The host's relay (TRAINRUN_RENDEZVOUS_RELAY, relay.h): "@name" or a path. When set, every call
   // goes to it on a Unix socket instead of to `address` on a gRPC channel of this worker's own.
   std::string relay;
-  std::string job_id;      // TRAINRUN_JOB_ID
-  std::string token;       // TRAINRUN_JOB_TOKEN
+  std::string job_id;  // TRAINRUN_JOB_ID
+  std::string token;   // TRAINRUN_JOB_TOKEN
+  // TLS with the job's certificate made from the token; false when TRAINRUN_RENDEZVOUS_TLS=off
+  // (--no-tls). Must match the server's.
+  bool tls = true;
   std::string host;        // TRAINRUN_HOSTNAME
   int local_rank = 0;      // TRAINRUN_LOCAL_RANK
   int expected_rank = -1;  // TRAINRUN_RANK when known; the server checks it matches

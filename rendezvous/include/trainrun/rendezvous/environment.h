@@ -45,6 +45,9 @@ inline constexpr char kRendezvousAddr[] = "TRAINRUN_RENDEZVOUS_ADDR";
 // TRAINRUN_RENDEZVOUS_ADDR, which still names the server (the data plane routes toward it).
 // `-x TRAINRUN_RENDEZVOUS_RELAY=off` asks the agents to start no relay: each rank dials the server.
 inline constexpr char kRendezvousRelay[] = "TRAINRUN_RENDEZVOUS_RELAY";
+// "off" when the job's rendezvous speaks plain text (trainrun --no-tls, for debugging); absent
+// otherwise: the rendezvous then runs over TLS with a certificate made from TRAINRUN_JOB_TOKEN.
+inline constexpr char kRendezvousTls[] = "TRAINRUN_RENDEZVOUS_TLS";
 // The job's id, and its secret: the rendezvous and the data plane refuse peers without it.
 inline constexpr char kJobId[] = "TRAINRUN_JOB_ID";
 inline constexpr char kJobToken[] = "TRAINRUN_JOB_TOKEN";

@@ -30,6 +30,7 @@ struct RelayOptions {
   std::string server_address;  // host:port of the launcher's rendezvous server
   std::string job_id;
   std::string token;  // the job's; the relay checks its ranks' and sends it upstream
+  bool tls = true;    // TLS to the server (ClientOptions::tls)
   std::string host;   // the host's name as the job knows it, for error messages
   // How many ranks of this host will call; 0 when unknown (each batch then waits its window).
   int local_ranks = 0;

@@ -75,6 +75,9 @@ struct ServerOptions {
   std::string advertise_host;
   std::string job_id;
   std::string token;  // the job's secret; must not be empty
+  // TLS with the job's certificate, made from the token (rendezvous/src/tls.h), required of every
+  // client: the token never crosses the network. False (--no-tls) serves plain text, to debug.
+  bool tls = true;
   std::vector<RankSlot> ranks;
   ServerLimits limits;
   // Called, on a gRPC thread and without the server's lock, for each "failed because of peer P"

@@ -1,0 +1,360 @@
+"""A stranger on the network against a job's listeners, on loopback (issue "a stranger on the
+network cannot stop a job"): each case runs real trainrun jobs with and without the attack,
+alternating, and checks that the job still exits 0 within a second of its time without it.
+
+  attack_test.py --trainrun T --worker W CASE
+
+CASE is one of the names in CASES below. Exits 77 (CTest's skip) where the machine cannot run a
+case (no tcpdump, no capture rights).
+"""
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import attack  # noqa: E402
+
+SKIP = 77
+# How much later than without the attack a job may end (the issue's bar).
+SLACK_S = 1.0
+ROUNDS = 2  # attacked and plain runs each, alternating
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def fail(message):
+    print("FAIL: " + message, flush=True)
+    sys.exit(1)
+
+
+class Run:
+    """A trainrun started in the background, its output captured."""
+
+    def __init__(self, argv, env=None):
+        self.argv = argv
+        self.start = time.monotonic()
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True)
+        self.out = b""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        self.out = self.proc.stdout.read()
+
+    def wait(self, timeout=120):
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._reader.join(timeout=10)
+        self.seconds = time.monotonic() - self.start
+        return self.proc.returncode
+
+    def text(self):
+        return self.out.decode(errors="replace")
+
+
+def compare(name, run_once):
+    """run_once(attacked) -> (seconds, detail). Alternates plain and attacked runs; fails when an
+    attacked one did not succeed or the median attacked time exceeds the plain one by SLACK_S."""
+    plain, attacked = [], []
+    for _ in range(ROUNDS):
+        plain.append(run_once(False)[0])
+        seconds, detail = run_once(True)
+        attacked.append(seconds)
+        print(f"{name}: plain {plain[-1]:.2f} s, attacked {seconds:.2f} s ({detail})", flush=True)
+    p, a = statistics.median(plain), statistics.median(attacked)
+    print(f"{name}: median plain {p:.2f} s, attacked {a:.2f} s, load {os.getloadavg()[0]:.1f}")
+    if a > p + SLACK_S:
+        fail(f"{name}: the job took {a:.2f} s under attack against {p:.2f} s without "
+             f"(more than {SLACK_S} s later)")
+
+
+def open_attack(kind, port, count):
+    """Opens attack `kind` of `count` connections at 127.0.0.1:port, once it listens."""
+    if not attack.wait_listening("127.0.0.1", port):
+        fail(f"nothing listens at port {port}")
+    first = {"idle": b"", "onebyte": b"x", "preface": attack.PREFACE + attack.frame(4, 0, 0)}
+    return attack.open_many("127.0.0.1", port, count, first[kind])
+
+
+def rendezvous_case(args, kind, count):
+    def run_once(attacked):
+        port = free_port()
+        with tempfile.TemporaryDirectory() as tmp:
+            go = os.path.join(tmp, "go")
+            # The ranks join once the attack is in place (the file `go` exists); the job's time
+            # is counted from then.
+            argv = [args.trainrun, "-np", "2", "--rendezvous-port", str(port), "sh", "-c",
+                    f'while [ ! -e {go} ]; do sleep 0.02; done; exec "$0"', args.worker]
+            run = Run(argv)
+            held = open_attack(kind, port, count) if attacked else None
+            if not attacked:
+                attack.wait_listening("127.0.0.1", port)
+            open(go, "w").close()
+            t0 = time.monotonic()
+            rc = run.wait()
+            seconds = time.monotonic() - t0
+        detail = ""
+        if held is not None:
+            detail = f"{held.opened} of {count} connections opened"
+            held.stop()
+        if rc != 0:
+            fail(f"the job exited {rc} {'under attack' if attacked else ''}:\n{run.text()}")
+        return seconds, detail
+
+    compare(f"rendezvous, {count} {kind} connections", run_once)
+
+
+def node_argv(args, node, port, command, token="t0ken"):
+    return [args.trainrun, "--nnodes", "2", "--node-rank", str(node), "--rdzv-endpoint",
+            f"127.0.0.1:{port}", "--nproc-per-node", "1", "--rdzv-token", token] + command
+
+
+def join_case(args, kind, count):
+    def run_once(attacked):
+        port = free_port()
+        node0 = Run(node_argv(args, 0, port, [args.worker]))
+        held = open_attack(kind, port, count) if attacked else None
+        if not attacked:
+            attack.wait_listening("127.0.0.1", port)
+        t0 = time.monotonic()
+        node1 = Run(node_argv(args, 1, port, [args.worker]))
+        rc1 = node1.wait()
+        rc0 = node0.wait()
+        seconds = time.monotonic() - t0
+        detail = ""
+        if held is not None:
+            detail = f"{held.opened} of {count} connections opened"
+            held.stop()
+        if rc0 != 0 or rc1 != 0:
+            fail(f"node 0 exited {rc0}, node 1 {rc1}:\nnode 0:\n{node0.text()}\nnode 1:\n"
+                 f"{node1.text()}")
+        return seconds, detail
+
+    compare(f"per-node join port, {count} {kind} connections", run_once)
+
+
+def rss_kib(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def large_calls_case(args):
+    port = free_port()
+    run = Run([args.trainrun, "-np", "2", "--rendezvous-port", str(port), "sh", "-c",
+               'sleep 8; exec "$0"', args.worker])
+    if not attack.wait_listening("127.0.0.1", port):
+        fail("the rendezvous never listened")
+    time.sleep(0.5)
+    idle = max(rss_kib(run.proc.pid) or 0 for _ in range(5))
+    calls = attack.large_calls("127.0.0.1", port, 16, 60 << 20)
+    peak = idle
+    end = time.monotonic() + 6
+    while time.monotonic() < end and any(t.is_alive() for t in calls.threads):
+        peak = max(peak, rss_kib(run.proc.pid) or 0)
+        time.sleep(0.02)
+    calls.stop()
+    rc = run.wait()
+    sent = sum(calls.sent)
+    print(f"16 calls of 60 MiB without the token: {sent / 2**20:.1f} MiB sent in all; trainrun "
+          f"{idle / 1024:.1f} MiB idle, {peak / 1024:.1f} MiB at most")
+    if rc != 0:
+        fail(f"the job exited {rc}:\n{run.text()}")
+    if peak - idle >= 50 * 1024:
+        fail(f"trainrun grew by {(peak - idle) / 1024:.1f} MiB (bar: under 50 MiB)")
+
+
+def duplicate_node_case(args):
+    port = free_port()
+    node0 = Run(node_argv(args, 0, port, ["sleep", "4"]))
+    node1 = Run(node_argv(args, 1, port, ["sleep", "4"]))
+    time.sleep(2)
+    second = Run(node_argv(args, 1, port, ["true"]))
+    rc = second.wait(timeout=30)
+    print(f"a second node 1: exit {rc} after {second.seconds:.2f} s: {second.text().strip()}")
+    rc0, rc1 = node0.wait(), node1.wait()
+    if rc0 != 0 or rc1 != 0:
+        fail(f"the job exited {rc0}/{rc1}:\n{node0.text()}\n{node1.text()}")
+    if rc == 0 or "node 1 of this job has already joined" not in second.text():
+        fail("the second node 1 was not told that node 1 of this job has already joined")
+    if second.seconds > 2.0:
+        fail(f"the second node 1 was told only after {second.seconds:.2f} s")
+
+
+def listening_addresses(pid):
+    """The local addresses the process `pid` listens at (TCP), from ss."""
+    out = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout
+    found = []
+    for line in out.splitlines():
+        if f"pid={pid}," in line:
+            found.append(line.split()[3])
+    return found
+
+
+def bind_loopback_case(args):
+    port = free_port()
+    node0 = Run(node_argv(args, 0, port, ["sleep", "3"]))
+    node1 = Run(node_argv(args, 1, port, ["sleep", "3"]))
+    time.sleep(2)
+    bound = listening_addresses(node0.proc.pid)
+    local = Run([args.trainrun, "-np", "2", "sleep", "3"])
+    time.sleep(1.5)
+    bound_local = listening_addresses(local.proc.pid)
+    for r in (node0, node1, local):
+        r.wait()
+    print(f"per-node node 0 (endpoint 127.0.0.1:{port}) listens at {bound}; a local job at "
+          f"{bound_local}")
+    if not bound or not bound_local:
+        fail("found no listening socket (ss -ltnp)")
+    stray = [a for a in bound + bound_local if not a.startswith("127.0.0.1:")]
+    if stray:
+        fail(f"listening beyond loopback: {stray}")
+
+
+def capture_case(args):
+    tcpdump = shutil.which("tcpdump")
+    if tcpdump is None:
+        print("tcpdump is not installed (scripts/setup.sh installs it)")
+        sys.exit(SKIP)
+    with tempfile.TemporaryDirectory() as tmp:
+        found = {}
+        for tls in (True, False):
+            # On a loaded machine a capture has come back short (1.5 KiB, where a whole job's
+            # traffic is 4-12 KiB): such a capture proves nothing, and the job is run again.
+            for attempt in range(3):
+                data, token = capture_job(args, tcpdump, tmp, tls)
+                print(f"{'TLS' if tls else '--no-tls'}: {len(data)} bytes captured; the token "
+                      f"{'is' if token in data else 'is not'} in them")
+                if len(data) >= 4096:
+                    found[tls] = token in data
+                    break
+            else:
+                fail("three captures came back short: the capture does not work here")
+        if not found[False]:
+            fail("the capture of a --no-tls job lacks the token: the capture does not work")
+        if found[True]:
+            fail("the token crossed the network in clear")
+
+
+def capture_job(args, tcpdump, tmp, tls):
+    """Runs a 2-rank job (TLS or --no-tls) under tcpdump on loopback; returns the capture and the
+    job's token."""
+    port = free_port()
+    pcap = os.path.join(tmp, f"rendezvous-{port}.pcap")
+    token_file = os.path.join(tmp, f"token-{port}")
+    dump = subprocess.Popen(
+        [tcpdump, "-i", "lo", "--immediate-mode", "-U", "-Z", "root", "-w", pcap, "tcp", "port",
+         str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # It says "listening on lo" once it captures.
+    said = dump.stderr.readline().decode()
+    if "listening" not in said:
+        dump.wait()
+        print("tcpdump cannot capture here: " + said + dump.stderr.read().decode())
+        sys.exit(SKIP)
+    argv = [args.trainrun, "-np", "2", "--rendezvous-port", str(port)]
+    if not tls:
+        argv.append("--no-tls")
+    argv += ["sh", "-c", f'echo "$TRAINRUN_JOB_TOKEN" > {token_file}; exec "$0"', args.worker]
+    run = Run(argv)
+    rc = run.wait()
+    time.sleep(1.5)  # what the kernel holds reaches the file
+    dump.send_signal(signal.SIGINT)
+    dump.wait(timeout=10)
+    if rc != 0:
+        fail(f"the job exited {rc}:\n{run.text()}")
+    with open(token_file) as f:
+        token = f.read().strip().encode()
+    with open(pcap, "rb") as f:
+        return f.read(), token
+
+
+def pty_case(args):
+    size = args.bytes
+    command = ["sh", "-c", f"head -c {size} /dev/zero"]
+
+    def once(pty):
+        argv = [args.trainrun, "-np", "1"] + ([] if pty else ["--no-pty"]) + command
+        start = time.monotonic()
+        rc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE).returncode
+        if rc != 0:
+            fail(f"{argv} exited {rc}")
+        return time.monotonic() - start
+
+    pipes, ptys = [], []
+    for _ in range(3):
+        pipes.append(once(False))
+        ptys.append(once(True))
+    p, t = statistics.median(pipes), statistics.median(ptys)
+    print(f"{size} bytes: pipe {p:.2f} s, pty {t:.2f} s ({t / p:.2f}x), load "
+          f"{os.getloadavg()[0]:.1f}")
+    if t > 1.5 * p:
+        fail(f"output through a pty took {t / p:.2f} times as long as through a pipe (bar: 1.5)")
+
+
+def valgrind_case(args):
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        print("valgrind is not installed (scripts/setup.sh installs it)")
+        sys.exit(SKIP)
+    result = subprocess.run([valgrind, "-q", "--error-exitcode=99", args.trainrun, "-np", "2",
+                             "true"], capture_output=True, text=True, timeout=600)
+    print(result.stdout + result.stderr)
+    if result.returncode != 0 or "Unsupported clone" in result.stderr:
+        fail(f"valgrind trainrun -np 2 true exited {result.returncode}")
+
+
+CASES = {
+    "rendezvous-idle-20": lambda a: rendezvous_case(a, "idle", 20),
+    "rendezvous-idle-200": lambda a: rendezvous_case(a, "idle", 200),
+    "rendezvous-onebyte-4200": lambda a: rendezvous_case(a, "onebyte", 4200),
+    "rendezvous-preface-200": lambda a: rendezvous_case(a, "preface", 200),
+    "rendezvous-large-calls": large_calls_case,
+    "join-idle-20": lambda a: join_case(a, "idle", 20),
+    "join-idle-200": lambda a: join_case(a, "idle", 200),
+    "join-onebyte-4200": lambda a: join_case(a, "onebyte", 4200),
+    "duplicate-node": duplicate_node_case,
+    "bind-loopback": bind_loopback_case,
+    "token-capture": capture_case,
+    "pty-throughput": pty_case,
+    "valgrind": valgrind_case,
+}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--trainrun", required=True)
+    parser.add_argument("--worker", required=True, help="a worker that joins the rendezvous")
+    parser.add_argument("--bytes", type=int, default=1 << 30, help="pty-throughput's output")
+    parser.add_argument("case", choices=sorted(CASES))
+    args = parser.parse_args()
+    CASES[args.case](args)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
