@@ -226,6 +226,59 @@ absl::StatusOr<std::vector<launcher::ExportedVariable>> ParseExports(
   return variables;
 }
 
+// CheckSettings refuses a setting's bad value, with the setting's own sentence, before any rank
+// starts: one given with -x NAME=VALUE, or (for a setting trainrun acts on) in trainrun's
+// environment.
+absl::Status CheckSettings(const std::vector<launcher::ExportedVariable>& exported,
+                           const EnvironmentLookup& env) {
+  for (const launcher::ExportedVariable& variable : exported) {
+    const env::SettingRef* setting = env::FindSetting(variable.name);
+    std::optional<std::string> value = variable.value ? variable.value : env(variable.name);
+    if (setting == nullptr || !value || value->empty()) continue;
+    if (absl::Status ok = setting->Check(*value); !ok.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("-x ", variable.name, ": ", ok.message()));
+    }
+  }
+  for (const env::SettingRef& setting : env::kSettings) {
+    if (setting.side() == env::Side::kRank) continue;
+    std::optional<std::string> value = env(setting.name());
+    if (!value || value->empty()) continue;
+    if (absl::Status ok = setting.Check(*value); !ok.ok()) return ok;
+  }
+  return absl::OkStatus();
+}
+
+// ActedOn is the value of `setting` (one trainrun acts on, checked by CheckSettings) that trainrun
+// acts on and JobEnvironment passes to the ranks: the flag (`flag`, typed as `flag_text`), else a
+// -x value (given, or taken by -x NAME from trainrun's environment), else trainrun's environment,
+// else the default. A flag and a -x value that differ are refused: the ranks and trainrun would
+// disagree.
+absl::StatusOr<int64_t> ActedOn(const env::IntSetting& setting, std::optional<int64_t> flag,
+                                const std::string& flag_text,
+                                const std::vector<launcher::ExportedVariable>& exported,
+                                const EnvironmentLookup& env) {
+  std::optional<std::string> text;
+  for (const launcher::ExportedVariable& variable : exported) {
+    if (variable.name == setting.name) text = variable.value ? variable.value : env(setting.name);
+  }
+  const bool by_x = text && !text->empty();
+  if (!by_x) text = env(setting.name);
+  std::optional<int64_t> value;
+  if (text && !text->empty()) {
+    absl::StatusOr<int64_t> parsed = setting.Parse(*text);
+    if (!parsed.ok()) return parsed.status();
+    value = *parsed;
+  }
+  if (flag) {
+    if (by_x && *value != *flag) {
+      return absl::InvalidArgumentError(absl::StrCat(flag_text, " and -x ", setting.name, "=",
+                                                     *text, " disagree; give one of them"));
+    }
+    return *flag;
+  }
+  return value.value_or(setting.default_value);
+}
+
 // mpirun's --bind-to, --map-by, --report-bindings, --oversubscribe and -wdir.
 absl::Status ApplyPlacement(const RunOptions& options, launcher::LaunchSpec& spec) {
   if (options.map_by) {
@@ -559,32 +612,33 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
     spec.exported.push_back({name, std::move(value)});
   };
   if (options.fusion_threshold_mb) {
-    export_default(env::kFusionBytes.name,
+    export_default(env::kOldFusionBytes,
                    absl::StrCat(static_cast<int64_t>(*options.fusion_threshold_mb * 1024 * 1024)));
   }
   if (options.tcp) export_default(env::kTransport.name, "tcp");
+  if (absl::Status checked = CheckSettings(spec.exported, env); !checked.ok()) return checked;
   {
-    // The flags, else trainrun's environment, else the defaults.
-    auto seconds = [&env](const std::optional<int>& flag, const env::EnvParam& param,
-                          std::chrono::seconds fallback) -> absl::StatusOr<std::chrono::seconds> {
-      if (flag) return std::chrono::seconds(*flag);
-      std::optional<std::string> text = env(param.name);
-      if (!text || text->empty()) return fallback;
-      int value = 0;
-      if (!absl::SimpleAtoi(*text, &value) || value < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            param.name, "=", *text, " is not a number of seconds (0 or more); fix or unset it"));
-      }
-      return std::chrono::seconds(value);
-    };
-    absl::StatusOr<std::chrono::seconds> warning =
-        seconds(options.stall_warning_s, env::kStallWarningSeconds, launcher::kDefaultStallWarning);
+    std::optional<int64_t> warning_flag;
+    std::string warning_text;
+    if (options.stall_warning_s) {
+      warning_flag = *options.stall_warning_s;
+      warning_text = absl::StrCat("--stall-check-warning-time-seconds ", *warning_flag);
+    }
+    if (options.no_stall_check) warning_flag = 0, warning_text = "--no-stall-check";
+    absl::StatusOr<int64_t> warning =
+        ActedOn(env::kStallWarningSeconds, warning_flag, warning_text, spec.exported, env);
     if (!warning.ok()) return warning.status();
-    absl::StatusOr<std::chrono::seconds> shutdown = seconds(
-        options.stall_shutdown_s, env::kStallShutdownSeconds, launcher::kDefaultStallShutdown);
+    std::optional<int64_t> shutdown_flag;
+    std::string shutdown_text;
+    if (options.stall_shutdown_s) {
+      shutdown_flag = *options.stall_shutdown_s;
+      shutdown_text = absl::StrCat("--stall-check-shutdown-time-seconds ", *shutdown_flag);
+    }
+    absl::StatusOr<int64_t> shutdown =
+        ActedOn(env::kStallShutdownSeconds, shutdown_flag, shutdown_text, spec.exported, env);
     if (!shutdown.ok()) return shutdown.status();
-    spec.stall_warning = options.no_stall_check ? std::chrono::seconds(0) : *warning;
-    spec.stall_shutdown = *shutdown;
+    spec.stall_warning = std::chrono::seconds(*warning);
+    spec.stall_shutdown = std::chrono::seconds(*shutdown);
     if (spec.stall_shutdown.count() > 0 && spec.stall_warning.count() > 0 &&
         spec.stall_shutdown < spec.stall_warning) {
       return absl::InvalidArgumentError(

@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "trainrun/cli/config_file.h"
 #include "trainrun/cli/foreign_flags.h"
+#include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::cli {
 namespace {
@@ -25,6 +26,23 @@ Hosts: -H and hostfiles take host, host:slots, user@host:slots and [ipv6]:slots;
 `host slots=N [max_slots=M]`. Inside a Slurm allocation, with neither -H nor --hostfile, the hosts
 are the allocation's. Without any of these, all ranks run on this host.
 )";
+
+// SettingsHelp is the help's section on settings, made from their declarations (env::kSettings):
+// one line each, `NAME=DEFAULT (who reads it) meaning`, so that the man page lists them too.
+std::string SettingsHelp() {
+  std::string text =
+      "\nSettings:\n  Environment variables; -x NAME=VALUE gives one to the ranks, and trainrun "
+      "acts "
+      "on the value it gives.\n";
+  for (const env::SettingRef& setting : env::kSettings) {
+    const char* side = setting.side() == env::Side::kRank       ? "ranks"
+                       : setting.side() == env::Side::kTrainrun ? "trainrun"
+                                                                : "trainrun and ranks";
+    absl::StrAppend(&text, "  ", setting.name(), "=", setting.DefaultText(), "  (", side, ") ",
+                    setting.meaning(), "\n");
+  }
+  return text;
+}
 
 // mpirun's placement flags: where each local rank runs, and in which directory.
 void SetupMpirunPlacement(CLI::App& app, RunOptions& options) {
@@ -194,7 +212,7 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
   app.description(
       "Start a distributed training job, one worker process per slot, and supervise it.");
   app.formatter(std::make_shared<HelpFormatter>());
-  app.footer(absl::StrCat(kFooter, "\n", CompatibilityHelp()));
+  app.footer(absl::StrCat(kFooter, SettingsHelp(), "\n", CompatibilityHelp()));
   app.prefix_command();
   app.set_version_flag("-v,--version", absl::StrCat("trainrun ", TRAINRUN_VERSION));
 
@@ -235,13 +253,17 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
                "One GPU per local rank through CUDA_VISIBLE_DEVICES (also TRAINRUN_ASSIGN_GPUS=1). "
                "Default: CUDA_VISIBLE_DEVICES is left as it is.");
   app.add_option("--stall-check-warning-time-seconds", options.stall_warning_s,
-                 "Warn when a collective has waited this long: which ranks wait in it, which have "
-                 "not joined (default 60, or TRAINRUN_STALL_CHECK_TIME_SECONDS; 0: off).")
+                 absl::StrCat("Warn when a collective has waited this long: which ranks wait in "
+                              "it, which have not joined (default ",
+                              env::kStallWarningSeconds.default_value, ", or ",
+                              env::kStallWarningSeconds.name, "; 0: off)."))
       ->type_name("SECONDS")
       ->check(CLI::Range(0, 24 * 3600));
   app.add_option("--stall-check-shutdown-time-seconds", options.stall_shutdown_s,
-                 "End the job, naming the stalled ranks, when a collective has waited this long "
-                 "(default 0: never, or TRAINRUN_STALL_SHUTDOWN_TIME_SECONDS).")
+                 absl::StrCat("End the job, naming the stalled ranks, when a collective has "
+                              "waited this long (default ",
+                              env::kStallShutdownSeconds.default_value, ": never, or ",
+                              env::kStallShutdownSeconds.name, ")."))
       ->type_name("SECONDS")
       ->check(CLI::Range(0, 24 * 3600));
   app.add_flag("--no-stall-check", options.no_stall_check,
@@ -303,8 +325,9 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
       ->expected(2)
       ->allow_extra_args(false);
   app.add_option("--elastic-timeout,--elastic_timeout", options.elastic_timeout_s,
-                 "Elastic mode: how long to wait for ranks when fewer than --min-np remain "
-                 "(default 600).")
+                 absl::StrCat("Elastic mode: how long to wait for ranks when fewer than --min-np "
+                              "remain (default ",
+                              env::kDefaultElasticTimeoutSeconds, ")."))
       ->type_name("SECONDS")
       ->check(CLI::Range(1, 7 * 24 * 3600));
   app.add_flag("--verbose", options.verbose, "Print what trainrun does (log level debug).");

@@ -118,7 +118,7 @@ size_t SegmentElements(const AlgorithmContext& ctx, size_t element) {
 constexpr int kRingWindow = 4;
 // Segments by which step s+1 trails step s in RunRing's wire order.
 int RingLag() {
-  static const int lag = static_cast<int>(std::max<int64_t>(1, env::kRingLag.Get()));
+  static const int lag = static_cast<int>(env::kRingLag.Get());
   return lag;
 }
 

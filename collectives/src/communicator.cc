@@ -18,6 +18,7 @@
 #include "tcp_transport.h"
 #include "timeline.h"
 #include "trainrun/rendezvous/environment.h"
+#include "trainrun/rendezvous/stall_report.h"
 #include "transport_select.h"
 
 namespace trainrun::collectives {
@@ -43,7 +44,7 @@ class StallWatch {
       : store_(store),
         key_(MakeMessage(env::kStallKeyPrefix, rank)),
         communicator_(std::move(communicator)),
-        warning_(std::chrono::seconds(std::max<int64_t>(0, env::kStallWarningSeconds.Get()))) {}
+        warning_(std::chrono::seconds(env::kStallWarningSeconds.Get())) {}
   ~StallWatch() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -53,17 +54,25 @@ class StallWatch {
     if (thread_.joinable()) thread_.join();
   }
 
-  // `op` must outlive the communicator (the collectives pass string literals).
-  void Enter(const char* op) {
+  // `op` must outlive the communicator (the collectives pass string literals); `name` is the
+  // collective's name as its call record holds it (kNameBytes, NUL-padded), or null. The name is
+  // copied, in words, so that Watch may read it while the caller goes on (the sequence number
+  // tells a torn copy).
+  void Enter(const char* op, const char* name) {
     if (warning_.count() == 0) return;
     if (!started_) {
       std::lock_guard<std::mutex> lock(mutex_);
       thread_ = std::thread([this] { Watch(); });
       started_ = true;
     }
+    // The sequence first (a seqlock's writer): Watch, having read the name, sees it moved.
+    sequence_.store(sequence_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    uint64_t words[kNameWords] = {};
+    if (name != nullptr) std::memcpy(words, name, sizeof(words));
+    for (int i = 0; i < kNameWords; ++i) name_[i].store(words[i], std::memory_order_relaxed);
     op_.store(op, std::memory_order_relaxed);
     since_.store(CoarseNow(), std::memory_order_relaxed);
-    sequence_.store(sequence_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     in_collective_.store(true, std::memory_order_release);
   }
 
@@ -110,11 +119,22 @@ class StallWatch {
         continue;
       }
       const char* op = op_.load(std::memory_order_relaxed);
-      std::string value = MakeMessage(op, " #", sequence,
-                                      communicator_.empty() || communicator_ == "world"
-                                          ? ""
-                                          : MakeMessage(" of '", communicator_, "'"));
-      (void)store_.Set(key_, value);
+      uint64_t words[kNameWords + 1] = {};  // NUL-terminated whatever the copy holds
+      for (int i = 0; i < kNameWords; ++i) words[i] = name_[i].load(std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (sequence_.load(std::memory_order_relaxed) != sequence) {
+        published_.store(false);  // a later collective began while the name was read
+        continue;
+      }
+      rendezvous::StallReport report;
+      report.collective =
+          rendezvous::DescribeCollective(op, reinterpret_cast<const char*>(words), sequence);
+      if (!communicator_.empty() && communicator_ != "world") {
+        report.collective += MakeMessage(" of '", communicator_, "'");
+      }
+      report.waited =
+          std::chrono::milliseconds((now - since_.load(std::memory_order_relaxed)) / 1000000);
+      (void)store_.Set(key_, report.Encode());
       if (!in_collective_.load() || sequence_.load() != sequence) {
         published_.store(false);  // it ended while the warning went out (Leave)
         (void)store_.Set(key_, "");
@@ -136,6 +156,8 @@ class StallWatch {
   std::atomic<uint64_t> sequence_{0};
   std::atomic<const char*> op_{""};
   std::atomic<int64_t> since_{0};
+  static constexpr int kNameWords = internal::CallRecord::kNameBytes / 8;
+  std::atomic<uint64_t> name_[kNameWords] = {};
 };
 
 }  // namespace
@@ -147,6 +169,7 @@ class Communicator::Impl {
        const CommunicatorOptions& options)
       : store_(std::move(store)), info_(info), job_rank_(info.rank) {
     if (store_ == nullptr) throw InvalidArgumentError("a communicator needs a store (got null)");
+    CheckRankSettings();
     stall_watch_ = std::make_unique<StallWatch>(*store_, info_.rank, options.name);
     attribution_ = std::make_unique<internal::Attribution>(store_, info_.rank);
     if (info_.size < 1 || info_.rank < 0 || info_.rank >= info_.size) {
@@ -162,15 +185,15 @@ class Communicator::Impl {
                       ? options.timeout
                       : std::chrono::milliseconds(env::kTimeoutSeconds.Get() * 1000);
     tcp.interrupt = options.interrupt;
-    tcp.sockets_per_peer = static_cast<int>(std::max<int64_t>(1, env::kSocketsPerPeer.Get()));
+    tcp.sockets_per_peer = static_cast<int>(env::kSocketsPerPeer.Get());
     tcp.buffer_bytes = static_cast<int>(env::kSocketBufferBytes.Get());
     // Spinning only pays when every rank on this host has a core of its own.
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     if (static_cast<unsigned>(info_.local_size) <= cores) {
       tcp.spin = std::chrono::microseconds(env::kSpinMicroseconds.Get());
     }
-    segment_bytes_ = static_cast<size_t>(std::max<int64_t>(4096, env::kRingSegmentBytes.Get()));
-    small_bytes_ = static_cast<size_t>(std::max<int64_t>(0, env::kSmallAllreduceBytes.Get()));
+    segment_bytes_ = static_cast<size_t>(env::kRingSegmentBytes.Get());
+    small_bytes_ = static_cast<size_t>(env::kSmallAllreduceBytes.Get());
     internal::ShmOptions shm;
     shm.timeout = tcp.timeout;
     shm.spin = tcp.spin;
@@ -179,21 +202,25 @@ class Communicator::Impl {
       // An adaptive wait spins only while the ranks waited on run on other CPUs, so it may spin
       // however many ranks share the cores.
       shm.wait = internal::ShmWait::kAdaptive;
-      shm.spin = std::chrono::microseconds(std::max<int64_t>(0, env::kSpinMicroseconds.Get()));
+      shm.spin = std::chrono::microseconds(env::kSpinMicroseconds.Get());
     } else if (wait == "spin") {
       shm.wait = internal::ShmWait::kSpin;
-    } else if (wait == "sleep") {
+    } else {  // "sleep": kShmWait accepts nothing else
       shm.wait = internal::ShmWait::kSleep;
-    } else {
-      throw InvalidArgumentError(
-          MakeMessage(env::kShmWait.name, " is '", wait, "'; set it to adaptive, spin or sleep"));
     }
-    shm.chunk_bytes = static_cast<size_t>(std::max<int64_t>(4096, env::kShmChunkBytes.Get()));
-    shm.across_chunk_bytes =
-        static_cast<size_t>(std::max<int64_t>(4096, env::kHierarchicalChunkBytes.Get()));
-    shm.small_bytes = static_cast<size_t>(std::max<int64_t>(0, env::kShmSmallBytes.Get()));
-    shm.channel_bytes = static_cast<size_t>(std::max<int64_t>(4096, env::kShmChannelBytes.Get()));
-    const std::string mode = options.transport.empty() ? env::kTransport.Get() : options.transport;
+    shm.chunk_bytes = static_cast<size_t>(env::kShmChunkBytes.Get());
+    shm.across_chunk_bytes = static_cast<size_t>(env::kHierarchicalChunkBytes.Get());
+    shm.small_bytes = static_cast<size_t>(env::kShmSmallBytes.Get());
+    shm.channel_bytes = static_cast<size_t>(env::kShmChannelBytes.Get());
+    std::string mode = env::kTransport.Get();
+    if (!options.transport.empty()) {
+      absl::StatusOr<std::string> given = env::kTransport.Parse(options.transport);
+      if (!given.ok()) {
+        throw InvalidArgumentError(MakeMessage("CommunicatorOptions::transport '",
+                                               options.transport, "' is not auto, tcp or shm"));
+      }
+      mode = *given;
+    }
     check_calls_ = env::kCheckShapes.Get() != 0;
     timeline_ = std::make_shared<internal::Timeline>();
     std::string trace = env::kTimeline.Get();
@@ -242,16 +269,19 @@ class Communicator::Impl {
     const bool traced = timeline_->enabled();
     const int64_t start = traced ? internal::Timeline::Now() : 0;
     int64_t agreed = start;
-    Guard(internal::KindName(call.kind), BytesOf(call), [&](internal::AlgorithmContext& ctx) {
-      if (check_calls_ && info_.size > 1) {
-        const internal::CallRecord& mine = Sampled(call);
-        const std::vector<internal::CallRecord> records = internal::ExchangeRecords(ctx, mine);
-        if (&mine == &sampled_) attribution_->Observe(records.data(), records.size(), info_.rank);
-        internal::CheckAgreement(records, set_name_);
-      }
-      if (traced) agreed = internal::Timeline::Now();
-      body(ctx);
-    });
+    Guard(internal::KindName(call.kind), call.name, BytesOf(call),
+          [&](internal::AlgorithmContext& ctx) {
+            if (check_calls_ && info_.size > 1) {
+              const internal::CallRecord& mine = Sampled(call);
+              const std::vector<internal::CallRecord> records =
+                  internal::ExchangeRecords(ctx, mine);
+              if (&mine == &sampled_)
+                attribution_->Observe(records.data(), records.size(), info_.rank);
+              internal::CheckAgreement(records, set_name_);
+            }
+            if (traced) agreed = internal::Timeline::Now();
+            body(ctx);
+          });
     if (traced) timeline_->Record(call, set_name_, start, agreed, internal::Timeline::Now());
   }
 
@@ -272,7 +302,7 @@ class Communicator::Impl {
     for (const Communicator::ReadyAllreduce& r : ready) bytes += r.count * ElementSize(type);
     if (attribution_->Due()) attribution_->Stamp(call);
     const bool sampled = call.sample_sequence != 0;
-    Guard("allreduce", bytes, [&](internal::AlgorithmContext& ctx) {
+    Guard("allreduce", call.name, bytes, [&](internal::AlgorithmContext& ctx) {
       size_t agreed_k = ready.size();
       if (info_.size > 1) {
         // The exchange happens even when checks are off: it is how the ranks agree on k. Where
@@ -394,7 +424,7 @@ class Communicator::Impl {
     const int64_t start = traced ? internal::Timeline::Now() : 0;
     int64_t agreed = start;
     const internal::CallRecord& mine = Sampled(call);
-    Guard(internal::KindName(call.kind), count * ElementSize(type),
+    Guard(internal::KindName(call.kind), call.name, count * ElementSize(type),
           [&](internal::AlgorithmContext& ctx) {
             // The records' buffer is kept from call to call (no allocation on a small allreduce's
             // path), and the common case (every rank made the same call) is one comparison of
@@ -447,7 +477,7 @@ class Communicator::Impl {
           "TRAINRUN_CHECK_SHAPES=0");
     }
     int last = -1;
-    Guard("join", 0, [&](internal::AlgorithmContext& ctx) {
+    Guard("join", nullptr, 0, [&](internal::AlgorithmContext& ctx) {
       for (int round = 0; last < 0; ++round) {
         if (round > 0) attribution_->Skip();  // each round meets one collective of the others
         auto records = internal::ExchangeRecords(
@@ -520,14 +550,15 @@ class Communicator::Impl {
   // Guard runs `body` on this communicator; a failure other than bad arguments (a mismatch
   // included) breaks the communicator, tells the peers and the rendezvous who is to blame, and
   // propagates.
+  // `name`: the collective's name as its call record holds it (kNameBytes), or null.
   template <typename F>
-  void Guard(const char* op, uint64_t bytes, F&& body) {
+  void Guard(const char* op, const char* name, uint64_t bytes, F&& body) {
     if (!broken_.empty()) {
       throw IoError(MakeMessage("rank ", job_rank_, ": this communicator failed earlier (", broken_,
                                 "); it cannot be used again"));
     }
     internal::AlgorithmContext ctx{*transport_, segment_bytes_, small_bytes_, scratch_};
-    stall_watch_->Enter(op);
+    stall_watch_->Enter(op, name);
     const uint64_t entered = attribution_->Enter();
     try {
       body(ctx);
@@ -561,6 +592,16 @@ class Communicator::Impl {
     sampled_ = call;
     attribution_->Stamp(sampled_);
     return sampled_;
+  }
+
+  // CheckRankSettings throws InvalidArgumentError with the sentence of the first setting a rank
+  // reads whose value its parser refuses, so that later reads (env::...::Get) cannot fail.
+  static void CheckRankSettings() {
+    for (const env::SettingRef& setting : env::kSettings) {
+      if (setting.side() == env::Side::kTrainrun) continue;
+      absl::Status status = setting.CheckEnvironment();
+      if (!status.ok()) throw InvalidArgumentError(std::string(status.message()));
+    }
   }
 
   void Report(int peer, const std::string& message) {

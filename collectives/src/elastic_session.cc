@@ -5,10 +5,10 @@
 #include <optional>
 #include <string>
 
+#include "rank_setting.h"
 #include "trainrun/rendezvous/client.h"
 #include "trainrun/rendezvous/environment.h"
 #include "trainrun/rendezvous/generation.h"
-#include "worker_connect.h"
 
 namespace trainrun::collectives {
 namespace {
@@ -58,7 +58,7 @@ bool ElasticSession::Requested() {
 }
 
 std::unique_ptr<Communicator> ElasticSession::Join() {
-  const auto timeout = std::chrono::milliseconds(env::kTimeoutSeconds.Get() * 1000);
+  const auto timeout = std::chrono::milliseconds(RankSetting(env::kTimeoutSeconds) * 1000);
   auto session = rendezvous::JoinFromEnvironment(timeout);
   if (!session.ok()) {
     throw Error(MakeMessage("cannot join the trainrun job: ", session.status().message()));
@@ -66,9 +66,7 @@ std::unique_ptr<Communicator> ElasticSession::Join() {
   store_ = session->store;
   slot_ = session->assignment.rank;
   generation_ = 0;
-  // trainrun always sets it; the fallback is its default (600 s) and margin (30 s).
-  timeout_ =
-      std::chrono::milliseconds(int64_t{IntFromEnvironment(env::kElasticTimeout, 630, "")} * 1000);
+  timeout_ = std::chrono::seconds(RankSetting(env::kElasticTimeoutSeconds));
   // A rank the job grew by (started while the job ran) joins the first generation that has it.
   if (IsSet(env::kElasticSlot)) return JoinNext(/*first_with_me=*/true);
   const RankInfo& info = session->assignment;

@@ -1,5 +1,6 @@
 // Communicator::FromEnvironment: join the job through the rendezvous client, then connect. Kept in
 // its own file so that programs using only explicit stores do not pull in the gRPC client.
+#include "rank_setting.h"
 #include "trainrun/collectives/communicator.h"
 #include "trainrun/rendezvous/client.h"
 #include "trainrun/rendezvous/environment.h"
@@ -9,7 +10,7 @@ namespace trainrun::collectives {
 std::unique_ptr<Communicator> Communicator::FromEnvironment(CommunicatorOptions options) {
   const auto timeout = options.timeout.count() > 0
                            ? options.timeout
-                           : std::chrono::milliseconds(env::kTimeoutSeconds.Get() * 1000);
+                           : std::chrono::milliseconds(RankSetting(env::kTimeoutSeconds) * 1000);
   auto session = rendezvous::JoinFromEnvironment(timeout);
   if (!session.ok()) {
     const std::string message = ::trainrun::internal::MakeMessage(

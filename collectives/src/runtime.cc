@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "elastic_session.h"
+#include "rank_setting.h"
 #include "trainrun/rendezvous/environment.h"
 #include "worker_connect.h"
 
@@ -15,23 +16,6 @@ namespace trainrun::collectives {
 namespace {
 
 using ::trainrun::internal::MakeMessage;
-
-// FusionBytes is the most bytes of in-place allreduces the communication thread fuses into one:
-// TRAINRUN_FUSION_BYTES (`--fusion-threshold-mb`; 0 turns fusion off), else 64 MiB, Horovod's
-// default fusion threshold.
-size_t FusionBytes() {
-  constexpr int64_t kDefault = int64_t{64} << 20;
-  std::optional<std::string> value = env::Lookup(env::kFusionBytes.name);
-  if (!value || value->empty()) return kDefault;
-  try {
-    size_t used = 0;
-    long long parsed = std::stoll(*value, &used);
-    if (used == value->size() && parsed >= 0) return static_cast<size_t>(parsed);
-  } catch (const std::exception&) {
-  }
-  throw Error(
-      MakeMessage(env::kFusionBytes.name, "=", *value, " is not a number of bytes (0 or more)"));
-}
 
 constexpr char kForkedChild[] =
     "trainrun cannot be used in a process forked after trainrun.init() (e.g. a DataLoader "
@@ -113,7 +97,8 @@ void Runtime::Init() {
       world_ = ConnectWorld();
     }
   }
-  thread_ = std::make_unique<CommThread>(*world_, FusionBytes());
+  thread_ = std::make_unique<CommThread>(
+      *world_, static_cast<size_t>(RankSetting(env::kFusionThresholdBytes)));
 }
 
 void Runtime::Shutdown() {

@@ -114,10 +114,6 @@ std::unique_ptr<Transport> MakeTransport(rendezvous::Store& store, const RankInf
                                          const std::string& mode, const TcpOptions& tcp,
                                          const ShmOptions& shm, size_t segment_bytes,
                                          size_t small_allreduce_bytes) {
-  if (mode != "auto" && mode != "tcp" && mode != "shm") {
-    throw InvalidArgumentError(
-        MakeMessage("TRAINRUN_TRANSPORT is '", mode, "'; set it to auto, tcp or shm"));
-  }
   const bool all_local = info.local_size == info.size;
   if (mode == "shm" && !all_local) {
     throw InvalidArgumentError(MakeMessage(

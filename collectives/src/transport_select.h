@@ -12,14 +12,13 @@
 
 namespace trainrun::collectives::internal {
 
-// MakeTransport connects rank `info.rank` to the others. `mode` is "auto", "tcp" or "shm" (see
-// env::kTransport). In "auto", an all-local job runs over shared memory when the same-host check
-// passes and over TCP when it does not (logged once by rank 0); a multi-host job with the same
-// number of ranks on every host runs hierarchically (hierarchical.h; `segment_bytes` and
-// `small_allreduce_bytes` tune its allreduce across hosts) when every host passes the check, and
-// over TCP otherwise.
-// In "shm", a failed check throws IoError naming the rank that could not share memory. Throws
-// InvalidArgumentError for an unknown mode.
+// MakeTransport connects rank `info.rank` to the others. `mode` is "auto", "tcp" or "shm" (one of
+// env::kTransport's choices, parsed by the caller). In "auto", an all-local job runs over shared
+// memory when the same-host check passes and over TCP when it does not (logged once by rank 0); a
+// multi-host job with the same number of ranks on every host runs hierarchically (hierarchical.h;
+// `segment_bytes` and `small_allreduce_bytes` tune its allreduce across hosts) when every host
+// passes the check, and over TCP otherwise. In "shm", a failed check throws IoError naming the rank
+// that could not share memory.
 std::unique_ptr<Transport> MakeTransport(rendezvous::Store& store, const RankInfo& info,
                                          const std::string& mode, const TcpOptions& tcp,
                                          const ShmOptions& shm, size_t segment_bytes,

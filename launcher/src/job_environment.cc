@@ -114,9 +114,8 @@ absl::StatusOr<JobEnvironment> JobEnvironment::Create(const LaunchSpec& spec,
   job.job_id_ = id->substr(0, kJobIdDigits);
   job.token_ = *std::move(token);
   job.master_port_ = *port;
-  if (!job.forced_.count(env::kStallWarningSeconds.name)) {
-    job.forced_[env::kStallWarningSeconds.name] = absl::StrCat(spec.stall_warning.count());
-  }
+  // The warning time trainrun acts on (a -x value of it included: MakeLaunchSpec read it there).
+  job.forced_[env::kStallWarningSeconds.name] = absl::StrCat(spec.stall_warning.count());
   if (!job.forced_.count(env::kMonitorPeriodMs.name)) {
     // Ranks report once a straggler window, or every second for a live page (monitor/).
     job.forced_[env::kMonitorPeriodMs.name] =

@@ -71,7 +71,8 @@ LaunchSpec WithElastic(const LaunchSpec& spec) {
   // A rank waits a little longer than trainrun does, so that trainrun ends a job below --min-np
   // with its own message rather than each rank with a timeout.
   elastic.exported.push_back(
-      {env::kElasticTimeout, std::to_string(spec.elastic->timeout.count() + 30)});
+      {env::kElasticTimeoutSeconds.name,
+       std::to_string(spec.elastic->timeout.count() + env::kElasticTimeoutMarginSeconds)});
   return elastic;
 }
 

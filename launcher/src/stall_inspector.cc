@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "rank_ranges.h"
+#include "trainrun/rendezvous/stall_report.h"
 
 namespace trainrun::launcher {
 
@@ -15,8 +16,13 @@ StallInspector::StallInspector(int size, std::chrono::seconds warning,
 std::string StallInspector::Update(const std::map<int, std::string>& waiting,
                                    Clock::time_point now) {
   std::map<int, std::string> current;
-  for (const auto& [rank, op] : waiting) {
-    if (!op.empty() && rank >= 0 && rank < size_) current[rank] = op;
+  std::map<int, std::chrono::milliseconds> reported;
+  for (const auto& [rank, value] : waiting) {
+    rendezvous::StallReport report = rendezvous::StallReport::Decode(value);
+    if (report.collective.empty() || rank < 0 || rank >= size_) continue;
+    current[rank] = report.collective;
+    // A report that does not say how long its rank had waited: the warning time, when it is sent.
+    reported[rank] = report.waited.count() >= 0 ? report.waited : warning_;
   }
   if (current == waiting_) return "";
   for (auto it = seen_.begin(); it != seen_.end();) {
@@ -27,7 +33,9 @@ std::string StallInspector::Update(const std::map<int, std::string>& waiting,
       ++it;
     }
   }
-  for (const auto& [rank, op] : current) seen_.emplace(rank, now);
+  for (const auto& [rank, op] : current) {
+    if (seen_.emplace(rank, now).second) reported_[rank] = reported[rank];
+  }
   waiting_ = std::move(current);
   if (waiting_.empty()) return "";
   std::string line = absl::StrCat("stall: ", Describe(now));
@@ -52,7 +60,7 @@ std::string StallInspector::Collective() const {
 std::chrono::seconds StallInspector::Waited(int rank, Clock::time_point now) const {
   auto it = seen_.find(rank);
   if (it == seen_.end()) return std::chrono::seconds(0);
-  return warning_ + std::chrono::duration_cast<std::chrono::seconds>(now - it->second);
+  return std::chrono::duration_cast<std::chrono::seconds>(reported_.at(rank) + (now - it->second));
 }
 
 bool StallInspector::ShutdownDue(Clock::time_point now) const {

@@ -337,7 +337,7 @@ constexpr char kAllreduceDoc[] =
     "then.\n\n"
     "prescale_factor and postscale_factor multiply the tensor before and the result after.\n"
     "Allreduces started one after another run fused, as one (Horovod's tensor fusion: up to\n"
-    "TRAINRUN_FUSION_BYTES, default 64 MiB, 0 for none); the background thread waits for more "
+    "TRAINRUN_FUSION_THRESHOLD_BYTES bytes, 0 for none); the background thread waits for more "
     "while\nthey keep coming (within 1 ms of each other) and no synchronize() waits.";
 
 constexpr char kSynchronizeDoc[] =

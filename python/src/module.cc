@@ -25,6 +25,7 @@
 #include "trainrun/collectives/errors.h"
 #include "trainrun/collectives/runtime.h"
 #include "trainrun/collectives/types.h"
+#include "trainrun/rendezvous/environment.h"
 
 namespace py = pybind11;
 
@@ -209,6 +210,21 @@ PYBIND11_MODULE(_core, m) {
       },
       "Element type names the library supports, with their codes.");
 
+  m.def(
+      "int_setting",
+      [](const std::string& name) {
+        const trainrun::env::SettingRef* setting = trainrun::env::FindSetting(name);
+        if (setting == nullptr || setting->int_setting == nullptr) {
+          throw trainrun::InvalidArgumentError(name + " is not an integer setting");
+        }
+        try {
+          return setting->int_setting->Get();
+        } catch (const trainrun::env::BadSetting& e) {
+          throw trainrun::InvalidArgumentError(e.what());
+        }
+      },
+      py::arg("name"),
+      "The value of an integer setting (rendezvous/environment.h) as the library reads it.");
   m.def(
       "init", [] { Released([] { TheRuntime().Init(); }); },
       "Joins the job (see trainrun.init); a no-op when already initialized.");

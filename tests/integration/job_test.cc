@@ -114,6 +114,59 @@ TEST_CASE(
   CHECK(job.seconds < 15);
 }
 
+// The stall warning time given with -x is the one trainrun acts on, and a stall message says how
+// long the ranks have waited, not the warning time (both wrong before: trainrun refused a shutdown
+// time below its own default of 60 s, and said "waited 60 s" 3 s in).
+TEST_CASE("a stall warning time given with -x is the one trainrun acts on",
+          "[integration][stall]") {
+  JobResult job =
+      RunJob("-x TRAINRUN_STALL_CHECK_TIME_SECONDS=1 --stall-check-shutdown-time-seconds 4 -np 3 " +
+             kWorker + " 1000 0 2 skip");
+  INFO(job.output);
+  CHECK(job.exit_code == 1);
+  CHECK(std::regex_search(job.output, std::regex(R"(stall: ranks 1-2 have waited [12] s in )"
+                                                 R"(allreduce #3, which rank 0 has not joined)")));
+  CHECK(std::regex_search(
+      job.output, std::regex(R"(rank 0 on localhost stalled: ranks 1-2 have waited [4-6] s )"
+                             R"(in allreduce #3, which rank 0 has not joined; the job was )"
+                             R"(stopped)")));
+  CHECK(job.seconds < 15);
+}
+
+TEST_CASE("a stall warning says how long the ranks have waited", "[integration][stall]") {
+  JobResult job = RunJob("-x TRAINRUN_STALL_CHECK_TIME_SECONDS=1 -x TRAINRUN_TIMEOUT=5 -np 2 " +
+                         kWorker + " 1000 0 2 skip");
+  INFO(job.output);
+  CHECK(job.exit_code == 1);
+  CHECK(std::regex_search(job.output, std::regex(R"(stall: rank 1 has waited [12] s in )"
+                                                 R"(allreduce #3, which rank 0 has not joined)")));
+  CHECK_FALSE(std::regex_search(job.output, std::regex(R"(waited 60 s)")));
+}
+
+TEST_CASE("a stall warning time given both with -x and its flag must agree",
+          "[integration][stall]") {
+  JobResult job = RunJob(
+      "-x TRAINRUN_STALL_CHECK_TIME_SECONDS=10 "
+      "--stall-check-warning-time-seconds 2 -np 2 " +
+      kWorker + " 1");
+  INFO(job.output);
+  CHECK(job.exit_code == 2);
+  CHECK(job.output.find("trainrun: error: --stall-check-warning-time-seconds 2 and -x "
+                        "TRAINRUN_STALL_CHECK_TIME_SECONDS=10 disagree; give one of them") !=
+        std::string::npos);
+}
+
+TEST_CASE("a setting's bad value is one sentence naming it, before any rank starts",
+          "[integration][settings]") {
+  JobResult job = RunJob("-x TRAINRUN_SOCKETS_PER_PEER=many -np 2 " + kWorker + " 1");
+  INFO(job.output);
+  CHECK(job.exit_code == 2);
+  CHECK(
+      job.output ==
+      "trainrun: error: -x TRAINRUN_SOCKETS_PER_PEER: TRAINRUN_SOCKETS_PER_PEER is 'many'; set it "
+      "to an integer from 1 to 64 (or unset it)\n");
+}
+
 namespace {
 
 // --max-restarts (issue 17): the job's first start runs the worker with `first_start`'s arguments,

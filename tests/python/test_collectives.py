@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import trainrun
+from trainrun import _core
 
 OPS = [trainrun.Sum, trainrun.Average, trainrun.Min, trainrun.Max, trainrun.Product]
 NUMPY_DTYPES = ["float32", "float64", "float16", "int32", "int64", "uint8", "int8"]
@@ -455,3 +456,31 @@ def test_forked_child_is_refused():
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert trainrun.allreduce(np.ones(2), op=trainrun.Sum).tolist() == [trainrun.size()] * 2
+
+
+def test_fusion_threshold_and_bucket_size_are_two_settings():
+    saved = {n: os.environ.get(n) for n in
+             ("TRAINRUN_FUSION_BYTES", "TRAINRUN_FUSION_THRESHOLD_BYTES", "TRAINRUN_BUCKET_BYTES")}
+    try:
+        for name in saved:
+            os.environ.pop(name, None)
+        assert _core.int_setting("TRAINRUN_FUSION_THRESHOLD_BYTES") == 64 << 20
+        assert _core.int_setting("TRAINRUN_BUCKET_BYTES") == 1 << 20
+        os.environ["TRAINRUN_BUCKET_BYTES"] = "12345"
+        assert _core.int_setting("TRAINRUN_BUCKET_BYTES") == 12345
+        assert _core.int_setting("TRAINRUN_FUSION_THRESHOLD_BYTES") == 64 << 20
+        # The old name sets whichever of the two is unset.
+        os.environ["TRAINRUN_FUSION_BYTES"] = "777"
+        assert _core.int_setting("TRAINRUN_FUSION_THRESHOLD_BYTES") == 777
+        assert _core.int_setting("TRAINRUN_BUCKET_BYTES") == 12345
+        os.environ["TRAINRUN_BUCKET_BYTES"] = "1MB"
+        with pytest.raises(trainrun.InvalidArgumentError) as error:
+            _core.int_setting("TRAINRUN_BUCKET_BYTES")
+        assert str(error.value) == ("TRAINRUN_BUCKET_BYTES is '1MB'; set it to an integer of 0 "
+                                    "or more (or unset it)")
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

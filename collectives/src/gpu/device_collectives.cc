@@ -297,9 +297,8 @@ struct DeviceCollectives::Nccl {
 DeviceCollectives::DeviceCollectives(Communicator& comm, GpuRuntime& runtime, DeviceOptions options)
     : comm_(comm), runtime_(runtime), options_(std::move(options)), pinned_(runtime) {
   if (options_.path.empty()) options_.path = env::kGpuPath.Get();
-  if (options_.path != "auto" && options_.path != "nccl" && options_.path != "staged") {
-    throw InvalidArgumentError(internal::MakeMessage(env::kGpuPath.name, "=", options_.path,
-                                                     " is not one of auto, nccl or staged"));
+  if (absl::StatusOr<std::string> path = env::kGpuPath.Parse(options_.path); !path.ok()) {
+    throw InvalidArgumentError(std::string(path.status().message()));
   }
   if (options_.verbose < 0) options_.verbose = env::kVerbose.Get() != 0 ? 1 : 0;
   timeout_ = options_.timeout.count() > 0 ? options_.timeout

@@ -2,7 +2,8 @@
 
 Gradients are averaged across ranks while backward is still running. Parameters are grouped, in
 the reverse of their registration order (about the order backward produces their gradients), into
-buckets of about TRAINRUN_FUSION_BYTES bytes. A hook on each parameter's gradient accumulator
+buckets of about TRAINRUN_BUCKET_BYTES bytes (1 MiB: small enough that the first buckets start while
+backward still has work to do, large enough that per-message latency does not dominate). A hook on each parameter's gradient accumulator
 marks it ready; when every parameter of a bucket is ready, the bucket is handed to the core's
 communication thread, which allreduces it with the GIL released while autograd goes on computing
 the next layers' gradients. step() (or synchronize()) waits for the last buckets.
@@ -13,7 +14,6 @@ is a view into its bucket, so later backward passes accumulate straight into the
 reduced, and reduced values need no copy back.
 """
 
-import os
 import warnings
 from contextlib import contextmanager
 
@@ -23,19 +23,10 @@ import trainrun
 from trainrun import _buffers
 from trainrun import _core
 
-# Default bucket size: small enough that the first buckets start while backward still has work
-# to do, large enough that per-message latency does not dominate.
-_DEFAULT_FUSION_BYTES = 1 << 20
 
-
-def _fusion_bytes():
-    # TRAINRUN_FUSION_BYTES (rendezvous/include/trainrun/rendezvous/environment.h).
-    value = os.environ.get("TRAINRUN_FUSION_BYTES", "")
-    try:
-        return int(value) if value else _DEFAULT_FUSION_BYTES
-    except ValueError:
-        raise trainrun.InvalidArgumentError(
-            f"TRAINRUN_FUSION_BYTES={value!r} is not an integer number of bytes") from None
+def _bucket_bytes():
+    # TRAINRUN_BUCKET_BYTES, read (default, old name, parser) as the library declares it.
+    return _core.int_setting("TRAINRUN_BUCKET_BYTES")
 
 
 class _Bucket:
@@ -335,7 +326,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     gradient_predivide_factor: with op=Average, gradients are divided by it before the sum and
       the sum by size/factor after (Horovod's split of the averaging, e.g. against fp16 overflow).
     num_groups, groups: Horovod's fusion hints; trainrun fuses gradients into buckets of
-      bucket_bytes (default TRAINRUN_FUSION_BYTES or 1 MiB) in backward order, which the hints do
+      bucket_bytes (default TRAINRUN_BUCKET_BYTES, 1 MiB) in backward order, which the hints do
       not change; they are accepted so scripts port.
     sparse_as_dense: sparse gradients are always reduced as dense in trainrun and handed back
       sparse (so torch.optim.SparseAdam works), whether True or False.
@@ -376,7 +367,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
         raise trainrun.InvalidArgumentError(
             "DistributedOptimizer: gradient_predivide_factor needs op=Average")
     if bucket_bytes is None:
-        bucket_bytes = _fusion_bytes()
+        bucket_bytes = _bucket_bytes()
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, op, backward_passes_per_step,

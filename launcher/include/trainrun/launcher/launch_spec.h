@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "trainrun/hostfile/slot_plan.h"
+#include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::launcher {
 
@@ -32,7 +33,7 @@ enum class HostKeyPolicy {
 // The defaults of a launch (the LaunchSpec members below start from them).
 inline constexpr std::chrono::seconds kDefaultStartTimeout{30};
 // --elastic-timeout's default: Horovod's 600 s.
-inline constexpr std::chrono::seconds kDefaultElasticTimeout{600};
+inline constexpr std::chrono::seconds kDefaultElasticTimeout{env::kDefaultElasticTimeoutSeconds};
 
 // ElasticSpec is Horovod's elastic mode (--min-np, --max-np, --elastic-timeout): a lost rank does
 // not end the job while at least min_np ranks remain; the survivors form a new generation
@@ -58,9 +59,11 @@ struct ElasticSpec {
 inline constexpr std::chrono::milliseconds kDefaultGracePeriod{3000};
 inline constexpr SshClient kDefaultSshClient = SshClient::kLibssh2;
 inline constexpr HostKeyPolicy kDefaultHostKeyPolicy = HostKeyPolicy::kAcceptNew;
-// Stall inspection (env::kStallWarningSeconds, env::kStallShutdownSeconds), as Horovod's.
-inline constexpr std::chrono::seconds kDefaultStallWarning{60};
-inline constexpr std::chrono::seconds kDefaultStallShutdown{0};  // never
+// Stall inspection, as Horovod's: the defaults of env::kStallWarningSeconds and
+// env::kStallShutdownSeconds (0: never).
+inline constexpr std::chrono::seconds kDefaultStallWarning{env::kStallWarningSeconds.default_value};
+inline constexpr std::chrono::seconds kDefaultStallShutdown{
+    env::kStallShutdownSeconds.default_value};
 // The straggler line (launcher/src/monitor/): named when the others wait for one rank more than
 // this share of their time, over windows of this many seconds.
 inline constexpr double kDefaultStragglerThreshold = 0.10;

@@ -1,6 +1,7 @@
 // StallInspector: Horovod's stall inspector for a job without a coordinator. Each rank publishes,
 // through the rendezvous, a collective it has waited in for the warning time (env::kStallKeyPrefix,
-// "allreduce #17"); the launcher feeds what it reads here once a second and gets back the warning
+// a rendezvous::StallReport: `allreduce "grad.fc1.weight" (#17)` and how long it had waited); the
+// launcher feeds what it reads here once a second and gets back the warning
 // to print (which ranks wait in which collective, which have not joined it) and, after the shutdown
 // time, the ranks to name as stalled.
 //
@@ -21,12 +22,13 @@ class StallInspector {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // `warning`: how long a rank waited before it published (the ranks' warning time); `shutdown`:
-  // the wait after which the job is ended, 0 for never.
+  // `warning`: the ranks' warning time (how long a rank waited before it published, for reports
+  // that do not say); `shutdown`: the wait after which the job is ended, 0 for never.
   StallInspector(int size, std::chrono::seconds warning, std::chrono::seconds shutdown);
 
-  // Update takes the current reports (rank → "allreduce #17"; a rank absent or "" waits in none)
-  // and returns a warning line when they changed and some rank waits, else "".
+  // Update takes the current reports (rank → an encoded StallReport; a rank absent or "" waits in
+  // none) and returns a warning line when they changed and some rank waits, else "". A rank's wait
+  // is what its report said when first seen, plus the time since.
   std::string Update(const std::map<int, std::string>& waiting, Clock::time_point now);
 
   // ShutdownDue: a shutdown time is set and the longest current wait has reached it.
@@ -48,7 +50,8 @@ class StallInspector {
   std::chrono::seconds warning_;
   std::chrono::seconds shutdown_;
   std::map<int, std::string> waiting_;
-  std::map<int, Clock::time_point> seen_;  // when each current report first appeared
+  std::map<int, Clock::time_point> seen_;              // when each current report first appeared
+  std::map<int, std::chrono::milliseconds> reported_;  // how long its rank had waited by then
 };
 
 }  // namespace trainrun::launcher

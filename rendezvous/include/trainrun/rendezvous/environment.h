@@ -1,18 +1,23 @@
 // The worker environment: every environment variable trainrun sets or reads, named once, here.
 //
 // The launcher sets the variables of the first part in each worker (DESIGN.md, "A worker's
-// environment"); the collectives library and the agent read them. Tunables come last, each with its
-// default, in the manner of NCCL_PARAM: code reads a tunable only through its `EnvParam`, and any
-// other variable only through Lookup, so that this file is the one place that reads the
-// environment (the only getenv is behind these).
+// environment"); the collectives library and the agent read them. Settings come last, each declared
+// once with its type, default and parser (see "Settings"): code reads a setting only through its
+// declaration, and any other variable only through Lookup, so that this file is the one place that
+// reads the environment (the only getenv is behind these).
 //
-//   int64_t timeout_s = trainrun::env::kTimeoutSeconds.Get();
+//   int64_t timeout_s = trainrun::env::kTimeoutSeconds.Get();  // throws BadSetting on "abc"
 //   std::optional<std::string> home = trainrun::env::Lookup(trainrun::env::kHome);
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace trainrun::env {
 
@@ -50,10 +55,9 @@ inline constexpr char kJobToken[] = "TRAINRUN_JOB_TOKEN";
 inline constexpr char kRestartCount[] = "TRAINRUN_RESTART_COUNT";
 inline constexpr char kMaxRestarts[] = "TRAINRUN_MAX_RESTARTS";
 // --min-np (elastic mode): "1" in every rank, which then, when its communicator breaks, joins the
-// job's next generation (rendezvous/generation.h) instead of failing; and how many seconds a rank
-// waits for that generation (--elastic-timeout, plus a margin so the launcher ends a job first).
+// job's next generation (rendezvous/generation.h) instead of failing (how long it waits for that
+// generation is the setting kElasticTimeoutSeconds).
 inline constexpr char kElastic[] = "TRAINRUN_ELASTIC";
-inline constexpr char kElasticTimeout[] = "TRAINRUN_ELASTIC_TIMEOUT";
 // Set only in a rank started while its elastic job runs (the job grew onto a new host or slot):
 // its slot, by which it joins the rendezvous (its TRAINRUN_RANK is its place in the generation it
 // joins). Such a rank joins the first generation that includes it, not generation 0.
@@ -199,43 +203,86 @@ inline constexpr char kRdzvToken[] = "TRAINRUN_RDZV_TOKEN";
 // The search path of the worker command (a rank's own PATH: trainrun's, or -x PATH=...).
 inline constexpr char kPath[] = "PATH";
 
-// --- Tunables ----------------------------------------------------------------------------------
+// --- Settings -----------------------------------------------------------------------------------
+//
+// A setting is a variable a rank or trainrun acts on, declared once below with its name, type,
+// default, accepted values, which side reads it, and its meaning, in the manner of NCCL_PARAM. Its
+// Parse is the one parser of its values, on every side: a bad value is one sentence naming the
+// variable and the value ("TRAINRUN_TIMEOUT is 'abc'; set it to an integer of 1 or more (or unset
+// it)"), which Get() throws as BadSetting, and trainrun returns as InvalidArgument before it starts
+// a rank. kSettings lists them all: `trainrun --help`, the man page and docs/usage.md's table are
+// made from it.
 
-// EnvParam is an integer tunable read from the environment, with its default. Get() returns the
-// variable's value when it is set to an integer, else the default.
-struct EnvParam {
+// Side says who acts on a setting: the ranks (the collectives, the Python package), trainrun, or
+// both (trainrun passes the value it acts on to every rank).
+enum class Side { kRank, kTrainrun, kBoth };
+
+// BadSetting is what Get() throws for a value that Parse refuses; what() is the sentence.
+class BadSetting : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// IntSetting is an integer setting accepted from min_value to max_value. `old_name`, when set, is
+// an earlier name still read when `name` is unset.
+struct IntSetting {
   const char* name;
   int64_t default_value;
+  int64_t min_value;
+  int64_t max_value;
+  Side side;
   const char* meaning;
+  const char* old_name = nullptr;
 
+  // Parse reads a value given for this setting (as set: decimal digits, within the bounds).
+  absl::StatusOr<int64_t> Parse(absl::string_view text) const;
+  // Get returns the environment's value, or the default when unset or empty; throws BadSetting.
   int64_t Get() const;
 };
 
-// StringParam is a string tunable; Get() returns the value, or the default when unset or empty.
-struct StringParam {
+// StringSetting is a text setting; `choices` ("auto|tcp|shm") lists the values accepted, "" any.
+struct StringSetting {
   const char* name;
   const char* default_value;
+  const char* choices;
+  Side side;
   const char* meaning;
 
+  absl::StatusOr<std::string> Parse(absl::string_view text) const;
   std::string Get() const;
 };
 
+inline constexpr int64_t kNoLimit = INT64_MAX;
+
 // Seconds a collective or rendezvous wait may take before it fails with a TimeoutError.
-inline constexpr EnvParam kTimeoutSeconds{"TRAINRUN_TIMEOUT", 300,
-                                          "seconds any single wait may take before it fails"};
+inline constexpr IntSetting kTimeoutSeconds{
+    "TRAINRUN_TIMEOUT",
+    300,
+    1,
+    kNoLimit,
+    Side::kRank,
+    "seconds any single wait of a rank (a peer's data, the rendezvous) may take before it fails"};
 
 // Stall inspection, as Horovod's stall inspector (--stall-check-warning-time-seconds and
-// --stall-check-shutdown-time-seconds set them; the launcher passes the warning time on to every
-// rank). A rank whose collective has waited this long publishes it under kStallKeyPrefix<rank>
-// ("allreduce #17"), and the launcher warns which ranks wait in which collective and which have
-// not joined it; 0 turns it off.
-inline constexpr EnvParam kStallWarningSeconds{
-    "TRAINRUN_STALL_CHECK_TIME_SECONDS", 60,
+// --stall-check-shutdown-time-seconds set them; trainrun passes the warning time it acts on to
+// every rank). A rank whose collective has waited this long publishes it under
+// kStallKeyPrefix<rank> (rendezvous/stall_report.h), and trainrun warns which ranks wait in which
+// collective and which have not joined it; 0 turns it off.
+inline constexpr IntSetting kStallWarningSeconds{
+    "TRAINRUN_STALL_CHECK_TIME_SECONDS",
+    60,
+    0,
+    kNoLimit,
+    Side::kBoth,
     "seconds a collective may wait before trainrun warns which ranks have not joined it (0: off)"};
-// Read by trainrun: seconds a collective may wait before the job is ended as stalled (0: never;
+// Seconds a collective may wait before trainrun ends the job as stalled (0: never;
 // TRAINRUN_TIMEOUT still ends the wait).
-inline constexpr EnvParam kStallShutdownSeconds{
-    "TRAINRUN_STALL_SHUTDOWN_TIME_SECONDS", 0,
+inline constexpr IntSetting kStallShutdownSeconds{
+    "TRAINRUN_STALL_SHUTDOWN_TIME_SECONDS",
+    0,
+    0,
+    kNoLimit,
+    Side::kTrainrun,
     "seconds a collective may wait before trainrun ends the job as stalled (0: never)"};
 // The rendezvous key under which a rank publishes the collective it has waited in too long ("" when
 // that collective completed).
@@ -245,83 +292,145 @@ inline constexpr char kStallKeyPrefix[] = "trainrun/stall/";
 // launcher/src/monitor/). Every kMonitorPeriodMs each rank publishes its cumulative collective
 // counters under kMonitorKeyPrefix<rank> (one small Set; 0: never). The launcher sets it: the
 // straggler window (--straggler-window, 10 s), or 1 s with --monitor.
-inline constexpr EnvParam kMonitorPeriodMs{
-    "TRAINRUN_MONITOR_PERIOD_MS", 0,
-    "milliseconds between a rank's reports of its collective counters to trainrun (0: none)"};
+inline constexpr IntSetting kMonitorPeriodMs{
+    "TRAINRUN_MONITOR_PERIOD_MS",
+    0,
+    0,
+    kNoLimit,
+    Side::kRank,
+    "milliseconds between a rank's reports of its collective counters to trainrun (0: none; "
+    "trainrun sets it from --straggler-window, or 1000 with --monitor)"};
 inline constexpr char kMonitorKeyPrefix[] = "trainrun/monitor/";
 // Read by trainrun (--monitor) and `trainrun top`: the token the live page and /metrics ask for
 // off loopback (unset: trainrun makes one and prints it in the page's address).
-inline constexpr StringParam kMonitorToken{
-    "TRAINRUN_MONITOR_TOKEN", "",
+inline constexpr StringSetting kMonitorToken{
+    "TRAINRUN_MONITOR_TOKEN", "", "", Side::kTrainrun,
     "the token trainrun's --monitor page asks for off loopback, and `trainrun top` sends"};
 
 // Whether the launcher gives each local rank its own GPU through CUDA_VISIBLE_DEVICES (1) or
 // leaves CUDA_VISIBLE_DEVICES alone (0), e.g. when the workers pick devices themselves.
-inline constexpr EnvParam kAssignGpus{
-    "TRAINRUN_ASSIGN_GPUS", 0,
+inline constexpr IntSetting kAssignGpus{
+    "TRAINRUN_ASSIGN_GPUS",
+    0,
+    0,
+    1,
+    Side::kTrainrun,
     "1 (or --assign-gpus): one GPU per local rank via CUDA_VISIBLE_DEVICES when the host has "
-    "GPUs; 0 (default): leave CUDA_VISIBLE_DEVICES alone, as horovodrun and torchrun do"};
+    "GPUs; 0: leave CUDA_VISIBLE_DEVICES alone, as horovodrun and torchrun do"};
 
 // Network interface (e.g. eth0) whose address workers listen on and the rendezvous binds.
-inline constexpr StringParam kNetworkInterface{"TRAINRUN_NETWORK_INTERFACE", "",
-                                               "interface for data-plane and rendezvous addresses; "
-                                               "default: the one routing to the rendezvous"};
+inline constexpr StringSetting kNetworkInterface{
+    "TRAINRUN_NETWORK_INTERFACE", "", "", Side::kRank,
+    "interface whose address a rank listens on for data (--network-interface sets it); default: "
+    "the one routing to the rendezvous"};
+
+// Seconds an elastic rank waits for the job's next generation: trainrun sets it to
+// --elastic-timeout plus kElasticTimeoutMarginSeconds, so that trainrun ends a job below --min-np
+// with its own message rather than each rank with a timeout. The default is that of the default
+// --elastic-timeout (Horovod's 600 s), for a rank started some other way.
+inline constexpr int64_t kDefaultElasticTimeoutSeconds = 600;
+inline constexpr int64_t kElasticTimeoutMarginSeconds = 30;
+inline constexpr IntSetting kElasticTimeoutSeconds{
+    "TRAINRUN_ELASTIC_TIMEOUT",
+    kDefaultElasticTimeoutSeconds + kElasticTimeoutMarginSeconds,
+    1,
+    kNoLimit,
+    Side::kRank,
+    "seconds an elastic rank waits for the job's next generation (set by trainrun from "
+    "--elastic-timeout)"};
 
 // --- Collectives over TCP (collectives/) ---------------------------------------------------------
 
 // TCP connections between each pair of ranks; large transfers are striped across them.
-inline constexpr EnvParam kSocketsPerPeer{"TRAINRUN_SOCKETS_PER_PEER", 1,
-                                          "TCP connections between each pair of ranks"};
+inline constexpr IntSetting kSocketsPerPeer{"TRAINRUN_SOCKETS_PER_PEER",
+                                            1,
+                                            1,
+                                            64,
+                                            Side::kRank,
+                                            "TCP connections between each pair of ranks"};
 
 // SO_SNDBUF/SO_RCVBUF of data connections in bytes (0: the kernel's autotuning).
-inline constexpr EnvParam kSocketBufferBytes{"TRAINRUN_SOCKET_BUFFER_BYTES", 4 << 20,
-                                             "socket send/receive buffer of data connections"};
+inline constexpr IntSetting kSocketBufferBytes{
+    "TRAINRUN_SOCKET_BUFFER_BYTES",
+    4 << 20,
+    0,
+    INT32_MAX,
+    Side::kRank,
+    "socket send/receive buffer of data connections, bytes (0: the kernel's autotuning)"};
 
 // Ring algorithms move data in segments of this many bytes, so sending, receiving and reducing
 // overlap.
-inline constexpr EnvParam kRingSegmentBytes{"TRAINRUN_RING_SEGMENT_BYTES", 256 << 10,
-                                            "pipelining segment of ring algorithms, bytes"};
+inline constexpr IntSetting kRingSegmentBytes{"TRAINRUN_RING_SEGMENT_BYTES",
+                                              256 << 10,
+                                              4096,
+                                              kNoLimit,
+                                              Side::kRank,
+                                              "pipelining segment of ring algorithms, bytes"};
 
 // Ring algorithms send segment k of step s+1 this many segments after segment k of step s
 // arrived (a wavefront), so what was just reduced is still in cache when it leaves and the
-// socket queues stay short. Measured at n=2 over loopback: 16 MiB busbw 1.98 -> 2.91 GB/s.
-inline constexpr EnvParam kRingLag{"TRAINRUN_RING_LAG", 4,
-                                   "segments by which a ring step trails the previous one"};
+// socket queues stay short.
+inline constexpr IntSetting kRingLag{"TRAINRUN_RING_LAG",
+                                     4,
+                                     1,
+                                     1024,
+                                     Side::kRank,
+                                     "segments by which a ring step trails the previous one"};
 
 // Allreduce of at most this many bytes uses recursive doubling (latency) instead of the ring.
-inline constexpr EnvParam kSmallAllreduceBytes{
-    "TRAINRUN_SMALL_ALLREDUCE_BYTES", 64 << 10,
-    "largest allreduce that uses recursive doubling instead of the ring"};
+inline constexpr IntSetting kSmallAllreduceBytes{
+    "TRAINRUN_SMALL_ALLREDUCE_BYTES",
+    64 << 10,
+    0,
+    kNoLimit,
+    Side::kRank,
+    "largest allreduce that uses recursive doubling instead of the ring, bytes"};
 
 // Microseconds a wait for a peer polls without sleeping before it blocks in poll(2) (lower latency,
 // at the cost of a busy core while waiting). Only used when ranks have a core each.
-inline constexpr EnvParam kSpinMicroseconds{"TRAINRUN_SPIN_MICROSECONDS", 50,
-                                            "busy-poll time before a wait for a peer sleeps"};
+inline constexpr IntSetting kSpinMicroseconds{
+    "TRAINRUN_SPIN_MICROSECONDS",
+    50,
+    0,
+    1000000,
+    Side::kRank,
+    "busy-poll time before a wait for a peer sleeps, microseconds"};
 
-// --- Collectives over shared memory (collectives/src/shm_transport.h)
-// ------------------------------
+// --- Collectives over shared memory (collectives/src/shm_transport.h) ----------------------------
 
 // Which transport a communicator uses: "auto" (shared memory when every rank is on this host and
 // the same-host check passes, else TCP), "tcp", or "shm" (shared memory, or fail when the ranks
-// cannot share memory). For tests and comparisons.
-inline constexpr StringParam kTransport{
-    "TRAINRUN_TRANSPORT", "auto", "auto | tcp | shm: the collectives' transport between ranks"};
+// cannot share memory). For tests and comparisons; `trainrun --tcp` sets tcp.
+inline constexpr StringSetting kTransport{"TRAINRUN_TRANSPORT", "auto", "auto|tcp|shm", Side::kRank,
+                                          "the collectives' transport between ranks"};
 
 // Allreduce over shared memory moves data through cache-sized chunks of this many bytes.
-inline constexpr EnvParam kShmChunkBytes{"TRAINRUN_SHM_CHUNK_BYTES", 256 << 10,
-                                         "allreduce pipelining chunk over shared memory, bytes"};
+inline constexpr IntSetting kShmChunkBytes{"TRAINRUN_SHM_CHUNK_BYTES",
+                                           256 << 10,
+                                           4096,
+                                           kNoLimit,
+                                           Side::kRank,
+                                           "allreduce pipelining chunk over shared memory, bytes"};
 
 // A job on several hosts with several ranks on each (hierarchical allreduce) moves its allreduce
 // through shared memory in chunks of this many bytes; each rank's part of a chunk then crosses to
 // the other hosts while the next chunk is reduced (collectives/src/hierarchical.h).
-inline constexpr EnvParam kHierarchicalChunkBytes{
-    "TRAINRUN_HIERARCHICAL_CHUNK_BYTES", 4 << 20,
+inline constexpr IntSetting kHierarchicalChunkBytes{
+    "TRAINRUN_HIERARCHICAL_CHUNK_BYTES",
+    4 << 20,
+    4096,
+    kNoLimit,
+    Side::kRank,
     "allreduce chunk of a job on several hosts with several ranks each, bytes"};
 
 // Allreduce over shared memory of at most this many bytes reduces in one phase on every rank.
-inline constexpr EnvParam kShmSmallBytes{
-    "TRAINRUN_SHM_SMALL_BYTES", 16 << 10,
-    "largest shared-memory allreduce that every rank reduces whole (one synchronisation)"};
+inline constexpr IntSetting kShmSmallBytes{
+    "TRAINRUN_SHM_SMALL_BYTES",
+    16 << 10,
+    0,
+    kNoLimit,
+    Side::kRank,
+    "largest shared-memory allreduce that every rank reduces whole (one synchronisation), bytes"};
 
 // What a rank waiting on its peers over shared memory does: "adaptive" (spin, at most
 // TRAINRUN_SPIN_MICROSECONDS, only while the ranks it waits on are running on other CPUs, else
@@ -329,21 +438,25 @@ inline constexpr EnvParam kShmSmallBytes{
 // they share cores with each other or with other work), "spin" (spin TRAINRUN_SPIN_MICROSECONDS
 // whatever the peers do when every rank of the host has a core, else yield a few times, then
 // sleep), or "sleep" (sleep on a futex at once; least CPU, most latency).
-inline constexpr StringParam kShmWait{
-    "TRAINRUN_SHM_WAIT", "adaptive",
-    "adaptive | spin | sleep: how a rank waits on its peers over shared memory"};
+inline constexpr StringSetting kShmWait{"TRAINRUN_SHM_WAIT", "adaptive", "adaptive|spin|sleep",
+                                        Side::kRank,
+                                        "how a rank waits on its peers over shared memory"};
 
 // Ring buffer between each ordered pair of ranks for point-to-point transfers, bytes.
-inline constexpr EnvParam kShmChannelBytes{"TRAINRUN_SHM_CHANNEL_BYTES", 512 << 10,
-                                           "shared-memory ring per ordered pair of ranks, bytes"};
+inline constexpr IntSetting kShmChannelBytes{"TRAINRUN_SHM_CHANNEL_BYTES",
+                                             512 << 10,
+                                             4096,
+                                             kNoLimit,
+                                             Side::kRank,
+                                             "shared-memory ring per ordered pair of ranks, bytes"};
 
 // --- The launcher --------------------------------------------------------------------------------
 
 // The rank shim trainrun starts each local rank under (launcher/src/rank_shim.h): unset or empty,
 // trainrun-rank-shim next to trainrun (or in ../libexec/trainrun/); a path, that executable;
 // "fork", no executable: trainrun forks itself per rank, as it does where no shim is installed.
-inline constexpr StringParam kRankShim{"TRAINRUN_RANK_SHIM", "",
-                                       "the rank shim executable, or \"fork\" for none"};
+inline constexpr StringSetting kRankShim{"TRAINRUN_RANK_SHIM", "", "", Side::kTrainrun,
+                                         "the rank shim executable, or \"fork\" for none"};
 
 // --- Python package (python/) ----------------------------------------------------------------
 
@@ -352,17 +465,51 @@ inline constexpr StringParam kRankShim{"TRAINRUN_RANK_SHIM", "",
 // be set too), as torch's file:// init does.
 inline constexpr char kFileStore[] = "TRAINRUN_FILE_STORE";
 
+// trainrun.run (python/trainrun/_launch.py): the trainrun executable it starts (else the build
+// tree's, else PATH's); and, in each rank it started, the port of the caller's connection back and
+// the secret the rank proves on it (python/trainrun/_run_rank.py).
+inline constexpr char kTrainrunBin[] = "TRAINRUN_BIN";
+inline constexpr char kRunPort[] = "TRAINRUN_RUN_PORT";
+inline constexpr char kRunToken[] = "TRAINRUN_RUN_TOKEN";
+
 // 0 skips the exchange of call records before each collective (collectives/src/call_check.h):
 // ranks that call different collectives then corrupt each other's data or hang, and join() is
 // refused.
-inline constexpr EnvParam kCheckShapes{"TRAINRUN_CHECK_SHAPES", 1,
-                                       "1: ranks check they call the same collective alike"};
+inline constexpr IntSetting kCheckShapes{"TRAINRUN_CHECK_SHAPES",
+                                         1,
+                                         0,
+                                         1,
+                                         Side::kRank,
+                                         "1: ranks check they call the same collective alike"};
 // A file to write a Chrome trace of every collective to (collectives/src/timeline.h), from the
 // start; `trainrun --timeline-filename FILE` sets it. HOROVOD_TIMELINE is read when it is unset;
 // "DYNAMIC" (Horovod's value) starts none, leaving it to start_timeline().
-inline constexpr StringParam kTimeline{"TRAINRUN_TIMELINE", "",
-                                       "Chrome trace file of the collectives (empty: none)"};
+inline constexpr StringSetting kTimeline{"TRAINRUN_TIMELINE", "", "", Side::kRank,
+                                         "Chrome trace file of the collectives (empty: none)"};
 inline constexpr char kHorovodTimeline[] = "HOROVOD_TIMELINE";
+
+// Tensor fusion, two sizes: the most bytes of queued in-place allreduces the runtime's
+// communication thread runs as one (collectives/comm_thread.h; Horovod's fusion threshold,
+// `trainrun --fusion-threshold-mb`; 0 turns fusion off), and the size of the gradient buckets
+// trainrun.torch.DistributedOptimizer reduces as one message. TRAINRUN_FUSION_BYTES, their one
+// name before, still sets either when its own name is unset.
+inline constexpr char kOldFusionBytes[] = "TRAINRUN_FUSION_BYTES";
+inline constexpr IntSetting kFusionThresholdBytes{
+    "TRAINRUN_FUSION_THRESHOLD_BYTES",
+    int64_t{64} << 20,
+    0,
+    kNoLimit,
+    Side::kRank,
+    "most bytes of queued allreduces run as one fused allreduce (0: no fusion)",
+    kOldFusionBytes};
+inline constexpr IntSetting kBucketBytes{
+    "TRAINRUN_BUCKET_BYTES",
+    1 << 20,
+    0,
+    kNoLimit,
+    Side::kRank,
+    "gradient bucket of trainrun.torch.DistributedOptimizer, bytes",
+    kOldFusionBytes};
 
 // --- GPUs (collectives/gpu/) ---------------------------------------------------------------------
 
@@ -374,19 +521,64 @@ inline constexpr char kCudaLibrary[] = "TRAINRUN_CUDA_LIBRARY";
 // How a communicator moves GPU buffers: "auto" (NCCL when every rank has a GPU of its own and NCCL
 // loads, else host staging), "nccl" (fail when NCCL cannot serve) or "staged" (always through
 // pinned host memory).
-inline constexpr StringParam kGpuPath{"TRAINRUN_GPU_PATH", "auto",
-                                      "auto, nccl or staged: how GPU buffers are reduced"};
+inline constexpr StringSetting kGpuPath{"TRAINRUN_GPU_PATH", "auto", "auto|nccl|staged",
+                                        Side::kRank, "how GPU buffers are reduced"};
 // Set to 1 in every worker by `trainrun --verbose`: a worker says once per communicator which path
 // its GPU buffers take.
-inline constexpr EnvParam kVerbose{"TRAINRUN_VERBOSE", 0, "1: workers say what they chose"};
+inline constexpr IntSetting kVerbose{
+    "TRAINRUN_VERBOSE", 0, 0, 1, Side::kRank, "1: workers say what they chose"};
 
-// Read by python/trainrun (Python code reads the environment itself; declared here so every
-// variable stays listed in one place).
-// Size of the gradient buckets trainrun.torch.DistributedOptimizer reduces as one message (default
-// 1 MiB), and the most bytes of in-place allreduces the Python bindings' communication thread fuses
-// into one (python/src/comm_thread.h; default 64 MiB there; 0 turns fusion off).
-inline constexpr EnvParam kFusionBytes{
-    "TRAINRUN_FUSION_BYTES", 1 << 20,
-    "DistributedOptimizer gradient bucket size, and the fusion cap of queued allreduces, bytes"};
+// --- Every setting -------------------------------------------------------------------------------
+
+// SettingRef is one entry of kSettings: exactly one of the two is set.
+struct SettingRef {
+  const IntSetting* int_setting;
+  const StringSetting* string_setting;
+
+  const char* name() const { return int_setting ? int_setting->name : string_setting->name; }
+  Side side() const { return int_setting ? int_setting->side : string_setting->side; }
+  const char* meaning() const {
+    return int_setting ? int_setting->meaning : string_setting->meaning;
+  }
+  // DefaultText is the default as it would be set ("300", "auto"; "" for none).
+  std::string DefaultText() const;
+  // Check parses `text` as this setting's value: the sentence of a bad one, else OK.
+  absl::Status Check(absl::string_view text) const;
+  // CheckEnvironment is Check of the environment's value (OK when unset).
+  absl::Status CheckEnvironment() const;
+};
+
+inline constexpr SettingRef kSettings[] = {
+    {&kTimeoutSeconds, nullptr},
+    {&kStallWarningSeconds, nullptr},
+    {&kStallShutdownSeconds, nullptr},
+    {&kAssignGpus, nullptr},
+    {nullptr, &kNetworkInterface},
+    {&kElasticTimeoutSeconds, nullptr},
+    {&kSocketsPerPeer, nullptr},
+    {&kSocketBufferBytes, nullptr},
+    {&kRingSegmentBytes, nullptr},
+    {&kRingLag, nullptr},
+    {&kSmallAllreduceBytes, nullptr},
+    {&kSpinMicroseconds, nullptr},
+    {nullptr, &kTransport},
+    {&kShmChunkBytes, nullptr},
+    {&kHierarchicalChunkBytes, nullptr},
+    {&kShmSmallBytes, nullptr},
+    {nullptr, &kShmWait},
+    {&kShmChannelBytes, nullptr},
+    {nullptr, &kRankShim},
+    {&kCheckShapes, nullptr},
+    {nullptr, &kTimeline},
+    {&kFusionThresholdBytes, nullptr},
+    {&kBucketBytes, nullptr},
+    {nullptr, &kGpuPath},
+    {&kVerbose, nullptr},
+    {&kMonitorPeriodMs, nullptr},
+    {nullptr, &kMonitorToken},
+};
+
+// FindSetting returns the setting named `name` (its name or old name), or nullptr.
+const SettingRef* FindSetting(absl::string_view name);
 
 }  // namespace trainrun::env
