@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "elements.h"
 #include "rank_threads.h"
 #include "spawn.h"
 #include "trainrun/collectives/communicator.h"
@@ -35,93 +36,8 @@ bool IsFloat(DataType t) {
          t == DataType::kBFloat16;
 }
 
-double Get(DataType type, const std::vector<char>& buffer, size_t i) {
-  const char* p = buffer.data() + i * ElementSize(type);
-  switch (type) {
-    case DataType::kFloat32: {
-      float v;
-      std::memcpy(&v, p, 4);
-      return v;
-    }
-    case DataType::kFloat64: {
-      double v;
-      std::memcpy(&v, p, 8);
-      return v;
-    }
-    case DataType::kFloat16: {
-      _Float16 v;
-      std::memcpy(&v, p, 2);
-      return static_cast<float>(v);
-    }
-    case DataType::kBFloat16: {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      uint32_t bits = static_cast<uint32_t>(h) << 16;
-      float v;
-      std::memcpy(&v, &bits, 4);
-      return v;
-    }
-    case DataType::kInt32: {
-      int32_t v;
-      std::memcpy(&v, p, 4);
-      return v;
-    }
-    case DataType::kInt64: {
-      int64_t v;
-      std::memcpy(&v, p, 8);
-      return static_cast<double>(v);
-    }
-    case DataType::kUInt8:
-      return static_cast<uint8_t>(*p);
-    case DataType::kInt8:
-      return static_cast<int8_t>(*p);
-  }
-  return 0;
-}
-
-// Writes `value` (already representable, or rounded) as element i.
-void Put(DataType type, std::vector<char>& buffer, size_t i, double value) {
-  char* p = buffer.data() + i * ElementSize(type);
-  switch (type) {
-    case DataType::kFloat32: {
-      float v = static_cast<float>(value);
-      std::memcpy(p, &v, 4);
-      break;
-    }
-    case DataType::kFloat64:
-      std::memcpy(p, &value, 8);
-      break;
-    case DataType::kFloat16: {
-      _Float16 v = static_cast<_Float16>(value);
-      std::memcpy(p, &v, 2);
-      break;
-    }
-    case DataType::kBFloat16: {
-      float f = static_cast<float>(value);
-      uint32_t bits;
-      std::memcpy(&bits, &f, 4);
-      uint16_t h = static_cast<uint16_t>(bits >> 16);
-      std::memcpy(p, &h, 2);
-      break;  // truncation
-    }
-    case DataType::kInt32: {
-      int32_t v = static_cast<int32_t>(value);
-      std::memcpy(p, &v, 4);
-      break;
-    }
-    case DataType::kInt64: {
-      int64_t v = static_cast<int64_t>(value);
-      std::memcpy(p, &v, 8);
-      break;
-    }
-    case DataType::kUInt8:
-      *p = static_cast<char>(static_cast<uint8_t>(static_cast<int64_t>(value)));
-      break;
-    case DataType::kInt8:
-      *p = static_cast<char>(static_cast<int8_t>(static_cast<int64_t>(value)));
-      break;
-  }
-}
+using testing::Get;
+using testing::Put;
 
 // Random inputs whose exact reduction stays in range (no integer overflow except where wrapping is
 // part of the contract: int8/uint8 products, checked modulo 2^8).

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "elements.h"
 #include "fake_gpu_runtime.h"
 #include "trainrun/collectives/communicator.h"
 #include "trainrun/rendezvous/memory_store.h"
@@ -24,6 +25,8 @@ namespace trainrun::collectives::gpu {
 namespace {
 
 using testing::FakeGpuRuntime;
+using ::trainrun::collectives::testing::Get;
+using ::trainrun::collectives::testing::Put;
 
 const std::vector<DataType> kTypes = {DataType::kFloat32,  DataType::kFloat64, DataType::kFloat16,
                                       DataType::kBFloat16, DataType::kInt32,   DataType::kInt64,
@@ -35,104 +38,6 @@ const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp
 bool IsFloat(DataType t) {
   return t == DataType::kFloat32 || t == DataType::kFloat64 || t == DataType::kFloat16 ||
          t == DataType::kBFloat16;
-}
-
-double Get(DataType type, const char* base, size_t i) {
-  const char* p = base + i * ElementSize(type);
-  switch (type) {
-    case DataType::kFloat32: {
-      float v;
-      std::memcpy(&v, p, 4);
-      return v;
-    }
-    case DataType::kFloat64: {
-      double v;
-      std::memcpy(&v, p, 8);
-      return v;
-    }
-    case DataType::kFloat16: {
-      _Float16 v;
-      std::memcpy(&v, p, 2);
-      return static_cast<float>(v);
-    }
-    case DataType::kBFloat16: {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      uint32_t bits = static_cast<uint32_t>(h) << 16;
-      float v;
-      std::memcpy(&v, &bits, 4);
-      return v;
-    }
-    case DataType::kInt32: {
-      int32_t v;
-      std::memcpy(&v, p, 4);
-      return v;
-    }
-    case DataType::kInt64: {
-      int64_t v;
-      std::memcpy(&v, p, 8);
-      return static_cast<double>(v);
-    }
-    case DataType::kInt16: {
-      int16_t v;
-      std::memcpy(&v, p, 2);
-      return v;
-    }
-    case DataType::kUInt8:
-    case DataType::kBool:
-      return static_cast<uint8_t>(*p);
-    case DataType::kInt8:
-      return static_cast<int8_t>(*p);
-  }
-  return 0;
-}
-
-// Put writes a small integer, exact in every type.
-void Put(DataType type, char* base, size_t i, double value) {
-  char* p = base + i * ElementSize(type);
-  switch (type) {
-    case DataType::kFloat32: {
-      float v = static_cast<float>(value);
-      std::memcpy(p, &v, 4);
-      break;
-    }
-    case DataType::kFloat64:
-      std::memcpy(p, &value, 8);
-      break;
-    case DataType::kFloat16: {
-      _Float16 v = static_cast<_Float16>(value);
-      std::memcpy(p, &v, 2);
-      break;
-    }
-    case DataType::kBFloat16: {
-      float f = static_cast<float>(value);
-      uint32_t bits;
-      std::memcpy(&bits, &f, 4);
-      uint16_t h = static_cast<uint16_t>(bits >> 16);
-      std::memcpy(p, &h, 2);
-      break;
-    }
-    case DataType::kInt32: {
-      int32_t v = static_cast<int32_t>(value);
-      std::memcpy(p, &v, 4);
-      break;
-    }
-    case DataType::kInt64: {
-      int64_t v = static_cast<int64_t>(value);
-      std::memcpy(p, &v, 8);
-      break;
-    }
-    case DataType::kInt16: {
-      int16_t v = static_cast<int16_t>(value);
-      std::memcpy(p, &v, 2);
-      break;
-    }
-    case DataType::kUInt8:
-    case DataType::kBool:
-    case DataType::kInt8:
-      *p = static_cast<char>(static_cast<int64_t>(value));
-      break;
-  }
 }
 
 // Value: element i of rank r's input, small enough that any reduction of 3 ranks is exact.
