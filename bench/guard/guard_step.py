@@ -4,13 +4,17 @@
 With --callgrind (the process runs under `valgrind --tool=callgrind --instr-atstart=no`), only the
 N timed steps are instrumented: callgrind_control turns instrumentation on after three warm-up
 steps and off after the last step, so torch's import and the set-up are not counted (under
-instrumentation they take minutes). Every rank does the same steps on fixed data.
+instrumentation they take minutes). With --strace OUT, each rank attaches `strace -f -k` to
+itself for the timed steps alone and writes OUT.<rank>. Every rank does the same steps on fixed
+data.
 """
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
+import time
 
 try:
     import trainrun.torch as hvd
@@ -29,10 +33,45 @@ def instrument(on):
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def attach_strace(out, calls):
+    """Starts `strace -f -k` on this process (every thread), and returns once each thread is
+    traced, so that only what follows is counted (strace -k on torch's import takes a minute)."""
+    pid = os.getpid()
+    tracer = subprocess.Popen(["strace", "-f", "-k", "-qq", "-o", out, "-e", "trace=" + calls,
+                               "-p", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        traced = True
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/status", encoding="utf-8") as f:
+                    status = f.read()
+            except FileNotFoundError:
+                continue
+            if "TracerPid:\t0\n" in status:
+                traced = False
+                break
+        if traced:
+            return tracer
+        if tracer.poll() is not None:
+            raise RuntimeError(f"strace exited with {tracer.returncode} before it attached")
+        time.sleep(0.05)
+    tracer.kill()
+    raise RuntimeError("strace did not attach within 60 s")
+
+
+def detach_strace(tracer):
+    tracer.send_signal(signal.SIGINT)
+    tracer.wait(timeout=60)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--callgrind", action="store_true")
+    parser.add_argument("--strace", metavar="OUT",
+                        help="count the timed steps' system calls: strace -k output to OUT")
+    parser.add_argument("--strace-calls", default="futex,sched_yield,poll,ppoll")
     args = parser.parse_args()
     torch.set_num_threads(1)
     hvd.init()
@@ -55,10 +94,16 @@ def main():
     hvd.barrier()
     if args.callgrind:
         instrument(True)
+    tracer = None
+    if args.strace:
+        tracer = attach_strace(f"{args.strace}.{hvd.rank()}", args.strace_calls)
+        hvd.barrier()  # both ranks traced before the steps (counted alike in every run: it cancels)
     for _ in range(args.steps):
         step()
     if args.callgrind:
         instrument(False)
+    if tracer is not None:
+        detach_strace(tracer)
     hvd.barrier()
 
 

@@ -202,7 +202,8 @@ std::string FormatReport(const AttributionReport& r) {
 }
 
 Attribution::Attribution(std::shared_ptr<rendezvous::Store> store, int job_rank)
-    : counters_(std::make_shared<AttributionCounters>()) {
+    : counters_(std::make_shared<AttributionCounters>()),
+      fixed_spacing_(static_cast<uint32_t>(env::kStragglerSampleEvery.Get())) {
   (void)Origin();
   if (store != nullptr && Reporting())
     Reporter::Instance().Add(counters_, std::move(store), job_rank);
@@ -215,7 +216,9 @@ Attribution::~Attribution() {
 void Attribution::Stamp(CallRecord& record) {
   const uint64_t now = Ticks();
   const uint64_t since = sequence_ - last_sample_;
-  if (last_sample_at_ != 0 && since > 0 && now > last_sample_at_) {
+  if (fixed_spacing_ > 0) {
+    proposal_ = fixed_spacing_;
+  } else if (last_sample_at_ != 0 && since > 0 && now > last_sample_at_) {
     const uint64_t per_collective = TicksToNs((now - last_sample_at_) / since);
     const uint64_t spacing =
         per_collective == 0 ? kMostSampleSpacing : kSampleSpacingNs / per_collective;

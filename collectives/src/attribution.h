@@ -125,6 +125,8 @@ class Attribution {
   uint64_t last_ticks_ = 0;   // time spent in the latest collective
   uint64_t last_sample_at_ = 0;
   uint32_t proposal_ = 1;
+  // env::kStragglerSampleEvery: collectives between samples, or 0 for about one a millisecond.
+  uint32_t fixed_spacing_ = 0;
 };
 
 }  // namespace trainrun::collectives::internal

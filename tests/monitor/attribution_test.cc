@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -95,6 +96,20 @@ TEST_CASE("fast collectives are sampled about once a millisecond, not every time
   const AttributionCounters& c = ranks[0]->counters();
   CHECK(c.samples.load() < 20000);
   CHECK(c.samples.load() > 0);
+}
+
+TEST_CASE("TRAINRUN_STRAGGLER_SAMPLE_EVERY spaces samples by collectives, not by the clock") {
+  // 256 collectives apart on average (128 to 383 by the jitter), however long each one takes:
+  // the first collective is a sample, then about 100,000 / 256 more.
+  ::setenv("TRAINRUN_STRAGGLER_SAMPLE_EVERY", "256", 1);
+  for (auto wall : {std::chrono::nanoseconds(0), std::chrono::nanoseconds(2000)}) {
+    auto ranks = Run(
+        2, 100000, [](int r, int) { return r == 0 ? 100u : 1000u; }, wall);
+    const uint64_t samples = ranks[0]->counters().samples.load();
+    CHECK(samples >= 100000 / 384);
+    CHECK(samples <= 100000 / 128 + 1);
+  }
+  ::unsetenv("TRAINRUN_STRAGGLER_SAMPLE_EVERY");
 }
 
 TEST_CASE("a report is one line of eleven numbers") {

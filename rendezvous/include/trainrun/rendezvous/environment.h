@@ -301,6 +301,17 @@ inline constexpr IntSetting kMonitorPeriodMs{
     "milliseconds between a rank's reports of its collective counters to trainrun (0: none; "
     "trainrun sets it from --straggler-window, or 1000 with --monitor)"};
 inline constexpr char kMonitorKeyPrefix[] = "trainrun/monitor/";
+// Straggler attribution samples about one collective a millisecond, a spacing measured from the
+// rank's own pace; a fixed number of collectives between samples instead makes a run's work the
+// same however fast the machine is (the speed guard, bench/guard/, counts instructions under
+// callgrind, where time runs ~50x slower).
+inline constexpr IntSetting kStragglerSampleEvery{
+    "TRAINRUN_STRAGGLER_SAMPLE_EVERY",
+    0,
+    0,
+    65536,
+    Side::kRank,
+    "collectives between straggler samples (0: about one a millisecond)"};
 // Read by trainrun (--monitor) and `trainrun top`: the token the live page and /metrics ask for
 // off loopback (unset: trainrun makes one and prints it in the page's address).
 inline constexpr StringSetting kMonitorToken{
@@ -575,6 +586,7 @@ inline constexpr SettingRef kSettings[] = {
     {nullptr, &kGpuPath},
     {&kVerbose, nullptr},
     {&kMonitorPeriodMs, nullptr},
+    {&kStragglerSampleEvery, nullptr},
     {nullptr, &kMonitorToken},
 };
 
