@@ -46,9 +46,9 @@ class SyncProgressLine {
     std::unique_lock<std::mutex> lock(mu_);
     const auto period = terminal_ ? std::chrono::seconds(1) : std::chrono::seconds(10);
     while (!finished_cv_.wait_for(lock, period, [&] { return finished_; })) {
-      const std::string line = absl::StrCat(
-          "sync to ", where_, ": ", Mib(progress_.sent), " of ", Mib(progress_.total), " (",
-          absl::ToInt64Seconds(absl::Now() - start_), "s)");
+      const std::string line =
+          absl::StrCat("sync to ", where_, ": ", Mib(progress_.sent), " of ", Mib(progress_.total),
+                       " (", absl::ToInt64Seconds(absl::Now() - start_), "s)");
       if (terminal_) {
         std::fprintf(stderr, "\rtrainrun: %s", line.c_str());
         std::fflush(stderr);

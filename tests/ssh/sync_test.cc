@@ -65,20 +65,20 @@ TEST_CASE("sync: --sync-dst-dir copies what changed to every host and the ranks 
   Write(src + "/.git/HEAD", "ref: refs/heads/main\n");
   Write(src + "/logs/train.log", "excluded by *.log\n");
   Write(src + "/cache/blob", "excluded with its directory\n");
-  const std::vector<std::string> job = {"-np",
-                                        "4",
-                                        "-H",
-                                        absl::StrCat(cluster.host_address(0), ":2,",
-                                                     cluster.host_address(1), ":2"),
-                                        "--sync-dst-dir",
-                                        dst,
-                                        "--sync-src-dir",
-                                        src,
-                                        "--sync-exclude",
-                                        "*.log",
-                                        "--sync-exclude",
-                                        "cache",
-                                        "./run.sh"};
+  const std::vector<std::string> job = {
+      "-np",
+      "4",
+      "-H",
+      absl::StrCat(cluster.host_address(0), ":2,", cluster.host_address(1), ":2"),
+      "--sync-dst-dir",
+      dst,
+      "--sync-src-dir",
+      src,
+      "--sync-exclude",
+      "*.log",
+      "--sync-exclude",
+      "cache",
+      "./run.sh"};
   std::string out;
 
   // The first sync copies the three files to both hosts; each rank runs in DIR and reads them.
@@ -126,8 +126,9 @@ TEST_CASE("sync: --sync-dst-dir copies what changed to every host and the ranks 
   status = RunTrainrun(world, cluster, job, &out);
   INFO(out);
   CHECK(status == 2);
-  CHECK(Has(out, absl::StrCat("host ", cluster.host_address(1), ": cannot write to the sync directory '",
-                              dst, "': Read-only file system")));
+  CHECK(Has(out,
+            absl::StrCat("host ", cluster.host_address(1), ": cannot write to the sync directory '",
+                         dst, "': Read-only file system")));
   CHECK(!Has(out, "]<stdout>:"));
   INFO("left behind:" << cluster.ProcessList());
   CHECK(cluster.HostsEmptyWithin());

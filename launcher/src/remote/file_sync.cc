@@ -127,8 +127,7 @@ absl::Status SendFiles(
     uint64_t offset = 0;
     absl::Status status;
     do {
-      const size_t want =
-          static_cast<size_t>(std::min<uint64_t>(kChunkBytes, entry.size - offset));
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(kChunkBytes, entry.size - offset));
       ssize_t n = want == 0 ? 0 : ::pread(fd, buffer.data(), want, static_cast<off_t>(offset));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 || (want > 0 && n == 0)) {
@@ -176,12 +175,11 @@ class AgentSync {
       }
     }
     progress.total += WantedBytes(offer, *wanted);
-    absl::Status sent =
-        SendFiles(offer, src, *wanted, progress,
-                  [this](uint32_t index, uint64_t offset, absl::string_view bytes) {
-                    if (stop_) return absl::CancelledError("another host failed");
-                    return Write(EncodeSyncData(index, offset, bytes));
-                  });
+    absl::Status sent = SendFiles(offer, src, *wanted, progress,
+                                  [this](uint32_t index, uint64_t offset, absl::string_view bytes) {
+                                    if (stop_) return absl::CancelledError("another host failed");
+                                    return Write(EncodeSyncData(index, offset, bytes));
+                                  });
     if (!sent.ok()) return sent;
     if (absl::Status ended = Write(EncodeFrame(MessageType::kSyncEnd)); !ended.ok()) return ended;
     absl::StatusOr<Frame> frame = Await(MessageType::kSyncDone);
@@ -231,9 +229,9 @@ class AgentSync {
       if (stop_) return absl::CancelledError("another host failed");
       absl::Duration left = deadline - absl::Now();
       if (left <= absl::ZeroDuration()) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "host ", agent_.name(), ": the agent did not answer the sync for ",
-            absl::FormatDuration(silence)));
+        return absl::DeadlineExceededError(absl::StrCat("host ", agent_.name(),
+                                                        ": the agent did not answer the sync for ",
+                                                        absl::FormatDuration(silence)));
       }
       absl::StatusOr<size_t> n =
           agent_.stream->Read(buffer, sizeof buffer, std::min(left, absl::Milliseconds(200)));
@@ -453,11 +451,10 @@ absl::StatusOr<SyncStats> SyncLocally(const SyncOffer& offer, const std::string&
   absl::StatusOr<std::vector<uint32_t>> wanted = receiver.Offer(offer);
   if (!wanted.ok()) return wanted.status();
   progress.total += WantedBytes(offer, *wanted);
-  absl::Status sent =
-      SendFiles(offer, src, *wanted, progress,
-                [&](uint32_t index, uint64_t offset, absl::string_view bytes) {
-                  return receiver.Data(index, offset, bytes);
-                });
+  absl::Status sent = SendFiles(offer, src, *wanted, progress,
+                                [&](uint32_t index, uint64_t offset, absl::string_view bytes) {
+                                  return receiver.Data(index, offset, bytes);
+                                });
   if (!sent.ok()) return sent;
   absl::StatusOr<SyncDone> done = receiver.End();
   if (!done.ok()) return done.status();
