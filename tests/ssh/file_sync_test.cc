@@ -85,7 +85,8 @@ TEST_CASE("file sync: only what changed is written, with its mode and mtime", "[
   CHECK(first->bytes == (3u << 20) + 10);
   CHECK(progress.sent == progress.total);
   CHECK(Read(dst + "/sub/data") == std::string(3 << 20, 'd'));
-  struct stat a {}, b {};
+  struct stat a {
+  }, b{};
   REQUIRE(stat((src + "/run.sh").c_str(), &a) == 0);
   REQUIRE(stat((dst + "/run.sh").c_str(), &b) == 0);
   CHECK((b.st_mode & 07777) == 0750);

@@ -120,6 +120,21 @@ TEST_CASE("sync: --sync-dst-dir copies what changed to every host and the ranks 
   CHECK(Has(out, absl::StrCat("[3]<stdout>:in ", dst, ": second version")));
   CHECK(cluster.HostsEmptyWithin());
 
+  // Host 2's disk is too small for big.bin: the copy stops with one line naming host and file,
+  // and no piece of it is left behind there.
+  REQUIRE(cluster.RunOnHost(1, {"rm", "-rf", dst}) == 0);
+  REQUIRE(cluster.RunOnHost(1, {"mount", "-o", "remount,size=2m", hosts_dir}) == 0);
+  status = RunTrainrun(world, cluster, job, &out);
+  INFO(out);
+  CHECK(status == 2);
+  CHECK(Has(out, absl::StrCat("host ", cluster.host_address(1), ": cannot write '", dst,
+                              "/big.bin': No space left on device")));
+  CHECK(!Has(out, "]<stdout>:"));
+  std::string left;
+  cluster.RunOnHost(1, {"sh", "-c", "ls -a " + dst}, &left);
+  CHECK(left.find("trainrun-sync") == std::string::npos);
+  CHECK(cluster.HostsEmptyWithin());
+
   // Host 2's disk turns read-only: the job fails before any rank starts, naming host and path.
   REQUIRE(cluster.RunOnHost(1, {"mount", "-o", "remount,ro", hosts_dir}) == 0);
   Write(src + "/data/x.txt", "third version, never seen\n");

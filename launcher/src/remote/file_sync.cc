@@ -178,6 +178,13 @@ class AgentSync {
     absl::Status sent = SendFiles(offer, src, *wanted, progress,
                                   [this](uint32_t index, uint64_t offset, absl::string_view bytes) {
                                     if (stop_) return absl::CancelledError("another host failed");
+                                    // Now and then: has the agent given up (a full disk)? Then
+                                    // stop now, not after the rest of the copy.
+                                    if (absl::Now() - last_glance_ > absl::Milliseconds(200)) {
+                                      last_glance_ = absl::Now();
+                                      absl::Status early = Glance();
+                                      if (!early.ok()) return early;
+                                    }
                                     return Write(EncodeSyncData(index, offset, bytes));
                                   });
     if (!sent.ok()) return sent;
@@ -207,6 +214,24 @@ class AgentSync {
     absl::StatusOr<Frame> reason = Await(MessageType::kSyncDone, absl::Seconds(1));
     if (!reason.ok() && !absl::IsDeadlineExceeded(reason.status())) return reason.status();
     return Named(absl::StrCat("the sync's connection failed: ", written.message()));
+  }
+
+  // Glance reads what has arrived already (waiting a millisecond at most): an Error from the agent
+  // is returned.
+  absl::Status Glance() {
+    char buffer[4096];
+    absl::StatusOr<size_t> n = agent_.stream->Read(buffer, sizeof buffer, absl::Milliseconds(1));
+    if (!n.ok() || *n == 0) return absl::OkStatus();  // nothing, or the end: Write will say
+    agent_.reader.Append(absl::string_view(buffer, *n));
+    for (;;) {
+      absl::StatusOr<std::optional<Frame>> next = agent_.reader.Next();
+      if (!next.ok()) return Named(next.status().message());
+      if (!next->has_value()) return absl::OkStatus();
+      if ((*next)->type == MessageType::kError) {
+        absl::StatusOr<std::string> message = DecodeError((*next)->payload);
+        return Named(message.ok() ? *message : "the agent failed the sync");
+      }
+    }
   }
 
   // Await reads frames until one of `type` (an Error from the agent is its failure).
@@ -248,6 +273,7 @@ class AgentSync {
 
   RemoteAgent& agent_;
   const std::atomic<bool>& stop_;
+  absl::Time last_glance_ = absl::Now();
 };
 
 void Add(SyncStats& sum, const SyncStats& part) {
@@ -423,6 +449,12 @@ absl::StatusOr<SyncDone> SyncReceiver::End() {
 absl::StatusOr<SyncStats> SyncToAgents(const SyncOffer& offer, const std::string& src,
                                        std::vector<RemoteAgent>& agents, SyncProgress& progress) {
   const std::string encoded = EncodeSyncOffer(offer);
+  if (encoded.size() + 5 > kMaxFrameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("--sync-src-dir '", src, "' lists ",
+                                                   offer.entries.size(),
+                                                   " files and directories, more than one sync can "
+                                                   "offer; leave some out with --sync-exclude"));
+  }
   std::atomic<bool> stop{false};
   std::mutex mu;
   SyncStats sum;
