@@ -54,9 +54,10 @@ TEST_CASE("sync flags: each bad combination is one sentence naming the flag", "[
         "host, e.g. /tmp/job");
   CHECK(Error({"-np", "1", "--sync-dst-dir", "/tmp/job", "-wdir", "/tmp", "true"}) ==
         "--sync-dst-dir and -wdir both set the ranks' directory; give one of them");
-  CHECK(Error({"-np", "1", "--sync-dst-dir", "/tmp/job", "--sync-src-dir", "/nonexistent/src",
-               "true"}) ==
-        "--sync-src-dir '/nonexistent/src' does not exist; give the directory to copy to the hosts");
+  CHECK(
+      Error({"-np", "1", "--sync-dst-dir", "/tmp/job", "--sync-src-dir", "/nonexistent/src",
+             "true"}) ==
+      "--sync-src-dir '/nonexistent/src' does not exist; give the directory to copy to the hosts");
   CHECK(Error({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "10.0.0.1:29500",
                "--nproc-per-node", "1", "--sync-dst-dir", "/tmp/job", "true"})
             .find("in per-node mode (--nnodes)") != std::string::npos);
