@@ -41,6 +41,8 @@ packages=(
   # trainrun under valgrind, and scripts/sanitize.sh memcheck; the speed guard (tests/guard,
   # bench/guard/guard.py): instruction counts under callgrind and blocking system calls by strace
   tcpdump valgrind strace
+  # bench/launcher/sync_vs_rsync.sh: --sync-dst-dir beside rsync over the same SSH
+  rsync
 )
 
 missing=()

@@ -60,6 +60,12 @@ void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out) {
   }
   if (spec.output_dir) out << "output: " << *spec.output_dir << "/rank.<N>/{stdout,stderr}\n";
   if (!spec.working_dir.empty()) out << "working directory: " << spec.working_dir << "\n";
+  if (spec.sync) {
+    out << "sync: " << spec.sync->src_dir << " to " << spec.sync->dst_dir
+        << " on every host before the ranks start (what changed; without .git";
+    for (const std::string& pattern : spec.sync->excludes) out << ", " << pattern;
+    out << ")\n";
+  }
   if (spec.bind_to != launcher::BindTo::kNone) {
     out << "bound to: one " << launcher::BindToName(spec.bind_to) << " per local rank\n";
   }

@@ -312,6 +312,59 @@ absl::Status ApplyPlacement(const RunOptions& options, launcher::LaunchSpec& spe
   return absl::OkStatus();
 }
 
+// MXNet's --sync-dst-dir, with --sync-src-dir and --sync-exclude: the copy before the ranks start,
+// and DIR as their directory on every host. After ApplyPlacement (-wdir) and the per-node spec.
+absl::Status ApplySync(const RunOptions& options, launcher::LaunchSpec& spec) {
+  if (!options.sync_dst_dir) {
+    if (options.sync_src_dir || !options.sync_excludes.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          options.sync_src_dir ? "--sync-src-dir" : "--sync-exclude",
+          " is for --sync-dst-dir, which copies the directory; add --sync-dst-dir DIR"));
+    }
+    return absl::OkStatus();
+  }
+  const std::string& dst = *options.sync_dst_dir;
+  if (dst.empty() || dst[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--sync-dst-dir '", dst,
+                     "' is not an absolute path; give the directory the same way for every host, "
+                     "e.g. /tmp/job"));
+  }
+  if (options.wdir) {
+    return absl::InvalidArgumentError(
+        "--sync-dst-dir and -wdir both set the ranks' directory; give one of them");
+  }
+  if (spec.per_node) {
+    return absl::InvalidArgumentError(
+        "--sync-dst-dir copies to the hosts a trainrun reaches (-H, a hostfile, Slurm, "
+        "--rsh-agent); in per-node mode (--nnodes) each node's trainrun starts where it runs, so "
+        "copy the files before starting them");
+  }
+  if (spec.elastic) {
+    return absl::InvalidArgumentError(
+        "--sync-dst-dir does not work with --min-np yet: hosts that join an elastic job later "
+        "would not get the files; copy them beforehand");
+  }
+  launcher::LaunchSpec::Sync sync;
+  std::error_code error;
+  const std::filesystem::path src =
+      std::filesystem::absolute(options.sync_src_dir.value_or("."), error).lexically_normal();
+  sync.src_dir = src.string();
+  if (sync.src_dir.size() > 1 && sync.src_dir.back() == '/') sync.src_dir.pop_back();
+  if (!std::filesystem::is_directory(src, error)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--sync-src-dir '", options.sync_src_dir.value_or("."), "' ",
+                     std::filesystem::exists(src, error) ? "is not a directory" : "does not exist",
+                     "; give the directory to copy to the hosts"));
+  }
+  sync.dst_dir = std::filesystem::path(dst).lexically_normal().string();
+  if (sync.dst_dir.size() > 1 && sync.dst_dir.back() == '/') sync.dst_dir.pop_back();
+  sync.excludes = options.sync_excludes;
+  spec.working_dir = sync.dst_dir;
+  spec.sync = std::move(sync);
+  return absl::OkStatus();
+}
+
 // torchrun's Std value (0 none, 1 stdout, 2 stderr, 3 both) of --tee or --redirects.
 absl::StatusOr<int> ParseStd(const char* flag, const std::optional<std::string>& text) {
   if (!text) return 0;
@@ -704,6 +757,7 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
     spec.rendezvous_addr = per_node->spec->endpoint_host;
     spec.rendezvous_port = 0;
   }
+  if (absl::Status synced = ApplySync(options, spec); !synced.ok()) return synced;
   spec.hosts_from_slurm = !per_node->spec && !options.hosts && !options.hostfile &&
                           options.launcher != "local" && env(env::kSlurmJobNodelist).has_value();
   if (spec.launcher == launcher::Launcher::kLocal) {

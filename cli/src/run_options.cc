@@ -416,6 +416,23 @@ void SetupRunOptions(CLI::App& app, RunOptions& options) {
       ->add_option("--remote-trainrun", options.remote_trainrun,
                    "Path of trainrun on the other hosts (default: this trainrun's own path).")
       ->type_name("PATH");
+  remote
+      ->add_option("--sync-dst-dir", options.sync_dst_dir,
+                   "Copy --sync-src-dir to DIR on every host (only what changed since the last "
+                   "copy, over the connection that reaches the host; .git left out), and start "
+                   "the ranks in DIR (MXNet's launch.py flag).")
+      ->type_name("DIR");
+  remote
+      ->add_option("--sync-src-dir", options.sync_src_dir,
+                   "The directory --sync-dst-dir copies (default: trainrun's own).")
+      ->type_name("SRC");
+  remote
+      ->add_option("--sync-exclude", options.sync_excludes,
+                   "Leave out of the copy what matches PATTERN (a shell pattern: on each name, or "
+                   "on the relative path when it has a '/'); repeatable.")
+      ->type_name("PATTERN")
+      ->allow_extra_args(false)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
 
   SetupMpirunPlacement(app, options);
   SetupTorchrunOutput(app, options);

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "nodes/node_join.h"
 #include "reach_hosts.h"
 #include "start_deadline.h"
+#include "sync_files.h"
 #include "trainrun/launcher/failure_policy.h"
 #include "trainrun/launcher/logging.h"
 #include "trainrun/launcher/output_forwarder.h"
@@ -85,12 +87,25 @@ struct Attempt {
 // RunOnce runs the job once: plan, reach the hosts, serve the rendezvous, start the ranks,
 // supervise them, summarize. A status is a failure before any rank started.
 absl::StatusOr<Attempt> RunOnce(const LaunchSpec& spec, OutputForwarder& output) {
+  // --sync-dst-dir: DIR is the ranks' directory here too, so it is filled before the plan checks
+  // it and the command in it.
+  if (spec.sync && RanksHere(spec)) {
+    if (absl::Status synced = SyncHere(spec); !synced.ok()) return synced;
+  }
   absl::StatusOr<JobPlan> plan = PlanJob(spec);
   if (!plan.ok()) return plan.status();
   // --start-timeout: one deadline, from the first connection to the last rank's start.
-  const StartDeadline deadline = StartDeadline::From(spec.start_timeout);
+  StartDeadline deadline = StartDeadline::From(spec.start_timeout);
   absl::StatusOr<std::vector<remote::RemoteAgent>> agents = ReachHosts(spec, *plan, deadline);
   if (!agents.ok()) return agents.status();
+  if (spec.sync) {
+    // The copy's time is not the start's: the deadline moves by it.
+    const auto before = std::chrono::steady_clock::now();
+    if (absl::Status synced = SyncRemote(spec, *agents); !synced.ok()) return synced;
+    const auto took = std::chrono::steady_clock::now() - before;
+    deadline.when += took;
+    deadline.at += absl::FromChrono(took);
+  }
 
   JobRun run(spec, *plan, output, *std::move(agents));
   if (absl::Status served = run.ServeRendezvous(); !served.ok()) return served;

@@ -30,6 +30,21 @@ void Decode(const remote::Frame& frame) {
     case remote::MessageType::kError:
       (void)remote::DecodeError(frame.payload);
       break;
+    case remote::MessageType::kJobEnd:
+      (void)remote::DecodeJobEnd(frame.payload);
+      break;
+    case remote::MessageType::kSyncOffer:
+      (void)remote::DecodeSyncOffer(frame.payload);
+      break;
+    case remote::MessageType::kSyncWant:
+      (void)remote::DecodeSyncWant(frame.payload);
+      break;
+    case remote::MessageType::kSyncData:
+      (void)remote::DecodeSyncData(frame.payload);
+      break;
+    case remote::MessageType::kSyncDone:
+      (void)remote::DecodeSyncDone(frame.payload);
+      break;
     default:
       break;
   }

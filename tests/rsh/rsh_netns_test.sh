@@ -85,6 +85,15 @@ grep -q "rank 2 of 4 on ${addr[1]}" <<<"$out" || fail "TRAINRUN_RSH_AGENT: rank 
 out=$(in_client "$trainrun" --dry-run -H "$hosts" --rsh-agent "$work/agent" /bin/true 2>&1)
 grep -q "$work/agent ${addr[1]} (remote shell)" <<<"$out" || fail "--dry-run does not say how: $out"
 
+echo "== --sync-dst-dir copies through the remote shell, and the ranks run in the copy"
+mkdir -p "$work/src/conf" && echo "lr=0.1" >"$work/src/conf/job.cfg"
+# The pods share this machine's disk: both copies land in one DIR (temporary names, then renames).
+out=$(in_client "$trainrun" -H "$hosts" -np 4 --rsh-agent "$work/agent" --sync-src-dir "$work/src" \
+  --sync-dst-dir "$work/copy" sh -c 'echo "in $(pwd): $(cat conf/job.cfg)"' 2>&1) ||
+  fail "--sync-dst-dir: exited $?: $out"
+grep -q "\[3\]<stdout>:in $work/copy: lr=0.1" <<<"$out" || fail "--sync-dst-dir: rank 3 not in the copy: $out"
+grep -q "synced $work/src to $work/copy on 2 hosts" <<<"$out" || fail "--sync-dst-dir: no summary line: $out"
+
 echo "== a rank killed on pod 2 ends the job with the summary"
 start=$(date +%s)
 out=$(in_client "$trainrun" -H "$hosts" -np 4 --rsh-agent "$work/agent" \

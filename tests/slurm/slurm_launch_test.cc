@@ -67,6 +67,24 @@ TEST_CASE("slurm: trainrun reaches an allocation's nodes through srun", "[slurm]
     CHECK(sizes == 3);
   }
 
+  SECTION("a directory copied through srun (--sync-dst-dir), the ranks running in the copy") {
+    char src_template[] = "/tmp/trainrun-slurm-sync.XXXXXX";
+    REQUIRE(mkdtemp(src_template) != nullptr);
+    const std::string dir = src_template;
+    REQUIRE(RunCommand({"sh", "-c",
+                        "mkdir " + dir + "/src && echo lr=0.1 >" + dir + "/src/job.cfg"}) == 0);
+    // The test's nodes share this machine's disk, so both copies land in one DIR.
+    int status = RunInAllocation(cluster,
+                                 {"--sync-src-dir", dir + "/src", "--sync-dst-dir", dir + "/copy",
+                                  "sh", "-c", "echo \"in $(pwd): $(cat job.cfg)\""},
+                                 &out);
+    INFO(out);
+    CHECK(status == 0);
+    CHECK(out.find("synced " + dir + "/src to " + dir + "/copy on 2 hosts") != std::string::npos);
+    CHECK(out.find("[3]<stdout>:in " + dir + "/copy: lr=0.1") != std::string::npos);
+    RunCommand({"rm", "-rf", dir});
+  }
+
   SECTION("a rank killed on node 2: its exit code and the summary") {
     int status = RunInAllocation(
         cluster,

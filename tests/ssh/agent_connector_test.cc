@@ -130,7 +130,7 @@ TEST_CASE("agents: an agent of another protocol is refused, naming host, release
         absl::StrCat("host 127.0.0.1: its trainrun (an older release) speaks agent protocol 2, "
                      "this trainrun ",
                      TRAINRUN_RELEASE,
-                     " speaks 4; install the same trainrun version on every host"));
+                     " speaks 5; install the same trainrun version on every host"));
 }
 
 TEST_CASE("probe: the trainrun on each host, its release or why there is none", "[ssh]") {

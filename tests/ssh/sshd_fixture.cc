@@ -191,6 +191,13 @@ Sshd::Sshd(Options options) : options_(std::move(options)) {
                         "MaxSessions 100\n"
                         "LogLevel VERBOSE\n");
   std::vector<std::string> argv = {"/usr/sbin/sshd", "-D", "-f", config, "-E", log_file_};
+  if (!options_.private_dir.empty()) {
+    // The shell execs sshd, so that pid_ stays sshd's.
+    argv.insert(argv.begin(),
+                {"unshare", "--mount", "--propagation", "private", "sh", "-c",
+                 "mkdir -p \"$0\" && mount -t tmpfs trainrun-test \"$0\" && shift && exec \"$@\"",
+                 options_.private_dir, "--"});
+  }
   if (!options_.netns.empty()) argv.insert(argv.begin(), {"ip", "netns", "exec", options_.netns});
   std::vector<char*> cargv;
   for (std::string& a : argv) cargv.push_back(a.data());
@@ -264,7 +271,8 @@ bool CanUseNetns() {
   return RunCommand({"ip", "-V"}) == 0;
 }
 
-NetnsCluster::NetnsCluster(int hosts, const std::string& dir, const std::string& authorized_keys) {
+NetnsCluster::NetnsCluster(int hosts, const std::string& dir, const std::string& authorized_keys,
+                           const std::string& private_dir) {
   std::string prefix =
       "trt" + std::to_string(getpid()) + "-" + std::to_string(cluster_counter.fetch_add(1));
   client_ns_ = prefix + "-c";
@@ -297,11 +305,19 @@ NetnsCluster::NetnsCluster(int hosts, const std::string& dir, const std::string&
     options.listen_address = "0.0.0.0";
     options.port = 22;
     options.netns = ns;
+    options.private_dir = private_dir;
     sshds_.push_back(std::make_unique<Sshd>(options));
   }
 }
 
 std::string NetnsCluster::host_address(int i) const { return "10.213.1." + std::to_string(11 + i); }
+
+int NetnsCluster::RunOnHost(int i, const std::vector<std::string>& argv,
+                            std::string* output) const {
+  std::vector<std::string> args = {"nsenter", "-t", std::to_string(sshds_[i]->pid()), "-m", "-n"};
+  args.insert(args.end(), argv.begin(), argv.end());
+  return RunCommand(args, output);
+}
 
 std::vector<pid_t> NetnsCluster::HostProcesses(int i) const {
   std::string output;

@@ -65,6 +65,9 @@ class Sshd {
     std::string listen_address = "127.0.0.1";
     int port = 0;       // 0: a free loopback port
     std::string netns;  // "" : the current namespace
+    // Not "": sshd (and so every session) runs in a mount namespace of its own where this directory
+    // is a fresh tmpfs: a host's files there are its own, as on a machine without a shared disk.
+    std::string private_dir;
   };
   explicit Sshd(Options options);  // throws std::runtime_error when sshd does not come up in 10 s
   ~Sshd();
@@ -112,7 +115,9 @@ void MakeKey(const std::string& type, const std::string& path);
 // kills every process in them and deletes them.
 class NetnsCluster {
  public:
-  NetnsCluster(int hosts, const std::string& dir, const std::string& authorized_keys);
+  // `private_dir` not "": each host has its own empty tmpfs there (Sshd::Options::private_dir).
+  NetnsCluster(int hosts, const std::string& dir, const std::string& authorized_keys,
+               const std::string& private_dir = "");
   ~NetnsCluster();
   NetnsCluster(const NetnsCluster&) = delete;
   NetnsCluster& operator=(const NetnsCluster&) = delete;
@@ -127,6 +132,9 @@ class NetnsCluster {
   // Whether every host runs nothing but sshd within `timeout`: no agent, no rank. (An sshd session
   // whose client vanished from the network lingers until TCP gives up; it is sshd's.)
   bool OnlySshdLeftWithin(std::chrono::seconds timeout) const;
+  // RunOnHost runs argv in host i's network and mount namespaces (what its sessions see), as
+  // RunCommand does.
+  int RunOnHost(int i, const std::vector<std::string>& argv, std::string* output = nullptr) const;
   // " pid:command line" for each of HostProcesses, every host: what a failed check left behind.
   std::string ProcessList() const;
 

@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "posix/resolve_on_path.h"
 #include "remote/agent_protocol.h"
+#include "remote/file_sync.h"
 #include "trainrun/launcher/agent.h"
 #include "trainrun/launcher/cpu_binding.h"
 #include "trainrun/launcher/gpu_assignment.h"
@@ -167,6 +168,11 @@ class Agent {
         case MessageType::kHeartbeat:
           Send(EncodeFrame(MessageType::kHeartbeat));
           break;
+        case MessageType::kSyncOffer:
+        case MessageType::kSyncData:
+        case MessageType::kSyncEnd:
+          Sync(**frame);
+          break;
         case MessageType::kJobEnd:
           if (auto end = DecodeJobEnd((*frame)->payload); end.ok()) job_end_ = *end;
           ranks_.KillAll();  // nothing should run by now; never leave a rank behind
@@ -176,6 +182,39 @@ class Agent {
           break;
       }
     }
+  }
+
+  // Sync writes --sync-dst-dir's files (file_sync.h). After an error, the pieces still coming are
+  // dropped until SyncEnd; the launcher reads the Error and ends the job.
+  void Sync(const Frame& frame) {
+    absl::Status status;
+    if (frame.type == MessageType::kSyncOffer) {
+      sync_ = std::make_unique<SyncReceiver>();
+      auto offer = DecodeSyncOffer(frame.payload);
+      absl::StatusOr<std::vector<uint32_t>> wanted =
+          offer.ok() ? sync_->Offer(*std::move(offer)) : offer.status();
+      if (wanted.ok()) {
+        Send(EncodeSyncWant(*wanted));
+        return;
+      }
+      status = wanted.status();
+    } else if (sync_ == nullptr) {
+      return;  // after a failure
+    } else if (frame.type == MessageType::kSyncData) {
+      auto data = DecodeSyncData(frame.payload);
+      status = data.ok() ? sync_->Data(data->index, data->offset, data->bytes) : data.status();
+      if (status.ok()) return;
+    } else {
+      absl::StatusOr<SyncDone> done = sync_->End();
+      sync_.reset();
+      if (done.ok()) {
+        Send(EncodeSyncDone(*done));
+        return;
+      }
+      status = done.status();
+    }
+    sync_.reset();
+    Send(EncodeError(status.message()));
   }
 
   void StartJob(absl::string_view payload) {
@@ -311,6 +350,8 @@ class Agent {
   RankProcessSet ranks_;
   // Serves the ranks' rendezvous calls for the agent's session (StartRelay).
   std::unique_ptr<rendezvous::Relay> relay_;
+  // --sync-dst-dir's receiver, between SyncOffer and SyncEnd.
+  std::unique_ptr<SyncReceiver> sync_;
   FrameReader reader_;
   char buffer_[64 * 1024];
   std::chrono::milliseconds grace_period_ = kDefaultGracePeriod;

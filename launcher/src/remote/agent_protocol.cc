@@ -12,6 +12,10 @@ class Writer {
     for (int shift = 24; shift >= 0; shift -= 8) out_.push_back(static_cast<char>(v >> shift));
     return *this;
   }
+  Writer& U64(uint64_t v) {
+    U32(static_cast<uint32_t>(v >> 32));
+    return U32(static_cast<uint32_t>(v));
+  }
   Writer& Bytes(absl::string_view s) {
     U32(static_cast<uint32_t>(s.size()));
     out_.append(s.data(), s.size());
@@ -38,6 +42,10 @@ class Reader {
     for (int i = 0; i < 4; ++i) v = (v << 8) | static_cast<uint8_t>(in_[i]);
     in_.remove_prefix(4);
     return v;
+  }
+  uint64_t U64() {
+    uint64_t high = U32();
+    return (high << 32) | U32();
   }
   std::string Bytes() {
     uint32_t n = U32();
@@ -130,6 +138,72 @@ std::string EncodeError(absl::string_view message) {
 std::string EncodeJobEnd(const JobEnd& end) {
   return EncodeFrame(MessageType::kJobEnd,
                      Writer().U32(static_cast<uint32_t>(end.exit_code)).Bytes(end.summary).Take());
+}
+
+std::string EncodeSyncOffer(const SyncOffer& offer) {
+  Writer w;
+  w.Bytes(offer.dir).U32(static_cast<uint32_t>(offer.entries.size()));
+  for (const SyncEntry& e : offer.entries) {
+    w.Bytes(e.path).U32(e.mode).U64(e.size).U64(static_cast<uint64_t>(e.mtime_ns)).Bytes(e.link);
+  }
+  return EncodeFrame(MessageType::kSyncOffer, w.Take());
+}
+
+std::string EncodeSyncWant(const std::vector<uint32_t>& indices) {
+  Writer w;
+  w.U32(static_cast<uint32_t>(indices.size()));
+  for (uint32_t index : indices) w.U32(index);
+  return EncodeFrame(MessageType::kSyncWant, w.Take());
+}
+
+std::string EncodeSyncData(uint32_t index, uint64_t offset, absl::string_view bytes) {
+  return EncodeFrame(MessageType::kSyncData, Writer().U32(index).U64(offset).Bytes(bytes).Take());
+}
+
+std::string EncodeSyncDone(const SyncDone& done) {
+  return EncodeFrame(MessageType::kSyncDone, Writer().U32(done.files).U64(done.bytes).Take());
+}
+
+absl::StatusOr<SyncOffer> DecodeSyncOffer(absl::string_view payload) {
+  Reader r(payload);
+  SyncOffer offer;
+  offer.dir = r.Bytes();
+  uint32_t n = r.U32();
+  for (uint32_t i = 0; r.ok() && i < n; ++i) {
+    SyncEntry e;
+    e.path = r.Bytes();
+    e.mode = r.U32();
+    e.size = r.U64();
+    e.mtime_ns = static_cast<int64_t>(r.U64());
+    e.link = r.Bytes();
+    offer.entries.push_back(std::move(e));
+  }
+  return r.Finish(std::move(offer), "SyncOffer");
+}
+
+absl::StatusOr<std::vector<uint32_t>> DecodeSyncWant(absl::string_view payload) {
+  Reader r(payload);
+  std::vector<uint32_t> indices;
+  uint32_t n = r.U32();
+  for (uint32_t i = 0; r.ok() && i < n; ++i) indices.push_back(r.U32());
+  return r.Finish(std::move(indices), "SyncWant");
+}
+
+absl::StatusOr<SyncData> DecodeSyncData(absl::string_view payload) {
+  Reader r(payload);
+  SyncData data;
+  data.index = r.U32();
+  data.offset = r.U64();
+  data.bytes = r.Bytes();
+  return r.Finish(std::move(data), "SyncData");
+}
+
+absl::StatusOr<SyncDone> DecodeSyncDone(absl::string_view payload) {
+  Reader r(payload);
+  SyncDone done;
+  done.files = r.U32();
+  done.bytes = r.U64();
+  return r.Finish(done, "SyncDone");
 }
 
 absl::StatusOr<JobEnd> DecodeJobEnd(absl::string_view payload) {

@@ -16,6 +16,11 @@
 //      ◀─▶ Heartbeat                  (each side ends the job when the other falls silent)
 //      ── JobEnd{exit_code, summary} ─▶  (per-node mode only: the job's outcome, which a joined
 //                                         node's trainrun prints and exits with)
+//   Before the Job, --sync-dst-dir (file_sync.h) copies the launcher's files to the host:
+//      ── SyncOffer{dir, entries[{path, mode, size, mtime, link}]} ─▶
+//      ◀─ SyncWant{indices} | Error    (the files whose size or mtime differ there)
+//      ── SyncData{index, offset, bytes} ... SyncEnd ─▶
+//      ◀─ SyncDone{files, bytes} | Error
 //   End of file on the agent's stdin means the launcher is gone: the agent kills its ranks.
 #pragma once
 
@@ -32,8 +37,8 @@ namespace trainrun::launcher::remote {
 
 // Bumped when a message changes meaning; the launcher refuses an agent of another version.
 // 2: Hello carries gpu_count. 3: Hello carries the agent's trainrun release. 4: Job carries
-// bind_to, Started the rank's binding.
-inline constexpr uint32_t kProtocolVersion = 4;
+// bind_to, Started the rank's binding. 5: the Sync messages (an older agent would not answer them).
+inline constexpr uint32_t kProtocolVersion = 5;
 // Frames larger than this are a protocol error (output comes in pieces far below it).
 inline constexpr uint32_t kMaxFrameBytes = 64u << 20;
 
@@ -51,6 +56,12 @@ enum class MessageType : uint8_t {
   // Sent only to per-node agents (nodes/node_join.h), whose trainrun prints the job's summary;
   // an agent of an older release ignores an unknown type, so the version stays.
   kJobEnd = 11,
+  // --sync-dst-dir (file_sync.h), before the Job.
+  kSyncOffer = 12,
+  kSyncWant = 13,
+  kSyncData = 14,
+  kSyncEnd = 15,
+  kSyncDone = 16,
 };
 
 struct Hello {
@@ -103,6 +114,34 @@ struct JobEnd {
   std::string summary;
 };
 
+// SyncEntry is one file, directory or symbolic link under --sync-src-dir.
+struct SyncEntry {
+  std::string path;   // relative to the source directory, '/'-separated
+  uint32_t mode = 0;  // st_mode: the type and permission bits
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;  // nanoseconds since the epoch
+  std::string link;      // a symbolic link's target
+};
+
+// SyncOffer is the source's listing and where it goes on the host.
+struct SyncOffer {
+  std::string dir;
+  std::vector<SyncEntry> entries;
+};
+
+// SyncData is a piece of file `index` (an entry of the offer) at `offset`.
+struct SyncData {
+  uint32_t index = 0;
+  uint64_t offset = 0;
+  std::string bytes;
+};
+
+// SyncDone says what the host wrote.
+struct SyncDone {
+  uint32_t files = 0;
+  uint64_t bytes = 0;
+};
+
 struct RankOutput {
   uint32_t rank = 0;
   uint8_t stream = 0;  // 0 stdout, 1 stderr
@@ -125,6 +164,10 @@ std::string EncodeOutput(const RankOutput& output);
 std::string EncodeExit(const RankExit& exit);
 std::string EncodeError(absl::string_view message);
 std::string EncodeJobEnd(const JobEnd& end);
+std::string EncodeSyncOffer(const SyncOffer& offer);
+std::string EncodeSyncWant(const std::vector<uint32_t>& indices);
+std::string EncodeSyncData(uint32_t index, uint64_t offset, absl::string_view bytes);
+std::string EncodeSyncDone(const SyncDone& done);
 
 // Decode* read a frame's payload; a malformed payload is an InvalidArgument.
 absl::StatusOr<Hello> DecodeHello(absl::string_view payload);
@@ -134,6 +177,10 @@ absl::StatusOr<RankOutput> DecodeOutput(absl::string_view payload);
 absl::StatusOr<RankExit> DecodeExit(absl::string_view payload);
 absl::StatusOr<std::string> DecodeError(absl::string_view payload);
 absl::StatusOr<JobEnd> DecodeJobEnd(absl::string_view payload);
+absl::StatusOr<SyncOffer> DecodeSyncOffer(absl::string_view payload);
+absl::StatusOr<std::vector<uint32_t>> DecodeSyncWant(absl::string_view payload);
+absl::StatusOr<SyncData> DecodeSyncData(absl::string_view payload);
+absl::StatusOr<SyncDone> DecodeSyncDone(absl::string_view payload);
 
 // FrameReader cuts a byte stream into frames: Append what arrived, then Next until it is empty.
 class FrameReader {

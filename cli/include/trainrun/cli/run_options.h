@@ -87,7 +87,11 @@ struct RunOptions {
   std::string remote_trainrun;           // --remote-trainrun PATH
   std::string launcher = "auto";         // --launcher auto|ssh|slurm|rsh|local
   std::optional<std::string> rsh_agent;  // --rsh-agent CMD
-  std::vector<std::string> command;      // the worker command and its arguments
+  // MXNet's launch.py: copy a directory to every host before the ranks start there.
+  std::optional<std::string> sync_dst_dir;  // --sync-dst-dir DIR
+  std::optional<std::string> sync_src_dir;  // --sync-src-dir SRC
+  std::vector<std::string> sync_excludes;   // --sync-exclude PATTERN, repeatable
+  std::vector<std::string> command;         // the worker command and its arguments
 
   // Per-node mode (--nnodes, --node-rank, --rdzv-endpoint, ...): per_node_options.h.
   PerNodeOptions per_node;

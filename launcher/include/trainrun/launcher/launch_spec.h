@@ -151,6 +151,16 @@ struct LaunchSpec {
   bool oversubscribe = false;
   // -wdir/--wdir: the ranks' working directory on every host; empty: trainrun's own directory.
   std::string working_dir;
+  // --sync-dst-dir (MXNet's launch.py flag): src_dir (--sync-src-dir, absolute; default trainrun's
+  // directory) is copied to dst_dir on every host before the ranks start there (working_dir is
+  // dst_dir); `.git` and the --sync-exclude patterns are left out
+  // (launcher/src/remote/file_sync.h).
+  struct Sync {
+    std::string src_dir;
+    std::string dst_dir;
+    std::vector<std::string> excludes;
+  };
+  std::optional<Sync> sync;
   // --start-timeout: one deadline from the first connection to a host to the last rank's start.
   std::chrono::seconds start_timeout = kDefaultStartTimeout;
   // --max-restarts (torchrun's): when the job fails, start all of it again, up to this many times;
