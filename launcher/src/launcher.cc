@@ -84,13 +84,33 @@ struct Attempt {
 
 // RunOnce runs the job once: plan, reach the hosts, serve the rendezvous, start the ranks,
 // supervise them, summarize. A status is a failure before any rank started.
-absl::StatusOr<Attempt> RunOnce(const LaunchSpec& spec, OutputForwarder& output) {
-  absl::StatusOr<JobPlan> plan = PlanJob(spec);
+absl::StatusOr<Attempt> RunOnce(const LaunchSpec& given, OutputForwarder& output) {
+  absl::StatusOr<JobPlan> plan = PlanJob(given);
   if (!plan.ok()) return plan.status();
   // --start-timeout: one deadline, from the first connection to the last rank's start.
-  const StartDeadline deadline = StartDeadline::From(spec.start_timeout);
-  absl::StatusOr<std::vector<remote::RemoteAgent>> agents = ReachHosts(spec, *plan, deadline);
+  const StartDeadline deadline = StartDeadline::From(given.start_timeout);
+  absl::StatusOr<std::vector<remote::RemoteAgent>> agents = ReachHosts(given, *plan, deadline);
   if (!agents.ok()) return agents.status();
+  LaunchSpec spec = given;
+  if (given.per_node) {
+    // Per-node mode: each node said its --nproc-per-node as it joined; the job is planned again
+    // when they differ from node 0's (agents[i] is node i + 1).
+    std::vector<int> counts{given.per_node->nproc_per_node};
+    for (const remote::RemoteAgent& agent : *agents) counts.push_back(agent.stream->JoinedSlots());
+    bool differ = false;
+    for (int count : counts) differ = differ || count != given.per_node->nproc_per_node;
+    if (differ) {
+      absl::StatusOr<hostfile::SlotPlan> replanned = PerNodeSlotPlan(*given.per_node, counts);
+      if (!replanned.ok()) return replanned.status();
+      spec.plan = *std::move(replanned);
+      plan = PlanJob(spec);
+      if (!plan.ok()) return plan.status();
+      if (!spec.quiet) {
+        Logger().info("the nodes run {} ranks: {} in all, numbered by node",
+                      absl::StrJoin(counts, ", "), spec.plan.size());
+      }
+    }
+  }
 
   JobRun run(spec, *plan, output, *std::move(agents));
   if (absl::Status served = run.ServeRendezvous(); !served.ok()) return served;
