@@ -60,6 +60,9 @@ struct Hello {
   std::string ssh_client_address;  // first word of SSH_CONNECTION: how the host sees the launcher
   uint32_t gpu_count = 0;          // the host's GPUs (CountHostGpus), for CUDA_VISIBLE_DEVICES
   std::string release;             // the agent's trainrun release ("0.1.0"); "" before version 3
+  // The host's boot and network namespace ("<boot id> net:[<inode>]"): two names of one machine
+  // give the same. Added to version 4 at its end ("" from an agent without it).
+  std::string machine;
 };
 
 // TrainrunRelease is this build's release, as `trainrun --version` prints it ("0.1.0").
