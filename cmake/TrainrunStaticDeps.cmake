@@ -1,5 +1,5 @@
-# Executables link gRPC, Protobuf, Abseil, OpenSSL, libssh2 and their dependencies from their
-# static archives, and spdlog and fmt from their headers (option TRAINRUN_STATIC_DEPS, ON by
+# Executables link gRPC, Protobuf, Abseil, OpenSSL, libssh2, yaml-cpp and their dependencies from
+# their static archives, and spdlog and fmt from their headers (option TRAINRUN_STATIC_DEPS, ON by
 # default): `trainrun`, its rank shim and the test programs need nothing but glibc and libstdc++.
 #
 # Why: a process that loads them as shared libraries spends ~10 ms resolving ~60 libraries before

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Links an executable (or the portable collectives library, cmake/TrainrunPortable.cmake) with the
-# static archives of gRPC, Protobuf, Abseil, OpenSSL, libssh2 and their dependencies in place of
+# static archives of gRPC, Protobuf, Abseil, OpenSSL, libssh2, yaml-cpp and their dependencies in place of
 # their shared libraries (cmake/TrainrunStaticDeps.cmake says why).
 # Usage: link_static_deps.sh COMPILER ARGS... — every argument that names one of those shared
 # libraries (/path/libX.so[.N], or -lX) is replaced by /path/libX.a when that file exists, and the
@@ -9,7 +9,7 @@ set -eu
 libdir=/usr/lib/x86_64-linux-gnu
 static_ok() {  # $1: library name without lib prefix and suffix
   case "$1" in
-    absl_*|grpc|grpc++|grpc++_*|gpr|upb|address_sorting|protobuf|cares|re2|z|ssl|crypto|ssh2) return 0 ;;
+    absl_*|grpc|grpc++|grpc++_*|gpr|upb|address_sorting|protobuf|cares|re2|z|ssl|crypto|ssh2|yaml-cpp) return 0 ;;
   esac
   return 1
 }

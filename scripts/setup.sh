@@ -14,6 +14,8 @@ packages=(
   # libraries (DESIGN.md's dependencies)
   libboost-dev libboost-filesystem-dev libssh2-1-dev libcli11-dev libspdlog-dev libfmt-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev libssl-dev catch2
+  # --config-file's YAML (cli/src/config_file.cc) is read by yaml-cpp
+  libyaml-cpp-dev
   # Python bindings, the PyTorch example and its tests
   python3-dev pybind11-dev python3-numpy python3-torch python3-sklearn python3-pytest
   # launcher and multi-host tests: real processes, a real sshd, network namespaces

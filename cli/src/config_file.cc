@@ -5,6 +5,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -15,6 +16,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "yaml-cpp/depthguard.h"
+#include "yaml-cpp/eventhandler.h"
+#include "yaml-cpp/yaml.h"
 
 namespace trainrun::cli {
 namespace {
@@ -69,124 +73,224 @@ constexpr Key kHorovodKeys[] = {
 };
 constexpr char kJobKeys[] = "hosts, processes_per_host, num_proc, environment, command";
 
-// Removes a `#` comment (at the start or after a space, outside quotes) and trailing spaces.
-std::string StripComment(absl::string_view line) {
-  char quote = 0;
-  for (size_t i = 0; i < line.size(); ++i) {
-    char c = line[i];
-    if (quote != 0) {
-      if (c == quote) quote = 0;
-    } else if (c == '\'' || c == '"') {
-      quote = c;
-    } else if (c == '#' && (i == 0 || line[i - 1] == ' ' || line[i - 1] == '\t')) {
-      line = line.substr(0, i);
-      break;
-    }
-  }
-  return std::string(absl::StripTrailingAsciiWhitespace(line));
-}
+// DocumentStarts notes where each YAML document of a stream starts, and nothing else.
+struct DocumentStarts : YAML::EventHandler {
+  std::vector<YAML::Mark> marks;
+  void OnDocumentStart(const YAML::Mark& mark) override { marks.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
 
-// Reader walks the file's lines; every error names the file and the line.
+// Reader turns the YAML document (yaml-cpp) into entries; every error names the file and the line.
 class Reader {
  public:
-  explicit Reader(std::string path) : path_(std::move(path)) {}
+  Reader(std::string path, absl::string_view text)
+      : path_(std::move(path)), text_(text), lines_(absl::StrSplit(text, '\n')) {}
 
   absl::Status Error(int line, absl::string_view what) const {
     return absl::InvalidArgumentError(absl::StrCat(path_, " line ", line, ": ", what));
   }
 
-  // A scalar: 'single' or "double" quoted, or plain.
-  absl::StatusOr<std::string> Scalar(absl::string_view text, int line) const {
-    text = absl::StripAsciiWhitespace(text);
-    if (text.size() >= 2 && (text.front() == '"' || text.front() == '\'')) {
-      if (text.back() != text.front()) return Error(line, "a quoted value does not end");
-      return std::string(text.substr(1, text.size() - 2));
+  absl::StatusOr<std::vector<Entry>> Parse() const {
+    YAML::Node document;
+    try {
+      // The documents' starts first: yaml-cpp 0.7's LoadAll never ends on a stray ',' (each
+      // "next document" starts where the last one did).
+      std::istringstream in{std::string(text_)};
+      YAML::Parser parser(in);
+      DocumentStarts starts;
+      while (parser.HandleNextDocument(starts)) {
+        const std::vector<YAML::Mark>& marks = starts.marks;
+        if (marks.size() >= 2 && marks.back().pos == marks[marks.size() - 2].pos) {
+          const YAML::Mark& stuck = marks.back();
+          const char c = static_cast<size_t>(stuck.pos) < text_.size() ? text_[stuck.pos] : ' ';
+          return absl::InvalidArgumentError(
+              absl::StrCat(path_, " line ", stuck.line + 1, ", column ", stuck.column + 1,
+                           ": not valid YAML: '", std::string(1, c), "' is out of place here"));
+        }
+      }
+      if (starts.marks.size() >= 2) {
+        return Error(starts.marks[1].line + 1,
+                     "a second YAML document (after ---); a config file holds one");
+      }
+      document = YAML::Load(std::string(text_));
+    } catch (const YAML::DeepRecursion& e) {
+      return Error(e.mark.line + 1, "the YAML nests too deep (over 2000 levels)");
+    } catch (const YAML::Exception& e) {
+      return SyntaxError(e);
     }
-    if (!text.empty() && (text.front() == '{' || text.front() == '&' || text.front() == '*' ||
-                          text.front() == '|' || text.front() == '>')) {
-      return Error(line, absl::StrCat("'", text,
-                                      "' is YAML that trainrun's config files do not use; write a "
-                                      "plain value, a list or `key: value` lines"));
+    try {
+      if (document.IsNull()) return std::vector<Entry>();
+      return Entries(document);
+    } catch (const YAML::Exception& e) {
+      return SyntaxError(e);
     }
-    return std::string(text);
   }
 
-  // A flow list: [a, "b c", d].
-  absl::StatusOr<std::vector<std::string>> FlowList(absl::string_view text, int line) const {
-    if (text.back() != ']') return Error(line, "a list opened with [ does not end with ]");
+ private:
+  static int Line(const YAML::Node& node) { return node.Mark().line + 1; }
+
+  // yaml-cpp's complaint, with the line and column it gives; a tab where the line's indent is
+  // the commonest cause, and says so.
+  absl::Status SyntaxError(const YAML::Exception& e) const {
+    if (e.mark.is_null()) return absl::InvalidArgumentError(absl::StrCat(path_, ": ", e.msg));
+    const int line = e.mark.line + 1;
+    absl::string_view source =
+        line <= static_cast<int>(lines_.size()) ? lines_[line - 1] : absl::string_view();
+    const size_t first = source.find_first_not_of(" \t");
+    if (source.substr(0, first).find('\t') != absl::string_view::npos) {
+      return Error(line, "indent with spaces, not tabs");
+    }
+    return absl::InvalidArgumentError(absl::StrCat(path_, " line ", line, ", column ",
+                                                   e.mark.column + 1, ": not valid YAML: ", e.msg));
+  }
+
+  // A mapping's pairs in order, with YAML's merge key (`<<: *anchor`, which yaml-cpp 0.7 leaves
+  // as a key) replaced by the anchored mapping's pairs that the mapping does not set itself.
+  static std::vector<std::pair<YAML::Node, YAML::Node>> Pairs(const YAML::Node& map) {
+    auto is_merge = [](const YAML::Node& key) {
+      return key.IsScalar() && key.Tag() == "?" && key.Scalar() == "<<";
+    };
+    std::set<std::string> own;
+    for (const auto& pair : map) {
+      if (pair.first.IsScalar() && !is_merge(pair.first)) own.insert(pair.first.Scalar());
+    }
+    std::vector<std::pair<YAML::Node, YAML::Node>> pairs;
+    std::set<std::string> merged;
+    for (const auto& pair : map) {
+      if (!is_merge(pair.first)) {
+        pairs.emplace_back(pair.first, pair.second);
+        continue;
+      }
+      std::vector<YAML::Node> sources;
+      if (pair.second.IsSequence()) {
+        for (const auto& item : pair.second) sources.push_back(item);
+      } else {
+        sources.push_back(pair.second);
+      }
+      for (const YAML::Node& source : sources) {
+        if (!source.IsMap()) continue;  // nothing to merge
+        for (const auto& inner : source) {
+          if (!inner.first.IsScalar() || is_merge(inner.first)) continue;
+          const std::string& name = inner.first.Scalar();
+          if (own.count(name) == 0 && merged.insert(name).second) {
+            pairs.emplace_back(inner.first, inner.second);
+          }
+        }
+      }
+    }
+    return pairs;
+  }
+
+  // A key: a plain name, or an error on its line.
+  absl::StatusOr<std::string> Key(const YAML::Node& key, absl::string_view above) const {
+    if (!key.IsScalar() || key.Scalar().empty()) {
+      return Error(Line(key),
+                   absl::StrCat("a key", above.empty() ? "" : " under '", above,
+                                above.empty() ? "" : "'", " is not a name; write `name: value`"));
+    }
+    return key.Scalar();
+  }
+
+  // A plain value that goes on over the next lines as `- item` was meant as a list: YAML reads
+  // `hosts: a` then `  - b` as the one value "a - b".
+  absl::Status CheckNotAList(const YAML::Node& value) const {
+    if (value.Tag() != "?") return absl::OkStatus();
+    for (int line = Line(value) + 1; line <= static_cast<int>(lines_.size()); ++line) {
+      absl::string_view next = absl::StripAsciiWhitespace(lines_[line - 1]);
+      if (next.empty()) continue;
+      if ((next == "-" || absl::StartsWith(next, "- ")) &&
+          value.Scalar().find(std::string(next)) != std::string::npos) {
+        return Error(line, "a list item with no key above it");
+      }
+      break;
+    }
+    return absl::OkStatus();
+  }
+
+  // A list's items, each one plain value.
+  absl::StatusOr<std::vector<std::string>> List(const YAML::Node& list,
+                                                const std::string& path) const {
     std::vector<std::string> items;
-    absl::string_view inner = text.substr(1, text.size() - 2);
-    if (absl::StripAsciiWhitespace(inner).empty()) return items;
-    for (absl::string_view item : absl::StrSplit(inner, ',')) {
-      absl::StatusOr<std::string> value = Scalar(item, line);
-      if (!value.ok()) return value.status();
-      items.push_back(*std::move(value));
+    for (const auto& item : list) {
+      if (!item.IsScalar()) {
+        return Error(Line(item), absl::StrCat("'", path,
+                                              "' is a list whose items are lists or `key: "
+                                              "value`; write one plain value per item"));
+      }
+      items.push_back(item.Scalar());
     }
     return items;
   }
 
-  absl::StatusOr<std::vector<Entry>> Parse(absl::string_view text) const {
+  absl::StatusOr<std::vector<Entry>> Entries(const YAML::Node& document) const {
+    if (document.IsScalar()) {
+      return Error(Line(document), absl::StrCat("'", document.Scalar(), "' is not `key: value`"));
+    }
+    if (!document.IsMap()) {
+      return Error(Line(document), "the file is a list; write `key: value` lines");
+    }
     std::vector<Entry> entries;
-    std::optional<size_t> section;  // the top-level key with no value on its line
-    std::optional<size_t> list_owner;
-    int number = 0;
-    for (absl::string_view raw : absl::StrSplit(text, '\n')) {
-      ++number;
-      std::string line = StripComment(raw);
-      if (absl::StripAsciiWhitespace(line).empty() || line == "---") continue;
-      if (line.find('\t') < line.find_first_not_of(" \t")) {
-        return Error(number, "indent with spaces, not tabs");
-      }
-      const size_t indent = line.find_first_not_of(' ');
-      absl::string_view content = absl::string_view(line).substr(indent);
-      if (absl::StartsWith(content, "- ") || content == "-") {
-        if (!list_owner) return Error(number, "a list item with no key above it");
-        absl::StatusOr<std::string> item = Scalar(content.substr(1), number);
-        if (!item.ok()) return item.status();
-        entries[*list_owner].list.push_back(*std::move(item));
-        continue;
-      }
-      size_t colon = content.find(": ");
-      if (colon == absl::string_view::npos && absl::EndsWith(content, ":")) {
-        colon = content.size() - 1;
-      }
-      if (colon == absl::string_view::npos || colon == 0) {
-        return Error(number, absl::StrCat("'", content, "' is not `key: value`"));
-      }
-      std::string key(absl::StripAsciiWhitespace(content.substr(0, colon)));
-      absl::string_view rest = absl::StripAsciiWhitespace(content.substr(colon + 1));
+    for (const auto& [key_node, value] : Pairs(document)) {
+      absl::StatusOr<std::string> key = Key(key_node, "");
+      if (!key.ok()) return key.status();
       Entry entry;
-      entry.line = number;
-      if (indent == 0) {
-        section.reset();
-        entry.path = key;
-      } else {
-        if (!section) return Error(number, absl::StrCat("'", key, "' is indented under nothing"));
-        entry.path = absl::StrCat(entries[*section].path, ".", key);
-        entries[*section].mapping.emplace_back(key, std::string(rest));
-        if (rest.empty()) return Error(number, absl::StrCat("'", entry.path, "' has no value"));
-      }
-      list_owner.reset();
-      if (rest.empty()) {
-        list_owner = entries.size();  // a list, or (at the top) a section
-        if (indent == 0) section = entries.size();
-      } else if (rest.front() == '[') {
-        absl::StatusOr<std::vector<std::string>> list = FlowList(rest, number);
+      entry.path = *key;
+      entry.line = Line(key_node);
+      if (value.IsScalar()) {
+        if (absl::Status list = CheckNotAList(value); !list.ok()) return list;
+        entry.scalar = value.Scalar();
+      } else if (value.IsSequence()) {
+        absl::StatusOr<std::vector<std::string>> list = List(value, entry.path);
         if (!list.ok()) return list.status();
         entry.list = *std::move(list);
-      } else {
-        absl::StatusOr<std::string> value = Scalar(rest, number);
-        if (!value.ok()) return value.status();
-        entry.scalar = *std::move(value);
-        if (indent > 0) entries[*section].mapping.back().second = *entry.scalar;
+      } else if (value.IsMap()) {
+        // A section: its `name: value` pairs, and an entry of its own for each.
+        std::vector<Entry> children;
+        for (const auto& [child_key, child_value] : Pairs(value)) {
+          absl::StatusOr<std::string> name = Key(child_key, entry.path);
+          if (!name.ok()) return name.status();
+          Entry child;
+          child.path = absl::StrCat(entry.path, ".", *name);
+          child.line = Line(child_key);
+          if (child_value.IsNull())
+            return Error(child.line, absl::StrCat("'", child.path, "' has no value"));
+          if (child_value.IsScalar()) {
+            if (absl::Status list = CheckNotAList(child_value); !list.ok()) return list;
+            child.scalar = child_value.Scalar();
+            entry.mapping.emplace_back(*name, *child.scalar);
+          } else if (child_value.IsSequence()) {
+            absl::StatusOr<std::vector<std::string>> list = List(child_value, child.path);
+            if (!list.ok()) return list.status();
+            child.list = *std::move(list);
+          } else {
+            return Error(child.line, absl::StrCat("'", child.path,
+                                                  "' holds `key: value` lines, a level deeper "
+                                                  "than trainrun's keys go"));
+          }
+          children.push_back(std::move(child));
+        }
+        entries.push_back(std::move(entry));
+        for (Entry& child : children) entries.push_back(std::move(child));
+        continue;
       }
       entries.push_back(std::move(entry));
     }
     return entries;
   }
 
- private:
   std::string path_;
+  absl::string_view text_;
+  std::vector<absl::string_view> lines_;
 };
 
 std::optional<bool> ParseBool(const std::string& text) {
@@ -196,7 +300,8 @@ std::optional<bool> ParseBool(const std::string& text) {
   return std::nullopt;
 }
 
-// Splits a command written as one string, as a shell would split plain words and quotes.
+// Splits a command written as one string (or a block of lines), as a shell would split plain
+// words and quotes.
 std::vector<std::string> SplitCommand(const std::string& text) {
   std::vector<std::string> words;
   std::string word;
@@ -212,7 +317,7 @@ std::vector<std::string> SplitCommand(const std::string& text) {
     } else if (c == '\'' || c == '"') {
       quote = c;
       in_word = true;
-    } else if (c == ' ' || c == '\t') {
+    } else if (c == ' ' || c == '\t' || c == '\n') {
       if (in_word) words.push_back(std::move(word));
       word.clear();
       in_word = false;
@@ -228,8 +333,8 @@ std::vector<std::string> SplitCommand(const std::string& text) {
 }  // namespace
 
 absl::StatusOr<ConfigFile> ParseConfigFile(absl::string_view text, const std::string& path) {
-  Reader reader(path);
-  absl::StatusOr<std::vector<Entry>> entries = reader.Parse(text);
+  Reader reader(path, text);
+  absl::StatusOr<std::vector<Entry>> entries = reader.Parse();
   if (!entries.ok()) return entries.status();
   ConfigFile config;
   std::vector<std::string> hosts;

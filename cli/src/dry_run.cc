@@ -23,7 +23,11 @@ void PrintPerNode(const launcher::PerNodeSpec& node, std::ostream& out) {
                                    : absl::StrCat(node.endpoint_host, ":", node.endpoint_port);
   out << "per-node mode: this is node " << node.node_rank << " of " << node.nnodes << " (ranks "
       << node.node_rank * node.nproc_per_node << " to "
-      << (node.node_rank + 1) * node.nproc_per_node - 1 << "); "
+      << (node.node_rank + 1) * node.nproc_per_node - 1
+      << (node.node_rank == 0 ? ""
+                              : absl::StrCat(" when every node runs ", node.nproc_per_node,
+                                             "; node 0 numbers them once all have joined"))
+      << "); "
       << (node.node_rank == 0 ? absl::StrCat("the other nodes join it at port ", node.endpoint_port,
                                              ", where it then serves the rendezvous")
                               : absl::StrCat("it joins node 0 at ", endpoint))

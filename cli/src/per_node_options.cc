@@ -169,10 +169,24 @@ absl::StatusOr<PerNodeResult> MakePerNodeSpec(const PerNodeOptions& options,
   }
 
   launcher::PerNodeSpec spec;
-  if (!absl::SimpleAtoi(*options.nnodes, &spec.nnodes)) {
-    return Bad(absl::StrCat("--nnodes ", *options.nnodes,
-                            ": give one number of nodes (elastic ranges such as 1:4 are not "
-                            "supported)"));
+  // torchrun's elastic range MIN:MAX: one number when MIN and MAX agree (a PyTorchJob's
+  // PET_NNODES is "2:2" when it has an elastic policy).
+  std::string nnodes = *options.nnodes;
+  if (size_t colon = nnodes.find(':'); colon != std::string::npos) {
+    int low = 0, high = 0;
+    if (absl::SimpleAtoi(nnodes.substr(0, colon), &low) &&
+        absl::SimpleAtoi(nnodes.substr(colon + 1), &high) && low == high) {
+      nnodes = nnodes.substr(0, colon);
+    } else {
+      return Bad(absl::StrCat(
+          "--nnodes ", *options.nnodes,
+          ": give one number of nodes; per-node mode starts once every node has joined and "
+          "has no elastic range of nodes (an elastic job runs from one trainrun, with -H or "
+          "--host-discovery-script and --min-np)"));
+    }
+  }
+  if (!absl::SimpleAtoi(nnodes, &spec.nnodes)) {
+    return Bad(absl::StrCat("--nnodes ", *options.nnodes, ": give one number of nodes"));
   }
   if (spec.nnodes < 1 || spec.nnodes > 65536) {
     return Bad(absl::StrCat("--nnodes ", *options.nnodes, " must be from 1 to 65536"));
@@ -242,7 +256,7 @@ absl::StatusOr<PerNodeResult> MakePerNodeSpec(const PerNodeOptions& options,
   } else if (options.master_addr) {
     if (options.master_addr->empty()) return Bad("--master-addr is empty; give node 0's address");
     spec.endpoint_host = *options.master_addr;
-    if (options.master_port) spec.endpoint_port = *options.master_port;
+    if (options.master_port) spec.endpoint_port = spec.master_port = *options.master_port;
   } else {
     return Bad(absl::StrCat("--nnodes ", spec.nnodes,
                             " needs --rdzv-endpoint HOST:PORT (node 0's address; or --master-addr "
@@ -264,14 +278,7 @@ absl::StatusOr<PerNodeResult> MakePerNodeSpec(const PerNodeOptions& options,
 }
 
 absl::StatusOr<hostfile::SlotPlan> PerNodePlan(const launcher::PerNodeSpec& spec) {
-  std::vector<hostfile::HostSpec> hosts;
-  for (int node = 0; node < spec.nnodes; ++node) {
-    hostfile::HostSpec host;
-    host.host = node == 0 ? spec.endpoint_host : absl::StrCat("node", node);
-    host.slots = spec.nproc_per_node;
-    hosts.push_back(std::move(host));
-  }
-  return hostfile::PlanSlots(hosts, spec.nnodes * spec.nproc_per_node);
+  return launcher::PerNodeSlotPlan(spec, std::vector<int>(spec.nnodes, spec.nproc_per_node));
 }
 
 }  // namespace trainrun::cli

@@ -114,6 +114,9 @@ absl::StatusOr<JobEnvironment> JobEnvironment::Create(const LaunchSpec& spec,
   job.job_id_ = id->substr(0, kJobIdDigits);
   job.token_ = *std::move(token);
   job.master_port_ = *port;
+  // Per-node mode's --master-port is the port the ranks see (a firewall may open only that one).
+  if (spec.per_node && spec.per_node->master_port != 0)
+    job.master_port_ = spec.per_node->master_port;
   // The warning time trainrun acts on (a -x value of it included: MakeLaunchSpec read it there).
   job.forced_[env::kStallWarningSeconds.name] = absl::StrCat(spec.stall_warning.count());
   if (!job.forced_.count(env::kMonitorPeriodMs.name)) {

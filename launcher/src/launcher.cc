@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,67 @@ LaunchSpec WithElastic(const LaunchSpec& spec) {
   return elastic;
 }
 
+// MergeNamesOfOneMachine makes remote hosts whose agents say they are one machine (Hello.machine:
+// the same boot and network namespace; e.g. a name and an address of one host) one host, at the
+// first one's place with all their slots, so its ranks get one numbering of local ranks, as
+// MergeNamesOfThisMachine does for this machine's names before anything is reached; one line says
+// so. `agents[i]` is host `plan.remote_hosts[i]`; the agents of merged names are let go (their
+// ranks start through the first name's). False when no two agents are one machine.
+absl::StatusOr<bool> MergeNamesOfOneMachine(LaunchSpec& spec, const JobPlan& plan,
+                                            std::vector<remote::RemoteAgent>& agents) {
+  std::map<std::string, int> first;  // machine -> the host index of its first name
+  std::map<int, int> into;           // host index -> the host index it merges into
+  for (size_t i = 0; i < agents.size() && i < plan.remote_hosts.size(); ++i) {
+    const std::string& machine = agents[i].hello.machine;
+    if (machine.empty()) continue;
+    auto [it, fresh] = first.emplace(machine, plan.remote_hosts[i]);
+    if (!fresh) into[plan.remote_hosts[i]] = it->second;
+  }
+  if (into.empty()) return false;
+  std::vector<hostfile::HostSpec> hosts;
+  std::map<int, size_t> kept;  // old host index -> index in `hosts`
+  std::map<int, std::vector<std::string>> names;
+  for (int h = 0; h < static_cast<int>(spec.plan.hosts.size()); ++h) {
+    const hostfile::HostSpec& host = spec.plan.hosts[h];
+    auto merged = into.find(h);
+    if (merged == into.end()) {
+      kept[h] = hosts.size();
+      hosts.push_back(host);
+      continue;
+    }
+    hostfile::HostSpec& target = hosts[kept.at(merged->second)];
+    if (names[merged->second].empty()) names[merged->second].push_back(target.host);
+    names[merged->second].push_back(host.host);
+    target.slots += host.slots;
+    if (target.max_slots || host.max_slots) {
+      target.max_slots = target.max_slots.value_or(target.slots - host.slots) +
+                         host.max_slots.value_or(host.slots);
+    }
+  }
+  absl::StatusOr<hostfile::SlotPlan> replanned = hostfile::PlanSlots(hosts, spec.plan.size());
+  if (!replanned.ok()) return replanned.status();
+  for (const auto& [host, list] : names) {
+    Logger().info(
+        "{} are one machine (one boot and network namespace, as their agents say): one host with "
+        "{} slots, its local ranks numbered across them",
+        absl::StrJoin(list, ", "), hosts[kept.at(host)].slots);
+  }
+  spec.plan = *std::move(replanned);
+  // The agents of the hosts still planned, in their order; the others end as they are dropped.
+  std::vector<remote::RemoteAgent> remaining;
+  for (const hostfile::HostSpec& host : spec.plan.hosts) {
+    for (size_t i = 0; i < agents.size(); ++i) {
+      if (agents[i].stream && agents[i].host.host == host.host &&
+          !into.count(plan.remote_hosts[i])) {
+        remaining.push_back(std::move(agents[i]));
+        break;
+      }
+    }
+  }
+  agents = std::move(remaining);
+  return true;
+}
+
 struct Attempt {
   int exit_code = 0;
   bool interrupted = false;  // trainrun got SIGINT, SIGTERM or SIGHUP
@@ -86,18 +148,47 @@ struct Attempt {
 
 // RunOnce runs the job once: plan, reach the hosts, serve the rendezvous, start the ranks,
 // supervise them, summarize. A status is a failure before any rank started.
-absl::StatusOr<Attempt> RunOnce(const LaunchSpec& spec, OutputForwarder& output) {
+absl::StatusOr<Attempt> RunOnce(const LaunchSpec& given, OutputForwarder& output) {
   // --sync-dst-dir: DIR is the ranks' directory here too, so it is filled before the plan checks
   // it and the command in it.
-  if (spec.sync && RanksHere(spec)) {
-    if (absl::Status synced = SyncHere(spec); !synced.ok()) return synced;
+  if (given.sync && RanksHere(given)) {
+    if (absl::Status synced = SyncHere(given); !synced.ok()) return synced;
   }
-  absl::StatusOr<JobPlan> plan = PlanJob(spec);
+  absl::StatusOr<JobPlan> plan = PlanJob(given);
   if (!plan.ok()) return plan.status();
   // --start-timeout: one deadline, from the first connection to the last rank's start.
-  StartDeadline deadline = StartDeadline::From(spec.start_timeout);
-  absl::StatusOr<std::vector<remote::RemoteAgent>> agents = ReachHosts(spec, *plan, deadline);
+  StartDeadline deadline = StartDeadline::From(given.start_timeout);
+  absl::StatusOr<std::vector<remote::RemoteAgent>> agents = ReachHosts(given, *plan, deadline);
   if (!agents.ok()) return agents.status();
+  LaunchSpec spec = given;
+  if (given.per_node) {
+    // Per-node mode: each node said its --nproc-per-node as it joined; the job is planned again
+    // when they differ from node 0's (agents[i] is node i + 1).
+    std::vector<int> counts{given.per_node->nproc_per_node};
+    for (const remote::RemoteAgent& agent : *agents) counts.push_back(agent.stream->JoinedSlots());
+    bool differ = false;
+    for (int count : counts) differ = differ || count != given.per_node->nproc_per_node;
+    if (differ) {
+      absl::StatusOr<hostfile::SlotPlan> replanned = PerNodeSlotPlan(*given.per_node, counts);
+      if (!replanned.ok()) return replanned.status();
+      spec.plan = *std::move(replanned);
+      plan = PlanJob(spec);
+      if (!plan.ok()) return plan.status();
+      if (!spec.quiet) {
+        Logger().info("the nodes run {} ranks: {} in all, numbered by node",
+                      absl::StrJoin(counts, ", "), spec.plan.size());
+      }
+    }
+  } else if (!given.elastic) {
+    // (An elastic job's hosts keep their names: its discovery script's later runs are compared by
+    // name.)
+    absl::StatusOr<bool> merged = MergeNamesOfOneMachine(spec, *plan, *agents);
+    if (!merged.ok()) return merged.status();
+    if (*merged) {
+      plan = PlanJob(spec);
+      if (!plan.ok()) return plan.status();
+    }
+  }
   if (spec.sync) {
     // The copy's time is not the start's: the deadline moves by it.
     const auto before = std::chrono::steady_clock::now();

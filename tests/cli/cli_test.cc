@@ -174,11 +174,88 @@ TEST_CASE("config file: YAML outside the subset is one sentence with the line", 
         "f.yaml line 2: a list item with no key above it");
   CHECK(ParseConfigFile("# hosts\nx y\n", "f.yaml").status().message() ==
         "f.yaml line 2: 'x y' is not `key: value`");
-  CHECK(ParseConfigFile("params: {a: 1}\n", "f.yaml").status().message() ==
-        "f.yaml line 1: '{a: 1}' is YAML that trainrun's config files do not use; write a plain "
-        "value, a list or `key: value` lines");
   CHECK(ParseConfigFile("processes_per_host: 2\n", "f.yaml").status().message() ==
         "f.yaml line 1: processes_per_host needs hosts: in the same file");
+}
+
+TEST_CASE("config file: any YAML: anchors, merge keys, flow lists and mappings, quoting, comments",
+          "[cli][config]") {
+  auto config = ParseConfigFile(
+      "--- # a job file written with what YAML allows\n"
+      "hosts: &hosts [a, \"b:8\"]     # a flow list, an anchor\n"
+      "processes_per_host: &n 2\n"
+      "environment: {NAME: \"x # not a comment\", QUOTE: 'it''s', TAB: \"a\\tb\", PLAIN: a b}\n"
+      "params:\n"
+      "  <<: &tuned {cycle_time_ms: 5, cache_capacity: 10}   # a merge key\n"
+      "  cache_capacity: 20         # overrides the merged one\n"
+      "\n"
+      "stall_check:\n"
+      "  # a comment line inside a section\n"
+      "  warning_time_seconds: *n   # an alias\n"
+      "logging: {level: \"DEBUG\"}\n"
+      "command: [python3, 'train.py', \"--lr\", 0.1]\n",
+      "job.yaml");
+  INFO((config.ok() ? "" : std::string(config.status().message())));
+  REQUIRE(config.ok());
+  CHECK(config->flags == Flags{{"-x", "NAME=x # not a comment"},
+                               {"-x", "QUOTE=it's"},
+                               {"-x", "TAB=a\tb"},
+                               {"-x", "PLAIN=a b"},
+                               {"--cycle-time-ms", "5"},
+                               {"--cache-capacity", "20"},
+                               {"--stall-check-warning-time-seconds", "2"},
+                               {"--log-level", "debug"},
+                               {"--hosts", "a:2,b:8"}});
+  CHECK(config->command == Words{"python3", "train.py", "--lr", "0.1"});
+
+  // A merge key at the top, a block scalar for the command, a list of hosts under an alias.
+  auto merged = ParseConfigFile(
+      "<<: &job {num_proc: 4, command: echo no}\n"
+      "num_proc: 3\n"
+      "command: >\n"
+      "  sh -c\n"
+      "  'echo $RANK'\n",
+      "job.yaml");
+  INFO((merged.ok() ? "" : std::string(merged.status().message())));
+  REQUIRE(merged.ok());
+  CHECK(merged->flags == Flags{{"--num-proc", "3"}});
+  CHECK(merged->command == Words{"sh", "-c", "echo $RANK"});
+  // An empty file, or one of comments, sets nothing.
+  CHECK(ParseConfigFile("# nothing yet\n", "f.yaml")->flags.empty());
+  CHECK(ParseConfigFile("", "f.yaml")->command.empty());
+}
+
+TEST_CASE("config file: a bad YAML file is one sentence with its line", "[cli][config]") {
+  CHECK(ParseConfigFile("hosts: [a, b\nnum_proc: 2\n", "f.yaml").status().message() ==
+        "f.yaml line 2, column 9: not valid YAML: end of sequence flow not found");
+  CHECK(ParseConfigFile("num_proc: *count\n", "f.yaml").status().message() ==
+        "f.yaml line 1, column 11: not valid YAML: the referenced anchor is not defined");
+  CHECK(ParseConfigFile("environment:\n  A: \"\\q\"\n", "f.yaml").status().message() ==
+        "f.yaml line 2, column 9: not valid YAML: unknown escape character: q");
+  CHECK(ParseConfigFile("params: {a: 1}\n", "f.yaml").status().message() ==
+        "f.yaml line 1: 'params.a' is not a key trainrun knows (horovodrun's params, autotune, "
+        "timeline, stall_check, library_options and logging keys, or a job file's hosts, "
+        "processes_per_host, num_proc, environment, command)");
+  CHECK(ParseConfigFile("params:\n  cycle_time_ms:\n    deep: 1\n", "f.yaml").status().message() ==
+        "f.yaml line 2: 'params.cycle_time_ms' holds `key: value` lines, a level deeper than "
+        "trainrun's keys go");
+  CHECK(ParseConfigFile("hosts: [a, [b]]\n", "f.yaml").status().message() ==
+        "f.yaml line 1: 'hosts' is a list whose items are lists or `key: value`; write one plain "
+        "value per item");
+  CHECK(ParseConfigFile("- a\n- b\n", "f.yaml").status().message() ==
+        "f.yaml line 1: the file is a list; write `key: value` lines");
+  CHECK(ParseConfigFile("num_proc: 1\n---\nnum_proc: 2\n", "f.yaml").status().message() ==
+        "f.yaml line 2: a second YAML document (after ---); a config file holds one");
+  // yaml-cpp 0.7 alone would read documents after a stray ',' for ever.
+  CHECK(ParseConfigFile("- a\n- b\n,\n", "f.yaml").status().message() ==
+        "f.yaml line 3, column 1: not valid YAML: ',' is out of place here");
+  CHECK(ParseConfigFile(",", "f.yaml").status().message() ==
+        "f.yaml line 1, column 1: not valid YAML: ',' is out of place here");
+  CHECK(ParseConfigFile("? [a]\n: 1\n", "f.yaml").status().message() ==
+        "f.yaml line 1: a key is not a name; write `name: value`");
+  std::string deep(3000, '[');
+  CHECK(ParseConfigFile("hosts: " + deep + "\n", "f.yaml").status().message() ==
+        "f.yaml line 2: the YAML nests too deep (over 2000 levels)");
 }
 
 }  // namespace

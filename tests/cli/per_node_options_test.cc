@@ -86,6 +86,27 @@ TEST_CASE_METHOD(PerNodeApp, "per-node mode: underscore spellings and --master-a
   CHECK(spec->per_node->endpoint_port == 1234);
   CHECK(spec->per_node->rdzv_id == "job7");
   CHECK(spec->plan.size() == 6);
+  // --master-port is also the MASTER_PORT the ranks see; --rdzv-endpoint's port is not.
+  CHECK(spec->per_node->master_port == 1234);
+  CHECK(spec->plan.ranks[5].local_rank == 1);
+}
+
+TEST_CASE_METHOD(PerNodeApp,
+                 "per-node mode: --nnodes N:N is N nodes, the endpoint's port is no MASTER_PORT",
+                 "[cli][per_node]") {
+  auto spec = Spec({"--nnodes", "2:2", "--node-rank", "1", "--rdzv-endpoint", "head:29500",
+                    "--nproc-per-node", "3", "prog"});
+  INFO((spec.ok() ? "" : std::string(spec.status().message())));
+  REQUIRE(spec.ok());
+  CHECK(spec->per_node->nnodes == 2);
+  CHECK(spec->per_node->master_port == 0);
+  CHECK(Error({"--nnodes", "1:4", "--node-rank", "0", "--rdzv-endpoint", "h:1", "--nproc-per-node",
+               "1", "prog"}) ==
+        "--nnodes 1:4: give one number of nodes; per-node mode starts once every node has joined "
+        "and has no elastic range of nodes (an elastic job runs from one trainrun, with -H or "
+        "--host-discovery-script and --min-np)");
+  CHECK(Error({"--nnodes", "two", "--node-rank", "0", "--rdzv-endpoint", "h:1", "--nproc-per-node",
+               "1", "prog"}) == "--nnodes two: give one number of nodes");
 }
 
 TEST_CASE_METHOD(PerNodeApp,
@@ -203,8 +224,10 @@ TEST_CASE_METHOD(PerNodeApp, "per-node mode: the dry run says which node this is
   std::ostringstream out;
   PrintPlan(*spec, out);
   CHECK_THAT(out.str(), Catch::Contains("node1     3     1           1           true"));
-  CHECK_THAT(out.str(), Catch::Contains("per-node mode: this is node 1 of 2 (ranks 2 to 3); it "
-                                        "joins node 0 at 10.0.0.1:29500"));
+  CHECK_THAT(out.str(),
+             Catch::Contains("per-node mode: this is node 1 of 2 (ranks 2 to 3 when every "
+                             "node runs 2; node 0 numbers them once all have joined); "
+                             "it joins node 0 at 10.0.0.1:29500"));
 }
 
 }  // namespace

@@ -355,6 +355,30 @@ command: sh -c 'echo $GREETING $RANK of $WORLD_SIZE'
   CHECK(overridden.out == "[0]<stdout>:hi\n");
 }
 
+TEST_CASE("config-file: anchors, merge keys, flow mappings and block scalars run a job",
+          "[integration][flags][config]") {
+  TempDir dir;
+  std::ofstream(dir.path() + "/job.yaml") << R"(--- # YAML beyond plain `key: value` lines
+<<: &job {num_proc: 2}
+environment: {GREETING: &hi "hello, there", ECHO: *hi}
+stall_check: {warning_time_seconds: 90}
+command: >-
+  sh -c 'echo "$GREETING|$ECHO|$TRAINRUN_STALL_CHECK_TIME_SECONDS"'
+)";
+  JobResult job = RunJob("-q --config-file job.yaml", "cd " + dir.path());
+  INFO(job.out << job.err);
+  CHECK(job.exit_code == 0);
+  CHECK(job.out.find("[0]<stdout>:hello, there|hello, there|90\n") != std::string::npos);
+  CHECK(job.out.find("[1]<stdout>:hello, there|hello, there|90\n") != std::string::npos);
+  // A file yaml-cpp refuses: the file, the line and column, and why.
+  std::ofstream(dir.path() + "/broken.yaml") << "hosts: [a, b\nnum_proc: 2\n";
+  JobResult broken = RunJob("--config-file broken.yaml -np 1 true", "cd " + dir.path());
+  CHECK(broken.exit_code == 2);
+  CHECK(broken.err ==
+        "trainrun: error: broken.yaml line 2, column 9: not valid YAML: end of sequence flow not "
+        "found\n");
+}
+
 TEST_CASE("config-file: horovodrun's keys act as its flags, and the command line wins",
           "[integration][flags][config]") {
   TempDir dir;

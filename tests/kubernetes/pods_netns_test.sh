@@ -2,7 +2,9 @@
 # A Kubeflow PyTorchJob's pods, faked: two network namespaces, each running `trainrun COMMAND` with
 # no flags and only the variables the training operator gives a pod (torchrun's PET_* in one run,
 # the older MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK in the other), in a clean environment.
-# Each run is a checked allreduce across both pods, and both pods end with status 0.
+# Each run is a checked allreduce across both pods, and both pods end with status 0. Then: pods
+# with unequal PET_NPROC_PER_NODE (2 and 1: 3 ranks, numbered by pod), whose ranks see
+# PET_MASTER_PORT as MASTER_PORT and rank 0 can listen there (PyTorch's TCPStore does).
 # Usage: pods_netns_test.sh TRAINRUN ALLREDUCE_PERF      (root; exit 77 without it)
 set -uo pipefail
 trainrun=$1 perf=$2
@@ -39,7 +41,9 @@ for i in 0 1; do
 done
 
 # pods NAME VARIABLES-OF-POD-0 -- VARIABLES-OF-POD-1: both pods at once, each `trainrun perf ...`
-# in `env -i` with only PATH, HOME and its variables; their outputs in NAME.0 and NAME.1.
+# (or `trainrun "${pod_command[@]}"` when that is set) in `env -i` with only PATH, HOME and its
+# variables; their outputs in NAME.0 and NAME.1.
+pod_command=()
 pods() {
   local name=$1
   shift
@@ -50,16 +54,20 @@ pods() {
   local -a pids=()
   for i in 0 1; do
     local -n vars=vars$i
+    local -a command=("$perf" -b 1M -e 1M -n 5 -c 1)
+    ((${#pod_command[@]})) && command=("${pod_command[@]}")
     timeout 90 ip netns exec "${pods[$i]}" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
-      "${vars[@]}" "$trainrun" "$perf" -b 1M -e 1M -n 5 -c 1 >"$work/$name.$i" 2>&1 &
+      "${vars[@]}" "$trainrun" "${command[@]}" >"$work/$name.$i" 2>&1 &
     pids+=($!)
   done
   local status=0
   for i in 0 1; do
     wait "${pids[$i]}" || { status=$?; fail "$name: pod $i exited $status: $(cat "$work/$name.$i")"; }
   done
-  grep -Eq '^\[0\]<stdout>: +1048576 .* 0$' "$work/$name.0" ||
-    fail "$name: pod 0 printed no checked 1 MiB row with 0 wrong: $(cat "$work/$name.0")"
+  if ((${#pod_command[@]} == 0)); then
+    grep -Eq '^\[0\]<stdout>: +1048576 .* 0$' "$work/$name.0" ||
+      fail "$name: pod 0 printed no checked 1 MiB row with 0 wrong: $(cat "$work/$name.0")"
+  fi
   tail -2 "$work/$name.0"
 }
 
@@ -74,6 +82,37 @@ pods operator MASTER_ADDR="${addr[0]}" MASTER_PORT=23457 WORLD_SIZE=2 RANK=0 -- 
   MASTER_ADDR="${addr[0]}" MASTER_PORT=23457 WORLD_SIZE=2 RANK=1
 grep -q '2 ranks on 2 hosts' "$work/operator.0" ||
   fail "operator variables: not 2 ranks on 2 hosts: $(cat "$work/operator.0")"
+
+echo "== unequal PET_NPROC_PER_NODE: pod 0 runs 2 ranks, pod 1 runs 1"
+pods unequal PET_NNODES=2 PET_NPROC_PER_NODE=2 PET_NODE_RANK=0 PET_MASTER_ADDR="${addr[0]}" \
+  PET_MASTER_PORT=23458 -- \
+  PET_NNODES=2 PET_NPROC_PER_NODE=1 PET_NODE_RANK=1 PET_MASTER_ADDR="${addr[0]}" PET_MASTER_PORT=23458
+grep -q '3 ranks on 2 hosts' "$work/unequal.0" ||
+  fail "unequal: not 3 ranks on 2 hosts: $(cat "$work/unequal.0")"
+
+echo "== MASTER_PORT is PET_MASTER_PORT, rank 0 listens there; ranks numbered across unequal pods"
+# Each rank says its place and MASTER_PORT; rank 0 first listens on MASTER_PORT at MASTER_ADDR
+# with SO_REUSEADDR, as PyTorch's TCPStore does (node 0's join port must have made way for it).
+pod_command=(python3 -c '
+import os, socket
+e = os.environ
+if e["RANK"] == "0":
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((e["MASTER_ADDR"], int(e["MASTER_PORT"])))
+    s.listen()
+print("rank", e["RANK"], "local", e["LOCAL_RANK"], "of", e["LOCAL_WORLD_SIZE"], "world",
+      e["WORLD_SIZE"], "node", e["GROUP_RANK"], "port", e["MASTER_PORT"])
+')
+pods port PET_NNODES=2 PET_NPROC_PER_NODE=2 PET_NODE_RANK=0 PET_MASTER_ADDR="${addr[0]}" \
+  PET_MASTER_PORT=23459 -- \
+  PET_NNODES=2 PET_NPROC_PER_NODE=1 PET_NODE_RANK=1 PET_MASTER_ADDR="${addr[0]}" PET_MASTER_PORT=23459
+for line in '[0]<stdout>:rank 0 local 0 of 2 world 3 node 0 port 23459' \
+            '[1]<stdout>:rank 1 local 1 of 2 world 3 node 0 port 23459' \
+            '[2]<stdout>:rank 2 local 0 of 1 world 3 node 1 port 23459'; do
+  grep -qxF "$line" "$work/port.0" || fail "port: no line '$line': $(cat "$work/port.0")"
+done
+pod_command=()
 
 echo "pods: $failures failures"
 ((failures == 0))

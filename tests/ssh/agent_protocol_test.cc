@@ -80,6 +80,24 @@ TEST_CASE("agent protocol: the Hello carries the trainrun release; a version 2 H
   CHECK(hello->release.empty());
 }
 
+TEST_CASE("agent protocol: the Hello carries the machine; an earlier version 4 Hello has none",
+          "[ssh]") {
+  auto frame = [](const Hello& hello) { return EncodeHello(hello).substr(5); };
+  Hello sent{kProtocolVersion, "h1", 7, "10.0.0.1", 4, "0.9.1"};
+  sent.machine = "0f1e boot net:[4026531840]";
+  auto hello = DecodeHello(frame(sent));
+  REQUIRE(hello.ok());
+  CHECK(hello->machine == "0f1e boot net:[4026531840]");
+  CHECK(hello->release == "0.9.1");
+  // Before the machine was added, version 4's Hello ended with the release.
+  std::string earlier = frame({kProtocolVersion, "h1", 7, "10.0.0.1", 4, "0.9.1"});
+  earlier.resize(earlier.size() - 4);
+  hello = DecodeHello(earlier);
+  REQUIRE(hello.ok());
+  CHECK(hello->machine.empty());
+  CHECK(hello->release == "0.9.1");
+}
+
 TEST_CASE("agent protocol: frames split at every byte and joined", "[ssh]") {
   std::string stream = EncodeHello({kProtocolVersion, "h1", 42, "10.0.0.1", 8, "0.1.0"}) +
                        EncodeOutput({1, 1, std::string("a\0b\r\n", 5)}) + EncodeExit({1, 0, 9, 0}) +

@@ -396,6 +396,40 @@ TEST_CASE("multihost: an ~/.ssh/config alias reaches the workers as the address 
   CHECK(cluster.HostsEmptyWithin());
 }
 
+TEST_CASE("multihost: two names of one remote host are one host, its local ranks numbered across",
+          "[ssh][netns][alias]") {
+  if (!CanUseNetns()) {
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  // Host 0 gets a second address: worker1 (an ~/.ssh/config name) and 10.213.1.111 are one machine
+  // that no comparison of names or addresses could tell; its agents' Hellos can.
+  const std::string second = "10.213.1.111";
+  REQUIRE(RunCommand(
+              {"ip", "-n", cluster.host_ns(0), "addr", "add", second + "/24", "dev", "eth0"}) == 0);
+  WriteScript(world.ssh_dir() + "/config",
+              absl::StrCat("Host worker1\n  HostName ", cluster.host_address(0), "\n"));
+  std::string out;
+  int status = RunTrainrun(
+      world, cluster,
+      {"-np", "3", "-H", absl::StrCat("worker1:1,", second, ":1,", cluster.host_address(1), ":1"),
+       "sh", "-c",
+       "echo rank=$RANK local=$LOCAL_RANK of $LOCAL_WORLD_SIZE host=$TRAINRUN_HOSTNAME"},
+      &out);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK(out.find("trainrun: info: worker1, " + second +
+                 " are one machine (one boot and network namespace, as their agents say): one host "
+                 "with 2 slots, its local ranks numbered across them\n") != std::string::npos);
+  CHECK(out.find("[0]<stdout>:rank=0 local=0 of 2 host=worker1\n") != std::string::npos);
+  CHECK(out.find("[1]<stdout>:rank=1 local=1 of 2 host=worker1\n") != std::string::npos);
+  CHECK(out.find("[2]<stdout>:rank=2 local=0 of 1 host=" + cluster.host_address(1) + "\n") !=
+        std::string::npos);
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
+}
+
 TEST_CASE("multihost: a remote host's ranks get GPUs by that host's count, from its agent",
           "[ssh][netns][gpus]") {
   if (!CanUseNetns()) {

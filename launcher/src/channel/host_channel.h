@@ -67,6 +67,9 @@ class HostStream {
   // a name only this machine can resolve, such as an ~/.ssh/config alias, never reaches the
   // workers); "" when unknown.
   virtual std::string RemoteAddress() const = 0;
+  // JoinedSlots is, for a node that joined per-node mode's node 0 (nodes/), the ranks it said it
+  // runs (its --nproc-per-node); 0 for a host trainrun reached itself.
+  virtual int JoinedSlots() const { return 0; }
 
  protected:
   HostStream() = default;

@@ -234,11 +234,13 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
           admission.Closed(ids[i - 1]);
         } else if (taken == Taken::kTooLong) {
           admission.Closed(ids[i - 1], rendezvous::Admission::Reason::kTooManyBytes);
-        } else if (Answer(std::move(connection), line, joined, admission, ids[i - 1], on_stream)) {
+        } else if (Answer(std::move(connection), line, joined, admission, ids[i - 1], on_stream,
+                          arrived + 1 == count ? &*listener : nullptr)) {
           all_joined_ = ++arrived == count;
         }
       }
       for (uint64_t late : admission.Expired(now)) drop(late);
+      if (arrived == count && !*listener) return;  // the port went to the ranks' MASTER_PORT
     }
     if (arrived == count || stop_) return;
     std::vector<std::string> missing;
@@ -278,9 +280,12 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
   }
 
   // Answer checks one join request and answers it; true when node `request.node_rank` joined.
+  // `listener`, given for the last node to join, is closed before its stream is handed on when
+  // the join port is also the ranks' MASTER_PORT (--master-addr with --master-port), so that rank
+  // 0 may listen there; a node started twice then finds no join port rather than a refusal.
   bool Answer(Pending connection, const std::string& line, std::vector<bool>& joined,
               rendezvous::Admission& admission, uint64_t id,
-              const channel::StreamCallback& on_stream) {
+              const channel::StreamCallback& on_stream, posix::UniqueFd* listener) {
     absl::StatusOr<JoinRequest> request = DecodeJoinRequest(line);
     const bool proved =
         request.ok() && !spec_.token.empty() &&
@@ -314,13 +319,16 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
     }
     const int node = request->node_rank;
     absl::StatusOr<std::unique_ptr<SocketStream>> stream = SocketStream::Create(
-        std::move(connection.fd), absl::StrCat("node ", node), shared_from_this());
+        std::move(connection.fd), absl::StrCat("node ", node), shared_from_this(), request->nproc);
     if (!stream.ok()) {
       on_stream(node - 1, stream.status());
       return false;
     }
     joined[node] = true;
     Logger().debug("per-node join: node {} joined from {}", node, connection.from);
+    if (listener != nullptr && spec_.master_port != 0 && spec_.master_port == spec_.endpoint_port) {
+      listener->Reset();
+    }
     on_stream(node - 1, std::unique_ptr<channel::HostStream>(*std::move(stream)));
     return true;
   }
@@ -460,10 +468,9 @@ absl::Status CheckJoin(const PerNodeSpec& spec, const std::string& challenge,
                                                  " of this job has already joined; give each "
                                                  "node its own --node-rank"));
   }
-  if (request.nproc != spec.nproc_per_node) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("its --nproc-per-node ", request.nproc, " differs from node 0's ",
-                     spec.nproc_per_node, "; every node runs the same count of ranks"));
+  if (request.nproc < 1 || request.nproc > hostfile::kMaxSlotsPerHost) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "its --nproc-per-node ", request.nproc, " is not from 1 to ", hostfile::kMaxSlotsPerHost));
   }
   return absl::OkStatus();
 }

@@ -36,8 +36,10 @@ std::string NumericAddress(int fd, bool peer) {
   return text;
 }
 
-absl::StatusOr<std::unique_ptr<SocketStream>> SocketStream::Create(
-    posix::UniqueFd fd, std::string name, std::shared_ptr<void> keep_alive) {
+absl::StatusOr<std::unique_ptr<SocketStream>> SocketStream::Create(posix::UniqueFd fd,
+                                                                   std::string name,
+                                                                   std::shared_ptr<void> keep_alive,
+                                                                   int joined_slots) {
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) {
     return absl::InternalError(absl::StrCat("cannot make a pipe: ", std::strerror(errno)));
@@ -46,6 +48,7 @@ absl::StatusOr<std::unique_ptr<SocketStream>> SocketStream::Create(
   std::unique_ptr<SocketStream> stream(new SocketStream(
       std::move(fd), posix::UniqueFd(pipe_fds[0]), posix::UniqueFd(pipe_fds[1]), std::move(name)));
   stream->keep_alive_ = std::move(keep_alive);
+  stream->joined_slots_ = joined_slots;
   return stream;
 }
 

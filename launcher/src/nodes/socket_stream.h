@@ -20,9 +20,10 @@ class SocketStream : public channel::HostStream {
  public:
   // Takes the connected socket `fd`; `name` names the other side in errors ("node 1").
   // `keep_alive` is held as long as the stream (node 0's join port, which stays open while any
-  // joined node's stream lives).
+  // joined node's stream lives); `joined_slots` is the joined node's --nproc-per-node.
   static absl::StatusOr<std::unique_ptr<SocketStream>> Create(
-      posix::UniqueFd fd, std::string name, std::shared_ptr<void> keep_alive = nullptr);
+      posix::UniqueFd fd, std::string name, std::shared_ptr<void> keep_alive = nullptr,
+      int joined_slots = 0);
 
   absl::Status Write(absl::string_view data, absl::Duration timeout) override;
   absl::StatusOr<size_t> Read(char* buffer, size_t size, absl::Duration timeout) override;
@@ -31,6 +32,7 @@ class SocketStream : public channel::HostStream {
   absl::Status EndStatus() override;
   std::string LocalAddress() const override;
   std::string RemoteAddress() const override;
+  int JoinedSlots() const override { return joined_slots_; }
 
  private:
   SocketStream(posix::UniqueFd fd, posix::UniqueFd wake_read, posix::UniqueFd wake_write,
@@ -42,6 +44,7 @@ class SocketStream : public channel::HostStream {
   posix::UniqueFd wake_write_;
   const std::string name_;
   std::atomic<bool> interrupted_{false};
+  int joined_slots_ = 0;
   absl::Status end_;
 };
 

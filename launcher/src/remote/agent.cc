@@ -10,6 +10,7 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -72,6 +73,24 @@ std::string Hostname() {
   return name;
 }
 
+// MachineIdentity is this boot of this machine's kernel and the network namespace the agent runs
+// in ("<boot id> net:[<inode>]"): the same for two names of one machine, different for two
+// containers (or test namespaces) on one kernel, which trainrun treats as hosts of their own.
+// "" when either cannot be read.
+std::string MachineIdentity() {
+  char boot[64] = {};
+  FILE* file = std::fopen("/proc/sys/kernel/random/boot_id", "re");
+  if (file == nullptr) return "";
+  const bool read = std::fgets(boot, sizeof boot, file) != nullptr;
+  std::fclose(file);
+  char net[64] = {};
+  const ssize_t length = ::readlink("/proc/self/ns/net", net, sizeof net - 1);
+  if (!read || length <= 0) return "";
+  std::string id(boot);
+  while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+  return absl::StrCat(id, " ", absl::string_view(net, static_cast<size_t>(length)));
+}
+
 class Agent {
  public:
   Agent(std::string release, const AgentOptions& options)
@@ -86,6 +105,7 @@ class Agent {
     Hello hello;
     hello.release = release_;
     hello.hostname = Hostname();
+    hello.machine = MachineIdentity();
     hello.pid = static_cast<uint32_t>(::getpid());
     hello.gpu_count = static_cast<uint32_t>(CountHostGpus());
     if (std::optional<std::string> connection =

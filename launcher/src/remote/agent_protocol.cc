@@ -101,6 +101,7 @@ std::string EncodeHello(const Hello& h) {
   w.U32(h.version).Bytes(h.hostname).U32(h.pid).Bytes(h.ssh_client_address).U32(h.gpu_count);
   // A Hello is written as its version has it (tests make older agents' Hellos so).
   if (h.version >= 3) w.Bytes(h.release);
+  if (h.version >= 4) w.Bytes(h.machine);
   return EncodeFrame(MessageType::kHello, w.Take());
 }
 
@@ -224,6 +225,7 @@ absl::StatusOr<Hello> DecodeHello(absl::string_view payload) {
   // Version 1 ended here; its Hello still decodes, so that the version check can say what to do.
   if (h.version >= 2) h.gpu_count = r.U32();
   if (h.version >= 3) h.release = r.Bytes();
+  if (h.version >= 4 && !r.AtEnd()) h.machine = r.Bytes();
   return r.Finish(h, "Hello");
 }
 

@@ -37,7 +37,8 @@ namespace trainrun::launcher::remote {
 
 // Bumped when a message changes meaning; the launcher refuses an agent of another version.
 // 2: Hello carries gpu_count. 3: Hello carries the agent's trainrun release. 4: Job carries
-// bind_to, Started the rank's binding. 5: the Sync messages (an older agent would not answer them).
+// bind_to, Started the rank's binding. 5: the Sync messages (an older agent would not answer them),
+// and Hello's machine.
 inline constexpr uint32_t kProtocolVersion = 5;
 // Frames larger than this are a protocol error (output comes in pieces far below it).
 inline constexpr uint32_t kMaxFrameBytes = 64u << 20;
@@ -71,6 +72,9 @@ struct Hello {
   std::string ssh_client_address;  // first word of SSH_CONNECTION: how the host sees the launcher
   uint32_t gpu_count = 0;          // the host's GPUs (CountHostGpus), for CUDA_VISIBLE_DEVICES
   std::string release;             // the agent's trainrun release ("0.1.0"); "" before version 3
+  // The host's boot and network namespace ("<boot id> net:[<inode>]"): two names of one machine
+  // give the same. At Hello's end ("" when absent, as from a version 4 agent).
+  std::string machine;
 };
 
 // TrainrunRelease is this build's release, as `trainrun --version` prints it ("0.1.0").

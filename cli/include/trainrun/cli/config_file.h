@@ -15,9 +15,10 @@
 //   stall_check:
 //     warning_time_seconds: 120
 //
-// The YAML read is the subset these files use: `key: value` at the top and one level below, block
-// lists (`- item`) and flow lists (`[a, b]`), plain, 'single' and "double" quoted scalars, and
-// `#` comments. Anything else is an error naming the file and the line.
+// The file is read by yaml-cpp, so any YAML does: comments, quoting, block and flow lists and
+// mappings, anchors and aliases, merge keys (`<<: *defaults`). trainrun's keys go two levels deep
+// (`section: {key: value}`); a value deeper than that, or YAML yaml-cpp refuses, is an error
+// naming the file and the line.
 #pragma once
 
 #include <string>
@@ -39,7 +40,7 @@ struct ConfigFile {
 
 // ParseConfigFile reads `text`, the contents of the file named `path` (for messages). Errors
 // (InvalidArgument, one sentence naming the file, the line and the key): an unknown key, a value of
-// the wrong kind, YAML outside the subset above, `controller: mpi`.
+// the wrong kind, invalid YAML (with yaml-cpp's column and reason), `controller: mpi`.
 absl::StatusOr<ConfigFile> ParseConfigFile(absl::string_view text, const std::string& path);
 
 // ReadConfigFile reads and parses the file at `path`; a file that cannot be read is an

@@ -36,9 +36,9 @@ struct HostView {
 class JobEnvironment {
  public:
   // Create draws the job id and a fresh random token (from /dev/urandom) and a free port for
-  // MASTER_PORT. `base` is the environment passed on to workers (normally CurrentEnvironment()).
-  // Fails when -x names a variable that is neither given a value nor set in `base`, or when
-  // /dev/urandom cannot be read.
+  // MASTER_PORT (per-node mode's --master-port when given). `base` is the environment passed on to
+  // workers (normally CurrentEnvironment()). Fails when -x names a variable that is neither given a
+  // value nor set in `base`, or when /dev/urandom cannot be read.
   static absl::StatusOr<JobEnvironment> Create(const LaunchSpec& spec,
                                                const std::vector<std::string>& base);
 

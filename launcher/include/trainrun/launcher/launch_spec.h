@@ -96,12 +96,17 @@ inline constexpr char kDefaultRdzvId[] = "none";
 // PerNodeSpec is per-node mode: trainrun started once on each node (`--nnodes 2 --node-rank K
 // --rdzv-endpoint HOST:PORT --nproc-per-node N`). Node 0's trainrun is the job's launcher: it
 // listens at the endpoint's port, where the other nodes' trainruns dial in and serve as its agents
-// (launcher/src/nodes/), then serves the job's rendezvous there. Every node runs the same count of
-// ranks; ranks are numbered by node rank, then local rank.
+// (launcher/src/nodes/), then serves the job's rendezvous there. Each node runs its own
+// --nproc-per-node ranks (nodes may differ: node 0 plans the job once every node has joined and
+// said its count); ranks are numbered by node rank, then local rank.
 struct PerNodeSpec {
   int nnodes = 1;
   int node_rank = 0;
-  int nproc_per_node = 1;
+  int nproc_per_node = 1;  // this node's ranks
+  // --master-port (PET_MASTER_PORT, the operator's MASTER_PORT): the MASTER_PORT every rank sees;
+  // 0: a free port of node 0. When it is also the join port (--master-addr with --master-port),
+  // node 0 closes the join port once every node has joined, so that rank 0 may listen there.
+  int master_port = 0;
   std::string endpoint_host;  // node 0 as every node dials it (--rdzv-endpoint, --master-addr)
   int endpoint_port = kDefaultRdzvPort;
   std::string rdzv_id = kDefaultRdzvId;  // must be the same on every node
@@ -109,6 +114,11 @@ struct PerNodeSpec {
   // "": any node that reaches the endpoint is accepted, as with torchrun.
   std::string token;
 };
+
+// PerNodeSlotPlan is per-node mode's whole plan: host 0 is node 0 (named by the endpoint's host),
+// host K is "node<K>", with counts[K] slots each (launcher/src/nodes/per_node_plan.cc).
+absl::StatusOr<hostfile::SlotPlan> PerNodeSlotPlan(const PerNodeSpec& spec,
+                                                   const std::vector<int>& counts);
 
 // ExportedVariable is one `-x NAME` (value taken from trainrun's environment) or `-x NAME=value`.
 struct ExportedVariable {
