@@ -48,7 +48,7 @@ TEST_CASE("discovery: garbage is one sentence naming the script and the line",
         std::string::npos);
 }
 
-TEST_CASE("discovery: the script is run; a failing one is named with its code",
+TEST_CASE("discovery: the script is run, a failing one is named with its code",
           "[launcher][discovery][elastic]") {
   auto hosts = RunDiscoveryScript("printf 'x:2\\ny\\n'", 3);
   REQUIRE(hosts.ok());

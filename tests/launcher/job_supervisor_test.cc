@@ -561,7 +561,7 @@ TEST_CASE("elastic: a remote host lost while its ranks were pending is no change
   CHECK(f.supervisor.ElasticSummary().empty());
 }
 
-TEST_CASE("elastic: a member that finishes gives up the pending ranks; no growth then",
+TEST_CASE("elastic: a member that finishes gives up the pending ranks, no growth then",
           "[launcher][supervisor][elastic]") {
   ElasticFixture f(2, 2);
   const std::vector<int> added = GrowPlan(f.plan, "b", 2);

@@ -2,7 +2,7 @@
 // real jobs through this instead of the `trainrun` binary, which the cli module builds.
 //
 //   launch_driver [-np N] [-H host:slots,...] [--no-tag] [--no-pty] [--timestamp] [--oversubscribe]
-//   [--output-filename DIR]
+//   [--quiet] [--output-filename DIR]
 //                 [--grace-ms MS] [-x NAME[=VALUE]]... [--verbose] COMMAND ARGS...
 #include <cstdio>
 #include <cstdlib>
@@ -71,6 +71,8 @@ int main(int argc, char** argv) {
       spec.tag_output = false;
     } else if (arg == "--no-pty") {
       spec.stdout_pty = false;
+    } else if (arg == "--quiet") {
+      spec.quiet = true;
     } else if (arg == "--oversubscribe") {
       spec.oversubscribe = true;
     } else if (arg == "--timestamp") {

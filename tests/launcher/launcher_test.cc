@@ -226,10 +226,11 @@ TEST_CASE("each job gets a fresh token, and OMP_NUM_THREADS set by the user is k
   CHECK(ea[1]["OMP_NUM_THREADS"] == "7");
 }
 
-TEST_CASE("output is tagged per line; partial last lines, \\r and non-UTF-8 bytes pass",
+TEST_CASE("output is tagged per line, and partial last lines, CRs and non-UTF-8 bytes pass",
           "[launcher]") {
-  Driver driver(
-      {"-np", "1", "sh", "-c", R"(printf 'one\ntwo'; printf 'bar \r50%%\r100%%\377\n' >&2)"});
+  // --quiet: the rank's bytes alone on stderr (no start line, which may come before or after them).
+  Driver driver({"--quiet", "-np", "1", "sh", "-c",
+                 R"(printf 'one\ntwo'; printf 'bar \r50%%\r100%%\377\n' >&2)"});
   REQUIRE(driver.Wait() == 0);
   CHECK(driver.Out() == "[0]<stdout>:one\n[0]<stdout>:two\n");
   CHECK(driver.Err() == "[0]<stderr>:bar \r50%\r100%\377\n");
@@ -536,10 +537,11 @@ TEST_CASE("with --no-pty a rank gets a pipe: C stdio then holds its lines until 
   CHECK(out == "[0]<stdout>:step 1 isatty=0\n[0]<stdout>:step 2\n");
 }
 
-TEST_CASE("a pty changes no byte: \\n stays \\n, no echo of stdin, stdout closed early",
+TEST_CASE("a pty changes no byte: LF stays LF, no echo of stdin, stdout closed early",
           "[launcher][live]") {
-  // Rank 0's stdin is trainrun's: what it reads is not echoed into its output.
-  Driver driver({"-np", "1", "sh", "-c",
+  // Rank 0's stdin is trainrun's: what it reads is not echoed into its output. --quiet: no start
+  // line on stderr, only the rank's bytes.
+  Driver driver({"--quiet", "-np", "1", "sh", "-c",
                  "read line; printf 'got %s\\n\\001\\n' \"$line\"; "
                  "exec 1>&-; sleep 0.3; echo after >&2"},
                 "file:hello\n");

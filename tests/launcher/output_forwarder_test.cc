@@ -24,7 +24,7 @@ std::string Drain(int fd) {
 
 }  // namespace
 
-TEST_CASE("a continued line keeps one tag; another rank's line starts on its own",
+TEST_CASE("a continued line keeps one tag, another rank's line starts on its own",
           "[launcher][output]") {
   int out[2], err[2];
   REQUIRE(pipe2(out, O_NONBLOCK) == 0);

@@ -91,7 +91,7 @@ TEST_CASE("the straggler line is said once, and once more when it is gone") {
   CHECK(view.Json().find("\"size\":2") != std::string::npos);
 }
 
-TEST_CASE("output lines and states for the page; no markup gets through") {
+TEST_CASE("output lines and states for the page, no markup gets through") {
   JobViewOptions options;
   options.rank_hosts = {"a", "b"};
   JobView view(options);

@@ -79,7 +79,7 @@ TEST_CASE("state: a timed-out Get names its missing keys and the ranks not joine
   CHECK(state.WaitingCalls() == 0);
 }
 
-TEST_CASE("state: a barrier opens at its last arrival; a rank entering twice counts once",
+TEST_CASE("state: a barrier opens at its last arrival, a rank entering twice counts once",
           "[rendezvous][state]") {
   Membership members(Ranks(3));
   RendezvousState state(ServerLimits{}, members);

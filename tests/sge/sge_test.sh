@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # trainrun inside a real Grid Engine job (tests/sge/cluster.sh: a qmaster and 2 execd nodes in
 # network namespaces, 2 slots each, no sshd anywhere): `qsub -pe trainrun 4` runs trainrun with
-# no -H, which takes the hosts from $PE_HOSTFILE and reaches node 2 with `qrsh -inherit`. Checks a
-# checked allreduce on 2 nodes x 2 slots, a rank killed on node 2 ending the job with the usual
-# summary, and `qdel` ending the job with nothing left on either node.
+# no -H, which takes the hosts from $PE_HOSTFILE and reaches the other node with `qrsh -inherit`.
+# Checks a checked allreduce on 2 nodes x 2 slots, a rank killed on the other node ending the job
+# with the usual summary, and `qdel` ending the job with nothing left on either node.
+# Which node is the job's master (runs the job script, so trainrun and ranks 0-1) is the
+# scheduler's choice, either node from one job to the next; Grid Engine lists it first in
+# $PE_HOSTFILE, so ranks 2-3 are on the other one. Each job prints its master node and the checks
+# look for the remote ranks on the other node.
 # Usage: sge_test.sh TRAINRUN ALLREDUCE_PERF     (root and Grid Engine; exit 77 without them)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -38,6 +42,17 @@ left() {
   done
   echo "$out"
 }
+# other_node OUT: the node that is not the job's master, which the job's output OUT names in a
+# `master node: NAME` line; status 1 when OUT names no node of this cluster.
+other_node() {
+  local master
+  master=$(sed -n 's/^master node: //p' <<<"$1" | head -1)
+  case $master in
+    "${nodes[0]}") echo "${nodes[1]}" ;;
+    "${nodes[1]}") echo "${nodes[0]}" ;;
+    *) return 1 ;;
+  esac
+}
 submit() {  # submit NAME SCRIPT-TEXT: qsub -sync y of a job running SCRIPT-TEXT; its output in NAME.out
   local name=$1
   printf '#!/bin/sh\n%s\n' "$2" >"$name.sh"
@@ -59,24 +74,28 @@ printf 'qsub -sync y of the job: %.2f s; trainrun: %s\n' "$wall" \
   "$(grep -o 'started in [0-9.]* s' <<<"$out")"
 leftover=$(left 50) || fail "left running after the job: $leftover"
 
-echo "== a rank killed on node 2 ends the job with the summary"
-submit killed "exec $trainrun sh -c 'if [ \"\$TRAINRUN_RANK\" = 3 ]; then sleep 1; kill -9 \$\$; fi; exec sleep 60'"
+echo "== a rank killed on the other node ends the job with the summary"
+submit killed "echo master node: \$(hostname); exec $trainrun sh -c 'if [ \"\$TRAINRUN_RANK\" = 3 ]; then sleep 1; kill -9 \$\$; fi; exec sleep 60'"
 rc=$?
 out=$(cat killed.out 2>/dev/null)
 echo "$out" | grep -v '^\[' | tail -3
 ((rc == 137)) || fail "a SIGKILLed rank: the job exited $rc, not 137: $out"
-grep -Eq "rank 3 .*${nodes[1]}.*(SIGKILL|signal 9)" <<<"$out" ||
-  fail "the summary does not name rank 3 on ${nodes[1]}: $out"
+other=$(other_node "$out") || fail "the job's output names no master node of ${nodes[*]}: $out"
+echo "expected: rank 3 on $other, the node that is not the job's master"
+grep -Eq "rank 3 on $other .*(SIGKILL|signal 9)" <<<"$out" ||
+  fail "the summary does not name rank 3 on $other (not the job's master node): $out"
 leftover=$(left 50) || fail "left running after the failed job: $leftover"
 
 echo "== qdel ends the job"
-printf '#!/bin/sh\nexec %s sleep 300\n' "$trainrun" >long.sh
+# shellcheck disable=SC2016  # $(hostname) is for the job to run, on its master node
+printf '#!/bin/sh\necho master node: $(hostname)\nexec %s sleep 300\n' "$trainrun" >long.sh
 chmod +x long.sh
 id=$(qsub -terse -pe trainrun 4 -cwd -j y -o "$work/long.out" -N long "$work/long.sh")
 for _ in $(seq 300); do grep -q 'started in' long.out 2>/dev/null && break; sleep 0.1; done
 grep -q '4 ranks on 2 hosts started' long.out || fail "the long job did not start: $(cat long.out)"
-remote=$(ip netns pids "${nodes[1]}" | xargs -r -I{} cat /proc/{}/cmdline 2>/dev/null | tr '\0' ' ')
-[[ $remote == *"sleep 300"* ]] || fail "no rank runs on ${nodes[1]}: $remote"
+other=$(other_node "$(cat long.out)") || fail "the long job names no master node: $(cat long.out)"
+remote=$(ip netns pids "$other" | xargs -r -I{} cat /proc/{}/cmdline 2>/dev/null | tr '\0' ' ')
+[[ -n $other && $remote == *"sleep 300"* ]] || fail "no rank runs on $other: $remote"
 start=$(date +%s.%N)
 qdel "$id" >/dev/null
 for _ in $(seq 300); do qstat -j "$id" >/dev/null 2>&1 || break; sleep 0.1; done

@@ -61,7 +61,7 @@ TEST_CASE("agent protocol: a Job claiming 2^32 ranks in 16 bytes fails at once",
   CHECK(spent_ms < 20);  // 318 ms and 70 MB before: the loop went on past the overrun
 }
 
-TEST_CASE("agent protocol: the Hello carries the trainrun release; a version 2 Hello has none",
+TEST_CASE("agent protocol: the Hello carries the trainrun release, a version 2 Hello has none",
           "[ssh]") {
   auto frame = [](const Hello& hello) { return EncodeHello(hello).substr(5); };
   auto hello = DecodeHello(frame({kProtocolVersion, "h1", 7, "10.0.0.1", 4, "0.9.1"}));
