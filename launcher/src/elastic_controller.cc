@@ -324,7 +324,10 @@ HostView ElasticController::GrownHostView(const hostfile::HostSpec& host,
   view.rendezvous_addr = server_->address();
   view.master_addr = views_.empty() ? host.host : views_[0].master_addr;
   view.gpu_count = CountHostGpus();
-  if (agent == nullptr) return view;
+  if (agent == nullptr) {
+    view.rendezvous_socket = server_->socket_path();
+    return view;
+  }
   // A remote host: as HostViews sees the start's.
   const int master_host = spec_.plan.ranks[0].host_index;
   if (master_host < static_cast<int>(views_.size())) {

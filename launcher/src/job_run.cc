@@ -148,6 +148,12 @@ absl::Status JobRun::ServeRendezvous() {
   options.job_id = plan_.environment.job_id();
   options.token = plan_.environment.token();
   options.tls = spec_.rendezvous_tls;
+  // The ranks on this machine dial a Unix socket in plain text: no TLS handshake each (the token
+  // crosses no network there); remote ranks dial the TCP port.
+  options.local_socket = true;
+  // Every rank here: the TCP port (with TLS) is served only if something dials it (a rank in
+  // another mount namespace, which cannot see the socket).
+  options.network_on_demand = plan_.remote_hosts.empty();
   for (const hostfile::RankAssignment& a : spec_.plan.ranks) {
     options.ranks.push_back(
         {spec_.plan.HostOf(a.rank).host, a.local_rank, a.local_size, a.cross_rank, a.cross_size});
@@ -208,6 +214,8 @@ std::vector<HostView> JobRun::HostViews(const std::string& bind_address) const {
     view.gpu_count = local_gpus;
     if (const remote::RemoteAgent* agent = agent_of(static_cast<int>(h))) {
       SeenThrough(*agent, bind_address, /*master_here=*/master_agent == nullptr, view);
+    } else {
+      view.rendezvous_socket = server_->socket_path();
     }
     views.push_back(std::move(view));
   }
