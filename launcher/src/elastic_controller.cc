@@ -396,6 +396,13 @@ void ElasticController::Grow(const hostfile::HostSpec& host, int count, bool joi
         plan_.environment.ForPlace(in_generation, place->size, views_[host_index]);
     env.push_back(absl::StrCat(env::kElasticSlot, "=", slot));
     if (agent.has_value()) {
+      // The token crosses as the agent's stream hides it (channel/host_channel.h's Seal).
+      const std::string token_entry = absl::StrCat(env::kJobToken, "=");
+      for (std::string& entry : env) {
+        if (absl::StartsWith(entry, token_entry)) {
+          entry = token_entry + agent->stream->Seal(entry.substr(token_entry.size()));
+        }
+      }
       job.ranks.push_back({static_cast<uint32_t>(slot), std::move(env)});
       continue;
     }

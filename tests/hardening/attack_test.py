@@ -267,6 +267,61 @@ def capture_case(args):
             fail("the token crossed the network in clear")
 
 
+def node_capture_case(args):
+    """Per-node mode: node 1's trainrun joins node 0's and runs the agent protocol over that
+    TCP connection, which carries each rank's environment; a capture of it must not hold the
+    job's token, while it shows the protocol itself (the worker's path, which crosses in the Job).
+    (The rendezvous' own traffic is TLS, which token-capture checks.)"""
+    tcpdump = shutil.which("tcpdump")
+    if tcpdump is None:
+        print("tcpdump is not installed (scripts/setup.sh installs it)")
+        sys.exit(SKIP)
+    with tempfile.TemporaryDirectory() as tmp:
+        for attempt in range(3):
+            port = free_port()
+            pcap = os.path.join(tmp, f"nodes-{port}.pcap")
+            dump = subprocess.Popen(
+                [tcpdump, "-i", "lo", "--immediate-mode", "-U", "-Z", "root", "-w", pcap, "tcp",
+                 "port", str(port)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            said = dump.stderr.readline().decode()
+            if "listening" not in said:
+                dump.wait()
+                print("tcpdump cannot capture here: " + said + dump.stderr.read().decode())
+                sys.exit(SKIP)
+            # Node 0's command is every node's: both ranks append their token to one file.
+            tokens = os.path.join(tmp, f"tokens-{port}")
+            runs = [Run(node_argv(args, node, port,
+                                  ["sh", "-c",
+                                   f'echo "$TRAINRUN_JOB_TOKEN" >> {tokens}; exec "$0"',
+                                   args.worker]))
+                    for node in (0, 1)]
+            codes = [run.wait() for run in runs]
+            time.sleep(1.5)  # what the kernel holds reaches the file
+            dump.send_signal(signal.SIGINT)
+            dump.wait(timeout=10)
+            if codes != [0, 0]:
+                fail(f"the nodes exited {codes}:\nnode 0:\n{runs[0].text()}\nnode 1:\n"
+                     f"{runs[1].text()}")
+            with open(tokens) as f:
+                seen = f.read().split()
+            if len(seen) != 2 or seen[0] != seen[1]:
+                fail(f"the two nodes' ranks were not given one token: {seen}")
+            token = seen[0].encode()
+            with open(pcap, "rb") as f:
+                data = f.read()
+            shown = args.worker.encode() in data
+            print(f"{len(data)} bytes captured; the agent protocol's Job "
+                  f"{'is' if shown else 'is not'} in them; the token "
+                  f"{'is' if token in data else 'is not'} in them")
+            if shown:
+                break
+        else:
+            fail("three captures lack the agent protocol: the capture does not work here")
+        if token in data:
+            fail("the token crossed the network in clear between the nodes")
+
+
 def capture_job(args, tcpdump, tmp, tls):
     """Runs a 2-rank job (TLS or --no-tls) under tcpdump on loopback; returns the capture and the
     job's token."""
@@ -405,6 +460,7 @@ CASES = {
     "duplicate-node": duplicate_node_case,
     "bind-loopback": bind_loopback_case,
     "token-capture": capture_case,
+    "token-capture-nodes": node_capture_case,
     "pty-throughput": pty_case,
     "local-socket": local_socket_case,
     "valgrind": valgrind_case,

@@ -68,6 +68,12 @@ class HostStream {
   // workers); "" when unknown.
   virtual std::string RemoteAddress() const = 0;
 
+  // Seal is how the job's token (TRAINRUN_JOB_TOKEN in the ranks' environment) crosses this
+  // stream: unchanged where the transport already hides it (SSH, a scheduler's own channel); a
+  // per-node TCP connection seals it with a key from its join (nodes/node_join.h), which the agent
+  // there undoes.
+  virtual std::string Seal(const std::string& secret) const { return secret; }
+
  protected:
   HostStream() = default;
 };
