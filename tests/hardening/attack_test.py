@@ -386,7 +386,8 @@ def pty_case(args):
     """Bulk output through trainrun's default pty, beside a pipe (--no-pty) and beside the same
     pty read by a bare loop (no trainrun), alternating, medians. A pty cannot come near a pipe on
     Linux (the bare loop alone is several times a pipe's time), so the bar is on what trainrun
-    adds: its pty time within 1.5 times the bare loop's."""
+    adds: its pty time within 1.5 times the bare loop's plus its time through the pipe (its own
+    start and copying, which the bare loop does not pay)."""
     size = args.bytes
     command = ["sh", "-c", f"head -c {size} /dev/zero"]
 
@@ -407,9 +408,9 @@ def pty_case(args):
     print(f"{size} bytes, medians of {args.rounds}: pipe {p:.2f} s, pty {t:.2f} s ({t / p:.2f}x "
           f"the pipe), the bare pty loop {b:.2f} s ({b / p:.2f}x the pipe; trainrun's pty "
           f"{t / b:.2f}x it), load {os.getloadavg()[0]:.1f}")
-    if t > 1.5 * b:
-        fail(f"output through trainrun's pty took {t / b:.2f} times as long as a bare read of the "
-             f"same pty (bar: 1.5)")
+    if t > 1.5 * b + p:
+        fail(f"output through trainrun's pty took {t:.2f} s, over 1.5 times a bare read of the "
+             f"same pty ({b:.2f} s) plus trainrun's time through a pipe ({p:.2f} s)")
 
 
 def local_socket_case(args):
