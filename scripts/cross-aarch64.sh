@@ -57,7 +57,8 @@ sources=(
   collectives/src/shm_segment.cc collectives/src/shm_transport.cc collectives/src/shm_wait.cc
   collectives/src/socket.cc collectives/src/store_calls.cc collectives/src/tcp_transport.cc
   collectives/src/types.cc collectives/src/wait_limit.cc
-  rendezvous/src/environment.cc rendezvous/src/memory_store.cc rendezvous/src/store.cc
+  rendezvous/src/admission.cc rendezvous/src/environment.cc rendezvous/src/memory_store.cc
+  rendezvous/src/store.cc
   tests/cross/transports_check.cc)
 objects=()
 pids=()

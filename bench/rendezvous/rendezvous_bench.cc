@@ -29,6 +29,9 @@
 //
 //   build/bin/rendezvous_bench --runs 1 --processes 16 --relay -v 8192
 //
+// `--local-socket` has the workers dial the server's Unix socket in plain text, as trainrun's ranks
+// on its own machine do (TRAINRUN_RENDEZVOUS_SOCKET); without it they dial its TCP port, as remote
+// ranks do.
 // `--no-tls` runs server, relays and workers in plain text (trainrun --no-tls), to measure what TLS
 // costs; workers in other processes hear it through TRAINRUN_RENDEZVOUS_TLS=off.
 //
@@ -64,6 +67,9 @@
 namespace {
 // False with --no-tls (or TRAINRUN_RENDEZVOUS_TLS=off inherited from the bench's parent).
 bool Tls() { return trainrun::env::Lookup(trainrun::env::kRendezvousTls).value_or("") != "off"; }
+// --local-socket: the server also serves its Unix socket, which the workers dial (as trainrun's
+// ranks on its own machine do) through TRAINRUN_RENDEZVOUS_SOCKET, set for each run.
+bool local_socket = false;
 }  // namespace
 
 extern char** environ;
@@ -173,6 +179,7 @@ int RunWorkers(const std::string& address, const std::string& token, int n, int 
       client.job_id = "bench";
       client.token = token;
       client.tls = Tls();
+      client.socket = trainrun::env::Lookup(trainrun::env::kRendezvousSocket).value_or("");
       client.host = plan[r].host;
       client.local_rank = plan[r].local_rank;
       if (relay) client.relay = relays.at(client.host)->socket();
@@ -337,11 +344,14 @@ double RunOnce(int n, int processes, bool per_key, bool relay, bool verbose) {
   options.token = "bench-token-0123456789abcdef";
   options.tls = Tls();
   options.ranks = Plan(n);
+  options.local_socket = local_socket;
+  options.network_on_demand = local_socket && !relay;
   auto server = rdv::Server::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "rendezvous_bench: %s\n", std::string(server.status().message()).c_str());
     return -1;
   }
+  if (local_socket) setenv(trainrun::env::kRendezvousSocket, (*server)->socket_path().c_str(), 1);
   Clock::time_point start;
   Phases last;
   double seconds = -1;
@@ -470,6 +480,8 @@ int main(int argc, char** argv) {
       per_key = true;
     } else if (std::strcmp(argv[i], "--relay") == 0) {
       relay = true;
+    } else if (std::strcmp(argv[i], "--local-socket") == 0) {
+      local_socket = true;
     } else if (std::strcmp(argv[i], "--no-tls") == 0) {
       setenv(trainrun::env::kRendezvousTls, "off", 1);
     } else if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
@@ -498,6 +510,7 @@ int main(int argc, char** argv) {
       std::any_of(sizes.begin(), sizes.end(), [](int n) { return n < 1; })) {
     std::fprintf(stderr,
                  "usage: rendezvous_bench [-v] [--runs R] [--processes P] [--per-key] [--relay] "
+                 "[--local-socket] [--no-tls] "
                  "[N ...]\n"
                  "       rendezvous_bench [--runs R] --spawn N PROGRAM [ARGS...]\n");
     return 2;

@@ -1,5 +1,7 @@
 #include "acceptor.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -23,6 +25,8 @@ struct Acceptor::Pending {
 
   Fd fd;
   std::string peer;
+  std::string address;  // the peer's, without its port (the per-address cap's)
+  uint64_t id = 0;      // in admission_
   Clock::time_point deadline;
   Step step = Step::kHello;
   std::string in;   // bytes of the hello or the proof read so far
@@ -47,6 +51,22 @@ bool SendSome(int fd, std::string& out) {
   return true;
 }
 
+// PeerAddress is the numeric address of the remote end of `fd`, without its port.
+std::string PeerAddress(int fd) {
+  sockaddr_storage peer{};
+  socklen_t length = sizeof(peer);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) != 0) return "?";
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (peer.ss_family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&peer)->sin6_addr, text,
+                sizeof(text));
+  } else if (peer.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&peer)->sin_addr, text,
+                sizeof(text));
+  }
+  return text;
+}
+
 }  // namespace
 
 Acceptor::Acceptor(Fd listener, const HandshakeParams& params, int rank, Clock::time_point deadline,
@@ -55,7 +75,12 @@ Acceptor::Acceptor(Fd listener, const HandshakeParams& params, int rank, Clock::
       params_(params),
       rank_(rank),
       deadline_(deadline),
-      place_(std::move(place)) {
+      place_(std::move(place)),
+      admission_(
+          MakeMessage("rank ", rank, "'s data port"),
+          {std::chrono::duration_cast<std::chrono::milliseconds>(kHandshakeTimeout),
+           kMaxPendingPerAddress, kMaxPending, rendezvous::Admission::kDefaultMaxBytesBeforeProof},
+          [](const std::string& line) { LogWarning(line); }) {
   try {
     thread_ = std::thread([this] { Run(); });
   } catch (const std::system_error& e) {
@@ -88,6 +113,7 @@ void Acceptor::Run() {
   // After EMFILE/ENFILE, the listener rests a while instead of spinning on a connection it cannot
   // take; the kernel keeps it in the backlog meanwhile.
   Clock::time_point listener_rests_until{};
+  uint64_t next_id = 1;
   while (!stop_ && Clock::now() < deadline_) {
     const Clock::time_point now = Clock::now();
     fds.clear();
@@ -148,6 +174,11 @@ void Acceptor::Run() {
       std::unique_ptr<Pending> finished = std::move(pending[i]);
       pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
       fds.erase(fds.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      if (error.empty()) {
+        admission_.Proven(finished->id);
+      } else {
+        admission_.Closed(finished->id);
+      }
       if (!error.empty()) {
         Refuse(finished->peer, error);
       } else if (!place_(finished->who, std::move(finished->fd))) {
@@ -169,13 +200,19 @@ void Acceptor::Run() {
       auto p = std::make_unique<Pending>();
       p->fd = Fd(raw);
       p->peer = PeerName(raw);
-      p->deadline = std::min(deadline_, Clock::now() + kHandshakeTimeout);
-      if (pending.size() >= kMaxPending) {
-        // Real peers prove themselves in a millisecond: the oldest waiting one is a stranger.
-        Refuse(pending.front()->peer, MakeMessage("over ", kMaxPending,
-                                                  " connections were waiting to prove "
-                                                  "themselves; the oldest was dropped"));
-        pending.pop_front();
+      p->address = PeerAddress(raw);
+      p->id = next_id++;
+      const Clock::time_point accepted = Clock::now();
+      p->deadline = std::min(deadline_, accepted + kHandshakeTimeout);
+      // Real peers prove themselves in a millisecond: the oldest waiting one from the flood's
+      // address (else in all) is a stranger. Admission counts these and says them once a minute.
+      for (uint64_t evicted : admission_.Admit(p->id, p->address, accepted)) {
+        for (auto it = pending.begin(); it != pending.end(); ++it) {
+          if ((*it)->id != evicted) continue;
+          ++refused_;
+          pending.erase(it);
+          break;
+        }
       }
       pending.push_back(std::move(p));
     }

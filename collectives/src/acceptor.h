@@ -3,9 +3,10 @@
 //
 // A rank listens while it connects to lower ranks; higher ranks connect to it. Anyone may reach
 // that port (on a multi-host job it faces the network), so what a stranger can cost is bounded:
-// one thread in all, at most kMaxPending connections mid-handshake (a new one pushes out the
-// oldest, so a flood of idle connections cannot shut real peers out), kHandshakeTimeout each, and
-// a few log lines however many are refused.
+// one thread in all, at most kMaxPending connections mid-handshake and kMaxPendingPerAddress from
+// one peer address (rendezvous::Admission's rules: a new one over a cap pushes out the oldest from
+// its address, else in all, so a flood of idle connections ages out its own and cannot shut real
+// peers out), kHandshakeTimeout each, and a few log lines however many are refused.
 //
 //   Acceptor acceptor(std::move(listener), params, rank, deadline,
 //                     [&](PeerIdentity who, Fd fd) { ...; return true; });
@@ -20,6 +21,7 @@
 
 #include "handshake.h"
 #include "socket.h"
+#include "trainrun/rendezvous/admission.h"
 
 namespace trainrun::collectives::internal {
 
@@ -29,6 +31,8 @@ class Acceptor {
   using Place = std::function<bool(PeerIdentity, Fd)>;
 
   static constexpr size_t kMaxPending = 256;
+  // Three quarters of the whole: a flood from one address leaves the others room.
+  static constexpr size_t kMaxPendingPerAddress = kMaxPending * 3 / 4;
   static constexpr std::chrono::seconds kHandshakeTimeout{5};  // the deadline of admission.h
   // Refused connections logged one by one; the rest are counted in one line at the end.
   static constexpr int kMaxLogged = 3;
@@ -54,7 +58,8 @@ class Acceptor {
   Clock::time_point deadline_;
   Place place_;
   std::atomic<bool> stop_{false};
-  int refused_ = 0;  // on the acceptor's thread, then read after it is joined
+  rendezvous::Admission admission_;  // the acceptor's thread's
+  int refused_ = 0;                  // on the acceptor's thread, then read after it is joined
   std::thread thread_;
 };
 

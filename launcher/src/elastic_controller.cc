@@ -324,7 +324,10 @@ HostView ElasticController::GrownHostView(const hostfile::HostSpec& host,
   view.rendezvous_addr = server_->address();
   view.master_addr = views_.empty() ? host.host : views_[0].master_addr;
   view.gpu_count = CountHostGpus();
-  if (agent == nullptr) return view;
+  if (agent == nullptr) {
+    view.rendezvous_socket = server_->socket_path();
+    return view;
+  }
   // A remote host: as HostViews sees the start's.
   const int master_host = spec_.plan.ranks[0].host_index;
   if (master_host < static_cast<int>(views_.size())) {
@@ -393,6 +396,13 @@ void ElasticController::Grow(const hostfile::HostSpec& host, int count, bool joi
         plan_.environment.ForPlace(in_generation, place->size, views_[host_index]);
     env.push_back(absl::StrCat(env::kElasticSlot, "=", slot));
     if (agent.has_value()) {
+      // The token crosses as the agent's stream hides it (channel/host_channel.h's Seal).
+      const std::string token_entry = absl::StrCat(env::kJobToken, "=");
+      for (std::string& entry : env) {
+        if (absl::StartsWith(entry, token_entry)) {
+          entry = token_entry + agent->stream->Seal(entry.substr(token_entry.size()));
+        }
+      }
       job.ranks.push_back({static_cast<uint32_t>(slot), std::move(env)});
       continue;
     }

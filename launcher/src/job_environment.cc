@@ -164,6 +164,11 @@ std::vector<std::string> JobEnvironment::ForPlace(const hostfile::RankAssignment
   } else {
     vars.erase(env::kRendezvousAddr);  // a stale one from an enclosing job would mislead
   }
+  if (!host_view.rendezvous_socket.empty()) {
+    set(env::kRendezvousSocket, host_view.rendezvous_socket);
+  } else {
+    vars.erase(env::kRendezvousSocket);  // another host's, or an enclosing job's
+  }
   // A host's agent points its ranks at its relay (rendezvous/relay.h); one inherited from an
   // enclosing job would send these ranks to that job's. -x TRAINRUN_RENDEZVOUS_RELAY=off stays
   // (below): it tells the agents to start none.

@@ -5,6 +5,7 @@
 
 #include <boost/asio/post.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -148,6 +149,12 @@ absl::Status JobRun::ServeRendezvous() {
   options.job_id = plan_.environment.job_id();
   options.token = plan_.environment.token();
   options.tls = spec_.rendezvous_tls;
+  // The ranks on this machine dial a Unix socket in plain text: no TLS handshake each (the token
+  // crosses no network there); remote ranks dial the TCP port.
+  options.local_socket = true;
+  // Every rank here: the TCP port (with TLS) is served only if something dials it (a rank in
+  // another mount namespace, which cannot see the socket).
+  options.network_on_demand = plan_.remote_hosts.empty();
   for (const hostfile::RankAssignment& a : spec_.plan.ranks) {
     options.ranks.push_back(
         {spec_.plan.HostOf(a.rank).host, a.local_rank, a.local_size, a.cross_rank, a.cross_size});
@@ -208,6 +215,8 @@ std::vector<HostView> JobRun::HostViews(const std::string& bind_address) const {
     view.gpu_count = local_gpus;
     if (const remote::RemoteAgent* agent = agent_of(static_cast<int>(h))) {
       SeenThrough(*agent, bind_address, /*master_here=*/master_agent == nullptr, view);
+    } else {
+      view.rendezvous_socket = server_->socket_path();
     }
     views.push_back(std::move(view));
   }
@@ -229,12 +238,23 @@ void JobRun::StartRanks(const StartDeadline& deadline) {
   launched_ = deadline.when - deadline.timeout;
   if (!plan_.remote_hosts.empty()) {
     std::vector<remote::Job> jobs;
-    for (int host_index : plan_.remote_hosts) {
+    const std::vector<remote::RemoteAgent>& agents = remote_ranks_.agents();
+    for (size_t i = 0; i < plan_.remote_hosts.size(); ++i) {
+      const int host_index = plan_.remote_hosts[i];
       remote::Job job = RemoteJob();
+      // The token crosses each host's stream as that stream hides it (a per-node TCP connection
+      // seals it: channel/host_channel.h).
+      const channel::HostStream* stream = i < agents.size() ? agents[i].stream.get() : nullptr;
+      const std::string token_entry = absl::StrCat(env::kJobToken, "=");
       for (const hostfile::RankAssignment& a : spec_.plan.ranks) {
         if (a.host_index != host_index) continue;
-        job.ranks.push_back(
-            {static_cast<uint32_t>(a.rank), plan_.environment.ForRank(a.rank, views_[host_index])});
+        std::vector<std::string> rank_env = plan_.environment.ForRank(a.rank, views_[host_index]);
+        for (std::string& entry : rank_env) {
+          if (stream != nullptr && absl::StartsWith(entry, token_entry)) {
+            entry = token_entry + stream->Seal(entry.substr(token_entry.size()));
+          }
+        }
+        job.ranks.push_back({static_cast<uint32_t>(a.rank), std::move(rank_env)});
         supervisor_->OnRankStarted(a.rank);
       }
       jobs.push_back(std::move(job));

@@ -6,6 +6,7 @@
 //   JobRun run(spec, plan, output, std::move(agents));
 //   if (absl::Status served = run.ServeRendezvous(); !served.ok()) return served;
 //   run.StartRanks(deadline);
+//   if (absl::Status ready = run.RendezvousReady(); !ready.ok()) return ready;
 //   run.Supervise();
 //   return run.Summarize();
 #pragma once
@@ -57,6 +58,9 @@ class JobRun {
   // ServeRendezvous starts the job's rendezvous server where every rank can reach it, and works out
   // each host's view of the job (HostView). Fails when the server cannot listen.
   absl::Status ServeRendezvous();
+  // RendezvousReady waits until the server serves (it builds while the ranks start) and says
+  // whether it does.
+  absl::Status RendezvousReady() { return server_->Ready(); }
   // StartRanks sends each remote host its ranks and starts the local ones; every rank must have
   // started by `deadline`, or the job fails naming the host.
   void StartRanks(const StartDeadline& deadline);

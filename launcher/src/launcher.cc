@@ -201,6 +201,7 @@ absl::StatusOr<Attempt> RunOnce(const LaunchSpec& given, OutputForwarder& output
   JobRun run(spec, *plan, output, *std::move(agents));
   if (absl::Status served = run.ServeRendezvous(); !served.ok()) return served;
   run.StartRanks(deadline);
+  if (absl::Status ready = run.RendezvousReady(); !ready.ok()) return ready;
   run.Supervise();
   Attempt attempt;
   attempt.exit_code = run.Summarize();

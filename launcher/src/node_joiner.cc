@@ -13,8 +13,9 @@ namespace trainrun::launcher {
 absl::StatusOr<int> RunJoinedNode(const LaunchSpec& spec) {
   const PerNodeSpec& node = *spec.per_node;
   const StartDeadline deadline = StartDeadline::From(spec.start_timeout);
+  std::string seal_key;
   absl::StatusOr<posix::UniqueFd> connection =
-      nodes::DialNodeZero(node, deadline.at, spec.start_timeout);
+      nodes::DialNodeZero(node, deadline.at, spec.start_timeout, &seal_key);
   if (!connection.ok()) return connection.status();
   Logger().debug("joined node 0 at {} as node {}", nodes::EndpointText(node), node.node_rank);
 
@@ -32,6 +33,10 @@ absl::StatusOr<int> RunJoinedNode(const LaunchSpec& spec) {
   };
   options.in_fd = connection->get();
   options.out_fd = connection->get();
+  // Node 0 sealed the job's token with this join's key: it never crossed the network in clear.
+  options.unseal_token = [seal_key](const std::string& sealed) {
+    return nodes::Seal(seal_key, sealed);
+  };
   // Node 0 sends the Job once every node has joined, within its own start timeout.
   options.first_silence = spec.start_timeout + remote::kSilenceLimit;
   options.await_job_end = true;

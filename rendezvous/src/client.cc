@@ -91,8 +91,7 @@ absl::StatusOr<WorkerSession> Join(const ClientOptions& options,
       return status;
     }
   } else {
-    absl::StatusOr<std::shared_ptr<grpc::Channel>> made =
-        internal::NewChannel(options.address, options.token, options.tls);
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> made = internal::NewChannel(options);
     if (!made.ok()) return made.status();
     channel = *std::move(made);
     auto stub = proto::Rendezvous::NewStub(channel);
@@ -146,8 +145,7 @@ absl::StatusOr<std::shared_ptr<Store>> ConnectStore(const ClientOptions& options
   if (options.address.empty()) {
     return absl::InvalidArgumentError("no rendezvous server address given");
   }
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
-      internal::NewChannel(options.address, options.token, options.tls);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = internal::NewChannel(options);
   if (!channel.ok()) return channel.status();
   return std::shared_ptr<Store>(
       std::make_shared<internal::GrpcStore>(*std::move(channel), options, options.expected_rank));
@@ -173,6 +171,9 @@ absl::StatusOr<ClientOptions> ClientOptionsFromEnvironment() {
   // "off" asks for plain text (--no-tls), which the server then speaks too.
   if (std::optional<std::string> tls = env::Lookup(env::kRendezvousTls); tls && *tls == "off") {
     options.tls = false;
+  }
+  if (std::optional<std::string> socket = env::Lookup(env::kRendezvousSocket); socket) {
+    options.socket = *std::move(socket);
   }
   // "off" is what asks the agents for no relay (environment.h); the ranks then dial the server.
   if (std::optional<std::string> relay = env::Lookup(env::kRendezvousRelay);

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/stat.h>
 
 #include <utility>
 
@@ -124,6 +125,15 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(const std::string& add
   if (!credentials.ok()) return credentials.status();
   args.SetSslTargetNameOverride(kTlsServerName);
   return grpc::CreateCustomChannel(ChannelTarget(address), *credentials, args);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(const ClientOptions& options) {
+  struct stat socket {};
+  if (!options.socket.empty() && stat(options.socket.c_str(), &socket) == 0 &&
+      S_ISSOCK(socket.st_mode)) {
+    return NewChannel("unix:" + options.socket, options.token, /*tls=*/false);
+  }
+  return NewChannel(options.address, options.token, options.tls);
 }
 
 void PrepareContext(grpc::ClientContext& context, const ClientOptions& options,

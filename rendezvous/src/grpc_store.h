@@ -20,6 +20,9 @@ namespace trainrun::rendezvous::internal {
 // plain text when `tls` is false (--no-tls). INTERNAL when the certificate cannot be made.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(const std::string& address,
                                                           const std::string& token, bool tls);
+// NewChannel for a worker's `options`: to the server's Unix socket in plain text when
+// `options.socket` names one that exists here, else to `options.address` as above.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(const ClientOptions& options);
 
 // PrepareContext sets the job's metadata and a deadline of `timeout` from now on `context`.
 void PrepareContext(grpc::ClientContext& context, const ClientOptions& options,

@@ -13,6 +13,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -106,6 +107,27 @@ absl::StatusOr<std::unique_ptr<Listener>> Listener::Bind(const std::string& host
   return absl::UnavailableError(why);
 }
 
+absl::StatusOr<std::unique_ptr<Listener>> Listener::BindUnix(const std::string& path,
+                                                             size_t max_connections,
+                                                             Admission::Limits admission) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(address.sun_path)) {
+    return absl::UnavailableError(absl::StrCat("the socket path '", path, "' is too long"));
+  }
+  std::memcpy(address.sun_path, path.data(), path.size());
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(std::strerror(errno));
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      listen(fd, 4096) != 0) {
+    const int error = errno;
+    close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on '", path, "': ", std::strerror(error)));
+  }
+  return std::unique_ptr<Listener>(new Listener(fd, 0, max_connections, admission));
+}
+
 Listener::Listener(int fd, int port, size_t max_connections, Admission::Limits admission)
     : fd_(fd),
       port_(port),
@@ -120,7 +142,29 @@ void Listener::Start(grpc::Server* server,
                      std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> tls) {
   server_ = server;
   tls_ = std::move(tls);
+  tls_mode_ = tls_ != nullptr;
   thread_ = std::thread([this] { Run(); });
+}
+
+void Listener::StartOnDemand(std::function<absl::StatusOr<Target>()> make, bool tls, bool eager) {
+  make_ = std::move(make);
+  tls_mode_ = tls;
+  eager_ = eager;
+  thread_ = std::thread([this] { Run(); });
+}
+
+bool Listener::MakeServer() {
+  if (server_ != nullptr) return true;
+  if (!make_) return false;
+  absl::StatusOr<Target> made = make_();
+  make_ = nullptr;
+  if (!made.ok()) {
+    std::fprintf(stderr, "trainrun rendezvous: %s\n", std::string(made.status().message()).c_str());
+    return false;
+  }
+  server_ = made->server;
+  tls_ = std::move(made->tls);
+  return server_ != nullptr;
 }
 
 void Listener::Stop() {
@@ -145,7 +189,7 @@ void Listener::Proven(const std::string& peer) {
 std::string Listener::PeerName(int fd) const {
   // A channel given as plain text is named by its fd (grpc_server_add_channel_from_fd); one given
   // to the TLS acceptor by its peer's address, as grpc_sockaddr_to_uri writes it.
-  if (tls_ == nullptr) return absl::StrCat("fd:", fd);
+  if (!tls_mode_) return absl::StrCat("fd:", fd);
   sockaddr_storage peer{};
   socklen_t length = sizeof(peer);
   if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) != 0) return "";
@@ -175,6 +219,7 @@ std::string PeerAddress(int fd) {
   socklen_t length = sizeof(peer);
   if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) != 0) return "?";
   char text[INET6_ADDRSTRLEN] = "?";
+  if (peer.ss_family == AF_UNIX) return "local";
   if (peer.ss_family == AF_INET6) {
     inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&peer)->sin6_addr, text,
               sizeof(text));
@@ -234,7 +279,7 @@ void Listener::Sweep(bool all) {
     unproven_by_peer_.erase(it->second.peer);
     it = unproven_.erase(it);
   }
-  if (tls_ != nullptr) {
+  if (tls_mode_) {
     // gRPC closes a connection whose TLS handshake has not ended within kTlsHandshakeTimeout of
     // its hand-over, and the handshake is the proof (tls.h): one still open at the deadline has
     // proved the token, even if it has made no call yet (a relay connects ahead of its ranks).
@@ -277,6 +322,7 @@ void Listener::Run() {
   // dropped connections their kernels would retry only a second or more later.
   std::vector<int> accepted;
   size_t given = 0;
+  if (eager_) MakeServer();
   while (!stop_) {
     const Clock::time_point now = Clock::now();
     if (now >= next_sweep) {
@@ -331,6 +377,9 @@ void Listener::Run() {
         unproven_.emplace(connection.id, std::move(connection));
         accepted.push_back(fd);
       }
+    }
+    if (given < accepted.size() && !MakeServer()) {
+      for (; given < accepted.size(); ++given) close(accepted[given]);  // nothing to serve them
     }
     for (int batch = 0; batch < 32 && given < accepted.size(); ++batch) {
       const int fd = accepted[given++];

@@ -25,6 +25,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -74,6 +75,11 @@ class Listener {
   static absl::StatusOr<std::unique_ptr<Listener>> Bind(const std::string& host, int port,
                                                         size_t max_connections,
                                                         Admission::Limits admission = {});
+  // BindUnix listens on a Unix socket at `path` (which must not exist; its directory is the
+  // caller's to keep private). Fails with UNAVAILABLE.
+  static absl::StatusOr<std::unique_ptr<Listener>> BindUnix(const std::string& path,
+                                                            size_t max_connections,
+                                                            Admission::Limits admission = {});
   ~Listener();
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
@@ -84,6 +90,17 @@ class Listener {
   // plain-text channel.
   void Start(grpc::Server* server,
              std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> tls = nullptr);
+  // What StartOnDemand's `make` returns: the server to give connections to, and the acceptor
+  // with the job's TLS credentials (null for plain text).
+  struct Target {
+    grpc::Server* server = nullptr;
+    std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> tls;
+  };
+  // StartOnDemand is Start with a server made on the accepting thread by `make`: at once when
+  // `eager`, else when the first connection arrives (which waits in the meantime), so that a
+  // listener nobody dials never pays for it (TLS: OpenSSL's context). `tls` says whether `make`
+  // will give an acceptor. Should `make` fail, its error is said once and connections are closed.
+  void StartOnDemand(std::function<absl::StatusOr<Target>()> make, bool tls, bool eager);
   // Proven notes that the connection gRPC names `peer` (ServerContext::peer()) has proved the
   // job's token. Thread-safe and cheap after the first call of each connection.
   void Proven(const std::string& peer);
@@ -119,6 +136,11 @@ class Listener {
   size_t max_connections_;
   grpc::Server* server_ = nullptr;
   std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> tls_;
+  bool tls_mode_ = false;  // connections go to tls_ (named by address), or are plain text
+  std::function<absl::StatusOr<Target>()> make_;  // StartOnDemand's, until it has run
+  bool eager_ = false;
+  // MakeServer runs make_ (once) on the accepting thread; false when there is no server.
+  bool MakeServer();
   Admission admission_;
   // The accepting thread's: the unproven connections by Admission id, and their ids by peer name.
   std::unordered_map<uint64_t, Connection> unproven_;

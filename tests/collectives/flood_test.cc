@@ -1,10 +1,14 @@
 // A flood on a rank's data port during setup: idle strangers and garbage cost no thread each,
 // fill the job's output with a few lines at most, and do not keep the real peers out.
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -13,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "acceptor.h"
 #include "socket.h"
 #include "trainrun/collectives/communicator.h"
 #include "trainrun/rendezvous/memory_store.h"
@@ -121,6 +126,57 @@ TEST_CASE("a flood of strangers on the data port costs no thread each and few lo
   INFO(log);
   CHECK(Count(log, "\n") <= 5);
   CHECK(Count(log, "dropped a data connection from") <= 3);
+}
+
+// ConnectFrom opens a blocking TCP connection to `target` from the local address `source`.
+internal::Fd ConnectFrom(const char* source, const internal::SocketAddress& target) {
+  internal::Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  ::inet_pton(AF_INET, source, &from.sin_addr);
+  REQUIRE(::bind(fd.get(), reinterpret_cast<sockaddr*>(&from), sizeof(from)) == 0);
+  REQUIRE(::connect(fd.get(), reinterpret_cast<const sockaddr*>(&target.storage), target.length) ==
+          0);
+  return fd;
+}
+
+// Closed: the acceptor dropped this idle connection (its end reads EOF).
+bool Closed(int fd) {
+  char c;
+  return ::recv(fd, &c, 1, MSG_DONTWAIT) == 0;
+}
+
+TEST_CASE("a flood from one address pushes out its own connections, not another address's",
+          "[hostile]") {
+  internal::SocketAddress bound;
+  internal::Fd listener = internal::Listen("127.0.0.1", 0, &bound);
+  internal::HandshakeParams params{"secret", "job-1", "world", 2, 1};
+  CaptureStderr captured;
+  internal::Acceptor acceptor(std::move(listener), params, 0,
+                              Clock::now() + std::chrono::seconds(20),
+                              [](internal::PeerIdentity, internal::Fd) { return true; });
+  // A connection from another host (127.0.0.2), still to say its hello: the oldest waiting.
+  internal::Fd other = ConnectFrom("127.0.0.2", bound);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // More idle ones from 127.0.0.1 than the acceptor holds waiting in all.
+  const size_t flood = internal::Acceptor::kMaxPending + 44;
+  std::vector<internal::Fd> strangers;
+  for (size_t i = 0; i < flood; ++i) strangers.push_back(ConnectFrom("127.0.0.1", bound));
+  size_t closed = 0;
+  for (int wait = 0; wait < 100; ++wait) {  // until the acceptor has taken them all, at most 5 s
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    closed = 0;
+    for (const internal::Fd& fd : strangers) closed += Closed(fd.get()) ? 1 : 0;
+    if (closed >= flood - internal::Acceptor::kMaxPendingPerAddress) break;
+  }
+  // The flood's own oldest went, down to its address's cap; the other host's one is still waiting.
+  CHECK(closed == flood - internal::Acceptor::kMaxPendingPerAddress);
+  CHECK_FALSE(Closed(other.get()));
+  strangers.clear();
+  captured.Restore();
+  const std::string log = captured.Text();
+  INFO(log);
+  CHECK(Count(log, "\n") <= 3);
 }
 
 }  // namespace

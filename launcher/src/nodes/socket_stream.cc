@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "nodes/node_join.h"
 
 namespace trainrun::launcher::nodes {
 
@@ -39,7 +40,8 @@ std::string NumericAddress(int fd, bool peer) {
 absl::StatusOr<std::unique_ptr<SocketStream>> SocketStream::Create(posix::UniqueFd fd,
                                                                    std::string name,
                                                                    std::shared_ptr<void> keep_alive,
-                                                                   int joined_slots) {
+                                                                   int joined_slots,
+                                                                   std::string seal_key) {
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) {
     return absl::InternalError(absl::StrCat("cannot make a pipe: ", std::strerror(errno)));
@@ -49,7 +51,12 @@ absl::StatusOr<std::unique_ptr<SocketStream>> SocketStream::Create(posix::Unique
       std::move(fd), posix::UniqueFd(pipe_fds[0]), posix::UniqueFd(pipe_fds[1]), std::move(name)));
   stream->keep_alive_ = std::move(keep_alive);
   stream->joined_slots_ = joined_slots;
+  stream->seal_key_ = std::move(seal_key);
   return stream;
+}
+
+std::string SocketStream::Seal(const std::string& secret) const {
+  return nodes::Seal(seal_key_, secret);
 }
 
 SocketStream::SocketStream(posix::UniqueFd fd, posix::UniqueFd wake_read,

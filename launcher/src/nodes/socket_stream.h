@@ -20,10 +20,11 @@ class SocketStream : public channel::HostStream {
  public:
   // Takes the connected socket `fd`; `name` names the other side in errors ("node 1").
   // `keep_alive` is held as long as the stream (node 0's join port, which stays open while any
-  // joined node's stream lives); `joined_slots` is the joined node's --nproc-per-node.
+  // joined node's stream lives); `joined_slots` is the joined node's --nproc-per-node; `seal_key`:
+  // the join's SealKey (node_join.h), which Seal uses.
   static absl::StatusOr<std::unique_ptr<SocketStream>> Create(
       posix::UniqueFd fd, std::string name, std::shared_ptr<void> keep_alive = nullptr,
-      int joined_slots = 0);
+      int joined_slots = 0, std::string seal_key = "");
 
   absl::Status Write(absl::string_view data, absl::Duration timeout) override;
   absl::StatusOr<size_t> Read(char* buffer, size_t size, absl::Duration timeout) override;
@@ -33,6 +34,8 @@ class SocketStream : public channel::HostStream {
   std::string LocalAddress() const override;
   std::string RemoteAddress() const override;
   int JoinedSlots() const override { return joined_slots_; }
+  // Seal hides the job's token from the wire with the join's key (node_join.h's Seal).
+  std::string Seal(const std::string& secret) const override;
 
  private:
   SocketStream(posix::UniqueFd fd, posix::UniqueFd wake_read, posix::UniqueFd wake_write,
@@ -43,6 +46,7 @@ class SocketStream : public channel::HostStream {
   posix::UniqueFd wake_read_;  // a pipe: Interrupt writes, a blocked Read wakes
   posix::UniqueFd wake_write_;
   const std::string name_;
+  std::string seal_key_;
   std::atomic<bool> interrupted_{false};
   int joined_slots_ = 0;
   absl::Status end_;

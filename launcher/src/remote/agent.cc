@@ -260,6 +260,14 @@ class Agent {
                                ? static_cast<BindTo>(job->bind_to)
                                : BindTo::kNone;
     const int local_size = static_cast<int>(job->ranks.size());
+    const std::string token_entry = absl::StrCat(::trainrun::env::kJobToken, "=");
+    for (RankJob& rank : job->ranks) {
+      for (std::string& entry : rank.env) {
+        if (options_.unseal_token && absl::StartsWith(entry, token_entry)) {
+          entry = token_entry + options_.unseal_token(entry.substr(token_entry.size()));
+        }
+      }
+    }
     StartRelay(*job);
     for (RankJob& rank : job->ranks) {
       // The ranks call this host's relay (see StartRelay), not the launcher's server directly.

@@ -42,6 +42,9 @@ struct AgentOptions {
   // Also given each piece of the ranks' output (a per-node agent shows its own ranks' lines on
   // its node's console as well); may be empty.
   std::function<void(int rank, OutputStream stream, std::string_view bytes)> on_output;
+  // Per-node mode: undoes the launcher's seal of the job's token (TRAINRUN_JOB_TOKEN in each
+  // rank's environment; channel/host_channel.h's Seal). May be empty: the token came as it is.
+  std::function<std::string(const std::string&)> unseal_token;
 };
 
 // AgentOutcome is how an agent's session ended.

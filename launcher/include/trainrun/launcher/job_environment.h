@@ -28,8 +28,10 @@ struct HostView {
   std::string name;             // as the user wrote it (TRAINRUN_HOSTNAME)
   std::string address;          // the address trainrun reached it at; "" for this machine
   std::string rendezvous_addr;  // host:port its ranks dial (TRAINRUN_RENDEZVOUS_ADDR); "": unset
-  std::string master_addr;      // MASTER_ADDR: rank 0's host, as this host reaches it
-  int gpu_count = 0;            // its GPUs, for CUDA_VISIBLE_DEVICES (a remote agent's Hello)
+  // The server's Unix socket, for this machine's ranks only (TRAINRUN_RENDEZVOUS_SOCKET); "": unset
+  std::string rendezvous_socket;
+  std::string master_addr;  // MASTER_ADDR: rank 0's host, as this host reaches it
+  int gpu_count = 0;        // its GPUs, for CUDA_VISIBLE_DEVICES (a remote agent's Hello)
 };
 
 // JobEnvironment holds what every rank of one job shares, and makes each rank's environment.

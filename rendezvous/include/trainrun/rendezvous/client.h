@@ -53,6 +53,9 @@ struct ClientOptions {
   // TLS with the job's certificate made from the token; false when TRAINRUN_RENDEZVOUS_TLS=off
   // (--no-tls). Must match the server's.
   bool tls = true;
+  // The server's Unix socket on this machine (TRAINRUN_RENDEZVOUS_SOCKET): when set and present,
+  // calls go there in plain text instead of to `address` (no TLS handshake; it crosses no network).
+  std::string socket;
   std::string host;        // TRAINRUN_HOSTNAME
   int local_rank = 0;      // TRAINRUN_LOCAL_RANK
   int expected_rank = -1;  // TRAINRUN_RANK when known; the server checks it matches

@@ -48,6 +48,11 @@ inline constexpr char kRendezvousRelay[] = "TRAINRUN_RENDEZVOUS_RELAY";
 // "off" when the job's rendezvous speaks plain text (trainrun --no-tls, for debugging); absent
 // otherwise: the rendezvous then runs over TLS with a certificate made from TRAINRUN_JOB_TOKEN.
 inline constexpr char kRendezvousTls[] = "TRAINRUN_RENDEZVOUS_TLS";
+// The rendezvous server's Unix socket, for the ranks on trainrun's own machine (a path in a
+// directory only the job's user can enter): they dial it in plain text instead of
+// TRAINRUN_RENDEZVOUS_ADDR with TLS. Absent on other hosts; a rank that cannot see the path
+// (another mount namespace) dials TRAINRUN_RENDEZVOUS_ADDR.
+inline constexpr char kRendezvousSocket[] = "TRAINRUN_RENDEZVOUS_SOCKET";
 // The job's id, and its secret: the rendezvous and the data plane refuse peers without it.
 inline constexpr char kJobId[] = "TRAINRUN_JOB_ID";
 inline constexpr char kJobToken[] = "TRAINRUN_JOB_TOKEN";

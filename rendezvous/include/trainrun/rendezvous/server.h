@@ -78,6 +78,14 @@ struct ServerOptions {
   // TLS with the job's certificate, made from the token (rendezvous/src/tls.h), required of every
   // client: the token never crosses the network. False (--no-tls) serves plain text, to debug.
   bool tls = true;
+  // Also listen on a Unix socket in a private directory of its own (mode 0700, under $TMPDIR or
+  // /tmp) for the ranks on this machine (TRAINRUN_RENDEZVOUS_SOCKET): plain text, since nothing on
+  // it crosses a network and only this user (who can read the ranks' environment anyway) can reach
+  // it, so those ranks pay no TLS handshake. Removed at shutdown. No socket where none can be made.
+  bool local_socket = false;
+  // With local_socket: build the TCP port's server (with TLS: OpenSSL's context, milliseconds)
+  // only when a connection arrives there, for a job whose ranks all dial the local socket.
+  bool network_on_demand = false;
   std::vector<RankSlot> ranks;
   ServerLimits limits;
   // Called, on a gRPC thread and without the server's lock, for each "failed because of peer P"
@@ -117,6 +125,14 @@ class Server {
   std::string address() const;
   // port is the port actually bound (the kernel's choice when ServerOptions::port was 0).
   int port() const;
+  // Ready waits until the server serves (Start returns once it listens: the TCP port's gRPC
+  // server, and with TLS OpenSSL's context, are built meanwhile, while the caller starts its ranks,
+  // whose connections wait in the backlog) and says whether it does. INTERNAL when it could not
+  // start. With network_on_demand and the local socket, at once.
+  absl::Status Ready();
+  // socket_path is the Unix socket of ServerOptions::local_socket (TRAINRUN_RENDEZVOUS_SOCKET for
+  // the ranks on this machine), or "" when there is none.
+  std::string socket_path() const;
 
   // NoteRankExit records how rank `rank` ended, completing "rank 3 ...": "exited with code 1",
   // "was killed by SIGKILL". Timeout errors of waiting ranks then say it.
