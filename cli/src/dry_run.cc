@@ -9,6 +9,7 @@
 #include "trainrun/collectives/gpu/loader.h"
 #include "trainrun/hostfile/host_list.h"
 #include "trainrun/launcher/host_access.h"
+#include "trainrun/launcher/job_environment.h"
 #include "trainrun/launcher/local_host.h"
 #include "trainrun/launcher/shell_quote.h"
 
@@ -56,7 +57,11 @@ void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out) {
                            hostfile::HostLabel(plan.hosts[r.host_index]), r.rank, r.local_rank,
                            r.cross_rank, command);
   }
-  for (const launcher::ExportedVariable& variable : spec.exported) {
+  std::vector<launcher::ExportedVariable> exported = spec.exported;
+  for (launcher::ExportedVariable& variable : launcher::JobEnvironment::SpecVariables(spec)) {
+    exported.push_back(std::move(variable));
+  }
+  for (const launcher::ExportedVariable& variable : exported) {
     out << "export " << variable.name
         << (variable.value ? absl::StrCat("=", launcher::ShellQuote(*variable.value))
                            : " (from trainrun's environment)")

@@ -657,18 +657,11 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
   spec.stdout_pty = options.pty;
   spec.rendezvous_tls = options.tls;
   spec.assign_gpus = options.assign_gpus;
-  // horovodrun's knobs that trainrun has: as -x would set them (an explicit -x wins).
-  auto export_default = [&spec](const char* name, std::string value) {
-    for (const launcher::ExportedVariable& v : spec.exported) {
-      if (v.name == name) return;
-    }
-    spec.exported.push_back({name, std::move(value)});
-  };
+  // horovodrun's knobs that trainrun has (JobEnvironment tells the ranks; an explicit -x wins).
+  spec.tcp = options.tcp;
   if (options.fusion_threshold_mb) {
-    export_default(env::kOldFusionBytes,
-                   absl::StrCat(static_cast<int64_t>(*options.fusion_threshold_mb * 1024 * 1024)));
+    spec.fusion_threshold_bytes = static_cast<int64_t>(*options.fusion_threshold_mb * 1024 * 1024);
   }
-  if (options.tcp) export_default(env::kTransport.name, "tcp");
   if (absl::Status checked = CheckSettings(spec.exported, env); !checked.ok()) return checked;
   {
     std::optional<int64_t> warning_flag;

@@ -11,6 +11,7 @@
 //   - the blacklist: a host whose rank failed gets no new ranks until its cooldown has passed;
 //   - generations: PublishGeneration tells the ranks each new generation through the rendezvous
 //     (rendezvous/generation.h) and WatchGenerations logs it once every member joined it.
+// Growth is implemented in elastic_growth.cc, the rest in elastic_controller.cc.
 #pragma once
 
 #include <boost/asio/steady_timer.hpp>

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -105,6 +106,9 @@ absl::StatusOr<JobEnvironment> JobEnvironment::Create(const LaunchSpec& spec,
     }
     job.forced_[variable.name] = it->second;
   }
+  for (const ExportedVariable& variable : SpecVariables(spec)) {
+    job.forced_[variable.name] = *variable.value;
+  }
   absl::StatusOr<std::string> id = rendezvous::RandomToken();
   if (!id.ok()) return id.status();
   absl::StatusOr<std::string> token = rendezvous::RandomToken();
@@ -131,6 +135,28 @@ absl::StatusOr<JobEnvironment> JobEnvironment::Create(const LaunchSpec& spec,
   if (!spec.rendezvous_tls) job.forced_[env::kRendezvousTls] = "off";
   if (spec.verbose && !job.forced_.count(env::kVerbose.name)) job.forced_[env::kVerbose.name] = "1";
   return job;
+}
+
+std::vector<ExportedVariable> JobEnvironment::SpecVariables(const LaunchSpec& spec) {
+  auto given = [&spec](const char* name) {
+    return std::any_of(spec.exported.begin(), spec.exported.end(),
+                       [name](const ExportedVariable& v) { return v.name == name; });
+  };
+  std::vector<ExportedVariable> out;
+  if (spec.fusion_threshold_bytes && !given(env::kOldFusionBytes)) {
+    out.push_back({env::kOldFusionBytes, absl::StrCat(*spec.fusion_threshold_bytes)});
+  }
+  if (spec.tcp && !given(env::kTransport.name)) out.push_back({env::kTransport.name, "tcp"});
+  if (spec.elastic.has_value()) {
+    out.push_back({env::kElastic, "1"});
+    out.push_back({env::kHorovodElastic, "1"});
+    // A rank waits a little longer than trainrun does, so that trainrun ends a job below --min-np
+    // with its own message rather than each rank with a timeout.
+    out.push_back(
+        {env::kElasticTimeoutSeconds.name,
+         absl::StrCat(spec.elastic->timeout.count() + env::kElasticTimeoutMarginSeconds)});
+  }
+  return out;
 }
 
 std::optional<std::string> JobEnvironment::Lookup(const std::string& name) const {

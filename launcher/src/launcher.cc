@@ -64,21 +64,6 @@ LaunchSpec WithRestartCount(const LaunchSpec& spec, int restart) {
   return attempt;
 }
 
-// WithElastic is `spec` with its elastic mode told to the ranks (TRAINRUN_ELASTIC and
-// HOROVOD_ELASTIC, TRAINRUN_ELASTIC_TIMEOUT), or `spec` itself when it is not elastic.
-LaunchSpec WithElastic(const LaunchSpec& spec) {
-  if (!spec.elastic.has_value()) return spec;
-  LaunchSpec elastic = spec;
-  elastic.exported.push_back({env::kElastic, "1"});
-  elastic.exported.push_back({env::kHorovodElastic, "1"});
-  // A rank waits a little longer than trainrun does, so that trainrun ends a job below --min-np
-  // with its own message rather than each rank with a timeout.
-  elastic.exported.push_back(
-      {env::kElasticTimeoutSeconds.name,
-       std::to_string(spec.elastic->timeout.count() + env::kElasticTimeoutMarginSeconds)});
-  return elastic;
-}
-
 // MergeNamesOfOneMachine makes remote hosts whose agents say they are one machine (Hello.machine:
 // the same boot and network namespace; e.g. a name and an address of one host) one host, at the
 // first one's place with all their slots, so its ranks get one numbering of local ranks, as
@@ -231,7 +216,7 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
   // Fail fast and elastic run the job once (the failure policy is the supervisor's); restart runs
   // it again after each failure.
   if (FailureModeOf(spec) != FailureMode::kRestart) {
-    absl::StatusOr<Attempt> attempt = RunOnce(WithElastic(spec), **output);
+    absl::StatusOr<Attempt> attempt = RunOnce(spec, **output);
     if (!attempt.ok()) return attempt.status();
     return attempt->exit_code;
   }

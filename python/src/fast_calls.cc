@@ -122,9 +122,9 @@ bool IsOne(PyObject* factor) {
 }
 
 // ClaimableKey returns a new reference to the key of `name` (a str) in the names in flight (for
-// the whole job, the name itself: see trainrun._claim_name) when it is not in flight; null, with
-// no error set, when there is nothing to claim (no name) or when it is in flight (`*in_flight`
-// set: the Python way raises).
+// the whole job, the name itself: see trainrun/common/handles.py's _claim_name) when it is not in
+// flight; null, with no error set, when there is nothing to claim (no name) or when it is in flight
+// (`*in_flight` set: the Python way raises).
 PyObject* ClaimableKey(PyObject* name, bool* in_flight) {
   *in_flight = false;
   if (name == nullptr || name == Py_None || PyUnicode_GET_LENGTH(name) == 0) return nullptr;

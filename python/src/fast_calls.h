@@ -7,10 +7,10 @@
 // ~2 µs each. Here trainrun.allreduce_async_, synchronize and poll are C functions (METH_FASTCALL,
 // no pybind11 argument conversion) that handle the common case (a tensor or array BufferReader
 // reads, op None or a ReduceOp, no process set, no scaling, a name not in flight) by themselves,
-// and hand every other call, unchanged, to the Python implementation (trainrun/__init__.py), which
-// also raises every error. grouped_allreduce_fast reads a whole list in one pass for
+// and hand every other call, unchanged, to the Python implementation (trainrun/common/ops.py),
+// which also raises every error. grouped_allreduce_fast reads a whole list in one pass for
 // grouped_allreduce_async_. Handles come from one counter for both ways, so either's synchronize
-// takes any handle; names in flight live in trainrun's one Python set.
+// takes any handle; names in flight live in one Python set (trainrun/common/handles.py).
 #pragma once
 
 #include <pybind11/pybind11.h>

@@ -295,3 +295,39 @@ def _torch_contiguous():
     import torch
 
     return torch.contiguous_format
+
+
+def scale_(t, factor):
+    """Multiplies t by factor in place: integers through float64, float16 through float32."""
+    if factor == 1.0:
+        return
+    if _is_torch_tensor(t):
+        import torch
+
+        if t.dtype in (torch.float32, torch.float64):
+            t.mul_(factor)
+        elif t.dtype in (torch.float16, torch.bfloat16):
+            t.copy_((t.float() * factor).to(t.dtype))
+        else:
+            t.copy_((t.double() * factor).to(t.dtype))
+        return
+    if not hasattr(t, "__array_interface__") and (hasattr(t, "__cuda_array_interface__")
+                                                   or hasattr(t, "__dlpack_device__")):
+        # A GPU array scales itself (CuPy's, on its current stream: the one its interface names).
+        scaled = t
+        try:
+            scaled *= factor
+        except TypeError:
+            scaled = None
+        if scaled is not t:
+            raise InvalidArgumentError(
+                f"prescale_factor and postscale_factor need a {type(t).__name__} that can be "
+                "scaled in place (t *= factor); scale it yourself, or use a torch tensor")
+        return
+    import numpy
+
+    if t.dtype.kind == "f" and t.dtype.itemsize >= 4:
+        t *= t.dtype.type(factor)
+    else:
+        wide = numpy.float32 if t.dtype.kind == "f" else numpy.float64
+        t[...] = (t.astype(wide) * factor).astype(t.dtype)

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "trainrun/launcher/job_environment.h"
 
 namespace trainrun::cli {
 namespace {
@@ -431,11 +432,17 @@ TEST_CASE_METHOD(TrainrunFixture, "the first hour's flags reach the spec", "[cli
   CHECK(spec.prefix_timestamp);
   CHECK(spec.stall_warning == std::chrono::seconds(5));
   CHECK(spec.stall_shutdown == std::chrono::seconds(9));
-  REQUIRE(spec.exported.size() == 2);
-  CHECK(spec.exported[0].name == "TRAINRUN_FUSION_BYTES");
-  CHECK(spec.exported[0].value == std::to_string(64 << 20));
-  CHECK(spec.exported[1].name == "TRAINRUN_TRANSPORT");
-  CHECK(spec.exported[1].value == "tcp");
+  // --tcp and --fusion-threshold-mb are typed; only JobEnvironment makes them variables.
+  CHECK(spec.exported.empty());
+  CHECK(spec.tcp);
+  CHECK(spec.fusion_threshold_bytes == std::optional<int64_t>(int64_t{64} << 20));
+  const std::vector<launcher::ExportedVariable> told =
+      launcher::JobEnvironment::SpecVariables(spec);
+  REQUIRE(told.size() == 2);
+  CHECK(told[0].name == "TRAINRUN_FUSION_BYTES");
+  CHECK(told[0].value == std::to_string(64 << 20));
+  CHECK(told[1].name == "TRAINRUN_TRANSPORT");
+  CHECK(told[1].value == "tcp");
 
   // The variables, when no flag is given; --no-stall-check turns the warning off.
   env_["TRAINRUN_STALL_CHECK_TIME_SECONDS"] = "7";

@@ -108,6 +108,8 @@ expect_in "$info" 'shlibs|triggers' "trainrun's control files (shlibs, ldconfig 
 contents=$(dpkg-deb -c "$runtime")
 for f in ./usr/bin/trainrun ./usr/libexec/trainrun/trainrun-rank-shim \
          ./usr/lib/python3/dist-packages/trainrun/__init__.py \
+         ./usr/lib/python3/dist-packages/trainrun/common/ops.py \
+         ./usr/lib/python3/dist-packages/trainrun/torch/ops.py \
          './usr/lib/python3/dist-packages/trainrun/_core\..*\.so' ./usr/share/man/man1/trainrun.1.gz \
          ./usr/share/bash-completion/completions/trainrun ./usr/share/zsh/vendor-completions/_trainrun \
          './usr/lib/.*libtrainrun_collectives\.so\.0\.1\.0'; do

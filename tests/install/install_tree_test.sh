@@ -35,7 +35,8 @@ for f in bin/trainrun libexec/trainrun/trainrun-rank-shim "$libdir/libtrainrun_c
   [[ -e $prefix/$f ]] || fail "cmake --install did not install $f"
 done
 ls "$site"/trainrun/_core.*.so "$site"/trainrun/__init__.py "$site"/trainrun/__main__.py \
-   "$site"/trainrun/torch/__init__.py >/dev/null || fail "the Python package is not in $site"
+   "$site"/trainrun/torch/__init__.py "$site"/trainrun/common/ops.py "$site"/trainrun/torch/ops.py \
+   "$site"/trainrun/torch/elastic/state.py >/dev/null || fail "the Python package is not in $site"
 expect_in "$(readelf -d "$prefix/$libdir/libtrainrun_collectives.so.0.1.0")" \
   'SONAME.*\[libtrainrun_collectives\.so\.0\]' "the shared library's SONAME"
 [[ $(readlink "$prefix/$libdir/libtrainrun_collectives.so.0") == libtrainrun_collectives.so.0.1.0 ]] ||

@@ -45,6 +45,9 @@ site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("platli
 out=$("$venv/bin/python" -c 'import trainrun.torch, trainrun; print(trainrun.__file__)')
 [[ $out == "$site/trainrun/__init__.py" ]] || fail "import trainrun found $out, not the venv's $site"
 [[ -x $venv/bin/trainrun ]] || fail "pip did not install the launcher as $venv/bin/trainrun"
+for f in common/ops.py common/process_sets.py torch/ops.py torch/functions.py torch/elastic/state.py; do
+  [[ -f $site/trainrun/$f ]] || fail "pip did not install trainrun/$f into $site"
+done
 
 step "2-rank allreduce (trainrun.torch) under the installed $venv/bin/trainrun"
 out=$("$venv/bin/trainrun" -np 2 "$venv/bin/python" -c 'import torch, trainrun.torch as hvd

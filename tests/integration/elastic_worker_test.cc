@@ -1,5 +1,6 @@
-// The C++ elastic example (examples/collectives/elastic_worker.cc) under the real trainrun: a C++
-// worker rejoins an elastic job through the worker runtime as a Python one does.
+// The C++ and C elastic examples (examples/collectives/elastic_worker.cc, elastic_worker.c) under
+// the real trainrun: a C++ worker rejoins an elastic job through the worker runtime, a C worker
+// through the C API's trainrun_comm_rejoin, as a Python one does.
 #include <catch2/catch.hpp>
 #include <regex>
 #include <string>
@@ -9,11 +10,12 @@
 namespace {
 
 const std::string kElasticWorker = TRAINRUN_ELASTIC_WORKER;
+const std::string kElasticWorkerC = TRAINRUN_ELASTIC_WORKER_C;
 
 // Survive: 4 ranks, --min-np 2; the rank that started as rank 2 SIGKILLs itself after step 30
 // (the last commit is step 28). The job goes on at 3 ranks from that commit and finishes.
-void CheckSurvives(const std::string& flags) {
-  JobResult job = RunJob("-np 4 --min-np 2 " + flags + " " + kElasticWorker +
+void CheckSurvives(const std::string& worker, const std::string& flags) {
+  JobResult job = RunJob("-np 4 --min-np 2 " + flags + " " + worker +
                          " --kill-rank 2 --kill-at-step 30 --batches-per-commit 4 --steps 300");
   INFO(job.output);
   CHECK(job.exit_code == 0);
@@ -38,9 +40,18 @@ void CheckSurvives(const std::string& flags) {
 
 TEST_CASE("a C++ elastic worker survives a SIGKILLed rank over shared memory",
           "[integration][elastic]") {
-  CheckSurvives("");
+  CheckSurvives(kElasticWorker, "");
 }
 
 TEST_CASE("a C++ elastic worker survives a SIGKILLed rank over TCP", "[integration][elastic]") {
-  CheckSurvives("--tcp");
+  CheckSurvives(kElasticWorker, "--tcp");
+}
+
+TEST_CASE("a C elastic worker survives a SIGKILLed rank over shared memory",
+          "[integration][elastic]") {
+  CheckSurvives(kElasticWorkerC, "");
+}
+
+TEST_CASE("a C elastic worker survives a SIGKILLed rank over TCP", "[integration][elastic]") {
+  CheckSurvives(kElasticWorkerC, "--tcp");
 }

@@ -333,6 +333,34 @@ TEST_CASE("gRPC's own log lines never reach the console, and --verbose shows the
   CHECK_FALSE(std::regex_search(verbose.err, std::regex("(^|\n)[DIEW][0-9]{4} ")));
 }
 
+TEST_CASE("horovodrun's --tcp and --fusion-threshold-mb reach the ranks, an -x of one wins",
+          "[integration][flags]") {
+  const std::string show = " -np 1 sh -c 'echo $TRAINRUN_TRANSPORT $TRAINRUN_FUSION_BYTES'";
+  JobResult job = RunJob("--tcp --fusion-threshold-mb 2" + show);
+  INFO(job.out << job.err);
+  CHECK(job.exit_code == 0);
+  CHECK(job.out == "[0]<stdout>:tcp 2097152\n");
+  JobResult given = RunJob(
+      "--tcp --fusion-threshold-mb 2 -x TRAINRUN_TRANSPORT=shm -x TRAINRUN_FUSION_BYTES=4096" +
+      show);
+  CHECK(given.exit_code == 0);
+  CHECK(given.out == "[0]<stdout>:shm 4096\n");
+  JobResult dry = RunJob("--dry-run --tcp --fusion-threshold-mb 2 -np 1 true");
+  CHECK(dry.exit_code == 0);
+  CHECK(dry.out.find("export TRAINRUN_FUSION_BYTES=2097152\nexport TRAINRUN_TRANSPORT=tcp\n") !=
+        std::string::npos);
+}
+
+TEST_CASE("an elastic job's ranks wait --elastic-timeout plus 30 s for a generation, over any -x",
+          "[integration][flags]") {
+  JobResult job = RunJob(
+      "--min-np 1 --elastic-timeout 45 -x TRAINRUN_ELASTIC_TIMEOUT=5 -np 1 sh -c 'echo "
+      "$TRAINRUN_ELASTIC $HOROVOD_ELASTIC $TRAINRUN_ELASTIC_TIMEOUT'");
+  INFO(job.out << job.err);
+  CHECK(job.exit_code == 0);
+  CHECK(job.out == "[0]<stdout>:1 1 75\n");
+}
+
 TEST_CASE("config-file: a job file gives hosts, processes per host, environment and command",
           "[integration][flags][config]") {
   TempDir dir;

@@ -14,9 +14,9 @@ import functools
 
 import numpy
 
-import trainrun
 from trainrun import _core
 from trainrun.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from trainrun.common.ops import Max, allreduce
 
 
 class State:
@@ -56,7 +56,7 @@ class State:
             asked = numpy.array([latest, int(adds)], numpy.int64)
         else:
             asked = numpy.zeros(2, numpy.int64)
-        told = trainrun.allreduce(asked, op=trainrun.Max, name="elastic.check_host_updates")
+        told = allreduce(asked, op=Max, name="elastic.check_host_updates")
         if int(told[0]) > _core.generation():
             # Horovod's rule: when ranks only left, the survivors' committed state agrees and no
             # sync is needed; ranks that joined get rank 0's state by the sync.

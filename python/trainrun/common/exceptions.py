@@ -1,4 +1,9 @@
-"""The exceptions of elastic training, with Horovod's names and meanings (horovod.common.exceptions).
+"""trainrun's errors, and the exceptions of elastic training with Horovod's names and meanings
+(horovod.common.exceptions).
+
+Error is the base of every error the library raises, carrying its message: InternalError (IoError,
+TimeoutError: the job's communication failed) and InvalidArgumentError (MismatchError: the ranks
+disagreed on a collective, or one was called wrongly).
 
 HorovodInternalError: the job's communication failed (a peer was lost mid-collective): the state
 since the last commit cannot be trusted, so elastic.run restores it, joins the job's next
@@ -10,7 +15,14 @@ HostsUpdatedInterrupt: the job's membership changed while this rank's collective
 next generation without restoring, and without syncing when skip_sync.
 """
 
-from trainrun import InternalError
+from trainrun import _core
+
+Error = _core.Error
+InternalError = _core.InternalError
+IoError = _core.IoError
+TimeoutError = _core.TimeoutError  # pylint: disable=redefined-builtin
+InvalidArgumentError = _core.InvalidArgumentError
+MismatchError = _core.MismatchError
 
 HorovodInternalError = InternalError
 

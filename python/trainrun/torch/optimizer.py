@@ -22,6 +22,7 @@ import torch
 import trainrun
 from trainrun import _buffers
 from trainrun import _core
+from trainrun.torch.compression import Compression
 
 
 def _bucket_bytes():
@@ -333,8 +334,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     process_set: the ranks whose gradients are averaged together; a rank outside it steps on its
       own gradients.
     """
-    from trainrun.torch.compression import Compression  # pylint: disable=import-outside-toplevel
-
     if compression is None or compression == "none":
         compression = Compression.none
     wire_dtype = None

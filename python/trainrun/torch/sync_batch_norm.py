@@ -13,6 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from trainrun.common.ops import Sum
+from trainrun.common.process_sets import global_process_set
+from trainrun.torch.ops import allreduce
+
 
 class SyncBatchNorm(_BatchNorm):
     """Batch norm over the batches of every rank (of `process_set`, default the job)."""
@@ -28,8 +32,6 @@ class SyncBatchNorm(_BatchNorm):
 
     def forward(self, input):  # pylint: disable=redefined-builtin
         self._check_input_dim(input)
-        from trainrun import torch as hvd  # late: trainrun.torch imports this module
-
         if not self.training and self.track_running_stats:
             return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias,
                                 False, 0.0, self.eps)
@@ -37,8 +39,8 @@ class SyncBatchNorm(_BatchNorm):
         flat = input.transpose(0, 1).reshape(channels, -1)
         count = torch.full((1,), float(flat.shape[1]), dtype=input.dtype)
         stats = torch.cat([flat.sum(1), (flat * flat).sum(1), count])
-        total = hvd.allreduce(stats, op=hvd.Sum, name="SyncBatchNorm",
-                              process_set=self.process_set or hvd.global_process_set)
+        total = allreduce(stats, op=Sum, name="SyncBatchNorm",
+                          process_set=self.process_set or global_process_set)
         n = total[-1]
         mean = total[:channels] / n
         var = total[channels:2 * channels] / n - mean * mean

@@ -9,7 +9,25 @@
  *   trainrun_allreduce(comm, buf, buf, n, TRAINRUN_FLOAT32, TRAINRUN_AVERAGE);
  *   trainrun_comm_destroy(comm);
  *
- * Semantics are those of trainrun::collectives::Communicator (communicator.h). */
+ * Semantics are those of trainrun::collectives::Communicator (communicator.h); the communicator
+ * is the world of a worker runtime (runtime.h), joined as a C++ or Python worker joins.
+ *
+ * In an elastic job (trainrun --min-np) a worker goes on when a rank is lost: the collective
+ * that was running returns TRAINRUN_IO_ERROR or TRAINRUN_TIMEOUT; the worker goes back to its
+ * last commit and calls trainrun_comm_rejoin, which joins the job's next generation (a new rank
+ * and size, which the getters then return); rank 0's state is then broadcast to every rank.
+ *
+ *   while (train(comm) != TRAINRUN_OK) {  // a collective failed: a rank was lost
+ *     restore_last_commit();
+ *     trainrun_status s;
+ *     do {
+ *       s = trainrun_comm_rejoin(comm);     // again when a member is lost while it forms
+ *     } while (s == TRAINRUN_IO_ERROR || s == TRAINRUN_TIMEOUT);
+ *     if (s != TRAINRUN_OK) return 1;       // no generation has this worker
+ *     sync_from_rank0(comm);
+ *   }
+ *
+ * (examples/collectives/elastic_worker.c is that loop in full.) */
 #pragma once
 
 #include <stddef.h>
@@ -61,7 +79,7 @@ trainrun_status trainrun_comm_init(trainrun_comm** comm);
 /* trainrun_comm_destroy closes the communicator's connections and frees it; null is ignored. */
 void trainrun_comm_destroy(trainrun_comm* comm);
 
-/* The rank layout (DESIGN.md); -1 for a null communicator. */
+/* The rank layout (DESIGN.md); -1 for a null communicator, or one whose rejoin failed. */
 int trainrun_comm_rank(const trainrun_comm* comm);
 int trainrun_comm_size(const trainrun_comm* comm);
 int trainrun_comm_local_rank(const trainrun_comm* comm);
@@ -83,6 +101,26 @@ trainrun_status trainrun_allgatherv(trainrun_comm* comm, const void* input, void
 trainrun_status trainrun_reduce_scatter(trainrun_comm* comm, const void* input, void* output,
                                         size_t count, trainrun_dtype dtype, trainrun_op op);
 trainrun_status trainrun_barrier(trainrun_comm* comm);
+
+/* Elastic jobs (trainrun --min-np N). trainrun_comm_elastic: 1 when this worker is one of an
+ * elastic job, 0 when not, -1 for a null communicator. */
+int trainrun_comm_elastic(const trainrun_comm* comm);
+/* trainrun_comm_generation: the job's generation this worker belongs to (0 at the start, and
+ * always 0 when not elastic); trainrun_comm_slot: the rank this worker started as (the slot
+ * trainrun started it for when the job grew), which no membership change alters. -1 for null. */
+int trainrun_comm_generation(const trainrun_comm* comm);
+int trainrun_comm_slot(const trainrun_comm* comm);
+/* trainrun_comm_latest_generation asks trainrun for the job's newest generation (0 when not
+ * elastic): one newer than trainrun_comm_generation means the membership changed (a rank was lost
+ * or the job grew), so every rank should rejoin at its next commit. *adds (may be null): the newest
+ * generation has a rank this one lacks (a newcomer, which needs the state). */
+trainrun_status trainrun_comm_latest_generation(trainrun_comm* comm, int* generation, int* adds);
+/* trainrun_comm_rejoin leaves this generation and joins the job's next one, after a collective
+ * failed (TRAINRUN_IO_ERROR, TRAINRUN_TIMEOUT) or a newer generation was seen; blocks until
+ * connected. TRAINRUN_IO_ERROR or TRAINRUN_TIMEOUT: a member was lost while it formed (call it
+ * again: trainrun publishes the one after it); TRAINRUN_ERROR: no generation has this worker (the
+ * job is over for it: exit). In a job that is not elastic it keeps the rank and connections. */
+trainrun_status trainrun_comm_rejoin(trainrun_comm* comm);
 
 /* trainrun_last_error returns the message of the last failed call on this thread ("" if none);
  * valid until the next call on this thread. */

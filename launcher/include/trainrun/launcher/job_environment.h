@@ -52,6 +52,13 @@ class JobEnvironment {
   std::vector<std::string> ForPlace(const hostfile::RankAssignment& a, int size,
                                     const HostView& host) const;
 
+  // SpecVariables: the variables the ranks get from the spec's typed fields, which only
+  // JobEnvironment turns into variables: --tcp and --fusion-threshold-mb (each unless -x gives
+  // the variable), and an elastic job's TRAINRUN_ELASTIC, HOROVOD_ELASTIC and
+  // TRAINRUN_ELASTIC_TIMEOUT (--elastic-timeout plus env::kElasticTimeoutMarginSeconds, over any
+  // -x: trainrun acts on it). Applied after the -x variables; the dry run prints them.
+  static std::vector<ExportedVariable> SpecVariables(const LaunchSpec& spec);
+
   // Lookup returns the value `name` has in every rank's environment (base and -x), if any.
   std::optional<std::string> Lookup(const std::string& name) const;
 

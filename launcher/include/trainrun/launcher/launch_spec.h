@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -151,6 +152,13 @@ struct LaunchSpec {
   // does the same). Off: CUDA_VISIBLE_DEVICES is left as it is, as horovodrun and torchrun do,
   // so that torch.cuda.set_device(local_rank) works.
   bool assign_gpus = false;
+  // horovodrun's --tcp: the ranks' collectives go over TCP, also within a host. JobEnvironment
+  // tells the ranks (TRAINRUN_TRANSPORT=tcp) unless -x gives TRAINRUN_TRANSPORT.
+  bool tcp = false;
+  // horovodrun's --fusion-threshold-mb, in bytes; unset: the ranks' defaults. JobEnvironment tells
+  // the ranks (TRAINRUN_FUSION_BYTES, which sizes both the fusion cap and the optimizer's buckets)
+  // unless -x gives TRAINRUN_FUSION_BYTES.
+  std::optional<int64_t> fusion_threshold_bytes;
   // Prefix worker lines with the time they arrived.
   bool prefix_timestamp = false;
   // mpirun's placement flags. --bind-to (or --map-by core|socket): each local rank's CPUs, applied

@@ -24,6 +24,7 @@ restores the last commit, joins the job's next generation (new rank() and size()
 plane), runs the reset callbacks, broadcasts rank 0's state, and calls train again.
 """
 
+from trainrun.common.basics import init, shutdown
 from trainrun.common.elastic import run_fn
 from trainrun.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from trainrun.torch.elastic.sampler import ElasticSampler
@@ -39,6 +40,5 @@ def run(func):
 
 
 def _reset():
-    from trainrun import init, shutdown  # pylint: disable=import-outside-toplevel
     shutdown()
     init()

@@ -19,7 +19,7 @@ import random
 
 import torch.utils.data
 
-import trainrun
+from trainrun.common import basics as _basics
 
 __all__ = ["ElasticSampler"]
 
@@ -82,8 +82,8 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     def reset(self):
         """Re-shards the epoch's remaining indices for the job's current size and this rank."""
-        self.num_replicas = trainrun.size()
-        self.rank = trainrun.rank()
+        self.num_replicas = _basics.size()
+        self.rank = _basics.rank()
         order = list(range(len(self.dataset)))
         if self.shuffle:
             random.Random(self.seed + self.epoch).shuffle(order)

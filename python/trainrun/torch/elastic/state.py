@@ -6,8 +6,11 @@ import copy
 
 import torch
 
+from trainrun.common.basics import rank
 from trainrun.common.elastic import ObjectState, State
 from trainrun.torch.elastic.sampler import ElasticSampler
+from trainrun.torch.functions import (allgather_object, broadcast_object,
+                                      broadcast_optimizer_state, broadcast_parameters)
 
 __all__ = ["State", "ObjectState", "TorchState"]
 
@@ -37,8 +40,7 @@ class _ModelHandler(_Handler):
         self.value.load_state_dict(self._saved)
 
     def sync(self):
-        import trainrun.torch as hvd  # pylint: disable=import-outside-toplevel
-        hvd.broadcast_parameters(self.value.state_dict(), root_rank=0)
+        broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
 class _OptimizerHandler(_Handler):
@@ -49,8 +51,7 @@ class _OptimizerHandler(_Handler):
         self.value.load_state_dict(copy.deepcopy(self._saved))
 
     def sync(self):
-        import trainrun.torch as hvd  # pylint: disable=import-outside-toplevel
-        hvd.broadcast_optimizer_state(self.value, root_rank=0)
+        broadcast_optimizer_state(self.value, root_rank=0)
 
 
 class _SamplerHandler(_Handler):
@@ -61,14 +62,13 @@ class _SamplerHandler(_Handler):
         self.value.load_state_dict(copy.deepcopy(self._saved))
 
     def sync(self):
-        import trainrun.torch as hvd  # pylint: disable=import-outside-toplevel
         # Rank 0's epoch and processed_num (every rank records the same batches, as Horovod's
         # sync broadcasts), with the union of the indices every rank recorded; each rank then
         # re-shards the rest of the epoch for the new size.
-        processed = set().union(*hvd.allgather_object(set(self.value.processed_indices)))
+        processed = set().union(*allgather_object(set(self.value.processed_indices)))
         state = self.value.state_dict()
         state["processed_indices"] = processed
-        self.value.load_state_dict(hvd.broadcast_object(state, root_rank=0))
+        self.value.load_state_dict(broadcast_object(state, root_rank=0))
 
 
 def _handler_for(value):
@@ -87,7 +87,6 @@ class TorchState(ObjectState):
     (state.epoch, state.step), all saved by commit() and restored after a lost rank."""
 
     def __init__(self, model=None, optimizer=None, **kwargs):
-        import trainrun.torch as hvd  # pylint: disable=import-outside-toplevel
         kwargs.update(model=model, optimizer=optimizer)
         self._handlers = {}
         plain = {}
@@ -98,7 +97,7 @@ class TorchState(ObjectState):
                 object.__setattr__(self, name, value)
             else:
                 plain[name] = value
-        super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **plain)
+        super().__init__(bcast_object=broadcast_object, get_rank=rank, **plain)
 
     def save(self):
         for handler in self._handlers.values():
