@@ -128,13 +128,24 @@ class Reporter {
     const auto period =
         std::chrono::milliseconds(std::max<int64_t>(100, env::kMonitorPeriodMs.Get()));
     std::unique_lock<std::mutex> lock(mutex_);
-    // The first report after half a period, so that a straggler is named early in a job (its
-    // first window is half as long); then one per period.
-    auto wait = period / 2;
-    while (!wake_.wait_for(lock, wait, [this] { return stop_; })) {
+    // Reports go at moments of the host's monotonic clock that every rank of the host computes
+    // alike, so that the host's relay sends them upstream as one batch (relay.h): the first at a
+    // multiple of half a period at least half a period away (a straggler is named early in a job),
+    // then at multiples of the period, 1 to 1.5 periods apart.
+    auto next = AlignUp(std::chrono::steady_clock::now() + period / 2, period / 2);
+    while (!wake_.wait_until(lock, next, [this] { return stop_; })) {
       Send(lock);
-      wait = period;
+      next = AlignUp(next + period * 3 / 4, period);
     }
+  }
+
+  // AlignUp returns the first multiple of `step` on the steady clock at or after `t`.
+  static std::chrono::steady_clock::time_point AlignUp(std::chrono::steady_clock::time_point t,
+                                                       std::chrono::nanoseconds step) {
+    const auto since = std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch());
+    const auto steps = (since.count() + step.count() - 1) / step.count();
+    return std::chrono::steady_clock::time_point(
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(step * steps));
   }
 
   // Send makes the report under the lock and sends it without it.

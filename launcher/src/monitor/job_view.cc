@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "rank_ranges.h"
 
@@ -142,23 +143,58 @@ std::optional<Straggler> FindStraggler(const std::vector<RankWindow>& ranks, dou
     const double share = r.delta.LastShare();
     if (worst == nullptr || share > worst_share) worst = &r, worst_share = share;
   }
-  // Last at most collectives: more than half of them.
-  if (worst_share <= 0.5) return std::nullopt;
   Straggler s;
-  s.rank = worst->rank;
-  s.host = worst->host;
-  s.last_share = worst_share;
-  s.collectives = worst->delta.collectives;
-  s.late_ns = Share(worst->delta.last_gap_ns, worst->delta.last_samples);
-  s.window_seconds = worst->seconds;
+  std::vector<const RankWindow*> late;  // the straggler's ranks
+  if (worst_share > 0.5) {
+    // Last at most collectives: more than half of them.
+    late = {worst};
+    s.last_share = worst_share;
+    s.late_ns = Share(worst->delta.last_gap_ns, worst->delta.last_samples);
+  } else {
+    // A host whose ranks together were last at more than half of them.
+    std::map<std::string, std::vector<const RankWindow*>> hosts;
+    for (const RankWindow& r : ranks) hosts[r.host].push_back(&r);
+    if (hosts.size() < 2) return std::nullopt;
+    for (const auto& [host, members] : hosts) {
+      if (members.size() < 2) continue;
+      uint64_t last = 0, gap = 0;
+      double samples = 0;
+      for (const RankWindow* r : members) {
+        last += r->delta.last_samples;
+        gap += r->delta.last_gap_ns;
+        samples += static_cast<double>(r->delta.samples);
+      }
+      const double share =
+          static_cast<double>(last) / (samples / static_cast<double>(members.size()));
+      // By chance alone a host of k of the n ranks is last at k/n of the collectives: it must be
+      // more than halfway from that to all of them (and at more than half).
+      const double fair = static_cast<double>(members.size()) / static_cast<double>(ranks.size());
+      if (share > std::max(0.5, (1 + fair) / 2) && share > s.last_share) {
+        late = members;
+        s.last_share = std::min(share, 1.0);
+        s.late_ns = Share(gap, last);
+      }
+    }
+    if (late.empty()) return std::nullopt;
+    s.whole_host = true;
+  }
+  s.rank = late[0]->rank;
+  s.host = late[0]->host;
+  s.collectives = late[0]->delta.collectives;
+  s.window_seconds = late[0]->seconds;
+  // The straggler's own share of its time in collectives (arriving last, it hardly waits).
+  double its = 0;
+  for (const RankWindow* r : late) {
+    s.ranks.push_back(r->rank);
+    its += static_cast<double>(r->delta.busy_ns) / (r->seconds * 1e9);
+  }
+  its /= static_cast<double>(late.size());
   double waited = 0;
   for (const RankWindow& r : ranks) {
-    if (&r == worst) continue;
+    if (std::find(late.begin(), late.end(), &r) != late.end()) continue;
     s.others.push_back(r.rank);
-    // What it cost r: r's time in collectives beyond the straggler's own (the straggler, arriving
-    // last, hardly waits; r waits for it).
+    // What it cost r: r's time in collectives beyond the straggler's own.
     const double busy = static_cast<double>(r.delta.busy_ns) / (r.seconds * 1e9);
-    const double its = static_cast<double>(worst->delta.busy_ns) / (worst->seconds * 1e9);
     waited += std::clamp(busy - its, 0.0, 1.0);
   }
   s.others_waited = waited / static_cast<double>(s.others.size());
@@ -166,13 +202,20 @@ std::optional<Straggler> FindStraggler(const std::vector<RankWindow>& ranks, dou
   return s;
 }
 
+// Who a straggler line names: "rank 3", or "host b".
+std::string Named(const Straggler& s) {
+  return s.whole_host ? absl::StrCat("host ", s.host) : absl::StrCat("rank ", s.rank);
+}
+
 std::string StragglerLine(const Straggler& s) {
-  return absl::StrCat("straggler: rank ", s.rank, s.host.empty() ? "" : " (host " + s.host + ")",
-                      " arrived last at ", Percent(s.last_share), " of ", Thousands(s.collectives),
-                      " collectives in the last ", absl::StrFormat("%.0f", s.window_seconds),
-                      " s, ", Duration(s.late_ns), " after the first on average; ",
-                      RankRanges(s.others), " waited ", Percent(s.others_waited),
-                      " of their time for it");
+  const std::string who =
+      s.whole_host ? absl::StrCat("host ", s.host, " (", RankRanges(s.ranks), ")")
+                   : absl::StrCat("rank ", s.rank, s.host.empty() ? "" : " (host " + s.host + ")");
+  return absl::StrCat("straggler: ", who, " arrived last at ", Percent(s.last_share), " of ",
+                      Thousands(s.collectives), " collectives in the last ",
+                      absl::StrFormat("%.0f", s.window_seconds), " s, ", Duration(s.late_ns),
+                      " after the first on average; ", RankRanges(s.others), " waited ",
+                      Percent(s.others_waited), " of their time for it");
 }
 
 JobView::JobView(JobViewOptions options) : options_(std::move(options)) {
@@ -286,16 +329,16 @@ std::string JobView::OnReports(const std::map<int, std::string>& reports, Clock:
   straggler_ = FindStraggler(windows, options_.threshold);
   if (straggler_.has_value()) {
     straggler_line_ = StragglerLine(*straggler_);
-    if (named_ == straggler_->rank) return "";
-    named_ = straggler_->rank;
+    if (named_ == Named(*straggler_)) return "";
+    named_ = Named(*straggler_);
     ever_named_ = true;
     return straggler_line_;
   }
   straggler_line_.clear();
   if (!named_.has_value()) return "";
-  const int was = *named_;
+  const std::string was = *named_;
   named_.reset();
-  return absl::StrCat("straggler: none in the last ", options_.window.count(), " s (rank ", was,
+  return absl::StrCat("straggler: none in the last ", options_.window.count(), " s (", was,
                       " was)");
 }
 
@@ -385,8 +428,10 @@ std::string JobView::Json() const {
       ",\"now\":", since(now), ",\"window\":", options_.window.count(),
       ",\"ended\":", ended_ ? "true" : "false", ",\"summary\":", JsonString(summary_),
       ",\"stall\":", JsonString(stall_), ",\"straggler\":", JsonString(straggler_line_),
-      ",\"straggler_rank\":", straggler_.has_value() ? absl::StrCat(straggler_->rank) : "-1",
-      ",\"restarts\":", options_.restarts, ",\"membership_changes\":", membership_changes_,
+      ",\"straggler_rank\":",
+      straggler_.has_value() && !straggler_->whole_host ? absl::StrCat(straggler_->rank) : "-1",
+      ",\"straggler_ranks\":[", straggler_.has_value() ? absl::StrJoin(straggler_->ranks, ",") : "",
+      "]", ",\"restarts\":", options_.restarts, ",\"membership_changes\":", membership_changes_,
       "},\"ranks\":[");
   for (size_t i = 0; i < ranks_.size(); ++i) {
     const Rank& r = ranks_[i];
@@ -491,8 +536,7 @@ std::string JobView::Metrics() const {
   family("trainrun_straggler", "gauge", "1 for the rank the straggler line names.");
   for (size_t i = 0; i < ranks_.size(); ++i) {
     absl::StrAppend(&out, "trainrun_straggler", labels(i), " ",
-                    straggler_.has_value() && straggler_->rank == static_cast<int>(i) ? 1 : 0,
-                    "\n");
+                    IsStraggler(static_cast<int>(i)) ? 1 : 0, "\n");
   }
   family("trainrun_restarts_total", "counter", "Times the job was started again (--max-restarts).");
   absl::StrAppend(&out, "trainrun_restarts_total ", options_.restarts, "\n");
@@ -529,7 +573,7 @@ std::string JobView::Text(int width) const {
       wait = s > 0 ? d.Waited() / (s * 1e9) : 0;
       last = d.LastShare();
     }
-    const bool straggler = straggler_.has_value() && straggler_->rank == static_cast<int>(i);
+    const bool straggler = IsStraggler(static_cast<int>(i));
     absl::StrAppend(
         &out,
         clip(absl::StrFormat(

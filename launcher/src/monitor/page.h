@@ -55,7 +55,7 @@ function draw(s) {
     for (const h of ["rank","state","coll/s","bytes/s","waiting","last to arrive","CPU","RSS","last line"]) head.appendChild(el("th", "", h));
     t.appendChild(head);
     for (const r of ranks) {
-      const tr = el("tr", "rank" + (r.rank === s.job.straggler_rank ? " straggler" : "")); tr.id = "rank-" + r.rank; tr.dataset.state = r.state;
+      const tr = el("tr", "rank" + (s.job.straggler_ranks.includes(r.rank) ? " straggler" : "")); tr.id = "rank-" + r.rank; tr.dataset.state = r.state;
       tr.appendChild(el("td", "rank", String(r.rank)));
       tr.appendChild(el("td", "state " + stateClass(r.state), r.state));
       tr.appendChild(el("td", "num", r.collectives_per_s.toFixed(0)));
