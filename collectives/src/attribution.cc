@@ -8,9 +8,11 @@
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
+#include "gpu_usage.h"
 #include "log.h"
 #include "trainrun/rendezvous/environment.h"
 
@@ -164,6 +166,11 @@ class Reporter {
     report.sampled_waited_ns = t.sampled_waited_ns;
     report.cpu_ns = CpuNs();
     report.rss_bytes = RssBytes();
+    if (std::optional<GpuUsage> gpu = gpu_.Read()) {
+      report.has_gpu = true;
+      report.gpu_percent = gpu->percent;
+      report.gpu_memory_bytes = gpu->memory_bytes;
+    }
     std::shared_ptr<rendezvous::Store> store = store_;
     const std::string key = key_;
     lock.unlock();
@@ -179,6 +186,7 @@ class Reporter {
   Totals retired_;
   std::shared_ptr<rendezvous::Store> store_;
   std::string key_;
+  GpuUsageReader gpu_;
 };
 
 bool Reporting() { return env::kMonitorPeriodMs.Get() > 0; }
@@ -200,15 +208,19 @@ uint64_t TicksToNs(uint64_t ticks) {
 }
 
 std::string FormatReport(const AttributionReport& r) {
-  char text[256];
-  std::snprintf(
-      text, sizeof(text), "1 %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu",
+  char text[320];
+  const int n = std::snprintf(
+      text, sizeof(text), "%d %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu", r.has_gpu ? 2 : 1,
       static_cast<unsigned long long>(r.collectives), static_cast<unsigned long long>(r.bytes),
       static_cast<unsigned long long>(r.busy_ns), static_cast<unsigned long long>(r.samples),
       static_cast<unsigned long long>(r.last_samples),
       static_cast<unsigned long long>(r.last_gap_ns), static_cast<unsigned long long>(r.sampled_ns),
       static_cast<unsigned long long>(r.sampled_waited_ns),
       static_cast<unsigned long long>(r.cpu_ns), static_cast<unsigned long long>(r.rss_bytes));
+  if (r.has_gpu && n > 0 && static_cast<size_t>(n) < sizeof(text)) {
+    std::snprintf(text + n, sizeof(text) - static_cast<size_t>(n), " %u %llu", r.gpu_percent,
+                  static_cast<unsigned long long>(r.gpu_memory_bytes));
+  }
   return text;
 }
 

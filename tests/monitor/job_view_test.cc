@@ -81,6 +81,15 @@ TEST_CASE("reports are read back, and anything else is refused") {
   CHECK_FALSE(ParseReport("2 10 20 30 40 50 60 70 80 90 100").has_value());
   CHECK_FALSE(ParseReport("1 10 20").has_value());
   CHECK_FALSE(ParseReport("1 x 20 30 40 50 60 70 80 90 100").has_value());
+  // Version 2: the rank's GPU at the end.
+  std::optional<Report> gpu = ParseReport("2 10 20 30 40 50 60 70 80 90 100 37 1073741824");
+  REQUIRE(gpu.has_value());
+  CHECK(gpu->has_gpu);
+  CHECK(gpu->gpu_percent == 37);
+  CHECK(gpu->gpu_memory_bytes == 1073741824);
+  CHECK(gpu->rss_bytes == 100);
+  CHECK_FALSE(r->has_gpu);
+  CHECK_FALSE(ParseReport("1 10 20 30 40 50 60 70 80 90 100 37 1073741824").has_value());
 }
 
 TEST_CASE("the straggler line is said once, and once more when it is gone") {

@@ -102,13 +102,19 @@ std::string Thousands(uint64_t n) {
 }
 
 std::optional<Report> ParseReport(const std::string& text) {
+  // Version 1: eleven numbers; version 2: thirteen, the last two the rank's GPU.
   std::vector<absl::string_view> words = absl::StrSplit(text, ' ', absl::SkipEmpty());
-  if (words.size() != 11 || words[0] != "1") return std::nullopt;
-  uint64_t v[10];
-  for (int i = 0; i < 10; ++i) {
-    if (!absl::SimpleAtoi(words[i + 1], &v[i])) return std::nullopt;
+  const bool gpu = words.size() == 13 && words[0] == "2";
+  if (!gpu && (words.size() != 11 || words[0] != "1")) return std::nullopt;
+  uint64_t v[12] = {};
+  for (size_t i = 1; i < words.size(); ++i) {
+    if (!absl::SimpleAtoi(words[i], &v[i - 1])) return std::nullopt;
   }
-  return Report{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]};
+  Report report{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]};
+  report.has_gpu = gpu;
+  report.gpu_percent = v[10];
+  report.gpu_memory_bytes = v[11];
+  return report;
 }
 
 double Report::Waited() const {
@@ -130,7 +136,10 @@ Report Minus(const Report& a, const Report& b) {
                 d(a.sampled_ns, b.sampled_ns),
                 d(a.sampled_waited_ns, b.sampled_waited_ns),
                 d(a.cpu_ns, b.cpu_ns),
-                a.rss_bytes};
+                a.rss_bytes,
+                a.has_gpu,
+                a.gpu_percent,
+                a.gpu_memory_bytes};
 }
 
 std::optional<Straggler> FindStraggler(const std::vector<RankWindow>& ranks, double threshold) {
@@ -453,6 +462,12 @@ std::string JobView::Json() const {
         ",\"last_share\":", absl::StrFormat("%.3f", last),
         ",\"cpu\":", absl::StrFormat("%.3f", Rate(r, &Report::cpu_ns) / 1e9),
         ",\"rss\":", r.samples.empty() ? 0 : r.samples.back().report.rss_bytes,
+        // The GPU: -1 without one (no NVML, or no CUDA_VISIBLE_DEVICES).
+        ",\"gpu\":",
+        r.samples.empty() || !r.samples.back().report.has_gpu
+            ? std::string("-1")
+            : absl::StrFormat("%.2f", r.samples.back().report.gpu_percent / 100.0),
+        ",\"gpu_memory\":", r.samples.empty() ? 0 : r.samples.back().report.gpu_memory_bytes,
         ",\"collectives\":", r.samples.empty() ? 0 : r.samples.back().report.collectives,
         ",\"line\":", JsonString(r.line), ",\"timeline\":[");
     // The timeline: per report interval [end (s since start), share in collectives, share waited
@@ -533,6 +548,20 @@ std::string JobView::Metrics() const {
     absl::StrAppend(&out, "trainrun_resident_memory_bytes", labels(i), " ",
                     ranks_[i].samples.back().report.rss_bytes, "\n");
   }
+  family("trainrun_gpu_utilization_ratio", "gauge",
+         "Share of the last sample period the rank's GPU was busy (NVML).");
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    if (ranks_[i].samples.empty() || !ranks_[i].samples.back().report.has_gpu) continue;
+    absl::StrAppend(&out, "trainrun_gpu_utilization_ratio", labels(i), " ",
+                    absl::StrFormat("%.2f", ranks_[i].samples.back().report.gpu_percent / 100.0),
+                    "\n");
+  }
+  family("trainrun_gpu_memory_used_bytes", "gauge", "Memory the rank holds on its GPU (NVML).");
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    if (ranks_[i].samples.empty() || !ranks_[i].samples.back().report.has_gpu) continue;
+    absl::StrAppend(&out, "trainrun_gpu_memory_used_bytes", labels(i), " ",
+                    ranks_[i].samples.back().report.gpu_memory_bytes, "\n");
+  }
   family("trainrun_straggler", "gauge", "1 for the rank the straggler line names.");
   for (size_t i = 0; i < ranks_.size(); ++i) {
     absl::StrAppend(&out, "trainrun_straggler", labels(i), " ",
@@ -559,9 +588,14 @@ std::string JobView::Text(int width) const {
   };
   if (!straggler_line_.empty()) absl::StrAppend(&out, clip(straggler_line_));
   if (!stall_.empty()) absl::StrAppend(&out, clip(stall_));
-  absl::StrAppend(&out, clip(absl::StrFormat("%5s %-10s %-24s %9s %10s %6s %6s %6s %9s  %s", "RANK",
-                                             "HOST", "STATE", "COLL/S", "BYTES/S", "WAIT", "LAST",
-                                             "CPU", "RSS", "OUTPUT")));
+  // GPU and its memory: columns only when a rank reports its GPU.
+  bool gpus = false;
+  for (const Rank& r : ranks_)
+    gpus = gpus || (!r.samples.empty() && r.samples.back().report.has_gpu);
+  absl::StrAppend(
+      &out, clip(absl::StrFormat("%5s %-10s %-24s %9s %10s %6s %6s %6s %9s%s  %s", "RANK", "HOST",
+                                 "STATE", "COLL/S", "BYTES/S", "WAIT", "LAST", "CPU", "RSS",
+                                 gpus ? "    GPU  GPU MEM" : "", "OUTPUT")));
   for (size_t i = 0; i < ranks_.size(); ++i) {
     const Rank& r = ranks_[i];
     double wait = 0, last = 0;
@@ -574,14 +608,22 @@ std::string JobView::Text(int width) const {
       last = d.LastShare();
     }
     const bool straggler = IsStraggler(static_cast<int>(i));
+    std::string gpu;
+    if (gpus) {
+      const Report* now = r.samples.empty() ? nullptr : &r.samples.back().report;
+      gpu = now != nullptr && now->has_gpu
+                ? absl::StrFormat(" %6s %8s", Percent(now->gpu_percent / 100.0),
+                                  Bytes(static_cast<double>(now->gpu_memory_bytes)))
+                : absl::StrFormat(" %6s %8s", "-", "-");
+    }
     absl::StrAppend(
         &out,
         clip(absl::StrFormat(
-            "%5d %-10s %-24s %9.0f %10s %6s %6s %5.0f%% %9s  %s%s", i, r.host.substr(0, 10),
+            "%5d %-10s %-24s %9.0f %10s %6s %6s %5.0f%% %9s%s  %s%s", i, r.host.substr(0, 10),
             StateOf(r).substr(0, 24), Rate(r, &Report::collectives), Bytes(Rate(r, &Report::bytes)),
             Percent(wait), Percent(last), 100 * Rate(r, &Report::cpu_ns) / 1e9,
             Bytes(r.samples.empty() ? 0.0 : static_cast<double>(r.samples.back().report.rss_bytes)),
-            straggler ? "<- straggler  " : "", r.line)));
+            gpu, straggler ? "<- straggler  " : "", r.line)));
   }
   if (!summary_.empty()) absl::StrAppend(&out, summary_, "\n");
   return out;

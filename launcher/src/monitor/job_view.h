@@ -36,6 +36,11 @@ struct Report {
   uint64_t sampled_waited_ns = 0;
   uint64_t cpu_ns = 0;
   uint64_t rss_bytes = 0;
+  // Version 2 reports: the rank's GPU through NVML (busy share in percent, the rank's memory
+  // there).
+  bool has_gpu = false;
+  uint64_t gpu_percent = 0;
+  uint64_t gpu_memory_bytes = 0;
 
   // Waited estimates the time spent waiting for the last rank: the time in collectives times the
   // share of it the samples spent waiting.
