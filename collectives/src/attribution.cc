@@ -8,9 +8,11 @@
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
+#include "gpu_usage.h"
 #include "log.h"
 #include "trainrun/rendezvous/environment.h"
 
@@ -128,13 +130,24 @@ class Reporter {
     const auto period =
         std::chrono::milliseconds(std::max<int64_t>(100, env::kMonitorPeriodMs.Get()));
     std::unique_lock<std::mutex> lock(mutex_);
-    // The first report after half a period, so that a straggler is named early in a job (its
-    // first window is half as long); then one per period.
-    auto wait = period / 2;
-    while (!wake_.wait_for(lock, wait, [this] { return stop_; })) {
+    // Reports go at moments of the host's monotonic clock that every rank of the host computes
+    // alike, so that the host's relay sends them upstream as one batch (relay.h): the first at a
+    // multiple of half a period at least half a period away (a straggler is named early in a job),
+    // then at multiples of the period, 1 to 1.5 periods apart.
+    auto next = AlignUp(std::chrono::steady_clock::now() + period / 2, period / 2);
+    while (!wake_.wait_until(lock, next, [this] { return stop_; })) {
       Send(lock);
-      wait = period;
+      next = AlignUp(next + period * 3 / 4, period);
     }
+  }
+
+  // AlignUp returns the first multiple of `step` on the steady clock at or after `t`.
+  static std::chrono::steady_clock::time_point AlignUp(std::chrono::steady_clock::time_point t,
+                                                       std::chrono::nanoseconds step) {
+    const auto since = std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch());
+    const auto steps = (since.count() + step.count() - 1) / step.count();
+    return std::chrono::steady_clock::time_point(
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(step * steps));
   }
 
   // Send makes the report under the lock and sends it without it.
@@ -153,6 +166,11 @@ class Reporter {
     report.sampled_waited_ns = t.sampled_waited_ns;
     report.cpu_ns = CpuNs();
     report.rss_bytes = RssBytes();
+    if (std::optional<GpuUsage> gpu = gpu_.Read()) {
+      report.has_gpu = true;
+      report.gpu_percent = gpu->percent;
+      report.gpu_memory_bytes = gpu->memory_bytes;
+    }
     std::shared_ptr<rendezvous::Store> store = store_;
     const std::string key = key_;
     lock.unlock();
@@ -168,6 +186,7 @@ class Reporter {
   Totals retired_;
   std::shared_ptr<rendezvous::Store> store_;
   std::string key_;
+  GpuUsageReader gpu_;
 };
 
 bool Reporting() { return env::kMonitorPeriodMs.Get() > 0; }
@@ -189,15 +208,19 @@ uint64_t TicksToNs(uint64_t ticks) {
 }
 
 std::string FormatReport(const AttributionReport& r) {
-  char text[256];
-  std::snprintf(
-      text, sizeof(text), "1 %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu",
+  char text[320];
+  const int n = std::snprintf(
+      text, sizeof(text), "%d %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu", r.has_gpu ? 2 : 1,
       static_cast<unsigned long long>(r.collectives), static_cast<unsigned long long>(r.bytes),
       static_cast<unsigned long long>(r.busy_ns), static_cast<unsigned long long>(r.samples),
       static_cast<unsigned long long>(r.last_samples),
       static_cast<unsigned long long>(r.last_gap_ns), static_cast<unsigned long long>(r.sampled_ns),
       static_cast<unsigned long long>(r.sampled_waited_ns),
       static_cast<unsigned long long>(r.cpu_ns), static_cast<unsigned long long>(r.rss_bytes));
+  if (r.has_gpu && n > 0 && static_cast<size_t>(n) < sizeof(text)) {
+    std::snprintf(text + n, sizeof(text) - static_cast<size_t>(n), " %u %llu", r.gpu_percent,
+                  static_cast<unsigned long long>(r.gpu_memory_bytes));
+  }
   return text;
 }
 

@@ -80,6 +80,11 @@ struct AttributionReport {
   uint64_t sampled_waited_ns = 0;
   uint64_t cpu_ns = 0;
   uint64_t rss_bytes = 0;
+  // The rank's GPU (gpu_usage.h), when it has one and NVML loads: the report is then version 2,
+  // two numbers longer.
+  bool has_gpu = false;
+  uint32_t gpu_percent = 0;
+  uint64_t gpu_memory_bytes = 0;
 };
 std::string FormatReport(const AttributionReport& report);
 

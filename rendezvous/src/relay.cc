@@ -23,11 +23,13 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpc_store.h"
 #include "proto/rendezvous.pb.h"
 #include "relay_wire.h"
 #include "trainrun/rendezvous/admission.h"
+#include "trainrun/rendezvous/environment.h"
 #include "wire.h"
 
 namespace trainrun::rendezvous {
@@ -50,6 +52,12 @@ Admission::Limits RelayAdmission(int local_ranks) {
 constexpr char kJoinBatch[] = "/trainrun.rendezvous.proto.Rendezvous/JoinBatch";
 constexpr char kAllgatherBatch[] = "/trainrun.rendezvous.proto.Rendezvous/AllgatherBatch";
 constexpr char kBarrierBatch[] = "/trainrun.rendezvous.proto.Rendezvous/BarrierBatch";
+constexpr char kSetBatch[] = "/trainrun.rendezvous.proto.Rendezvous/SetBatch";
+
+// IsReport says whether a Set's body is a rank's monitor report, which the relay batches.
+bool IsReport(const std::string& body, proto::SetRequest& request) {
+  return request.ParseFromString(body) && absl::StartsWith(request.key(), env::kMonitorKeyPrefix);
+}
 
 // Flatten copies a ByteBuffer's slices into one string.
 std::string Flatten(const grpc::ByteBuffer& buffer) {
@@ -145,6 +153,7 @@ class Relay::Impl {
   void Finish(Upstream* upstream);
   void FinishJoins(Upstream& upstream);
   void FinishGather(Upstream& upstream);
+  void FinishReports(Upstream& upstream);
 
   RelayOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -165,6 +174,7 @@ class Relay::Impl {
   Batch joins_;
   std::map<BatchKey, Batch> gathers_;
   std::map<BatchKey, Batch> barriers_;
+  Batch reports_;  // monitor reports (Sets of env::kMonitorKeyPrefix<rank>)
 
   // Upstream calls in flight, and those gRPC has finished, for the loop to answer.
   std::mutex mutex_;
@@ -243,6 +253,7 @@ void Relay::Impl::Run() {
     int timeout_ms = -1;
     Clock::time_point next = Clock::time_point::max();
     if (!joins_.members.empty()) next = joins_.flush_at;
+    if (!reports_.members.empty()) next = std::min(next, reports_.flush_at);
     for (auto* batches : {&gathers_, &barriers_}) {
       for (auto& [key, batch] : *batches) next = std::min(next, batch.flush_at);
     }
@@ -440,6 +451,19 @@ void Relay::Impl::Handle(uint64_t id, const internal::RelayRequest& request) {
       }
       return;
     }
+    case RelayMethod::kSet: {
+      proto::SetRequest set;
+      if (IsReport(call.body, set)) {
+        if (reports_.members.empty()) reports_.flush_at = Clock::now() + options_.report_window;
+        reports_.members.push_back(std::move(call));
+        if (options_.local_ranks > 0 &&
+            static_cast<int>(reports_.members.size()) >= options_.local_ranks) {
+          Flush(RelayMethod::kSet, nullptr, reports_);
+        }
+        return;
+      }
+      [[fallthrough]];
+    }
     default: {
       std::string method = internal::RelayMethodPath(request.method);
       grpc::ByteBuffer buffer = ToBuffer(call.body);
@@ -463,6 +487,9 @@ void Relay::Impl::FlushDue(bool all) {
   const Clock::time_point now = Clock::now();
   if (!joins_.members.empty() && (all || joins_.flush_at <= now)) {
     Flush(RelayMethod::kJoin, nullptr, joins_);
+  }
+  if (!reports_.members.empty() && (all || reports_.flush_at <= now)) {
+    Flush(RelayMethod::kSet, nullptr, reports_);
   }
   for (auto [batches, method] : {std::pair{&gathers_, RelayMethod::kAllgather},
                                  std::pair{&barriers_, RelayMethod::kBarrier}}) {
@@ -505,6 +532,13 @@ void Relay::Impl::Flush(RelayMethod method, const BatchKey* key, Batch& batch) {
     }
     bytes = request.SerializeAsString();
     path = kJoinBatch;
+  } else if (method == RelayMethod::kSet) {
+    proto::SetBatchRequest request;
+    for (const Call& call : members) {
+      request.add_sets()->ParseFromString(call.body);  // parsed once already, in Handle
+    }
+    bytes = request.SerializeAsString();
+    path = kSetBatch;
   } else if (method == RelayMethod::kAllgather) {
     proto::AllgatherBatchRequest request;
     request.set_name(std::get<0>(*key));
@@ -620,6 +654,9 @@ void Relay::Impl::Finish(Upstream* upstream) {
     case RelayMethod::kAllgather:
       FinishGather(*upstream);
       break;
+    case RelayMethod::kSet:
+      FinishReports(*upstream);
+      break;
     default:
       for (const Call& call : upstream->members) Reply(call, 0, {}, {});
       break;
@@ -687,6 +724,21 @@ void Relay::Impl::FinishGather(Upstream& upstream) {
     Reply(call, status != nullptr ? status->code() : static_cast<int>(grpc::StatusCode::INTERNAL),
           status != nullptr ? status->message() : "the rendezvous server's answer lacks a member",
           {});
+  }
+}
+
+void Relay::Impl::FinishReports(Upstream& upstream) {
+  proto::SetBatchResponse response;
+  const bool parsed = response.ParseFromString(Flatten(upstream.response)) &&
+                      response.status_size() == static_cast<int>(upstream.members.size());
+  for (size_t i = 0; i < upstream.members.size(); ++i) {
+    if (!parsed) {
+      Reply(upstream.members[i], static_cast<int>(grpc::StatusCode::INTERNAL),
+            "the rendezvous server sent the relay a malformed answer to its ranks' reports", {});
+      continue;
+    }
+    const proto::MemberStatus& status = response.status(static_cast<int>(i));
+    Reply(upstream.members[i], status.code(), status.message(), {});
   }
 }
 

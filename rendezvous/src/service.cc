@@ -214,6 +214,21 @@ grpc::ServerUnaryReactor* Service::Set(grpc::CallbackServerContext* context,
   return FinishNow(context, ToGrpc(status));
 }
 
+grpc::ServerUnaryReactor* Service::SetBatch(grpc::CallbackServerContext* context,
+                                            const proto::SetBatchRequest* request,
+                                            proto::SetBatchResponse* response) {
+  if (grpc::Status status = Authenticate(context); !status.ok()) return FinishNow(context, status);
+  for (const proto::SetRequest& set : request->sets()) {
+    absl::Status status = state_.CheckKey(set.key(), "key");
+    if (status.ok()) status = state_.CheckValue(set.key(), set.value().size());
+    if (status.ok()) status = state_.Set(set.key(), set.value());
+    proto::MemberStatus* member = response->add_status();
+    member->set_code(static_cast<int>(status.code()));
+    member->set_message(std::string(status.message()));
+  }
+  return FinishNow(context, grpc::Status::OK);
+}
+
 grpc::ServerUnaryReactor* Service::Add(grpc::CallbackServerContext* context,
                                        const proto::AddRequest* request,
                                        proto::AddResponse* response) {

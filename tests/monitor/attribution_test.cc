@@ -117,6 +117,10 @@ TEST_CASE("a report is one line of eleven numbers") {
   report.collectives = 1204;
   report.rss_bytes = 1 << 20;
   CHECK(FormatReport(report) == "1 1204 0 0 0 0 0 0 0 0 1048576");
+  report.has_gpu = true;
+  report.gpu_percent = 37;
+  report.gpu_memory_bytes = 1ull << 30;
+  CHECK(FormatReport(report) == "2 1204 0 0 0 0 0 0 0 0 1048576 37 1073741824");
 }
 
 }  // namespace

@@ -48,6 +48,31 @@ TEST_CASE("no straggler when last arrivals are spread, or the others hardly wait
   CHECK_FALSE(FindStraggler(partial, 0.10).has_value());
 }
 
+TEST_CASE("a host whose ranks together arrive last is named when no one rank is") {
+  // Host b's ranks 4-7 arrive last in turn (each at a quarter of the 1,000 samples, 0.96 of them
+  // together), 150 ms late; they spend 10% of their time in collectives, ranks 0-3 48%.
+  std::vector<RankWindow> w = Windows(8, -1, 0, 0.38);
+  for (RankWindow& r : w) {
+    const bool late = r.host == "b";
+    r.delta.last_samples = late ? 240 : 10;
+    r.delta.last_gap_ns = late ? r.delta.last_samples * 150000000ull : 0;
+    r.delta.busy_ns = late ? 1000000000ull : 4800000000ull;
+  }
+  std::optional<Straggler> s = FindStraggler(w, 0.10);
+  REQUIRE(s.has_value());
+  CHECK(s->whole_host);
+  CHECK(s->ranks == std::vector<int>{4, 5, 6, 7});
+  CHECK(StragglerLine(*s) ==
+        "straggler: host b (ranks 4-7) arrived last at 96% of 1,204 collectives in the last 10 s, "
+        "150 ms after the first on average; ranks 0-3 waited 38% of their time for it");
+  // Spread over both hosts: nobody. One host only: the rank rule alone.
+  for (RankWindow& r : w) r.delta.last_samples = 125;
+  CHECK_FALSE(FindStraggler(w, 0.10).has_value());
+  std::vector<RankWindow> one_host = Windows(4, -1, 0, 0.38);
+  for (RankWindow& r : one_host) r.host = "a", r.delta.last_samples = 250;
+  CHECK_FALSE(FindStraggler(one_host, 0.10).has_value());
+}
+
 TEST_CASE("reports are read back, and anything else is refused") {
   std::optional<Report> r = ParseReport("1 10 20 30 40 50 60 70 80 90 100");
   REQUIRE(r.has_value());
@@ -56,6 +81,15 @@ TEST_CASE("reports are read back, and anything else is refused") {
   CHECK_FALSE(ParseReport("2 10 20 30 40 50 60 70 80 90 100").has_value());
   CHECK_FALSE(ParseReport("1 10 20").has_value());
   CHECK_FALSE(ParseReport("1 x 20 30 40 50 60 70 80 90 100").has_value());
+  // Version 2: the rank's GPU at the end.
+  std::optional<Report> gpu = ParseReport("2 10 20 30 40 50 60 70 80 90 100 37 1073741824");
+  REQUIRE(gpu.has_value());
+  CHECK(gpu->has_gpu);
+  CHECK(gpu->gpu_percent == 37);
+  CHECK(gpu->gpu_memory_bytes == 1073741824);
+  CHECK(gpu->rss_bytes == 100);
+  CHECK_FALSE(r->has_gpu);
+  CHECK_FALSE(ParseReport("1 10 20 30 40 50 60 70 80 90 100 37 1073741824").has_value());
 }
 
 TEST_CASE("the straggler line is said once, and once more when it is gone") {

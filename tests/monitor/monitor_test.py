@@ -4,7 +4,8 @@ through Prometheus' own parser, `trainrun top` through tmux, and bad input to th
 
     monitor_test.py TRAINRUN WORKER CASE [OUT_DIR]
 
-CASE: straggler-shm, straggler-tcp, balanced, page, token, port-in-use. Exits 77 (CTest's skip)
+CASE: straggler-shm, straggler-tcp, balanced, page, token, port-in-use, gpu (a rank's GPU use
+through a stand-in for NVML, TRAINRUN_FAKE_NVML: tests/monitor/fake_nvml.cc). Exits 77 (CTest's skip)
 when a tool the case needs (chromium, tmux, prometheus_client, websocket) is missing outside CI.
 """
 import base64
@@ -363,6 +364,40 @@ def run_port_in_use():
     print(f"port in use: {said[0]}")
 
 
+def run_gpu():
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError as e:
+        skip_or_fail(f"python module {e.name} is missing")
+    port = free_port()
+    job_dir = tempfile.mkdtemp()
+    # The stand-in NVML puts local rank i on device i, busy 40 + 10·i %, with (i + 1) × 256 MiB of
+    # the rank's own there.
+    job = Job(["-np", "2", "--monitor", f"127.0.0.1:{port}", *worker(8, -1, 0, job_dir)],
+              env={"TRAINRUN_NVML_LIBRARY": os.environ["TRAINRUN_FAKE_NVML"]}, job_dir=job_dir)
+    found = job.wait_line(r"monitor: http://", 30)
+    check(found is not None, "trainrun printed no monitor address", job)
+    url = re.search(r"(http://\S+)", found[1]).group(1)
+    want = {"0": (0.40, 1 << 28), "1": (0.50, 2 << 28)}
+    deadline = time.monotonic() + 20
+    seen = {}
+    while time.monotonic() < deadline:
+        values = metric_values(url)
+        seen = {dict(labels)["rank"]: (value, values.get(("trainrun_gpu_memory_used_bytes", labels)))
+                for (name, labels), value in values.items()
+                if name == "trainrun_gpu_utilization_ratio"}
+        if len(seen) == 2:
+            break
+        time.sleep(0.5)
+    check(seen == want, f"/metrics gives the ranks' GPUs as {seen}, not {want}", job)
+    state = json.loads(urllib.request.urlopen(url + "api/state", timeout=5).read())
+    gpus = {str(r["rank"]): (r["gpu"], r["gpu_memory"]) for r in state["ranks"]}
+    check(gpus == want, f"the page's state gives the ranks' GPUs as {gpus}", job)
+    code = job.finish()
+    check(code == 0, f"the job exited {code}", job)
+    print("gpu: /metrics and the page show rank 0 at 40% and 256 MiB, rank 1 at 50% and 512 MiB")
+
+
 CASES = {
     "straggler-shm": lambda: run_straggler("shm"),
     "straggler-tcp": lambda: run_straggler("tcp"),
@@ -370,6 +405,7 @@ CASES = {
     "page": run_page,
     "token": run_token,
     "port-in-use": run_port_in_use,
+    "gpu": run_gpu,
 }
 CASES[CASE]()
 print(f"{CASE}: passed")

@@ -25,6 +25,7 @@
 #include "test_job.h"
 #include "trainrun/rendezvous/admission.h"
 #include "trainrun/rendezvous/client.h"
+#include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::rendezvous {
 namespace {
@@ -232,6 +233,50 @@ TEST_CASE("relay: Set, Get, Add, Barrier and exit reports pass through", "[rende
   CHECK(failures[0].rank == 1);
   CHECK(failures[0].peer_rank == 0);
   CHECK(job.server->ValuesWithPrefix("k").size() == 2);
+}
+
+TEST_CASE("relay: a host's monitor reports go as one call, other Sets alone",
+          "[rendezvous][relay]") {
+  Job job = StartJob(TwoHosts());
+  std::unique_ptr<Relay> relay = StartRelay(job, "a", 4);
+  std::vector<std::shared_ptr<Store>> stores;
+  for (int r = 0; r < 4; ++r) {
+    auto store = ConnectStore(Through(job, *relay, r));
+    REQUIRE(store.ok());
+    stores.push_back(*std::move(store));
+  }
+  // Two periods of the four ranks' reports: two calls upstream, each answered to every rank.
+  for (int period = 0; period < 2; ++period) {
+    auto statuses = OnThreads(4, [&](int r) {
+      return stores[r]->Set(absl::StrCat(env::kMonitorKeyPrefix, r), absl::StrCat(period, " ", r));
+    });
+    for (int r = 0; r < 4; ++r) CHECK(statuses[r].ok());
+  }
+  CHECK(relay->upstream_calls() == 2);
+  auto reports = job.server->ValuesWithPrefix(env::kMonitorKeyPrefix);
+  REQUIRE(reports.size() == 4);
+  for (int r = 0; r < 4; ++r) {
+    CHECK(reports[absl::StrCat(env::kMonitorKeyPrefix, r)] == absl::StrCat("1 ", r));
+  }
+  // A rank alone is not held past the report window (100 ms), and other keys are not batched.
+  const Clock::time_point start = Clock::now();
+  REQUIRE(stores[0]->Set(absl::StrCat(env::kMonitorKeyPrefix, 0), "2 0").ok());
+  const double alone_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  CHECK(alone_ms >= 90);
+  CHECK(alone_ms < 2000);
+  REQUIRE(stores[1]->Set("k", "v").ok());
+  CHECK(relay->upstream_calls() == 4);
+  // A refused member's error reaches its rank only (a key over the server's 1,024 bytes).
+  auto statuses = OnThreads(4, [&](int r) {
+    const std::string key = r == 2 ? std::string(2000, 'x') : std::to_string(r);
+    return stores[r]->Set(absl::StrCat(env::kMonitorKeyPrefix, key), "report");
+  });
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r << ": " << statuses[r]);
+    CHECK(statuses[r].ok() == (r != 2));
+  }
+  CHECK(Contains(statuses[2], "over the limit of 1024 bytes"));
+  CHECK(relay->upstream_calls() == 5);
 }
 
 TEST_CASE("relay: answers larger than the socket takes at once arrive whole, gathers as tables",

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "rank_ranges.h"
 
@@ -101,13 +102,19 @@ std::string Thousands(uint64_t n) {
 }
 
 std::optional<Report> ParseReport(const std::string& text) {
+  // Version 1: eleven numbers; version 2: thirteen, the last two the rank's GPU.
   std::vector<absl::string_view> words = absl::StrSplit(text, ' ', absl::SkipEmpty());
-  if (words.size() != 11 || words[0] != "1") return std::nullopt;
-  uint64_t v[10];
-  for (int i = 0; i < 10; ++i) {
-    if (!absl::SimpleAtoi(words[i + 1], &v[i])) return std::nullopt;
+  const bool gpu = words.size() == 13 && words[0] == "2";
+  if (!gpu && (words.size() != 11 || words[0] != "1")) return std::nullopt;
+  uint64_t v[12] = {};
+  for (size_t i = 1; i < words.size(); ++i) {
+    if (!absl::SimpleAtoi(words[i], &v[i - 1])) return std::nullopt;
   }
-  return Report{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]};
+  Report report{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]};
+  report.has_gpu = gpu;
+  report.gpu_percent = v[10];
+  report.gpu_memory_bytes = v[11];
+  return report;
 }
 
 double Report::Waited() const {
@@ -129,7 +136,10 @@ Report Minus(const Report& a, const Report& b) {
                 d(a.sampled_ns, b.sampled_ns),
                 d(a.sampled_waited_ns, b.sampled_waited_ns),
                 d(a.cpu_ns, b.cpu_ns),
-                a.rss_bytes};
+                a.rss_bytes,
+                a.has_gpu,
+                a.gpu_percent,
+                a.gpu_memory_bytes};
 }
 
 std::optional<Straggler> FindStraggler(const std::vector<RankWindow>& ranks, double threshold) {
@@ -142,23 +152,58 @@ std::optional<Straggler> FindStraggler(const std::vector<RankWindow>& ranks, dou
     const double share = r.delta.LastShare();
     if (worst == nullptr || share > worst_share) worst = &r, worst_share = share;
   }
-  // Last at most collectives: more than half of them.
-  if (worst_share <= 0.5) return std::nullopt;
   Straggler s;
-  s.rank = worst->rank;
-  s.host = worst->host;
-  s.last_share = worst_share;
-  s.collectives = worst->delta.collectives;
-  s.late_ns = Share(worst->delta.last_gap_ns, worst->delta.last_samples);
-  s.window_seconds = worst->seconds;
+  std::vector<const RankWindow*> late;  // the straggler's ranks
+  if (worst_share > 0.5) {
+    // Last at most collectives: more than half of them.
+    late = {worst};
+    s.last_share = worst_share;
+    s.late_ns = Share(worst->delta.last_gap_ns, worst->delta.last_samples);
+  } else {
+    // A host whose ranks together were last at more than half of them.
+    std::map<std::string, std::vector<const RankWindow*>> hosts;
+    for (const RankWindow& r : ranks) hosts[r.host].push_back(&r);
+    if (hosts.size() < 2) return std::nullopt;
+    for (const auto& [host, members] : hosts) {
+      if (members.size() < 2) continue;
+      uint64_t last = 0, gap = 0;
+      double samples = 0;
+      for (const RankWindow* r : members) {
+        last += r->delta.last_samples;
+        gap += r->delta.last_gap_ns;
+        samples += static_cast<double>(r->delta.samples);
+      }
+      const double share =
+          static_cast<double>(last) / (samples / static_cast<double>(members.size()));
+      // By chance alone a host of k of the n ranks is last at k/n of the collectives: it must be
+      // more than halfway from that to all of them (and at more than half).
+      const double fair = static_cast<double>(members.size()) / static_cast<double>(ranks.size());
+      if (share > std::max(0.5, (1 + fair) / 2) && share > s.last_share) {
+        late = members;
+        s.last_share = std::min(share, 1.0);
+        s.late_ns = Share(gap, last);
+      }
+    }
+    if (late.empty()) return std::nullopt;
+    s.whole_host = true;
+  }
+  s.rank = late[0]->rank;
+  s.host = late[0]->host;
+  s.collectives = late[0]->delta.collectives;
+  s.window_seconds = late[0]->seconds;
+  // The straggler's own share of its time in collectives (arriving last, it hardly waits).
+  double its = 0;
+  for (const RankWindow* r : late) {
+    s.ranks.push_back(r->rank);
+    its += static_cast<double>(r->delta.busy_ns) / (r->seconds * 1e9);
+  }
+  its /= static_cast<double>(late.size());
   double waited = 0;
   for (const RankWindow& r : ranks) {
-    if (&r == worst) continue;
+    if (std::find(late.begin(), late.end(), &r) != late.end()) continue;
     s.others.push_back(r.rank);
-    // What it cost r: r's time in collectives beyond the straggler's own (the straggler, arriving
-    // last, hardly waits; r waits for it).
+    // What it cost r: r's time in collectives beyond the straggler's own.
     const double busy = static_cast<double>(r.delta.busy_ns) / (r.seconds * 1e9);
-    const double its = static_cast<double>(worst->delta.busy_ns) / (worst->seconds * 1e9);
     waited += std::clamp(busy - its, 0.0, 1.0);
   }
   s.others_waited = waited / static_cast<double>(s.others.size());
@@ -166,13 +211,20 @@ std::optional<Straggler> FindStraggler(const std::vector<RankWindow>& ranks, dou
   return s;
 }
 
+// Who a straggler line names: "rank 3", or "host b".
+std::string Named(const Straggler& s) {
+  return s.whole_host ? absl::StrCat("host ", s.host) : absl::StrCat("rank ", s.rank);
+}
+
 std::string StragglerLine(const Straggler& s) {
-  return absl::StrCat("straggler: rank ", s.rank, s.host.empty() ? "" : " (host " + s.host + ")",
-                      " arrived last at ", Percent(s.last_share), " of ", Thousands(s.collectives),
-                      " collectives in the last ", absl::StrFormat("%.0f", s.window_seconds),
-                      " s, ", Duration(s.late_ns), " after the first on average; ",
-                      RankRanges(s.others), " waited ", Percent(s.others_waited),
-                      " of their time for it");
+  const std::string who =
+      s.whole_host ? absl::StrCat("host ", s.host, " (", RankRanges(s.ranks), ")")
+                   : absl::StrCat("rank ", s.rank, s.host.empty() ? "" : " (host " + s.host + ")");
+  return absl::StrCat("straggler: ", who, " arrived last at ", Percent(s.last_share), " of ",
+                      Thousands(s.collectives), " collectives in the last ",
+                      absl::StrFormat("%.0f", s.window_seconds), " s, ", Duration(s.late_ns),
+                      " after the first on average; ", RankRanges(s.others), " waited ",
+                      Percent(s.others_waited), " of their time for it");
 }
 
 JobView::JobView(JobViewOptions options) : options_(std::move(options)) {
@@ -286,16 +338,16 @@ std::string JobView::OnReports(const std::map<int, std::string>& reports, Clock:
   straggler_ = FindStraggler(windows, options_.threshold);
   if (straggler_.has_value()) {
     straggler_line_ = StragglerLine(*straggler_);
-    if (named_ == straggler_->rank) return "";
-    named_ = straggler_->rank;
+    if (named_ == Named(*straggler_)) return "";
+    named_ = Named(*straggler_);
     ever_named_ = true;
     return straggler_line_;
   }
   straggler_line_.clear();
   if (!named_.has_value()) return "";
-  const int was = *named_;
+  const std::string was = *named_;
   named_.reset();
-  return absl::StrCat("straggler: none in the last ", options_.window.count(), " s (rank ", was,
+  return absl::StrCat("straggler: none in the last ", options_.window.count(), " s (", was,
                       " was)");
 }
 
@@ -385,8 +437,10 @@ std::string JobView::Json() const {
       ",\"now\":", since(now), ",\"window\":", options_.window.count(),
       ",\"ended\":", ended_ ? "true" : "false", ",\"summary\":", JsonString(summary_),
       ",\"stall\":", JsonString(stall_), ",\"straggler\":", JsonString(straggler_line_),
-      ",\"straggler_rank\":", straggler_.has_value() ? absl::StrCat(straggler_->rank) : "-1",
-      ",\"restarts\":", options_.restarts, ",\"membership_changes\":", membership_changes_,
+      ",\"straggler_rank\":",
+      straggler_.has_value() && !straggler_->whole_host ? absl::StrCat(straggler_->rank) : "-1",
+      ",\"straggler_ranks\":[", straggler_.has_value() ? absl::StrJoin(straggler_->ranks, ",") : "",
+      "]", ",\"restarts\":", options_.restarts, ",\"membership_changes\":", membership_changes_,
       "},\"ranks\":[");
   for (size_t i = 0; i < ranks_.size(); ++i) {
     const Rank& r = ranks_[i];
@@ -408,6 +462,12 @@ std::string JobView::Json() const {
         ",\"last_share\":", absl::StrFormat("%.3f", last),
         ",\"cpu\":", absl::StrFormat("%.3f", Rate(r, &Report::cpu_ns) / 1e9),
         ",\"rss\":", r.samples.empty() ? 0 : r.samples.back().report.rss_bytes,
+        // The GPU: -1 without one (no NVML, or no CUDA_VISIBLE_DEVICES).
+        ",\"gpu\":",
+        r.samples.empty() || !r.samples.back().report.has_gpu
+            ? std::string("-1")
+            : absl::StrFormat("%.2f", r.samples.back().report.gpu_percent / 100.0),
+        ",\"gpu_memory\":", r.samples.empty() ? 0 : r.samples.back().report.gpu_memory_bytes,
         ",\"collectives\":", r.samples.empty() ? 0 : r.samples.back().report.collectives,
         ",\"line\":", JsonString(r.line), ",\"timeline\":[");
     // The timeline: per report interval [end (s since start), share in collectives, share waited
@@ -488,11 +548,24 @@ std::string JobView::Metrics() const {
     absl::StrAppend(&out, "trainrun_resident_memory_bytes", labels(i), " ",
                     ranks_[i].samples.back().report.rss_bytes, "\n");
   }
+  family("trainrun_gpu_utilization_ratio", "gauge",
+         "Share of the last sample period the rank's GPU was busy (NVML).");
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    if (ranks_[i].samples.empty() || !ranks_[i].samples.back().report.has_gpu) continue;
+    absl::StrAppend(&out, "trainrun_gpu_utilization_ratio", labels(i), " ",
+                    absl::StrFormat("%.2f", ranks_[i].samples.back().report.gpu_percent / 100.0),
+                    "\n");
+  }
+  family("trainrun_gpu_memory_used_bytes", "gauge", "Memory the rank holds on its GPU (NVML).");
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    if (ranks_[i].samples.empty() || !ranks_[i].samples.back().report.has_gpu) continue;
+    absl::StrAppend(&out, "trainrun_gpu_memory_used_bytes", labels(i), " ",
+                    ranks_[i].samples.back().report.gpu_memory_bytes, "\n");
+  }
   family("trainrun_straggler", "gauge", "1 for the rank the straggler line names.");
   for (size_t i = 0; i < ranks_.size(); ++i) {
     absl::StrAppend(&out, "trainrun_straggler", labels(i), " ",
-                    straggler_.has_value() && straggler_->rank == static_cast<int>(i) ? 1 : 0,
-                    "\n");
+                    IsStraggler(static_cast<int>(i)) ? 1 : 0, "\n");
   }
   family("trainrun_restarts_total", "counter", "Times the job was started again (--max-restarts).");
   absl::StrAppend(&out, "trainrun_restarts_total ", options_.restarts, "\n");
@@ -515,9 +588,14 @@ std::string JobView::Text(int width) const {
   };
   if (!straggler_line_.empty()) absl::StrAppend(&out, clip(straggler_line_));
   if (!stall_.empty()) absl::StrAppend(&out, clip(stall_));
-  absl::StrAppend(&out, clip(absl::StrFormat("%5s %-10s %-24s %9s %10s %6s %6s %6s %9s  %s", "RANK",
-                                             "HOST", "STATE", "COLL/S", "BYTES/S", "WAIT", "LAST",
-                                             "CPU", "RSS", "OUTPUT")));
+  // GPU and its memory: columns only when a rank reports its GPU.
+  bool gpus = false;
+  for (const Rank& r : ranks_)
+    gpus = gpus || (!r.samples.empty() && r.samples.back().report.has_gpu);
+  absl::StrAppend(
+      &out, clip(absl::StrFormat("%5s %-10s %-24s %9s %10s %6s %6s %6s %9s%s  %s", "RANK", "HOST",
+                                 "STATE", "COLL/S", "BYTES/S", "WAIT", "LAST", "CPU", "RSS",
+                                 gpus ? "    GPU  GPU MEM" : "", "OUTPUT")));
   for (size_t i = 0; i < ranks_.size(); ++i) {
     const Rank& r = ranks_[i];
     double wait = 0, last = 0;
@@ -529,15 +607,23 @@ std::string JobView::Text(int width) const {
       wait = s > 0 ? d.Waited() / (s * 1e9) : 0;
       last = d.LastShare();
     }
-    const bool straggler = straggler_.has_value() && straggler_->rank == static_cast<int>(i);
+    const bool straggler = IsStraggler(static_cast<int>(i));
+    std::string gpu;
+    if (gpus) {
+      const Report* now = r.samples.empty() ? nullptr : &r.samples.back().report;
+      gpu = now != nullptr && now->has_gpu
+                ? absl::StrFormat(" %6s %8s", Percent(now->gpu_percent / 100.0),
+                                  Bytes(static_cast<double>(now->gpu_memory_bytes)))
+                : absl::StrFormat(" %6s %8s", "-", "-");
+    }
     absl::StrAppend(
         &out,
         clip(absl::StrFormat(
-            "%5d %-10s %-24s %9.0f %10s %6s %6s %5.0f%% %9s  %s%s", i, r.host.substr(0, 10),
+            "%5d %-10s %-24s %9.0f %10s %6s %6s %5.0f%% %9s%s  %s%s", i, r.host.substr(0, 10),
             StateOf(r).substr(0, 24), Rate(r, &Report::collectives), Bytes(Rate(r, &Report::bytes)),
             Percent(wait), Percent(last), 100 * Rate(r, &Report::cpu_ns) / 1e9,
             Bytes(r.samples.empty() ? 0.0 : static_cast<double>(r.samples.back().report.rss_bytes)),
-            straggler ? "<- straggler  " : "", r.line)));
+            gpu, straggler ? "<- straggler  " : "", r.line)));
   }
   if (!summary_.empty()) absl::StrAppend(&out, summary_, "\n");
   return out;

@@ -8,6 +8,7 @@
 // Every method locks: the io thread writes, the monitor's HTTP thread reads (Json, Metrics, Text).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -35,6 +36,11 @@ struct Report {
   uint64_t sampled_waited_ns = 0;
   uint64_t cpu_ns = 0;
   uint64_t rss_bytes = 0;
+  // Version 2 reports: the rank's GPU through NVML (busy share in percent, the rank's memory
+  // there).
+  bool has_gpu = false;
+  uint64_t gpu_percent = 0;
+  uint64_t gpu_memory_bytes = 0;
 
   // Waited estimates the time spent waiting for the last rank: the time in collectives times the
   // share of it the samples spent waiting.
@@ -55,10 +61,13 @@ struct RankWindow {
   double seconds = 0;
 };
 
-// Straggler is the rank the others waited for over a window.
+// Straggler is the rank, or the host, the others waited for over a window.
 struct Straggler {
-  int rank = 0;
+  int rank = 0;  // the rank; for a host, its first rank
   std::string host;
+  // A host whose ranks together arrived last (a slow machine, or its link), when no one rank did.
+  bool whole_host = false;
+  std::vector<int> ranks;    // the straggler's ranks: {rank}, or the host's
   double last_share = 0;     // of the sampled collectives, where it arrived last
   uint64_t collectives = 0;  // it joined in the window
   double late_ns = 0;        // how long after the first it arrived then, on average
@@ -70,11 +79,15 @@ struct Straggler {
 // FindStraggler names the rank that arrived last at more than half of the window's sampled
 // collectives (at least kMinSamples of them), when it cost the others more than `threshold` (a
 // fraction) of their time: the share of the window they spent in collectives beyond its own.
+// When no rank did, a host of two or more ranks (of two or more hosts) whose ranks together
+// arrived last at more than half of them, and more than halfway from its fair share (k/n for k of
+// the n ranks) to all of them, is named in the same way: its ranks share the lateness, as on a
+// slower machine or behind a slower link.
 inline constexpr uint64_t kMinSamples = 10;
 std::optional<Straggler> FindStraggler(const std::vector<RankWindow>& ranks, double threshold);
 // StragglerLine is the line trainrun prints: "straggler: rank 3 (host b) arrived last at 96% of
 // 1,204 collectives in the last 10 s, 180 ms after the first on average; ranks 0-2,4-7 waited 38%
-// of their time for it".
+// of their time for it", or for a host "straggler: host b (ranks 4-7) arrived last at ...".
 std::string StragglerLine(const Straggler& s);
 
 struct JobViewOptions {
@@ -144,8 +157,14 @@ class JobView {
   std::string stall_;
   std::string straggler_line_;
   std::optional<Straggler> straggler_;
-  std::optional<int> named_;  // the rank the last printed line named
+  std::optional<std::string> named_;  // what the last printed line named: "rank 3", "host b"
   bool ever_named_ = false;
+
+  // IsStraggler says whether `rank` is (one of) the straggler the line names now.
+  bool IsStraggler(int rank) const {
+    return straggler_.has_value() && std::find(straggler_->ranks.begin(), straggler_->ranks.end(),
+                                               rank) != straggler_->ranks.end();
+  }
   std::string summary_;
   bool ended_ = false;
   int membership_changes_ = 0;

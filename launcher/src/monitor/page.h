@@ -52,10 +52,11 @@ function draw(s) {
   for (const [host, ranks] of byHost) {
     hosts.appendChild(el("div", "host", "host " + host));
     const t = el("table"); const head = el("tr");
-    for (const h of ["rank","state","coll/s","bytes/s","waiting","last to arrive","CPU","RSS","last line"]) head.appendChild(el("th", "", h));
+    const gpus = ranks.some(r => r.gpu >= 0);
+    for (const h of ["rank","state","coll/s","bytes/s","waiting","last to arrive","CPU","RSS"].concat(gpus ? ["GPU","GPU memory"] : [], ["last line"])) head.appendChild(el("th", "", h));
     t.appendChild(head);
     for (const r of ranks) {
-      const tr = el("tr", "rank" + (r.rank === s.job.straggler_rank ? " straggler" : "")); tr.id = "rank-" + r.rank; tr.dataset.state = r.state;
+      const tr = el("tr", "rank" + (s.job.straggler_ranks.includes(r.rank) ? " straggler" : "")); tr.id = "rank-" + r.rank; tr.dataset.state = r.state;
       tr.appendChild(el("td", "rank", String(r.rank)));
       tr.appendChild(el("td", "state " + stateClass(r.state), r.state));
       tr.appendChild(el("td", "num", r.collectives_per_s.toFixed(0)));
@@ -64,6 +65,7 @@ function draw(s) {
       tr.appendChild(el("td", "num", pct(r.last_share)));
       tr.appendChild(el("td", "num", pct(r.cpu)));
       tr.appendChild(el("td", "num", bytes(r.rss)));
+      if (gpus) { tr.appendChild(el("td", "num gpu", r.gpu >= 0 ? pct(r.gpu) : "-")); tr.appendChild(el("td", "num", r.gpu >= 0 ? bytes(r.gpu_memory) : "-")); }
       tr.appendChild(el("td", "out", r.line));
       t.appendChild(tr);
     }

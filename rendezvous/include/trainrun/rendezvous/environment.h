@@ -534,6 +534,9 @@ inline constexpr IntSetting kBucketBytes{
 inline constexpr char kNcclLibrary[] = "TRAINRUN_NCCL_LIBRARY";
 // Where CUDA's runtime (libcudart.so.13 or .12) is: the file, or a folder holding it.
 inline constexpr char kCudaLibrary[] = "TRAINRUN_CUDA_LIBRARY";
+// Where NVIDIA's management library (libnvidia-ml.so.1, the driver's) is, for the GPU use a rank
+// reports to --monitor (collectives/src/gpu_usage.h); unset: the loader's path.
+inline constexpr char kNvmlLibrary[] = "TRAINRUN_NVML_LIBRARY";
 // How a communicator moves GPU buffers: "auto" (NCCL when every rank has a GPU of its own and NCCL
 // loads, else host staging), "nccl" (fail when NCCL cannot serve) or "staged" (always through
 // pinned host memory).

@@ -4,7 +4,9 @@
 // start-up burst (every rank's Join, then its Allgather and Barrier calls) as one batched call per
 // host (rendezvous.proto's JoinBatch, AllgatherBatch, BarrierBatch). A batch goes once every one
 // of the host's `local_ranks` ranks has called, or `batch_window` after its first member, so ranks
-// that call at different times are never held back longer than that.
+// that call at different times are never held back longer than that. The ranks' monitor reports
+// (Sets of "trainrun/monitor/<rank>", which every rank makes once a period, aligned to the host's
+// clock) go the same way, as one SetBatch per host, within `report_window`.
 //
 //   RelayOptions options;
 //   options.socket = "@trainrun-job-1-relay";  // '@': Linux's abstract namespace
@@ -35,6 +37,9 @@ struct RelayOptions {
   // How many ranks of this host will call; 0 when unknown (each batch then waits its window).
   int local_ranks = 0;
   std::chrono::milliseconds batch_window{2};
+  // Reports come once a period (a second or more) at the same moment of the host's monotonic
+  // clock; a rank's reporter thread waits, not its collectives.
+  std::chrono::milliseconds report_window{100};
 };
 
 // Relay serves until destroyed; then its ranks' calls in flight and later fail, naming it.
