@@ -23,7 +23,7 @@ struct Process {  // nvmlProcessInfo_t of _v3
 };
 constexpr int kSuccess = 0;
 constexpr int kInsufficientSize = 7;
-constexpr int kNotFound = 6;   // NVML_ERROR_NOT_FOUND
+constexpr int kNotFound = 6;  // NVML_ERROR_NOT_FOUND
 constexpr int kUninitialized = 1;
 constexpr unsigned kDevices = 4;
 bool initialized = false;
@@ -78,7 +78,8 @@ __attribute__((visibility("default"))) int nvmlDeviceGetComputeRunningProcesses_
   }
   *count = n;
   out[0] = Process{1, 100ull << 20, 0, 0};
-  if (mine) out[1] = Process{static_cast<unsigned>(::getpid()), (IndexOf(device) + 1ull) << 28, 0, 0};
+  if (mine)
+    out[1] = Process{static_cast<unsigned>(::getpid()), (IndexOf(device) + 1ull) << 28, 0, 0};
   return kSuccess;
 }
 
