@@ -80,7 +80,7 @@ TEST_CASE("agent protocol: the Hello carries the trainrun release, a version 2 H
   CHECK(hello->release.empty());
 }
 
-TEST_CASE("agent protocol: the Hello carries the machine; an earlier version 4 Hello has none",
+TEST_CASE("agent protocol: the Hello carries the machine, and an earlier version 4 Hello has none",
           "[ssh]") {
   auto frame = [](const Hello& hello) { return EncodeHello(hello).substr(5); };
   Hello sent{kProtocolVersion, "h1", 7, "10.0.0.1", 4, "0.9.1"};
