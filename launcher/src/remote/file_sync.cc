@@ -354,7 +354,9 @@ absl::StatusOr<std::vector<uint32_t>> SyncReceiver::Offer(SyncOffer offer) {
     const bool exists = ::lstat(path.c_str(), &st) == 0;
     if (S_ISDIR(entry.mode)) {
       if (exists && S_ISDIR(st.st_mode)) continue;
-      if (::mkdir(path.c_str(), (entry.mode & 07777) | 0700) != 0) {
+      // EEXIST: another host's agent made it a moment ago (hosts that share this file system).
+      if (::mkdir(path.c_str(), (entry.mode & 07777) | 0700) != 0 &&
+          !(errno == EEXIST && ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))) {
         return absl::FailedPreconditionError(
             absl::StrCat("cannot create the directory '", path, "': ", Errno()));
       }
