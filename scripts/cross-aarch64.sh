@@ -49,7 +49,7 @@ fi
 cxx=(aarch64-linux-gnu-g++)
 command -v ccache >/dev/null && cxx=(ccache aarch64-linux-gnu-g++)
 flags=(-std=c++17 -O2 -pthread -Wall -Wextra -Wpedantic -Wshadow=local -Wno-unused-parameter
-  -Werror -Icollectives/src -Icollectives/include -Irendezvous/include
+  -Werror -Icollectives/src -Icollectives/include -Icollectives/testing/include -Irendezvous/include
   -isystem "$sysroot/usr/include" -isystem "$sysroot/usr/include/aarch64-linux-gnu")
 sources=(
   collectives/src/acceptor.cc collectives/src/algorithms.cc collectives/src/handshake.cc

@@ -7,12 +7,12 @@
 //
 // Flags as nccl-tests: -b/-e smallest/largest size in bytes (K, M, G suffixes), -f factor between
 // sizes, -n timed iterations, -w warm-up iterations, -c 1 to count wrong elements, -d type
-// (float, double, half, bfloat16, int32, int64, uint8, int8), -o op (sum, prod, min, max, avg);
-// beyond nccl-tests, -T MS: time each size over at least MS milliseconds (more iterations than -n
-// where -n takes less), so that a window spans many scheduler time slices on a busy machine.
-// Time is the mean per operation on the slowest rank, in µs; algbw = size / time; busbw as
-// nccl-tests: allreduce algbw·2(n-1)/n, allgather and reduce_scatter algbw·(n-1)/n, broadcast
-// algbw.
+// (float, double, half, bfloat16, int32, int64, uint8, int8, int16, bool), -o op (sum, prod, min,
+// max, avg); beyond nccl-tests, -T MS: time each size over at least MS milliseconds (more
+// iterations than -n where -n takes less), so that a window spans many scheduler time slices on a
+// busy machine. Time is the mean per operation on the slowest rank, in µs; algbw = size / time;
+// busbw as nccl-tests: allreduce algbw·2(n-1)/n, allgather and reduce_scatter algbw·(n-1)/n,
+// broadcast algbw.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "trainrun/collectives/communicator.h"
+#include "trainrun/collectives/testing/elements.h"
 #include "trainrun/rendezvous/environment.h"
 #include "trainrun/rendezvous/file_store.h"
 
@@ -34,6 +35,9 @@ namespace {
 using trainrun::collectives::Communicator;
 using trainrun::collectives::DataType;
 using trainrun::collectives::ReduceOp;
+using trainrun::collectives::testing::Get;
+using trainrun::collectives::testing::IsFloatingPoint;
+using trainrun::collectives::testing::Put;
 
 enum class Collective { kAllreduce, kBroadcast, kAllgather, kReduceScatter };
 
@@ -72,16 +76,21 @@ size_t ParseSize(const char* text) {
   return static_cast<size_t>(value);
 }
 
+// ParseType accepts every type's DataTypeName (float32, float64, float16, bfloat16, int32, int64,
+// uint8, int8, int16, bool) and nccl-tests' names float, double, half, int.
 DataType ParseType(const std::string& name) {
-  if (name == "float" || name == "float32") return DataType::kFloat32;
-  if (name == "double" || name == "float64") return DataType::kFloat64;
-  if (name == "half" || name == "float16") return DataType::kFloat16;
-  if (name == "bfloat16") return DataType::kBFloat16;
-  if (name == "int32" || name == "int") return DataType::kInt32;
-  if (name == "int64") return DataType::kInt64;
-  if (name == "uint8") return DataType::kUInt8;
-  if (name == "int8") return DataType::kInt8;
-  std::fprintf(stderr, "unknown type '%s'\n", name.c_str());
+  if (name == "float") return DataType::kFloat32;
+  if (name == "double") return DataType::kFloat64;
+  if (name == "half") return DataType::kFloat16;
+  if (name == "int") return DataType::kInt32;
+  std::string names;
+  for (int i = 0; i < trainrun::collectives::kDataTypeCount; ++i) {
+    const auto type = static_cast<DataType>(i);
+    if (name == trainrun::collectives::DataTypeName(type)) return type;
+    names += std::string(i == 0 ? "" : ", ") + trainrun::collectives::DataTypeName(type);
+  }
+  std::fprintf(stderr, "unknown type '%s' (-d takes %s, float, double, half or int)\n",
+               name.c_str(), names.c_str());
   std::exit(2);
 }
 
@@ -135,78 +144,6 @@ Flags ParseFlags(int argc, char** argv) {
 // Small integers are exact in every type, so sums and checks are exact too.
 double InputValue(int rank, size_t i) { return static_cast<double>((rank + 1 + i) % 5); }
 
-void Fill(void* data, DataType type, size_t count, int rank) {
-  for (size_t i = 0; i < count; ++i) {
-    double v = InputValue(rank, i);
-    switch (type) {
-      case DataType::kFloat32:
-        static_cast<float*>(data)[i] = static_cast<float>(v);
-        break;
-      case DataType::kFloat64:
-        static_cast<double*>(data)[i] = v;
-        break;
-      case DataType::kFloat16:
-        static_cast<_Float16*>(data)[i] = static_cast<_Float16>(v);
-        break;
-      case DataType::kBFloat16: {
-        float f = static_cast<float>(v);
-        uint32_t bits;
-        std::memcpy(&bits, &f, 4);
-        static_cast<uint16_t*>(data)[i] = static_cast<uint16_t>(bits >> 16);
-        break;
-      }
-      case DataType::kInt32:
-        static_cast<int32_t*>(data)[i] = static_cast<int32_t>(v);
-        break;
-      case DataType::kInt64:
-        static_cast<int64_t*>(data)[i] = static_cast<int64_t>(v);
-        break;
-      case DataType::kUInt8:
-        static_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(v);
-        break;
-      case DataType::kInt8:
-        static_cast<int8_t*>(data)[i] = static_cast<int8_t>(v);
-        break;
-      case DataType::kInt16:
-        static_cast<int16_t*>(data)[i] = static_cast<int16_t>(v);
-        break;
-      case DataType::kBool:
-        static_cast<uint8_t*>(data)[i] = v != 0;
-        break;
-    }
-  }
-}
-
-double Read(const void* data, DataType type, size_t i) {
-  switch (type) {
-    case DataType::kFloat32:
-      return static_cast<const float*>(data)[i];
-    case DataType::kFloat64:
-      return static_cast<const double*>(data)[i];
-    case DataType::kFloat16:
-      return static_cast<float>(static_cast<const _Float16*>(data)[i]);
-    case DataType::kBFloat16: {
-      uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(data)[i]) << 16;
-      float f;
-      std::memcpy(&f, &bits, 4);
-      return f;
-    }
-    case DataType::kInt32:
-      return static_cast<const int32_t*>(data)[i];
-    case DataType::kInt64:
-      return static_cast<double>(static_cast<const int64_t*>(data)[i]);
-    case DataType::kUInt8:
-      return static_cast<const uint8_t*>(data)[i];
-    case DataType::kInt8:
-      return static_cast<const int8_t*>(data)[i];
-    case DataType::kInt16:
-      return static_cast<const int16_t*>(data)[i];
-    case DataType::kBool:
-      return static_cast<const uint8_t*>(data)[i];
-  }
-  return 0;
-}
-
 double Expected(ReduceOp op, DataType type, int n, size_t i) {
   double acc = InputValue(0, i);
   for (int r = 1; r < n; ++r) {
@@ -227,12 +164,18 @@ double Expected(ReduceOp op, DataType type, int n, size_t i) {
         break;
     }
   }
-  if (op == ReduceOp::kAverage) {
-    bool integer = type == DataType::kInt32 || type == DataType::kInt64 ||
-                   type == DataType::kUInt8 || type == DataType::kInt8;
-    acc = integer ? std::trunc(acc / n) : acc / n;
+  // bool's average is its or, which the sum (of values 0 or more) is as Put writes it.
+  if (op == ReduceOp::kAverage && type != DataType::kBool) {
+    acc = IsFloatingPoint(type) ? acc / n : std::trunc(acc / n);
   }
   return acc;
+}
+
+// AsStored returns `value` as an element of `type` holds it (integers wrapped, bool 0 or 1).
+double AsStored(DataType type, double value) {
+  char element[8];
+  Put(type, element, 0, value);
+  return Get(type, element, 0);
 }
 
 struct Run {
@@ -258,7 +201,7 @@ void Measure(Communicator& comm, const Flags& flags, Collective collective, size
     out_count = count;
   }
   std::vector<char> in(std::max<size_t>(1, in_count * e)), out(std::max<size_t>(1, out_count * e));
-  Fill(in.data(), flags.type, in_count, rank);
+  for (size_t i = 0; i < in_count; ++i) Put(flags.type, in, i, InputValue(rank, i));
   auto once = [&] {
     switch (collective) {
       case Collective::kAllreduce:
@@ -314,7 +257,7 @@ void Measure(Communicator& comm, const Flags& flags, Collective collective, size
       }
       const void* result =
           collective == Collective::kBroadcast && rank == 0 ? in.data() : out.data();
-      if (Read(result, flags.type, i) != expect) ++wrong;
+      if (Get(flags.type, result, i) != AsStored(flags.type, expect)) ++wrong;
     }
   }
   double stats[2] = {seconds, static_cast<double>(wrong)};

@@ -27,11 +27,16 @@
 #include "trainrun/collectives/errors.h"
 #include "trainrun/collectives/nccl/check.h"
 #include "trainrun/collectives/nccl/communicator.h"
+#include "trainrun/collectives/testing/nccl_elements.h"
 #include "trainrun/rendezvous/environment.h"
 #include "trainrun/rendezvous/memory_store.h"
 
 namespace trainrun::collectives::nccl {
 namespace {
+
+using ::trainrun::collectives::testing::Get;
+using ::trainrun::collectives::testing::IsFloatingPoint;
+using ::trainrun::collectives::testing::Put;
 
 struct Options {
   size_t min_bytes = 8;
@@ -165,135 +170,9 @@ double Expected(ReduceOp op, DataType type, int size, size_t i) {
   }
   if (op == ReduceOp::kAvg) {
     result /= size;
-    if (type == DataType::kInt8 || type == DataType::kUint8 || type == DataType::kInt32 ||
-        type == DataType::kInt64) {
-      result = std::trunc(result);
-    }
+    if (!IsFloatingPoint(type)) result = std::trunc(result);
   }
   return result;
-}
-
-// Half and bfloat16 are written from small integers, so truncating conversions are exact.
-uint16_t ToHalf(double v) {
-  if (v == 0) return 0;
-  float f = static_cast<float>(v);
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  const uint32_t exponent = ((bits >> 23) & 0xff) - 127 + 15;
-  return static_cast<uint16_t>(((bits >> 16) & 0x8000) | (exponent << 10) |
-                               ((bits & 0x7fffff) >> 13));
-}
-
-double FromHalf(uint16_t h) {
-  const int exponent = (h >> 10) & 0x1f;
-  const double mantissa = h & 0x3ff;
-  const double sign = (h & 0x8000) ? -1 : 1;
-  if (exponent == 0) return sign * std::ldexp(mantissa, -24);
-  if (exponent == 31) return sign * HUGE_VAL;
-  return sign * std::ldexp(1 + mantissa / 1024, exponent - 15);
-}
-
-uint16_t ToBfloat16(double v) {
-  float f = static_cast<float>(v);
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  return static_cast<uint16_t>((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
-}
-
-double FromBfloat16(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-void Store(DataType type, uint8_t* out, double v) {
-  switch (type) {
-    case DataType::kInt8: {
-      int8_t x = static_cast<int8_t>(v);
-      std::memcpy(out, &x, 1);
-      break;
-    }
-    case DataType::kUint8: {
-      uint8_t x = static_cast<uint8_t>(v);
-      std::memcpy(out, &x, 1);
-      break;
-    }
-    case DataType::kInt32: {
-      int32_t x = static_cast<int32_t>(v);
-      std::memcpy(out, &x, 4);
-      break;
-    }
-    case DataType::kInt64: {
-      int64_t x = static_cast<int64_t>(v);
-      std::memcpy(out, &x, 8);
-      break;
-    }
-    case DataType::kFloat16: {
-      uint16_t x = ToHalf(v);
-      std::memcpy(out, &x, 2);
-      break;
-    }
-    case DataType::kBfloat16: {
-      uint16_t x = ToBfloat16(v);
-      std::memcpy(out, &x, 2);
-      break;
-    }
-    case DataType::kFloat32: {
-      float x = static_cast<float>(v);
-      std::memcpy(out, &x, 4);
-      break;
-    }
-    case DataType::kFloat64:
-      std::memcpy(out, &v, 8);
-      break;
-  }
-}
-
-double Load(DataType type, const uint8_t* in) {
-  switch (type) {
-    case DataType::kInt8: {
-      int8_t x;
-      std::memcpy(&x, in, 1);
-      return x;
-    }
-    case DataType::kUint8: {
-      uint8_t x;
-      std::memcpy(&x, in, 1);
-      return x;
-    }
-    case DataType::kInt32: {
-      int32_t x;
-      std::memcpy(&x, in, 4);
-      return x;
-    }
-    case DataType::kInt64: {
-      int64_t x;
-      std::memcpy(&x, in, 8);
-      return static_cast<double>(x);
-    }
-    case DataType::kFloat16: {
-      uint16_t x;
-      std::memcpy(&x, in, 2);
-      return FromHalf(x);
-    }
-    case DataType::kBfloat16: {
-      uint16_t x;
-      std::memcpy(&x, in, 2);
-      return FromBfloat16(x);
-    }
-    case DataType::kFloat32: {
-      float x;
-      std::memcpy(&x, in, 4);
-      return x;
-    }
-    case DataType::kFloat64: {
-      double x;
-      std::memcpy(&x, in, 8);
-      return x;
-    }
-  }
-  return 0;
 }
 
 double Tolerance(DataType type, double expected) {
@@ -307,7 +186,7 @@ double Tolerance(DataType type, double expected) {
 void Upload(void* device, DataType type, ReduceOp op, int rank, size_t count) {
   const size_t width = ElementSize(type);
   std::vector<uint8_t> host(count * width);
-  for (size_t i = 0; i < count; ++i) Store(type, host.data() + i * width, Input(op, rank, i));
+  for (size_t i = 0; i < count; ++i) Put(type, host.data(), i, Input(op, rank, i));
   TRAINRUN_CUDA_CHECK(cudaMemcpy(device, host.data(), host.size(), cudaMemcpyHostToDevice),
                       "uploading check data");
 }
@@ -320,7 +199,8 @@ int64_t CountWrong(const void* device, DataType type, ReduceOp op, int size, siz
   int64_t wrong = 0;
   for (size_t i = 0; i < count; ++i) {
     const double want = Expected(op, type, size, i);
-    if (std::fabs(Load(type, host.data() + i * width) - want) > Tolerance(type, want)) ++wrong;
+    // Written so that a NaN counts as wrong.
+    if (!(std::fabs(Get(type, host.data(), i) - want) <= Tolerance(type, want))) ++wrong;
   }
   return wrong;
 }

@@ -17,6 +17,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "build", "python"))
 import trainrun  # noqa: E402  pylint: disable=wrong-import-position
+from trainrun._launch import _find_trainrun  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def empty():
@@ -25,7 +26,7 @@ def empty():
 
 def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 20
-    launcher = os.environ.get("TRAINRUN_BIN", os.path.join(ROOT, "build", "bin", "trainrun"))
+    launcher = _find_trainrun(None)  # trainrun.run's own lookup: $TRAINRUN_BIN, this build, PATH
     bare = [launcher, "-np", "4", sys.executable, "-c", "pass"]
     trainrun.run(empty, np=4, trainrun=launcher)
     subprocess.run(bare, check=True)

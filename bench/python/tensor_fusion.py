@@ -165,8 +165,9 @@ split = {p: float(trainrun.allreduce(scalar(statistics.median(v) * 1e3), op=trai
 if rank == 0:
     ms = {name: float(v[0]) for name, v in slowest.items()}
     best_ms = {name: float(v[0]) for name, v in bests.items()}
+    transport = trainrun._core.string_setting("TRAINRUN_TRANSPORT")
     print(f"# {args.tensors} float32 tensors of 4-64 KiB, {total * 4 / 2**20:.2f} MiB in all; "
-          f"{size} ranks (TRAINRUN_TRANSPORT={os.environ.get('TRAINRUN_TRANSPORT', 'auto')}); "
+          f"{size} ranks (TRAINRUN_TRANSPORT={transport}); "
           f"median of {args.rounds} alternating rounds x {args.repeat} calls (slowest rank)")
     print(f"# {'way':8s} {'time (ms)':>10s} {'busbw (GB/s)':>13s} {'/ fused':>8s} "
           f"{'best (ms)':>10s} {'/ fused':>8s}")

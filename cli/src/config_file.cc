@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "trainrun/rendezvous/environment.h"
 #include "yaml-cpp/depthguard.h"
 #include "yaml-cpp/eventhandler.h"
 #include "yaml-cpp/yaml.h"
@@ -67,7 +68,7 @@ constexpr Key kHorovodKeys[] = {
     {"library_options.mpi_threads_disable", Kind::kNote, kNoMpi},
     {"library_options.num_nccl_streams", Kind::kNote, kNoMpi},
     {"library_options.ccl_bgt_affinity", Kind::kNote, kNoMpi},
-    {"library_options.gloo_timeout_seconds", Kind::kNumber, "TRAINRUN_TIMEOUT"},
+    {"library_options.gloo_timeout_seconds", Kind::kNumber, env::kTimeoutSeconds.name},
     {"logging.level", Kind::kText, "--log-level"},
     {"logging.hide_timestamp", Kind::kFlagIfTrue, "--log-hide-timestamp"},
 };

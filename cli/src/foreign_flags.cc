@@ -130,7 +130,7 @@ constexpr ForeignFlag kTable[] = {
     // horovodrun: the flags trainrun has no knob for.
     {"--min-num-proc", "horovodrun", A::kRename, -1, "--min-np", "elastic: the fewest ranks"},
     {"--max-num-proc", "horovodrun", A::kRename, -1, "--max-np", "elastic: the most ranks"},
-    {"--gloo-timeout-seconds", "horovodrun", A::kExport, 1, "TRAINRUN_TIMEOUT",
+    {"--gloo-timeout-seconds", "horovodrun", A::kExport, 1, env::kTimeoutSeconds.name,
      "the ranks' TRAINRUN_TIMEOUT"},
     {"--stall-check", "horovodrun", A::kSilent, 0, "", "accepted: the stall check is on anyway"},
     {"-cb", "horovodrun", A::kRefuse, 0, "",

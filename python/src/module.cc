@@ -226,6 +226,21 @@ PYBIND11_MODULE(_core, m) {
       py::arg("name"),
       "The value of an integer setting (rendezvous/environment.h) as the library reads it.");
   m.def(
+      "string_setting",
+      [](const std::string& name) {
+        const trainrun::env::SettingRef* setting = trainrun::env::FindSetting(name);
+        if (setting == nullptr || setting->string_setting == nullptr) {
+          throw trainrun::InvalidArgumentError(name + " is not a text setting");
+        }
+        try {
+          return setting->string_setting->Get();
+        } catch (const trainrun::env::BadSetting& e) {
+          throw trainrun::InvalidArgumentError(e.what());
+        }
+      },
+      py::arg("name"),
+      "The value of a text setting (rendezvous/environment.h) as the library reads it.");
+  m.def(
       "init", [] { Released([] { TheRuntime().Init(); }); },
       "Joins the job (see trainrun.init); a no-op when already initialized.");
   m.def(

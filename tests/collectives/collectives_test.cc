@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "elements.h"
 #include "rank_threads.h"
 #include "spawn.h"
 #include "trainrun/collectives/communicator.h"
+#include "trainrun/collectives/testing/elements.h"
 #include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::collectives {
@@ -31,10 +31,7 @@ const std::vector<DataType> kTypes = {DataType::kFloat32,  DataType::kFloat64, D
 const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin,
                                     ReduceOp::kMax, ReduceOp::kProduct};
 
-bool IsFloat(DataType t) {
-  return t == DataType::kFloat32 || t == DataType::kFloat64 || t == DataType::kFloat16 ||
-         t == DataType::kBFloat16;
-}
+using testing::IsFloatingPoint;
 
 using testing::Get;
 using testing::Put;
@@ -46,7 +43,7 @@ std::vector<char> MakeInput(DataType type, ReduceOp op, size_t count, uint64_t s
   std::vector<char> buffer(count * ElementSize(type));
   for (size_t i = 0; i < count; ++i) {
     double v;
-    if (IsFloat(type)) {
+    if (IsFloatingPoint(type)) {
       std::uniform_real_distribution<double> d(op == ReduceOp::kProduct ? 0.5 : -1.0,
                                                op == ReduceOp::kProduct ? 1.5 : 1.0);
       v = d(rng);
@@ -89,7 +86,7 @@ double Reference(DataType type, ReduceOp op, const std::vector<std::vector<char>
     }
   }
   if (op == ReduceOp::kAverage) {
-    acc = IsFloat(type) ? acc / n : std::trunc(acc / n);
+    acc = IsFloatingPoint(type) ? acc / n : std::trunc(acc / n);
     magnitude /= n;
   }
   if (op == ReduceOp::kProduct) magnitude = std::abs(acc);
@@ -111,7 +108,7 @@ double Reference(DataType type, ReduceOp op, const std::vector<std::vector<char>
       break;
   }
   *tolerance = (op == ReduceOp::kMin || op == ReduceOp::kMax) ? 0 : epsilon * (n + 1) * magnitude;
-  if (!IsFloat(type)) {  // exact, modulo the type's width
+  if (!IsFloatingPoint(type)) {  // exact, modulo the type's width
     std::vector<char> wrapped(ElementSize(type));
     Put(type, wrapped, 0, acc);
     acc = Get(type, wrapped, 0);

@@ -19,6 +19,7 @@
 
 #include "skip_test.h"
 #include "trainrun/collectives/communicator.h"
+#include "trainrun/collectives/testing/elements.h"
 #include "trainrun/rendezvous/file_store.h"
 #include "trainrun/rendezvous/memory_store.h"
 
@@ -26,6 +27,9 @@ namespace trainrun::collectives {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using testing::Get;
+using testing::IsFloatingPoint;
+using testing::Put;
 
 const std::vector<DataType> kTypes = {DataType::kFloat32,  DataType::kFloat64, DataType::kFloat16,
                                       DataType::kBFloat16, DataType::kInt32,   DataType::kInt64,
@@ -44,96 +48,9 @@ RankInfo Place(int rank, int hosts, int per_host) {
   return info;
 }
 
-bool IsFloat(DataType t) { return static_cast<int>(t) <= static_cast<int>(DataType::kBFloat16); }
-
 // Small integers every type holds exactly: 0..3, or 1..2 for products.
 double Value(ReduceOp op, int rank, size_t i) {
   return op == ReduceOp::kProduct ? 1 + (rank + i) % 2 : static_cast<double>((rank * 7 + i) % 4);
-}
-
-void Put(DataType type, char* p, double v) {
-  switch (type) {
-    case DataType::kFloat32: {
-      float x = static_cast<float>(v);
-      std::memcpy(p, &x, 4);
-      break;
-    }
-    case DataType::kFloat64:
-      std::memcpy(p, &v, 8);
-      break;
-    case DataType::kFloat16: {
-      _Float16 x = static_cast<_Float16>(v);
-      std::memcpy(p, &x, 2);
-      break;
-    }
-    case DataType::kBFloat16: {
-      float f = static_cast<float>(v);
-      uint32_t bits;
-      std::memcpy(&bits, &f, 4);
-      uint16_t h = static_cast<uint16_t>(bits >> 16);
-      std::memcpy(p, &h, 2);
-      break;
-    }
-    case DataType::kInt32: {
-      int32_t x = static_cast<int32_t>(v);
-      std::memcpy(p, &x, 4);
-      break;
-    }
-    case DataType::kInt64: {
-      int64_t x = static_cast<int64_t>(v);
-      std::memcpy(p, &x, 8);
-      break;
-    }
-    case DataType::kUInt8:
-      *p = static_cast<char>(static_cast<uint8_t>(v));
-      break;
-    case DataType::kInt8:
-      *p = static_cast<char>(static_cast<int8_t>(v));
-      break;
-  }
-}
-
-double Get(DataType type, const char* p) {
-  switch (type) {
-    case DataType::kFloat32: {
-      float v;
-      std::memcpy(&v, p, 4);
-      return v;
-    }
-    case DataType::kFloat64: {
-      double v;
-      std::memcpy(&v, p, 8);
-      return v;
-    }
-    case DataType::kFloat16: {
-      _Float16 v;
-      std::memcpy(&v, p, 2);
-      return static_cast<float>(v);
-    }
-    case DataType::kBFloat16: {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      uint32_t bits = static_cast<uint32_t>(h) << 16;
-      float v;
-      std::memcpy(&v, &bits, 4);
-      return v;
-    }
-    case DataType::kInt32: {
-      int32_t v;
-      std::memcpy(&v, p, 4);
-      return v;
-    }
-    case DataType::kInt64: {
-      int64_t v;
-      std::memcpy(&v, p, 8);
-      return static_cast<double>(v);
-    }
-    case DataType::kUInt8:
-      return static_cast<uint8_t>(*p);
-    case DataType::kInt8:
-      return static_cast<int8_t>(*p);
-  }
-  return 0;
 }
 
 double Expected(DataType type, ReduceOp op, int n, size_t i) {
@@ -145,7 +62,7 @@ double Expected(DataType type, ReduceOp op, int n, size_t i) {
     if (op == ReduceOp::kMin) acc = std::min(acc, v);
     if (op == ReduceOp::kMax) acc = std::max(acc, v);
   }
-  if (op == ReduceOp::kAverage) acc = IsFloat(type) ? acc / n : std::trunc(acc / n);
+  if (op == ReduceOp::kAverage) acc = IsFloatingPoint(type) ? acc / n : std::trunc(acc / n);
   return acc;
 }
 
@@ -157,12 +74,12 @@ std::string CheckEverything(Communicator& comm) {
       for (size_t count : {size_t{1}, size_t{7}, size_t{5000}, size_t{300001}}) {
         const size_t e = ElementSize(type);
         std::vector<char> buffer(count * e);
-        for (size_t i = 0; i < count; ++i) Put(type, &buffer[i * e], Value(op, comm.rank(), i));
+        for (size_t i = 0; i < count; ++i) Put(type, buffer, i, Value(op, comm.rank(), i));
         comm.Allreduce(buffer.data(), count, type, op);
         for (size_t i = 0; i < count; ++i) {
           const double want = Expected(type, op, n, i);
-          const double got = Get(type, &buffer[i * e]);
-          if (std::abs(got - want) > (IsFloat(type) ? 0.01 * std::abs(want) + 1e-9 : 0)) {
+          const double got = Get(type, buffer, i);
+          if (std::abs(got - want) > (IsFloatingPoint(type) ? 0.01 * std::abs(want) + 1e-9 : 0)) {
             return std::string(DataTypeName(type)) + " " + ReduceOpName(op) + " count " +
                    std::to_string(count) + " element " + std::to_string(i) + ": got " +
                    std::to_string(got) + ", expected " + std::to_string(want);

@@ -29,6 +29,7 @@
 #include "reduce.h"
 #include "shm_transport.h"
 #include "tcp_transport.h"
+#include "trainrun/collectives/testing/elements.h"
 #include "trainrun/rendezvous/memory_store.h"
 
 namespace tc = trainrun::collectives;
@@ -44,25 +45,11 @@ void Fail(const std::string& what) {
   failures.push_back(what);
 }
 
-// float16's element type, as in reduce.cc: GCC 12 has no _Float16 in C++ on Arm.
-#if defined(__aarch64__) || defined(__arm__)
-using Half = __fp16;
-#else
-using Half = _Float16;
-#endif
-
-// bfloat16 <-> float, for inputs and expected values (small integers: exact).
-float FromBf16(uint16_t b) {
-  uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-uint16_t ToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  return static_cast<uint16_t>(bits >> 16);  // exact for the small integers used here
-}
+// float16's element type and bfloat16's conversions: the helpers tests and benchmarks share
+// (inputs and expected values are small integers: exact).
+using tc::testing::Half;
+float FromBf16(uint16_t b) { return tc::testing::Bfloat16Value(b); }
+uint16_t ToBf16(float f) { return tc::testing::Bfloat16Bits(f); }
 
 // Value is rank r's element i: small integers, so every sum is exact in every type.
 int Value(int rank, size_t i) { return static_cast<int>((i * 7 + rank * 3) % 13) - 4; }

@@ -16,9 +16,9 @@
 #include <thread>
 #include <vector>
 
-#include "elements.h"
 #include "fake_gpu_runtime.h"
 #include "trainrun/collectives/communicator.h"
+#include "trainrun/collectives/testing/elements.h"
 #include "trainrun/rendezvous/memory_store.h"
 
 namespace trainrun::collectives::gpu {
@@ -35,10 +35,7 @@ const std::vector<DataType> kTypes = {DataType::kFloat32,  DataType::kFloat64, D
 const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin,
                                     ReduceOp::kMax, ReduceOp::kProduct};
 
-bool IsFloat(DataType t) {
-  return t == DataType::kFloat32 || t == DataType::kFloat64 || t == DataType::kFloat16 ||
-         t == DataType::kBFloat16;
-}
+using ::trainrun::collectives::testing::IsFloatingPoint;
 
 // Value: element i of rank r's input, small enough that any reduction of 3 ranks is exact.
 double Value(DataType type, ReduceOp op, int rank, size_t i) {
@@ -69,7 +66,7 @@ double Reduce(DataType type, ReduceOp op, int size, size_t i) {
     }
   }
   if (type == DataType::kBool) return acc != 0 ? 1 : 0;
-  if (op == ReduceOp::kAverage) return IsFloat(type) ? acc / size : std::trunc(acc / size);
+  if (op == ReduceOp::kAverage) return IsFloatingPoint(type) ? acc / size : std::trunc(acc / size);
   return acc;
 }
 

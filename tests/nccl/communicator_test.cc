@@ -19,6 +19,7 @@
 #include "skip_test.h"
 #include "trainrun/collectives/errors.h"
 #include "trainrun/collectives/nccl/check.h"
+#include "trainrun/collectives/testing/nccl_elements.h"
 #include "trainrun/rendezvous/memory_store.h"
 
 namespace trainrun::collectives::nccl {
@@ -39,130 +40,22 @@ std::vector<int> WorldSizes() {
   return sizes;
 }
 
-// --- host-side encoding of test values --------------------------------------------------------
+// --- host-side encoding of test values (the element helpers tests and benchmarks share) --------
 
-uint16_t FloatToHalf(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, 4);
-  const uint32_t sign = (bits >> 16) & 0x8000;
-  const int exponent = static_cast<int>((bits >> 23) & 0xff) - 127 + 15;
-  const uint32_t mantissa = bits & 0x7fffff;
-  if ((bits & 0x7fffffff) == 0 || exponent <= 0) return static_cast<uint16_t>(sign);
-  if (exponent >= 31) return static_cast<uint16_t>(sign | 0x7c00);
-  uint32_t half = sign | (static_cast<uint32_t>(exponent) << 10) | (mantissa >> 13);
-  const uint32_t rest = mantissa & 0x1fff;
-  if (rest > 0x1000 || (rest == 0x1000 && (half & 1))) ++half;
-  return static_cast<uint16_t>(half);
-}
-
-float HalfToFloat(uint16_t half) {
-  const uint32_t sign = (half & 0x8000u) << 16;
-  const uint32_t exponent = (half >> 10) & 0x1f;
-  const uint32_t mantissa = half & 0x3ff;
-  if (exponent == 0) return (sign ? -1.0f : 1.0f) * std::ldexp(static_cast<float>(mantissa), -24);
-  const uint32_t bits = exponent == 31 ? (sign | 0x7f800000 | (mantissa << 13))
-                                       : (sign | ((exponent - 15 + 127) << 23) | (mantissa << 13));
-  float value;
-  std::memcpy(&value, &bits, 4);
-  return value;
-}
-
-uint16_t FloatToBfloat16(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, 4);
-  bits += 0x7fff + ((bits >> 16) & 1);  // round to nearest even
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-float Bfloat16ToFloat(uint16_t value) {
-  const uint32_t bits = static_cast<uint32_t>(value) << 16;
-  float out;
-  std::memcpy(&out, &bits, 4);
-  return out;
-}
-
-template <typename T>
-void Put(std::vector<uint8_t>& bytes, size_t i, T value) {
-  std::memcpy(bytes.data() + i * sizeof(T), &value, sizeof(T));
-}
-
-template <typename T>
-T Take(const std::vector<uint8_t>& bytes, size_t i) {
-  T value;
-  std::memcpy(&value, bytes.data() + i * sizeof(T), sizeof(T));
-  return value;
-}
+using ::trainrun::collectives::testing::Get;
+using ::trainrun::collectives::testing::IsFloatingPoint;
+using ::trainrun::collectives::testing::Put;
 
 std::vector<uint8_t> Encode(DataType type, const std::vector<double>& values) {
   std::vector<uint8_t> bytes(values.size() * ElementSize(type));
-  for (size_t i = 0; i < values.size(); ++i) {
-    const double v = values[i];
-    switch (type) {
-      case DataType::kInt8:
-        Put<int8_t>(bytes, i, static_cast<int8_t>(v));
-        break;
-      case DataType::kUint8:
-        Put<uint8_t>(bytes, i, static_cast<uint8_t>(v));
-        break;
-      case DataType::kInt32:
-        Put<int32_t>(bytes, i, static_cast<int32_t>(v));
-        break;
-      case DataType::kInt64:
-        Put<int64_t>(bytes, i, static_cast<int64_t>(v));
-        break;
-      case DataType::kFloat16:
-        Put<uint16_t>(bytes, i, FloatToHalf(static_cast<float>(v)));
-        break;
-      case DataType::kBfloat16:
-        Put<uint16_t>(bytes, i, FloatToBfloat16(static_cast<float>(v)));
-        break;
-      case DataType::kFloat32:
-        Put<float>(bytes, i, static_cast<float>(v));
-        break;
-      case DataType::kFloat64:
-        Put<double>(bytes, i, v);
-        break;
-    }
-  }
+  for (size_t i = 0; i < values.size(); ++i) Put(type, bytes.data(), i, values[i]);
   return bytes;
 }
 
 std::vector<double> Decode(DataType type, const std::vector<uint8_t>& bytes) {
   std::vector<double> values(bytes.size() / ElementSize(type));
-  for (size_t i = 0; i < values.size(); ++i) {
-    switch (type) {
-      case DataType::kInt8:
-        values[i] = Take<int8_t>(bytes, i);
-        break;
-      case DataType::kUint8:
-        values[i] = Take<uint8_t>(bytes, i);
-        break;
-      case DataType::kInt32:
-        values[i] = Take<int32_t>(bytes, i);
-        break;
-      case DataType::kInt64:
-        values[i] = static_cast<double>(Take<int64_t>(bytes, i));
-        break;
-      case DataType::kFloat16:
-        values[i] = HalfToFloat(Take<uint16_t>(bytes, i));
-        break;
-      case DataType::kBfloat16:
-        values[i] = Bfloat16ToFloat(Take<uint16_t>(bytes, i));
-        break;
-      case DataType::kFloat32:
-        values[i] = Take<float>(bytes, i);
-        break;
-      case DataType::kFloat64:
-        values[i] = Take<double>(bytes, i);
-        break;
-    }
-  }
+  for (size_t i = 0; i < values.size(); ++i) values[i] = Get(type, bytes.data(), i);
   return values;
-}
-
-bool IsInteger(DataType type) {
-  return type == DataType::kInt8 || type == DataType::kUint8 || type == DataType::kInt32 ||
-         type == DataType::kInt64;
 }
 
 double Tolerance(DataType type, double expected) {
@@ -208,7 +101,7 @@ double Reference(ReduceOp op, DataType type, int size, size_t i) {
   }
   if (op == ReduceOp::kAvg) {
     result /= size;
-    if (IsInteger(type)) result = std::trunc(result);
+    if (!IsFloatingPoint(type)) result = std::trunc(result);
   }
   return result;
 }

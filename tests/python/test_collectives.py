@@ -484,3 +484,25 @@ def test_fusion_threshold_and_bucket_size_are_two_settings():
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def test_text_settings_read_as_declared():
+    saved = os.environ.get("TRAINRUN_TRANSPORT")
+    try:
+        os.environ.pop("TRAINRUN_TRANSPORT", None)
+        assert _core.string_setting("TRAINRUN_TRANSPORT") == "auto"
+        os.environ["TRAINRUN_TRANSPORT"] = "shm"
+        assert _core.string_setting("TRAINRUN_TRANSPORT") == "shm"
+        os.environ["TRAINRUN_TRANSPORT"] = "udp"
+        with pytest.raises(trainrun.InvalidArgumentError) as error:
+            _core.string_setting("TRAINRUN_TRANSPORT")
+        assert str(error.value) == ("TRAINRUN_TRANSPORT is 'udp'; set it to auto, tcp or shm (or "
+                                    "unset it)")
+        with pytest.raises(trainrun.InvalidArgumentError) as error:
+            _core.string_setting("TRAINRUN_TIMEOUT")
+        assert str(error.value) == "TRAINRUN_TIMEOUT is not a text setting"
+    finally:
+        if saved is None:
+            os.environ.pop("TRAINRUN_TRANSPORT", None)
+        else:
+            os.environ["TRAINRUN_TRANSPORT"] = saved

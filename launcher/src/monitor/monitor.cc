@@ -44,7 +44,8 @@ Monitor::Monitor(const LaunchSpec& spec, const JobPlan& plan, boost::asio::io_co
     absl::StatusOr<std::string> drawn = rendezvous::RandomToken();
     if (drawn.ok()) token = *drawn;
   }
-  const std::string trace = plan.environment.Lookup(env::kTimeline.name).value_or("");
+  const std::string trace =
+      plan.environment.Lookup(env::kTimeline.name).value_or(env::kTimeline.default_value);
   absl::StatusOr<std::unique_ptr<MonitorServer>> page =
       MonitorServer::Start(*address, token, trace, view_);
   if (!page.ok()) {
