@@ -263,11 +263,18 @@ TEST_CASE_METHOD(PerNodeApp, "per-node mode: --nnodes MIN:MAX is torchrun's elas
 
 TEST_CASE_METHOD(PerNodeApp, "per-node mode: --nnodes MIN:MAX waits 30 s for more nodes by default",
                  "[cli][per_node]") {
-  auto spec = Spec({"--nnodes", "2:3", "--node-rank", "0", "--rdzv-endpoint", "head:29500",
-                    "--nproc-per-node", "1", "prog"});
+  auto spec = Spec({"--dry-run", "--nnodes", "2:3", "--node-rank", "0", "--rdzv-endpoint",
+                    "head:29500", "--nproc-per-node", "1", "prog"});
   REQUIRE(spec.ok());
   CHECK(spec->per_node->min_nnodes == 2);
   CHECK(spec->per_node->last_call == std::chrono::seconds(30));
+  std::ostringstream out;
+  PrintPlan(*spec, out);
+  CHECK_THAT(out.str(), Catch::Contains("per-node mode: this is node 0 of 2:3 (ranks 0 to 0)"));
+  CHECK_THAT(out.str(),
+             Catch::Contains("the job starts once 2 nodes have joined and 30 s more have passed "
+                             "(--rdzv-last-call), or once all 3 have, on the nodes that joined "
+                             "(the plan above is all 3)"));
 }
 
 }  // namespace

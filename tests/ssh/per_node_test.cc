@@ -315,6 +315,24 @@ TEST_CASE("per-node: --nnodes 1:2 starts alone after the last call, at once when
   std::printf("per-node --nnodes 1:2: alone (--rdzv-last-call 1) %.2f s, both nodes %.2f s\n",
               alone.seconds, runs[0].seconds);
 
+  // A node that joins and goes away during the last call is left out: node 0 starts alone (MAX
+  // is 3, so node 1's join alone does not start the job).
+  const std::vector<std::string> wait3 = {"--rdzv-token", "t", "--rdzv-last-call", "3"};
+  std::vector<std::string> killed = NodeArgv(cluster, 1, wait3, job, "1:3");
+  killed.insert(killed.begin() + 4, {"timeout", "-s", "KILL", "1"});
+  NodeRun left, stayed;
+  std::thread leaver = RunTimed(killed, left);
+  std::thread head = RunTimed(NodeArgv(cluster, 0, wait3, job, "1:3"), stayed);
+  leaver.join();
+  head.join();
+  INFO("node 0:\n" << stayed.out << "\nnode 1 (killed after 1 s):\n" << left.out);
+  CHECK(left.status != 0);  // killed (RunCommand says -1)
+  CHECK(stayed.status == 0);
+  CHECK(Contains(stayed.out, "node 1 left before the job started; it may join again"));
+  CHECK(Contains(stayed.out, "1 of --nnodes 1:3 nodes joined; starting the job with them"));
+  CHECK(Contains(stayed.out, "[1]<stdout>:rank 1 of 2"));
+  CHECK_FALSE(Contains(stayed.out, "[2]<stdout>"));
+
   // Fewer than MIN by --start-timeout: one sentence naming the range and the missing nodes.
   NodeRun short_of_min;
   short_of_min.status = RunCommand(

@@ -240,7 +240,21 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
         polled.push_back({connection.fd.get(), POLLIN, 0});
         ids.push_back(id);
       }
+      // Nodes that joined a range's job before its start: watched for leaving (their agent's
+      // Hello waits unread in the socket).
+      const size_t first_held = polled.size();
+      for (const Held& node : held_) polled.push_back({node.fd.get(), POLLRDHUP, 0});
       ::poll(polled.data(), polled.size(), 100);
+      for (size_t i = held_.size(); i-- > 0;) {
+        if ((polled[first_held + i].revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0) continue;
+        Logger().info("per-node join: node {} left before the job started; it may join again",
+                      held_[i].node);
+        joined[held_[i].node] = false;
+        --arrived;
+        held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(i));
+        if (arrived < enough) last_call.reset();  // fewer than MIN again: no last call yet
+      }
+      polled.resize(first_held);
       const auto now = rendezvous::Admission::Clock::now();
       if ((polled[0].revents & POLLIN) != 0) {
         for (int batch = 0; batch < 1024; ++batch) {
@@ -278,7 +292,10 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
           admission.Closed(ids[i - 1], rendezvous::Admission::Reason::kTooManyBytes);
         } else if (Answer(std::move(connection), line, joined, admission, ids[i - 1], on_stream,
                           arrived + 1 == count ? &*listener : nullptr)) {
-          started_ = ++arrived == count;
+          if (++arrived == count) {
+            Release(on_stream);
+            started_ = true;
+          }
         }
       }
       for (uint64_t late : admission.Expired(now)) drop(late);
@@ -303,8 +320,10 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
                     " within --start-timeout ", start_timeout_.count(),
                     " s; start trainrun there with --node-rank ", missing.front(),
                     " and --rdzv-endpoint ", EndpointText(spec_), ", or raise --start-timeout"));
+    // (A range's nodes that had joined hear it too: their streams were held for the start.)
+    held_.clear();
     for (int node = 1; node < spec_.nnodes; ++node) {
-      if (!joined[node]) on_stream(node - 1, never);
+      if (!joined[node] || range) on_stream(node - 1, never);
     }
   }
 
@@ -313,6 +332,7 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
   // closes now when it is also the ranks' MASTER_PORT.
   void StartWithout(const std::vector<bool>& joined, size_t arrived,
                     const channel::StreamCallback& on_stream, posix::UniqueFd& listener) {
+    Release(on_stream);
     started_ = true;
     Logger().info("per-node join: {} of --nnodes {} nodes joined; starting the job with them",
                   arrived + 1, NnodesText(spec_));
@@ -322,6 +342,21 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
         on_stream(node - 1, channel::HostAbsent(absl::StrCat("node ", node, " had not joined")));
       }
     }
+  }
+
+  // Release hands on the streams of the nodes held until the start (a range's).
+  void Release(const channel::StreamCallback& on_stream) {
+    for (Held& node : held_) {
+      absl::StatusOr<std::unique_ptr<SocketStream>> stream =
+          SocketStream::Create(std::move(node.fd), absl::StrCat("node ", node.node),
+                               shared_from_this(), node.nproc, std::move(node.seal_key));
+      if (!stream.ok()) {
+        on_stream(node.node - 1, stream.status());
+      } else {
+        on_stream(node.node - 1, std::unique_ptr<channel::HostStream>(*std::move(stream)));
+      }
+    }
+    held_.clear();
   }
 
   enum class Taken { kWaiting, kLine, kClosed, kTooLong };
@@ -393,6 +428,18 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
       return false;
     }
     const int node = request->node_rank;
+    if (spec_.min_nnodes > 0 && spec_.min_nnodes < spec_.nnodes) {
+      // A range: held until the start, so that a node that leaves before it is left out.
+      joined[node] = true;
+      Logger().debug("per-node join: node {} joined from {}", node, connection.from);
+      if (listener != nullptr && spec_.master_port != 0 &&
+          spec_.master_port == spec_.endpoint_port) {
+        listener->Reset();
+      }
+      held_.push_back({node, std::move(connection.fd), request->nproc,
+                       SealKey(spec_.token, connection.challenge, *request)});
+      return true;
+    }
     absl::StatusOr<std::unique_ptr<SocketStream>> stream = SocketStream::Create(
         std::move(connection.fd), absl::StrCat("node ", node), shared_from_this(), request->nproc,
         SealKey(spec_.token, connection.challenge, *request));
@@ -409,8 +456,17 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
     return true;
   }
 
+  // A node of a --nnodes MIN:MAX job that has joined before the start (the port's thread's).
+  struct Held {
+    int node = 0;
+    posix::UniqueFd fd;
+    int nproc = 0;
+    std::string seal_key;
+  };
+
   const PerNodeSpec spec_;
   const std::chrono::seconds start_timeout_;
+  std::vector<Held> held_;
   std::atomic<bool> stop_{false};
   // Every node has joined, or (--nnodes MIN:MAX) the job started without the rest.
   std::atomic<bool> started_{false};
