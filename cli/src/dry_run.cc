@@ -22,8 +22,10 @@ void PrintPerNode(const launcher::PerNodeSpec& node, std::ostream& out) {
   const std::string endpoint = node.endpoint_host.find(':') != std::string::npos
                                    ? absl::StrCat("[", node.endpoint_host, "]:", node.endpoint_port)
                                    : absl::StrCat(node.endpoint_host, ":", node.endpoint_port);
-  out << "per-node mode: this is node " << node.node_rank << " of " << node.nnodes << " (ranks "
-      << node.node_rank * node.nproc_per_node << " to "
+  const bool range = node.min_nnodes > 0 && node.min_nnodes < node.nnodes;
+  out << "per-node mode: this is node " << node.node_rank << " of "
+      << (range ? absl::StrCat(node.min_nnodes, ":", node.nnodes) : absl::StrCat(node.nnodes))
+      << " (ranks " << node.node_rank * node.nproc_per_node << " to "
       << (node.node_rank + 1) * node.nproc_per_node - 1
       << (node.node_rank == 0 ? ""
                               : absl::StrCat(" when every node runs ", node.nproc_per_node,
@@ -33,7 +35,15 @@ void PrintPerNode(const launcher::PerNodeSpec& node, std::ostream& out) {
                                              ", where it then serves the rendezvous")
                               : absl::StrCat("it joins node 0 at ", endpoint))
       << "; --rdzv-id " << node.rdzv_id << ", "
-      << (node.token.empty() ? "no token (any node that reaches it may join)" : "a token") << "\n";
+      << (node.token.empty() ? "no token (any node that reaches it may join)" : "a token")
+      << (range ? absl::StrCat("; the job starts once ", node.min_nnodes,
+                               node.min_nnodes == 1 ? " node has" : " nodes have", " joined and ",
+                               node.last_call.count(),
+                               " s more have passed (--rdzv-last-call), or once all ", node.nnodes,
+                               " have, on the nodes that joined (the plan above is all ",
+                               node.nnodes, ")")
+                : "")
+      << "\n";
 }
 
 }  // namespace

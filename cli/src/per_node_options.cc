@@ -1,5 +1,6 @@
 #include "trainrun/cli/per_node_options.h"
 
+#include <chrono>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -89,9 +90,19 @@ void SetupPerNodeOptions(CLI::App& app, PerNodeOptions& options) {
       "Per-node mode",
       "trainrun started once on each node, as torchrun: node 0 serves the rendezvous at "
       "--rdzv-endpoint, the others join it.");
-  group->add_option("--nnodes", options.nnodes, "Number of nodes of the job.")->type_name("N");
+  group
+      ->add_option("--nnodes", options.nnodes,
+                   "Number of nodes of the job, or MIN:MAX: start once MIN have joined and "
+                   "--rdzv-last-call has passed (at once when MAX have).")
+      ->type_name("N|RANGE");
   group->add_option("--node-rank,--node_rank", options.node_rank, "This node's index, 0 to N-1.")
       ->type_name("K");
+  group
+      ->add_option("--rdzv-last-call,--rdzv_last_call", options.rdzv_last_call,
+                   "With --nnodes MIN:MAX: seconds node 0 waits for more nodes once MIN have "
+                   "joined (torchrun's last_call_timeout; default 30).")
+      ->type_name("SECONDS")
+      ->check(CLI::Range(0, 86400));
   group
       ->add_option("--nproc-per-node,--nproc_per_node", options.nproc_per_node,
                    "Ranks on this node (without --nnodes: as -np on this host).")
@@ -148,6 +159,7 @@ absl::StatusOr<PerNodeResult> MakePerNodeSpec(const PerNodeOptions& options,
         {options.rdzv_id.has_value(), "--rdzv-id"},
         {options.rdzv_token.has_value(), "--rdzv-token"},
         {options.rdzv_token_file.has_value(), "--rdzv-token-file"},
+        {options.rdzv_last_call.has_value(), "--rdzv-last-call"},
         {options.master_addr.has_value(), "--master-addr"},
         {options.master_port.has_value(), "--master-port"},
     };
@@ -169,21 +181,19 @@ absl::StatusOr<PerNodeResult> MakePerNodeSpec(const PerNodeOptions& options,
   }
 
   launcher::PerNodeSpec spec;
-  // torchrun's elastic range MIN:MAX: one number when MIN and MAX agree (a PyTorchJob's
-  // PET_NNODES is "2:2" when it has an elastic policy).
+  // torchrun's elastic range MIN:MAX (a PyTorchJob's PET_NNODES is "2:2" when it has an elastic
+  // policy): MAX is the job's nodes (node ranks 0 to MAX-1), MIN how many it starts with.
   std::string nnodes = *options.nnodes;
   if (size_t colon = nnodes.find(':'); colon != std::string::npos) {
     int low = 0, high = 0;
-    if (absl::SimpleAtoi(nnodes.substr(0, colon), &low) &&
-        absl::SimpleAtoi(nnodes.substr(colon + 1), &high) && low == high) {
-      nnodes = nnodes.substr(0, colon);
-    } else {
-      return Bad(absl::StrCat(
-          "--nnodes ", *options.nnodes,
-          ": give one number of nodes; per-node mode starts once every node has joined and "
-          "has no elastic range of nodes (an elastic job runs from one trainrun, with -H or "
-          "--host-discovery-script and --min-np)"));
+    if (!absl::SimpleAtoi(nnodes.substr(0, colon), &low) ||
+        !absl::SimpleAtoi(nnodes.substr(colon + 1), &high) || low < 1 || low > high ||
+        high > 65536) {
+      return Bad(absl::StrCat("--nnodes ", *options.nnodes,
+                              ": give N, or MIN:MAX with 1 <= MIN <= MAX <= 65536"));
     }
+    nnodes = nnodes.substr(colon + 1);
+    if (low != high) spec.min_nnodes = low;
   }
   if (!absl::SimpleAtoi(nnodes, &spec.nnodes)) {
     return Bad(absl::StrCat("--nnodes ", *options.nnodes, ": give one number of nodes"));
@@ -210,6 +220,24 @@ absl::StatusOr<PerNodeResult> MakePerNodeSpec(const PerNodeOptions& options,
     return Bad(absl::StrCat("--nnodes ", spec.nnodes,
                             " needs --nproc-per-node (this node's ranks), or -np (the job's "
                             "total)"));
+  }
+  if (spec.min_nnodes > 0 && !options.nproc_per_node) {
+    return Bad(absl::StrCat("--nnodes ", *options.nnodes,
+                            " needs --nproc-per-node: with a range of nodes, -np (the job's "
+                            "total) is not known before the nodes join"));
+  }
+  if (spec.min_nnodes > 0 && facts.num_proc) {
+    return Bad(absl::StrCat("-np does not go with --nnodes ", *options.nnodes,
+                            ": the job's total depends on how many nodes join; give "
+                            "--nproc-per-node only"));
+  }
+  if (options.rdzv_last_call) {
+    if (spec.min_nnodes == 0) {
+      return Bad(
+          absl::StrCat("--rdzv-last-call is for --nnodes MIN:MAX (a range of nodes); --nnodes ",
+                       *options.nnodes, " waits for every node"));
+    }
+    spec.last_call = std::chrono::seconds(*options.rdzv_last_call);
   }
   if (options.nproc_per_node) {
     spec.nproc_per_node = *options.nproc_per_node;
@@ -241,7 +269,7 @@ absl::StatusOr<PerNodeResult> MakePerNodeSpec(const PerNodeOptions& options,
   spec.node_rank = *options.node_rank;
   if (spec.node_rank < 0 || spec.node_rank >= spec.nnodes) {
     return Bad(absl::StrCat("--node-rank ", spec.node_rank, " is out of range for --nnodes ",
-                            spec.nnodes, " (0 to ", spec.nnodes - 1, ")"));
+                            *options.nnodes, " (0 to ", spec.nnodes - 1, ")"));
   }
   if (options.rdzv_endpoint && (options.master_addr || options.master_port)) {
     return Bad("give either --rdzv-endpoint or --master-addr/--master-port, not both");

@@ -7,8 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "job_plan.h"
 #include "job_run.h"
 #include "node_joiner.h"
@@ -148,10 +150,18 @@ absl::StatusOr<Attempt> RunOnce(const LaunchSpec& given, OutputForwarder& output
   LaunchSpec spec = given;
   if (given.per_node) {
     // Per-node mode: each node said its --nproc-per-node as it joined; the job is planned again
-    // when they differ from node 0's (agents[i] is node i + 1).
-    std::vector<int> counts{given.per_node->nproc_per_node};
-    for (const remote::RemoteAgent& agent : *agents) counts.push_back(agent.stream->JoinedSlots());
-    bool differ = false;
+    // when they differ from node 0's, or when (--nnodes MIN:MAX) some nodes did not join: the
+    // agents are the nodes that joined, in node order, each host named "node<K>".
+    std::vector<int> counts(given.per_node->nnodes, 0);
+    counts[0] = given.per_node->nproc_per_node;
+    for (const remote::RemoteAgent& agent : *agents) {
+      int node = 0;
+      if (absl::SimpleAtoi(absl::StripPrefix(agent.name(), "node"), &node) && node > 0 &&
+          node < given.per_node->nnodes) {
+        counts[node] = agent.stream->JoinedSlots();
+      }
+    }
+    bool differ = agents->size() + 1 != counts.size();
     for (int count : counts) differ = differ || count != given.per_node->nproc_per_node;
     if (differ) {
       absl::StatusOr<hostfile::SlotPlan> replanned = PerNodeSlotPlan(*given.per_node, counts);
@@ -160,8 +170,12 @@ absl::StatusOr<Attempt> RunOnce(const LaunchSpec& given, OutputForwarder& output
       plan = PlanJob(spec);
       if (!plan.ok()) return plan.status();
       if (!spec.quiet) {
+        std::vector<std::string> shown;
+        for (size_t node = 0; node < counts.size(); ++node) {
+          if (counts[node] > 0) shown.push_back(absl::StrCat(counts[node]));
+        }
         Logger().info("the nodes run {} ranks: {} in all, numbered by node",
-                      absl::StrJoin(counts, ", "), spec.plan.size());
+                      absl::StrJoin(shown, ", "), spec.plan.size());
       }
     }
   } else if (!given.elastic) {

@@ -100,11 +100,9 @@ TEST_CASE_METHOD(PerNodeApp,
   REQUIRE(spec.ok());
   CHECK(spec->per_node->nnodes == 2);
   CHECK(spec->per_node->master_port == 0);
-  CHECK(Error({"--nnodes", "1:4", "--node-rank", "0", "--rdzv-endpoint", "h:1", "--nproc-per-node",
-               "1", "prog"}) ==
-        "--nnodes 1:4: give one number of nodes; per-node mode starts once every node has joined "
-        "and has no elastic range of nodes (an elastic job runs from one trainrun, with -H or "
-        "--host-discovery-script and --min-np)");
+  CHECK(spec->per_node->min_nnodes == 0);
+  CHECK(Error({"--nnodes", "3:2", "--node-rank", "0", "--rdzv-endpoint", "h:1", "--nproc-per-node",
+               "1", "prog"}) == "--nnodes 3:2: give N, or MIN:MAX with 1 <= MIN <= MAX <= 65536");
   CHECK(Error({"--nnodes", "two", "--node-rank", "0", "--rdzv-endpoint", "h:1", "--nproc-per-node",
                "1", "prog"}) == "--nnodes two: give one number of nodes");
 }
@@ -190,9 +188,20 @@ TEST_CASE_METHOD(PerNodeApp, "per-node mode: each bad combination is one sentenc
   CHECK_THAT(Error({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:x",
                     "--nproc-per-node", "1", "prog"}),
              Catch::Contains("--rdzv-endpoint 'h:x': the port must be a number"));
-  CHECK_THAT(Error({"--nnodes", "1:4", "--node-rank", "0", "--rdzv-endpoint", "h:1",
+  CHECK_THAT(Error({"--nnodes", "0:4", "--node-rank", "0", "--rdzv-endpoint", "h:1",
                     "--nproc-per-node", "1", "prog"}),
-             Catch::Contains("--nnodes 1:4: give one number of nodes"));
+             Catch::Contains("--nnodes 0:4: give N, or MIN:MAX"));
+  CHECK_THAT(
+      Error({"--nnodes", "1:4", "--node-rank", "0", "--rdzv-endpoint", "h:1", "-np", "4", "prog"}),
+      Catch::Contains("--nnodes 1:4 needs --nproc-per-node"));
+  CHECK_THAT(Error({"--nnodes", "1:4", "--node-rank", "0", "--rdzv-endpoint", "h:1", "-np", "4",
+                    "--nproc-per-node", "1", "prog"}),
+             Catch::Contains("-np does not go with --nnodes 1:4"));
+  CHECK_THAT(Error({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1",
+                    "--nproc-per-node", "1", "--rdzv-last-call", "5", "prog"}),
+             Catch::Contains("--rdzv-last-call is for --nnodes MIN:MAX"));
+  CHECK_THAT(Error({"--rdzv-last-call", "5", "-np", "1", "prog"}),
+             Catch::Contains("--rdzv-last-call is for per-node mode"));
   CHECK_THAT(Error({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1",
                     "--nproc-per-node", "1", "--max-restarts", "2", "prog"}),
              Catch::Contains("--max-restarts does not work with --nnodes yet"));
@@ -228,6 +237,44 @@ TEST_CASE_METHOD(PerNodeApp, "per-node mode: the dry run says which node this is
              Catch::Contains("per-node mode: this is node 1 of 2 (ranks 2 to 3 when every "
                              "node runs 2; node 0 numbers them once all have joined); "
                              "it joins node 0 at 10.0.0.1:29500"));
+}
+
+}  // namespace
+}  // namespace trainrun::cli
+
+namespace trainrun::cli {
+namespace {
+
+TEST_CASE_METHOD(PerNodeApp, "per-node mode: --nnodes MIN:MAX is torchrun's elastic node range",
+                 "[cli][per_node]") {
+  auto spec = Spec({"--nnodes", "1:4", "--node-rank", "3", "--rdzv-endpoint", "head:29500",
+                    "--nproc-per-node", "2", "--rdzv-last-call", "5", "prog"});
+  INFO((spec.ok() ? "" : std::string(spec.status().message())));
+  REQUIRE(spec.ok());
+  CHECK(spec->per_node->nnodes == 4);
+  CHECK(spec->per_node->min_nnodes == 1);
+  CHECK(spec->per_node->node_rank == 3);
+  CHECK(spec->per_node->last_call == std::chrono::seconds(5));
+  // Planned for MAX nodes until they join; node 0 plans again with those that came.
+  CHECK(spec->plan.size() == 8);
+  CHECK(Error({"--nnodes", "1:4", "--node-rank", "4", "--rdzv-endpoint", "h:1", "--nproc-per-node",
+               "1", "prog"}) == "--node-rank 4 is out of range for --nnodes 1:4 (0 to 3)");
+}
+
+TEST_CASE_METHOD(PerNodeApp, "per-node mode: --nnodes MIN:MAX waits 30 s for more nodes by default",
+                 "[cli][per_node]") {
+  auto spec = Spec({"--dry-run", "--nnodes", "2:3", "--node-rank", "0", "--rdzv-endpoint",
+                    "head:29500", "--nproc-per-node", "1", "prog"});
+  REQUIRE(spec.ok());
+  CHECK(spec->per_node->min_nnodes == 2);
+  CHECK(spec->per_node->last_call == std::chrono::seconds(30));
+  std::ostringstream out;
+  PrintPlan(*spec, out);
+  CHECK_THAT(out.str(), Catch::Contains("per-node mode: this is node 0 of 2:3 (ranks 0 to 0)"));
+  CHECK_THAT(out.str(),
+             Catch::Contains("the job starts once 2 nodes have joined and 30 s more have passed "
+                             "(--rdzv-last-call), or once all 3 have, on the nodes that joined "
+                             "(the plan above is all 3)"));
 }
 
 }  // namespace

@@ -4,7 +4,8 @@
 # the older MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK in the other), in a clean environment.
 # Each run is a checked allreduce across both pods, and both pods end with status 0. Then: pods
 # with unequal PET_NPROC_PER_NODE (2 and 1: 3 ranks, numbered by pod), whose ranks see
-# PET_MASTER_PORT as MASTER_PORT and rank 0 can listen there (PyTorch's TCPStore does).
+# PET_MASTER_PORT as MASTER_PORT and rank 0 can listen there (PyTorch's TCPStore does). An elastic
+# PyTorchJob's PET_NNODES=1:2: both pods start at once; one pod alone starts after the last call.
 # Usage: pods_netns_test.sh TRAINRUN ALLREDUCE_PERF      (root; exit 77 without it)
 set -uo pipefail
 trainrun=$1 perf=$2
@@ -113,6 +114,38 @@ for line in '[0]<stdout>:rank 0 local 0 of 2 world 3 node 0 port 23459' \
   grep -qxF "$line" "$work/port.0" || fail "port: no line '$line': $(cat "$work/port.0")"
 done
 pod_command=()
+
+echo "== an elastic PyTorchJob (PET_NNODES=1:2): both pods join, so the job starts at once"
+start=$(date +%s.%N)
+pods elastic PET_NNODES=1:2 PET_NPROC_PER_NODE=2 PET_NODE_RANK=0 PET_MASTER_ADDR="${addr[0]}" \
+  PET_MASTER_PORT=23460 -- \
+  PET_NNODES=1:2 PET_NPROC_PER_NODE=2 PET_NODE_RANK=1 PET_MASTER_ADDR="${addr[0]}" PET_MASTER_PORT=23460
+grep -q '4 ranks on 2 hosts' "$work/elastic.0" ||
+  fail "PET_NNODES=1:2: not 4 ranks on 2 hosts: $(cat "$work/elastic.0")"
+# Its last call (30 s by default) is not waited for once every node has joined.
+awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { exit !(e - s < 20) }' ||
+  fail "PET_NNODES=1:2 with both pods waited for the last call"
+
+echo "== PET_NNODES=1:2 with one pod: it starts alone after --rdzv-last-call, rank 0 gets the port"
+# The join port was also MASTER_PORT: node 0 closed it when it started without pod 1.
+timeout 60 ip netns exec "${pods[0]}" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+  PET_NNODES=1:2 PET_NPROC_PER_NODE=2 PET_NODE_RANK=0 PET_MASTER_ADDR="${addr[0]}" \
+  PET_MASTER_PORT=23461 "$trainrun" --rdzv-last-call 1 python3 -c '
+import os, socket
+e = os.environ
+if e["RANK"] == "0":
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((e["MASTER_ADDR"], int(e["MASTER_PORT"])))
+    s.listen()
+print("rank", e["RANK"], "world", e["WORLD_SIZE"], "port", e["MASTER_PORT"])
+' >"$work/alone.0" 2>&1 || fail "PET_NNODES=1:2 alone exited $?: $(cat "$work/alone.0")"
+for line in '[0]<stdout>:rank 0 world 2 port 23461' '[1]<stdout>:rank 1 world 2 port 23461'; do
+  grep -qxF "$line" "$work/alone.0" || fail "alone: no line '$line': $(cat "$work/alone.0")"
+done
+grep -qF '1 of --nnodes 1:2 nodes joined; starting the job with them' "$work/alone.0" ||
+  fail "alone: no line saying it started with 1 node: $(cat "$work/alone.0")"
+tail -2 "$work/alone.0"
 
 echo "pods: $failures failures"
 ((failures == 0))

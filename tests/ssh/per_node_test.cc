@@ -30,17 +30,19 @@ struct NodeRun {
   double seconds = 0;
 };
 
-// The argv that runs trainrun as node `node` of 2 in host namespace `node`.
+// The argv that runs trainrun as node `node` of `nnodes` (2, or a range MIN:MAX) in host
+// namespace `node`.
 std::vector<std::string> NodeArgv(const NetnsCluster& cluster, int node,
                                   const std::vector<std::string>& flags,
-                                  const std::vector<std::string>& command) {
+                                  const std::vector<std::string>& command,
+                                  const std::string& nnodes = "2") {
   std::vector<std::string> argv = {"ip",
                                    "netns",
                                    "exec",
                                    cluster.host_ns(node),
                                    TRAINRUN_BIN,
                                    "--nnodes",
-                                   "2",
+                                   nnodes,
                                    "--node-rank",
                                    std::to_string(node),
                                    "--rdzv-endpoint",
@@ -224,6 +226,127 @@ double Median(std::vector<double> values) {
 // The start-time benchmark (hidden: run as `per_node_netns_test "[.bench]"`): 2 nodes x 2 ranks of
 // the barrier example, per-node (the slower node's trainrun, both started at once) and over SSH
 // from the client namespace (-H h0:2,h1:2), median of 5 each.
+// Runs `argv` on a thread of its own into `run`, timing it.
+std::thread RunTimed(std::vector<std::string> argv, NodeRun& run) {
+  return std::thread([argv = std::move(argv), &run] {
+    auto start = std::chrono::steady_clock::now();
+    run.status = RunCommand(argv, &run.out, 60);
+    run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  });
+}
+
+TEST_CASE("per-node: --nnodes 2:3 starts with the 2 nodes that joined; a late node is refused",
+          "[netns][per_node][range]") {
+  if (!CanUseNetns()) {
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
+  }
+  SshWorld world;
+  NetnsCluster cluster(3, world.dir(), world.dir() + "/keys/authorized_keys");
+  const std::vector<std::string> flags = {"--rdzv-token",     "t", "--start-timeout", "20",
+                                          "--rdzv-last-call", "2"};
+  // Each rank says the world it started in, then lives long enough for node 2 to knock.
+  const std::vector<std::string> job = {"/bin/sh", "-c",
+                                        "echo \"rank $RANK of $WORLD_SIZE\"; sleep 5"};
+  std::vector<NodeRun> runs(3);
+  std::vector<std::thread> threads;
+  threads.push_back(RunTimed(NodeArgv(cluster, 1, flags, job, "2:3"), runs[1]));
+  threads.push_back(RunTimed(NodeArgv(cluster, 0, flags, job, "2:3"), runs[0]));
+  // Node 2 comes once the job has started (the last call is 2 s after node 1 joined).
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+  threads.push_back(RunTimed(NodeArgv(cluster, 2, flags, job, "2:3"), runs[2]));
+  for (std::thread& t : threads) t.join();
+  INFO("node 0:\n" << runs[0].out << "\nnode 1:\n" << runs[1].out << "\nnode 2:\n" << runs[2].out);
+  CHECK(runs[0].status == 0);
+  CHECK(runs[1].status == 0);
+  CHECK(Contains(runs[0].out, "2 of --nnodes 2:3 nodes joined; starting the job with them"));
+  for (int rank = 0; rank < 4; ++rank) {
+    CHECK(Contains(runs[0].out, absl::StrCat("[", rank, "]<stdout>:rank ", rank, " of 4")));
+  }
+  CHECK_FALSE(Contains(runs[0].out, "[4]<stdout>"));
+  // The late node hears why at once, and node 0 says so too.
+  CHECK(runs[2].status != 0);
+  CHECK(runs[2].seconds < 5);
+  CHECK(Contains(runs[2].out,
+                 "refused this node (--node-rank 2): the job started without it (--nnodes 2:3"));
+  CHECK(Contains(runs[0].out, "refused 10.213.1.13: the job started without it"));
+  std::printf(
+      "per-node --nnodes 2:3 (--rdzv-last-call 2): node 0 ran %.2f s (5 s job), the late "
+      "node was refused in %.2f s\n",
+      runs[0].seconds, runs[2].seconds);
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
+}
+
+TEST_CASE("per-node: --nnodes 1:2 starts alone after the last call, at once when both join",
+          "[netns][per_node][range_start]") {
+  if (!CanUseNetns()) {
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  const std::vector<std::string> job = {"/bin/sh", "-c", "echo \"rank $RANK of $WORLD_SIZE\""};
+  // Node 0 alone: MIN is 1, so it starts by itself once the last call (1 s) has passed.
+  NodeRun alone;
+  std::thread(
+      RunTimed(NodeArgv(cluster, 0, {"--rdzv-token", "t", "--rdzv-last-call", "1"}, job, "1:2"),
+               alone))
+      .join();
+  INFO("alone:\n" << alone.out);
+  CHECK(alone.status == 0);
+  CHECK(Contains(alone.out, "1 of --nnodes 1:2 nodes joined; starting the job with them"));
+  CHECK(Contains(alone.out, "[0]<stdout>:rank 0 of 2"));
+  CHECK(Contains(alone.out, "[1]<stdout>:rank 1 of 2"));
+  CHECK(alone.seconds >= 1);
+
+  // Both nodes: MAX joined, so the job starts at once, without waiting for the last call (30 s).
+  const std::vector<std::string> flags = {"--rdzv-token", "t", "--start-timeout", "20"};
+  std::vector<NodeRun> runs(2);
+  std::vector<std::thread> threads;
+  threads.push_back(RunTimed(NodeArgv(cluster, 1, flags, job, "1:2"), runs[1]));
+  threads.push_back(RunTimed(NodeArgv(cluster, 0, flags, job, "1:2"), runs[0]));
+  for (std::thread& t : threads) t.join();
+  INFO("node 0:\n" << runs[0].out << "\nnode 1:\n" << runs[1].out);
+  CHECK(runs[0].status == 0);
+  CHECK(runs[1].status == 0);
+  for (int rank = 0; rank < 4; ++rank) {
+    CHECK(Contains(runs[0].out, absl::StrCat("[", rank, "]<stdout>:rank ", rank, " of 4")));
+  }
+  CHECK(runs[0].seconds < 15);
+  std::printf("per-node --nnodes 1:2: alone (--rdzv-last-call 1) %.2f s, both nodes %.2f s\n",
+              alone.seconds, runs[0].seconds);
+
+  // A node that joins and goes away during the last call is left out: node 0 starts alone (MAX
+  // is 3, so node 1's join alone does not start the job).
+  const std::vector<std::string> wait3 = {"--rdzv-token", "t", "--rdzv-last-call", "3"};
+  std::vector<std::string> killed = NodeArgv(cluster, 1, wait3, job, "1:3");
+  killed.insert(killed.begin() + 4, {"timeout", "-s", "KILL", "1"});
+  NodeRun left, stayed;
+  std::thread leaver = RunTimed(killed, left);
+  std::thread head = RunTimed(NodeArgv(cluster, 0, wait3, job, "1:3"), stayed);
+  leaver.join();
+  head.join();
+  INFO("node 0:\n" << stayed.out << "\nnode 1 (killed after 1 s):\n" << left.out);
+  CHECK(left.status != 0);  // killed (RunCommand says -1)
+  CHECK(stayed.status == 0);
+  CHECK(Contains(stayed.out, "node 1 left before the job started; it may join again"));
+  CHECK(Contains(stayed.out, "1 of --nnodes 1:3 nodes joined; starting the job with them"));
+  CHECK(Contains(stayed.out, "[1]<stdout>:rank 1 of 2"));
+  CHECK_FALSE(Contains(stayed.out, "[2]<stdout>"));
+
+  // Fewer than MIN by --start-timeout: one sentence naming the range and the missing nodes.
+  NodeRun short_of_min;
+  short_of_min.status = RunCommand(
+      NodeArgv(cluster, 0, {"--rdzv-token", "t", "--start-timeout", "2"}, {"true"}, "2:3"),
+      &short_of_min.out);
+  INFO(short_of_min.out);
+  CHECK(short_of_min.status != 0);
+  CHECK(Contains(short_of_min.out,
+                 "only 1 of at least 2 nodes (--nnodes 2:3) joined at port 29400 within "
+                 "--start-timeout 2 s"));
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
+}
+
 TEST_CASE("per-node: start time next to an SSH launch", "[.bench][netns][per_node]") {
   if (!CanUseNetns()) {
     trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");

@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "trainrun/hostfile/slot_plan.h"
@@ -86,6 +87,19 @@ class HostStream {
 // possibly after the caller stopped waiting: it must own what it touches.
 using StreamCallback =
     std::function<void(int host, absl::StatusOr<std::unique_ptr<HostStream>> stream)>;
+
+// HostAbsent is the status a channel gives a host that is optional and did not come (per-node
+// mode's --nnodes MIN:MAX: a node that had not joined when the job started): not a failure; the
+// job starts without it. IsHostAbsent recognizes it.
+inline constexpr char kHostAbsentPayload[] = "trainrun.launcher/host-absent";
+inline absl::Status HostAbsent(absl::string_view why) {
+  absl::Status status = absl::CancelledError(why);
+  status.SetPayload(kHostAbsentPayload, absl::Cord("1"));
+  return status;
+}
+inline bool IsHostAbsent(const absl::Status& status) {
+  return status.GetPayload(kHostAbsentPayload).has_value();
+}
 
 // HostChannel is one way of reaching hosts.
 class HostChannel {

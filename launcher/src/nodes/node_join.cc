@@ -171,7 +171,7 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
   ~JoinPort() { Stop(); }
 
   const PerNodeSpec& spec() const { return spec_; }
-  bool all_joined() const { return all_joined_; }
+  bool started() const { return started_; }
 
   void Start(size_t count, absl::Time deadline, channel::StreamCallback on_stream) {
     thread_ = std::thread([this, count, deadline, on_stream = std::move(on_stream)] {
@@ -219,14 +219,42 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
     std::vector<bool> joined(spec_.nnodes, false);
     joined[0] = true;
     size_t arrived = 0;
-    while (!stop_ && (arrived == count || absl::Now() < deadline)) {
+    // --nnodes MIN:MAX: the job starts once MIN nodes (node 0 with them) have joined and the last
+    // call has passed since, or at once when every node has.
+    const bool range = spec_.min_nnodes > 0 && spec_.min_nnodes < spec_.nnodes;
+    const size_t enough = range ? static_cast<size_t>(spec_.min_nnodes - 1) : count;
+    std::optional<absl::Time> last_call;
+    while (!stop_ &&
+           (started_ || absl::Now() < deadline || (range && arrived >= enough && !started_))) {
+      if (!started_ && arrived == count) started_ = true;
+      if (!started_ && range && arrived >= enough) {
+        if (!last_call) last_call = absl::Now() + absl::FromChrono(spec_.last_call);
+        if (absl::Now() >= *last_call || absl::Now() >= deadline) {
+          StartWithout(joined, arrived, on_stream, *listener);
+          if (!*listener) return;
+        }
+      }
       std::vector<pollfd> polled{{listener->get(), POLLIN, 0}};
       std::vector<uint64_t> ids;
       for (const auto& [id, connection] : pending) {
         polled.push_back({connection.fd.get(), POLLIN, 0});
         ids.push_back(id);
       }
+      // Nodes that joined a range's job before its start: watched for leaving (their agent's
+      // Hello waits unread in the socket).
+      const size_t first_held = polled.size();
+      for (const Held& node : held_) polled.push_back({node.fd.get(), POLLRDHUP, 0});
       ::poll(polled.data(), polled.size(), 100);
+      for (size_t i = held_.size(); i-- > 0;) {
+        if ((polled[first_held + i].revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0) continue;
+        Logger().info("per-node join: node {} left before the job started; it may join again",
+                      held_[i].node);
+        joined[held_[i].node] = false;
+        --arrived;
+        held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(i));
+        if (arrived < enough) last_call.reset();  // fewer than MIN again: no last call yet
+      }
+      polled.resize(first_held);
       const auto now = rendezvous::Admission::Clock::now();
       if ((polled[0].revents & POLLIN) != 0) {
         for (int batch = 0; batch < 1024; ++batch) {
@@ -264,25 +292,71 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
           admission.Closed(ids[i - 1], rendezvous::Admission::Reason::kTooManyBytes);
         } else if (Answer(std::move(connection), line, joined, admission, ids[i - 1], on_stream,
                           arrived + 1 == count ? &*listener : nullptr)) {
-          all_joined_ = ++arrived == count;
+          if (++arrived == count) {
+            Release(on_stream);
+            started_ = true;
+          }
         }
       }
       for (uint64_t late : admission.Expired(now)) drop(late);
-      if (arrived == count && !*listener) return;  // the port went to the ranks' MASTER_PORT
+      if (started_ && !*listener) return;  // the port went to the ranks' MASTER_PORT
     }
-    if (arrived == count || stop_) return;
+    if (started_ || stop_) return;
     std::vector<std::string> missing;
     for (int node = 1; node < spec_.nnodes; ++node) {
       if (!joined[node]) missing.push_back(absl::StrCat(node));
     }
-    const absl::Status never = absl::DeadlineExceededError(absl::StrCat(
-        missing.size() == 1 ? "node " : "nodes ", absl::StrJoin(missing, ", "), " of --nnodes ",
-        spec_.nnodes, " never joined at port ", spec_.endpoint_port, " within --start-timeout ",
-        start_timeout_.count(), " s; start trainrun there with --node-rank ", missing.front(),
-        " and --rdzv-endpoint ", EndpointText(spec_), ", or raise --start-timeout"));
+    const absl::Status never =
+        range ? absl::DeadlineExceededError(absl::StrCat(
+                    "only ", arrived + 1, " of at least ", spec_.min_nnodes, " nodes (--nnodes ",
+                    NnodesText(spec_), ") joined at port ", spec_.endpoint_port,
+                    " within --start-timeout ", start_timeout_.count(),
+                    " s; start trainrun on more nodes with --rdzv-endpoint ", EndpointText(spec_),
+                    " and a --node-rank of ", absl::StrJoin(missing, ", "),
+                    ", or raise --start-timeout"))
+              : absl::DeadlineExceededError(absl::StrCat(
+                    missing.size() == 1 ? "node " : "nodes ", absl::StrJoin(missing, ", "),
+                    " of --nnodes ", spec_.nnodes, " never joined at port ", spec_.endpoint_port,
+                    " within --start-timeout ", start_timeout_.count(),
+                    " s; start trainrun there with --node-rank ", missing.front(),
+                    " and --rdzv-endpoint ", EndpointText(spec_), ", or raise --start-timeout"));
+    // (A range's nodes that had joined hear it too: their streams were held for the start.)
+    held_.clear();
     for (int node = 1; node < spec_.nnodes; ++node) {
-      if (!joined[node]) on_stream(node - 1, never);
+      if (!joined[node] || range) on_stream(node - 1, never);
     }
+  }
+
+  // StartWithout starts a --nnodes MIN:MAX job with the nodes that have joined: every other node
+  // is absent (channel::HostAbsent), and one that comes later is refused (Answer). The join port
+  // closes now when it is also the ranks' MASTER_PORT.
+  void StartWithout(const std::vector<bool>& joined, size_t arrived,
+                    const channel::StreamCallback& on_stream, posix::UniqueFd& listener) {
+    Release(on_stream);
+    started_ = true;
+    Logger().info("per-node join: {} of --nnodes {} nodes joined; starting the job with them",
+                  arrived + 1, NnodesText(spec_));
+    if (spec_.master_port != 0 && spec_.master_port == spec_.endpoint_port) listener.Reset();
+    for (int node = 1; node < spec_.nnodes; ++node) {
+      if (!joined[node]) {
+        on_stream(node - 1, channel::HostAbsent(absl::StrCat("node ", node, " had not joined")));
+      }
+    }
+  }
+
+  // Release hands on the streams of the nodes held until the start (a range's).
+  void Release(const channel::StreamCallback& on_stream) {
+    for (Held& node : held_) {
+      absl::StatusOr<std::unique_ptr<SocketStream>> stream =
+          SocketStream::Create(std::move(node.fd), absl::StrCat("node ", node.node),
+                               shared_from_this(), node.nproc, std::move(node.seal_key));
+      if (!stream.ok()) {
+        on_stream(node.node - 1, stream.status());
+      } else {
+        on_stream(node.node - 1, std::unique_ptr<channel::HostStream>(*std::move(stream)));
+      }
+    }
+    held_.clear();
   }
 
   enum class Taken { kWaiting, kLine, kClosed, kTooLong };
@@ -320,6 +394,14 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
         SameProof(request->proof, JoinProof(spec_.token, connection.challenge, *request));
     absl::Status verdict =
         request.ok() ? CheckJoin(spec_, connection.challenge, *request, joined) : request.status();
+    if (verdict.ok() && started_) {
+      // --nnodes MIN:MAX: a node that comes after the start.
+      verdict = absl::FailedPreconditionError(absl::StrCat(
+          "the job started without it (--nnodes ", NnodesText(spec_),
+          ": node 0 starts once MIN nodes have joined and --rdzv-last-call has passed), and a "
+          "running per-node job takes no new nodes; start every node within --rdzv-last-call of "
+          "the first MIN, or start the job again"));
+    }
     if (!verdict.ok()) {
       // A node that proved the token but differs is the user's mistake: said here as well as there,
       // as is a join request with another token (a node given the wrong one), for the first few
@@ -346,6 +428,18 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
       return false;
     }
     const int node = request->node_rank;
+    if (spec_.min_nnodes > 0 && spec_.min_nnodes < spec_.nnodes) {
+      // A range: held until the start, so that a node that leaves before it is left out.
+      joined[node] = true;
+      Logger().debug("per-node join: node {} joined from {}", node, connection.from);
+      if (listener != nullptr && spec_.master_port != 0 &&
+          spec_.master_port == spec_.endpoint_port) {
+        listener->Reset();
+      }
+      held_.push_back({node, std::move(connection.fd), request->nproc,
+                       SealKey(spec_.token, connection.challenge, *request)});
+      return true;
+    }
     absl::StatusOr<std::unique_ptr<SocketStream>> stream = SocketStream::Create(
         std::move(connection.fd), absl::StrCat("node ", node), shared_from_this(), request->nproc,
         SealKey(spec_.token, connection.challenge, *request));
@@ -362,10 +456,20 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
     return true;
   }
 
+  // A node of a --nnodes MIN:MAX job that has joined before the start (the port's thread's).
+  struct Held {
+    int node = 0;
+    posix::UniqueFd fd;
+    int nproc = 0;
+    std::string seal_key;
+  };
+
   const PerNodeSpec spec_;
   const std::chrono::seconds start_timeout_;
+  std::vector<Held> held_;
   std::atomic<bool> stop_{false};
-  std::atomic<bool> all_joined_{false};
+  // Every node has joined, or (--nnodes MIN:MAX) the job started without the rest.
+  std::atomic<bool> started_{false};
   int unproved_refusals_said_ = 0;  // the port's thread's
   std::thread thread_;
 };
@@ -375,9 +479,9 @@ class NodeJoinChannel : public channel::HostChannel {
   NodeJoinChannel(PerNodeSpec spec, std::chrono::seconds start_timeout)
       : port_(std::make_shared<JoinPort>(std::move(spec), start_timeout)) {}
 
-  // Until every node has joined, the port ends with the channel; after, with the job's streams.
+  // Until the job starts, the port ends with the channel; after, with the job's streams.
   ~NodeJoinChannel() override {
-    if (!port_->all_joined()) port_->Stop();
+    if (!port_->started()) port_->Stop();
   }
 
   std::string Describe(const hostfile::HostSpec& host, const std::string&) const override {
@@ -422,6 +526,12 @@ absl::StatusOr<posix::UniqueFd> Connect(const std::string& host, int port) {
 }
 
 }  // namespace
+
+std::string NnodesText(const PerNodeSpec& spec) {
+  return spec.min_nnodes > 0 && spec.min_nnodes != spec.nnodes
+             ? absl::StrCat(spec.min_nnodes, ":", spec.nnodes)
+             : absl::StrCat(spec.nnodes);
+}
 
 std::string EndpointText(const PerNodeSpec& spec) {
   return spec.endpoint_host.find(':') != std::string::npos

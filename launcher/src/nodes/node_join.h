@@ -71,10 +71,12 @@ absl::Status CheckJoin(const PerNodeSpec& spec, const std::string& challenge,
 
 // MakeNodeJoinChannel is node 0's HostChannel: Start listens at the endpoint's address and port
 // and hands host i (node i+1) its stream once that node has joined; nodes that have not joined by
-// the deadline get one error naming them all. Connections are answered concurrently, each under
-// rendezvous::Admission's deadline and caps (a stranger's idle or flooding connections delay no
-// node). The port stays open until the channel is destroyed, so that a node started a second time
-// is told at once that its node rank has already joined.
+// the deadline get one error naming them all. With --nnodes MIN:MAX it starts once MIN nodes have
+// joined and spec.last_call has passed (or all have): the others are channel::HostAbsent, and a
+// node that comes later is refused with one sentence. Connections are answered concurrently, each
+// under rendezvous::Admission's deadline and caps (a stranger's idle or flooding connections delay
+// no node). The port stays open until the channel is destroyed, so that a node started a second
+// time is told at once that its node rank has already joined.
 std::unique_ptr<channel::HostChannel> MakeNodeJoinChannel(const PerNodeSpec& spec,
                                                           std::chrono::seconds start_timeout);
 
@@ -86,6 +88,9 @@ std::unique_ptr<channel::HostChannel> MakeNodeJoinChannel(const PerNodeSpec& spe
 absl::StatusOr<posix::UniqueFd> DialNodeZero(const PerNodeSpec& spec, absl::Time deadline,
                                              std::chrono::seconds start_timeout,
                                              std::string* seal_key = nullptr);
+
+// NnodesText is --nnodes as the user wrote it: "N", or "MIN:MAX" for a range.
+std::string NnodesText(const PerNodeSpec& spec);
 
 // EndpointText is "HOST:PORT" as the user would write it ("[v6]:PORT" for IPv6).
 std::string EndpointText(const PerNodeSpec& spec);

@@ -8,6 +8,7 @@ absl::StatusOr<hostfile::SlotPlan> PerNodeSlotPlan(const PerNodeSpec& spec,
   std::vector<hostfile::HostSpec> hosts;
   int total = 0;
   for (int node = 0; node < spec.nnodes && node < static_cast<int>(counts.size()); ++node) {
+    if (counts[node] == 0 && node > 0) continue;  // a node of a MIN:MAX range that did not join
     hostfile::HostSpec host;
     host.host = node == 0 ? spec.endpoint_host : absl::StrCat("node", node);
     host.slots = counts[node];

@@ -101,6 +101,7 @@ absl::StatusOr<std::vector<RemoteAgent>> ConnectAgents(
     std::optional<absl::Status> failure;
     std::atomic<bool> abandoned{false};
     int connected = 0;
+    int absent = 0;   // optional hosts that did not come (channel::IsHostAbsent)
     int running = 0;  // hosts not finished yet
   };
   auto shared = std::make_shared<Shared>();
@@ -108,7 +109,9 @@ absl::StatusOr<std::vector<RemoteAgent>> ConnectAgents(
   shared->running = static_cast<int>(hosts.size());
   auto finish = [shared](int i, absl::StatusOr<RemoteAgent> agent) {
     std::lock_guard<std::mutex> lock(shared->mu);
-    if (!agent.ok()) {
+    if (!agent.ok() && channel::IsHostAbsent(agent.status())) {
+      ++shared->absent;
+    } else if (!agent.ok()) {
       if (!shared->failure) shared->failure = agent.status();
     } else if (!shared->failure) {
       shared->agents[i] = *std::move(agent);
@@ -144,17 +147,20 @@ absl::StatusOr<std::vector<RemoteAgent>> ConnectAgents(
       reported = shared->connected;
       if (on_progress) on_progress(reported, static_cast<int>(hosts.size()));
     }
-    if (shared->connected == static_cast<int>(hosts.size())) break;
+    if (shared->connected + shared->absent == static_cast<int>(hosts.size())) break;
     // Every attempt ends by the deadline; the margin covers its last read.
     if (!shared->changed.wait_until(lock, absl::ToChronoTime(deadline + absl::Seconds(2)), [&] {
-          return shared->failure || shared->connected != reported;
+          return shared->failure || shared->connected != reported ||
+                 shared->connected + shared->absent == static_cast<int>(hosts.size());
         })) {
       return absl::DeadlineExceededError(
           "timed out connecting to the hosts; raise --start-timeout");
     }
   }
   std::vector<RemoteAgent> agents;
-  for (auto& agent : shared->agents) agents.push_back(*std::move(agent));
+  for (auto& agent : shared->agents) {
+    if (agent) agents.push_back(*std::move(agent));
+  }
   if (std::string mismatch = ReleaseMismatch(agents); !mismatch.empty()) {
     Logger().warn("{}", mismatch);
   }
@@ -167,6 +173,8 @@ absl::StatusOr<RemoteAgent> ConnectAgent(channel::HostChannel& channel,
   absl::StatusOr<std::vector<RemoteAgent>> agents =
       ConnectAgents(channel, {host}, command, deadline);
   if (!agents.ok()) return agents.status();
+  if (agents->empty())
+    return absl::UnavailableError(absl::StrCat("host ", host.host, " did not come"));
   return std::move(agents->front());
 }
 

@@ -38,8 +38,9 @@ struct RemoteAgent {
 std::string AgentCommand(const std::string& remote_trainrun);
 
 // ConnectAgents starts `command` on every one of `hosts` through `channel` and waits for each
-// agent's Hello, all in parallel and before `deadline`; returns the agents in the hosts' order, or
-// the first failure as soon as it happens. An agent that cannot be started (trainrun missing there,
+// agent's Hello, all in parallel and before `deadline`; returns the agents in the hosts' order
+// (without the hosts the channel called absent, channel::HostAbsent), or the first failure as soon
+// as it happens. An agent that cannot be started (trainrun missing there,
 // another protocol version) is reported with what to do; agents of another trainrun release with
 // the same protocol are one warning line (ReleaseMismatch). `on_progress` is called (from the
 // calling thread) each time another host connects.

@@ -24,7 +24,7 @@ namespace trainrun::cli {
 
 // PerNodeOptions is per-node mode's flags, as typed.
 struct PerNodeOptions {
-  std::optional<std::string> nnodes;           // --nnodes N (a string: torchrun's "1:4" is refused)
+  std::optional<std::string> nnodes;           // --nnodes N or MIN:MAX (torchrun's range)
   std::optional<int> node_rank;                // --node-rank
   std::optional<int> nproc_per_node;           // --nproc-per-node: this node's ranks
   std::optional<std::string> rdzv_endpoint;    // --rdzv-endpoint HOST[:PORT]
@@ -34,6 +34,7 @@ struct PerNodeOptions {
   std::optional<std::string> master_addr;      // --master-addr
   std::optional<int> master_port;              // --master-port
   std::optional<std::string> rdzv_backend;     // --rdzv-backend: accepted when c10d or static
+  std::optional<int> rdzv_last_call;           // --rdzv-last-call SECONDS (--nnodes MIN:MAX)
 };
 
 // SetupPerNodeOptions declares per-node mode's flags on `app`, bound to `options`.

@@ -101,7 +101,13 @@ inline constexpr char kDefaultRdzvId[] = "none";
 // --nproc-per-node ranks (nodes may differ: node 0 plans the job once every node has joined and
 // said its count); ranks are numbered by node rank, then local rank.
 struct PerNodeSpec {
-  int nnodes = 1;
+  int nnodes = 1;  // the job's nodes; with --nnodes MIN:MAX, MAX (node ranks are 0 to MAX-1)
+  // --nnodes MIN:MAX's MIN (0: no range, every node must join): node 0 starts the job once MIN
+  // nodes (itself included) have joined and `last_call` has passed since, or at once when all MAX
+  // have (torchrun's c10d rendezvous and its last_call_timeout). A node that comes after the start
+  // is refused with one sentence.
+  int min_nnodes = 0;
+  std::chrono::seconds last_call{30};  // --rdzv-last-call
   int node_rank = 0;
   int nproc_per_node = 1;  // this node's ranks
   // --master-port (PET_MASTER_PORT, the operator's MASTER_PORT): the MASTER_PORT every rank sees;
@@ -117,7 +123,8 @@ struct PerNodeSpec {
 };
 
 // PerNodeSlotPlan is per-node mode's whole plan: host 0 is node 0 (named by the endpoint's host),
-// host K is "node<K>", with counts[K] slots each (launcher/src/nodes/per_node_plan.cc).
+// host K is "node<K>", with counts[K] slots each; a node with no slots (one that did not join a
+// --nnodes MIN:MAX job) is left out (launcher/src/nodes/per_node_plan.cc).
 absl::StatusOr<hostfile::SlotPlan> PerNodeSlotPlan(const PerNodeSpec& spec,
                                                    const std::vector<int>& counts);
 
