@@ -278,7 +278,10 @@ void Attribution::Observe(const CallRecord* records, size_t n, int me) {
   const uint64_t mine = records[n < 2 ? 0 : me].sample_wait_ns;
   Bump(counters_->samples, 1);
   Bump(counters_->sampled_ns, mine);
-  if (n < 2 || most == least) return;  // every rank spent as long: nobody waited for anybody
+  // Every rank spent as long: nobody waited for anybody. Each rank turns its ticks into ns by the
+  // tick rate measured at that moment, so equal ticks can differ by a rounding: a difference under
+  // 1/1024 of the longest is that, not a late arrival.
+  if (n < 2 || most - least <= most / 1024) return;
   if (last == me) {
     Bump(counters_->last_samples, 1);
     Bump(counters_->last_gap_ns, most - mine);
