@@ -11,9 +11,11 @@
 # (namespaces, sshds, keys) is removed at exit. Both launchers use the same user key; mpirun
 # reaches the hosts with `--mca plm_rsh_agent "ssh -i KEY ..."` and Open MPI's defaults otherwise
 # (its tree spawn included). The barrier case (trainrun only) also runs the rendezvous example.
-# Root's ~/.bashrc is hidden from the SSH sessions (see below): a slow one would time the shell.
+# Root's ~/.bashrc is hidden from the SSH sessions (netns_hosts.sh): a slow one would time the shell.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=netns_hosts.sh
+source "$root/bench/launcher/netns_hosts.sh"
 build=${BUILD_DIR:-$root/build}
 rounds=${1:-5}
 shift || true
@@ -36,50 +38,9 @@ dir=$(mktemp -d /tmp/many_hosts.XXXXXX)
 prefix=trmh$$
 client=$prefix-c
 hosts=()
-cleanup() {
-  for ns in "${hosts[@]}" "$client"; do
-    [[ -e /run/netns/$ns ]] || continue
-    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
-    ip netns del "$ns" 2>/dev/null || true
-  done
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+trap netns_hosts_cleanup EXIT
 
-mkdir -p "$dir/home/.ssh" /run/sshd
-: >"$dir/empty_bashrc"
-ssh-keygen -q -t ed25519 -N "" -f "$dir/host_key"
-ssh-keygen -q -t ed25519 -N "" -f "$dir/user_key"
-ip netns add "$client"
-ip -n "$client" link set lo up
-ip -n "$client" link add br0 type bridge
-ip -n "$client" addr add 10.213.1.1/24 dev br0
-ip -n "$client" link set br0 up
-for ((i = 1; i <= max; i++)); do
-  ns=$prefix-h$i
-  ip netns add "$ns"
-  hosts+=("$ns")
-  ip -n "$client" link add "vh$i" type veth peer name eth0 netns "$ns"
-  ip -n "$client" link set "vh$i" master br0 up
-  ip -n "$ns" link set lo up
-  ip -n "$ns" addr add "10.213.1.$((10 + i))/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  printf '%s\n' "Port 22" "ListenAddress 0.0.0.0" "HostKey $dir/host_key" "PidFile $dir/sshd.$i.pid" \
-    "AuthorizedKeysFile $dir/user_key.pub" "UsePAM no" "StrictModes no" \
-    "PermitRootLogin prohibit-password" "PasswordAuthentication no" "MaxStartups 200" \
-    "MaxSessions 200" >"$dir/sshd_config.$i"
-  # Each sshd in its own mount namespace where root's ~/.bashrc is empty: bash sources it for
-  # every SSH command (Debian's SSH_SOURCE_BASHRC), and this machine's runs `pyenv init`, which
-  # cost ~5 s per session under load, the same for both launchers and none of theirs.
-  ip netns exec "$ns" unshare -m --propagation private sh -c \
-    "mount --bind $dir/empty_bashrc \$HOME/.bashrc 2>/dev/null; exec /usr/sbin/sshd -f $dir/sshd_config.$i -E $dir/sshd.$i.log"
-done
-for ((i = 1; i <= max; i++)); do  # every sshd listening before the first round
-  for _ in $(seq 100); do
-    grep -q "Server listening" "$dir/sshd.$i.log" 2>/dev/null && break
-    sleep 0.05
-  done
-done
+netns_hosts_start "$max"
 
 ssh_cmd="ssh -i $dir/user_key -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o BatchMode=yes"
 cat >"$dir/rounds.sh" <<ROUNDS

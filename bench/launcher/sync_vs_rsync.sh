@@ -19,6 +19,8 @@
 # (namespaces, sshds, keys, copies) is removed at exit.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=netns_hosts.sh
+source "$root/bench/launcher/netns_hosts.sh"
 build=${BUILD_DIR:-$root/build}
 rounds=${1:-5}
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "sync_vs_rsync.sh: ROUNDS '$rounds' is not a positive number" >&2; exit 2; }
@@ -31,15 +33,7 @@ dir=$(mktemp -d /tmp/sync_vs_rsync.XXXXXX)
 prefix=trsy$$
 client=$prefix-c
 hosts=()
-cleanup() {
-  for ns in "${hosts[@]}" "$client"; do
-    [[ -e /run/netns/$ns ]] || continue
-    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
-    ip netns del "$ns" 2>/dev/null || true
-  done
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+trap netns_hosts_cleanup EXIT
 
 # The source: random bytes, so that neither side gains from compression.
 src=$dir/src
@@ -56,39 +50,9 @@ rm "$dir/pool"
 head -c $((8 << 20)) /dev/urandom >"$src/.git/objects/pack"
 total=$(du -sm --exclude=.git "$src" | cut -f1)
 
-mkdir -p "$dir/home/.ssh" /run/sshd "$dir/disk"
-: >"$dir/empty_bashrc"
-ssh-keygen -q -t ed25519 -N "" -f "$dir/host_key"
-ssh-keygen -q -t ed25519 -N "" -f "$dir/user_key"
-ip netns add "$client"
-ip -n "$client" link set lo up
-ip -n "$client" link add br0 type bridge
-ip -n "$client" addr add 10.213.1.1/24 dev br0
-ip -n "$client" link set br0 up
-for ((i = 1; i <= n; i++)); do
-  ns=$prefix-h$i
-  ip netns add "$ns"
-  hosts+=("$ns")
-  ip -n "$client" link add "vh$i" type veth peer name eth0 netns "$ns"
-  ip -n "$client" link set "vh$i" master br0 up
-  ip -n "$ns" link set lo up
-  ip -n "$ns" addr add "10.213.1.$((10 + i))/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  printf '%s\n' "Port 22" "ListenAddress 0.0.0.0" "HostKey $dir/host_key" "PidFile $dir/sshd.$i.pid" \
-    "AuthorizedKeysFile $dir/user_key.pub" "UsePAM no" "StrictModes no" \
-    "PermitRootLogin prohibit-password" "PasswordAuthentication no" "MaxStartups 200" \
-    "MaxSessions 200" >"$dir/sshd_config.$i"
-  # Each sshd in its own mount namespace: a private tmpfs at $dir/disk (the host's own disk), and
-  # an empty ~/.bashrc (bash sources it for every SSH command; see many_hosts.sh).
-  ip netns exec "$ns" unshare -m --propagation private sh -c \
-    "mount -t tmpfs sync-bench $dir/disk && mount --bind $dir/empty_bashrc \$HOME/.bashrc 2>/dev/null; exec /usr/sbin/sshd -f $dir/sshd_config.$i -E $dir/sshd.$i.log"
-done
-for ((i = 1; i <= n; i++)); do
-  for _ in $(seq 100); do
-    grep -q "Server listening" "$dir/sshd.$i.log" 2>/dev/null && break
-    sleep 0.05
-  done
-done
+# Each host's sshd has a private tmpfs at $dir/disk: the host's own disk.
+mkdir -p "$dir/disk"
+netns_hosts_start "$n" "mount -t tmpfs sync-bench $dir/disk"
 # wipe D: the copies of D on every host removed (the next sync is a first one).
 wipe() {
   for ((i = 1; i <= n; i++)); do nsenter -t "$(cat "$dir/sshd.$i.pid")" -m rm -rf "$dir/disk/$1"; done
