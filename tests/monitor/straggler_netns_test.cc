@@ -27,29 +27,11 @@ TEST_CASE("netns: the straggler line names a slow rank on another host within 15
   const std::string stamp =
       "echo START $(date +%s.%N); \"$0\" \"$@\" 2>&1 | "
       "while IFS= read -r l; do echo \"$(date +%s.%N) $l\"; done";
-  std::vector<std::string> argv = {"ip",
-                                   "netns",
-                                   "exec",
-                                   cluster.client_ns(),
-                                   "env",
-                                   "HOME=" + world.dir() + "/home",
-                                   "sh",
-                                   "-c",
-                                   stamp,
-                                   TRAINRUN_BIN,
-                                   "-i",
-                                   world.user_ed25519(),
-                                   "--start-timeout",
-                                   "20",
-                                   "-np",
-                                   "4",
-                                   "-H",
-                                   hosts,
-                                   STRAGGLER_WORKER,
-                                   "20",
-                                   "3",
-                                   "200",
-                                   world.dir()};
+  std::vector<std::string> argv =
+      TrainrunInClient(world, cluster, TRAINRUN_BIN,
+                       {"-np", "4", "-H", hosts, STRAGGLER_WORKER, "20", "3", "200", world.dir()});
+  // Run through `sh -c STAMP trainrun ARGS...`: ip netns exec CLIENT env HOME=... sh -c STAMP ...
+  argv.insert(argv.begin() + 6, {"sh", "-c", stamp});
   std::string out;
   const int status = RunCommand(argv, &out, 90);
   INFO(out);

@@ -23,11 +23,12 @@ TEST_CASE("trainrun.run over two SSH hosts returns every rank's value", "[python
   const std::string hosts =
       absl::StrCat(cluster.host_address(0), ":2,", cluster.host_address(1), ":2");
   std::string out;
-  int status = RunCommand(
-      {"ip", "netns", "exec", cluster.client_ns(), "env", "HOME=" + world.dir() + "/home",
-       "PYTHONPATH=" TRAINRUN_PYTHONPATH, "TRAINRUN_BIN=" TRAINRUN_BIN, "TRAINRUN_TIMEOUT=60",
-       TRAINRUN_PYTHON, TRAINRUN_OVER_SSH, hosts, world.user_ed25519()},
-      &out, 120);
+  int status =
+      RunCommand(InClient(world, cluster,
+                          {"env", "PYTHONPATH=" TRAINRUN_PYTHONPATH, "TRAINRUN_BIN=" TRAINRUN_BIN,
+                           "TRAINRUN_TIMEOUT=60", TRAINRUN_PYTHON, TRAINRUN_OVER_SSH, hosts,
+                           world.user_ed25519()}),
+                 &out, 120);
   INFO(out);
   CHECK(status == 0);
   CHECK(out.find("over ssh: OK") != std::string::npos);

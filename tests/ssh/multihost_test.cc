@@ -24,20 +24,8 @@ namespace {
 // the world's ed25519 key; returns its exit status and puts its output (stdout and stderr) in *out.
 int RunTrainrun(const SshWorld& world, const NetnsCluster& cluster,
                 const std::vector<std::string>& args, std::string* out, double* seconds = nullptr) {
-  std::vector<std::string> argv = {"ip",
-                                   "netns",
-                                   "exec",
-                                   cluster.client_ns(),
-                                   "env",
-                                   "HOME=" + world.dir() + "/home",
-                                   TRAINRUN_BIN,
-                                   "-i",
-                                   world.user_ed25519(),
-                                   "--start-timeout",
-                                   "20"};
-  argv.insert(argv.end(), args.begin(), args.end());
   auto start = std::chrono::steady_clock::now();
-  int status = RunCommand(argv, out, 60);
+  int status = RunCommand(TrainrunInClient(world, cluster, TRAINRUN_BIN, args), out, 60);
   if (seconds) {
     *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
@@ -486,24 +474,10 @@ TEST_CASE("multihost: --start-timeout is one deadline, from the first connection
                            "d : 0) }')\n(sleep 3; exec cat) | ",
                            TRAINRUN_BIN, " --agent\n"));
   auto run = [&](const std::string& timeout, std::string* out, double* seconds) {
-    std::vector<std::string> argv = {"ip",
-                                     "netns",
-                                     "exec",
-                                     cluster.client_ns(),
-                                     "env",
-                                     "HOME=" + world.dir() + "/home",
-                                     TRAINRUN_BIN,
-                                     "-i",
-                                     world.user_ed25519(),
-                                     "--start-timeout",
-                                     timeout,
-                                     "--remote-trainrun",
-                                     agent,
-                                     "-np",
-                                     "2",
-                                     "-H",
-                                     cluster.host_address(1) + ":2",
-                                     "true"};
+    std::vector<std::string> argv = TrainrunInClient(
+        world, cluster, TRAINRUN_BIN,
+        {"--remote-trainrun", agent, "-np", "2", "-H", cluster.host_address(1) + ":2", "true"},
+        timeout);
     REQUIRE(RunCommand({"sh", "-c", "date +%s.%N > " + start_file}) == 0);
     auto start = std::chrono::steady_clock::now();
     int status = RunCommand(argv, out, 60);

@@ -367,10 +367,10 @@ TEST_CASE("per-node: start time next to an SSH launch", "[.bench][netns][per_nod
     std::string out;
     auto start = std::chrono::steady_clock::now();
     int status = RunCommand(
-        {"ip", "netns", "exec", cluster.client_ns(), "env", "HOME=" + world.dir() + "/home",
-         TRAINRUN_BIN, "-i", world.user_ed25519(), "-np", "4", "-H",
-         absl::StrCat(cluster.host_address(0), ":2,", cluster.host_address(1), ":2"),
-         TRAINRUN_BARRIER, "-v"},
+        InClient(world, cluster,
+                 {TRAINRUN_BIN, "-i", world.user_ed25519(), "-np", "4", "-H",
+                  absl::StrCat(cluster.host_address(0), ":2,", cluster.host_address(1), ":2"),
+                  TRAINRUN_BARRIER, "-v"}),
         &out, 60);
     INFO(out);
     REQUIRE(status == 0);

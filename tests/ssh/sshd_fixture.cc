@@ -271,6 +271,24 @@ bool CanUseNetns() {
   return RunCommand({"ip", "-V"}) == 0;
 }
 
+std::vector<std::string> InClient(const SshWorld& world, const NetnsCluster& cluster,
+                                  const std::vector<std::string>& command) {
+  std::vector<std::string> argv = {
+      "ip", "netns", "exec", cluster.client_ns(), "env", "HOME=" + world.dir() + "/home"};
+  argv.insert(argv.end(), command.begin(), command.end());
+  return argv;
+}
+
+std::vector<std::string> TrainrunInClient(const SshWorld& world, const NetnsCluster& cluster,
+                                          const std::string& trainrun,
+                                          const std::vector<std::string>& args,
+                                          const std::string& start_timeout) {
+  std::vector<std::string> command = {trainrun, "-i", world.user_ed25519(), "--start-timeout",
+                                      start_timeout};
+  command.insert(command.end(), args.begin(), args.end());
+  return InClient(world, cluster, command);
+}
+
 NetnsCluster::NetnsCluster(int hosts, const std::string& dir, const std::string& authorized_keys,
                            const std::string& private_dir) {
   std::string prefix =

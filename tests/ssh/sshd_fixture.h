@@ -161,4 +161,16 @@ class ScopedNetns {
 // CanUseNetns says whether this process may make network namespaces (root, with iproute2).
 bool CanUseNetns();
 
+// InClient is the argv that runs `command` in `cluster`'s client namespace with the world's home
+// (its SSH directory as ~/.ssh): `ip netns exec CLIENT env HOME=... command...`.
+std::vector<std::string> InClient(const SshWorld& world, const NetnsCluster& cluster,
+                                  const std::vector<std::string>& command);
+
+// TrainrunInClient is InClient of `trainrun -i <the world's ed25519 key> --start-timeout
+// START_TIMEOUT`, then `args`; `trainrun` is the binary's path.
+std::vector<std::string> TrainrunInClient(const SshWorld& world, const NetnsCluster& cluster,
+                                          const std::string& trainrun,
+                                          const std::vector<std::string>& args,
+                                          const std::string& start_timeout = "20");
+
 }  // namespace trainrun::testing

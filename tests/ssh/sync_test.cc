@@ -26,19 +26,7 @@ void Write(const std::string& path, const std::string& text) {
 
 int RunTrainrun(const SshWorld& world, const NetnsCluster& cluster,
                 const std::vector<std::string>& args, std::string* out) {
-  std::vector<std::string> argv = {"ip",
-                                   "netns",
-                                   "exec",
-                                   cluster.client_ns(),
-                                   "env",
-                                   "HOME=" + world.dir() + "/home",
-                                   TRAINRUN_BIN,
-                                   "-i",
-                                   world.user_ed25519(),
-                                   "--start-timeout",
-                                   "20"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return RunCommand(argv, out, 60);
+  return RunCommand(TrainrunInClient(world, cluster, TRAINRUN_BIN, args), out, 60);
 }
 
 bool Has(const std::string& out, const std::string& text) {
