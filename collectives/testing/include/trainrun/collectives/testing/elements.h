@@ -24,7 +24,9 @@ using Half = __fp16;
 using Half = _Float16;
 #endif
 
-// Bfloat16Bits returns `value` as bfloat16, rounded to nearest even as the library rounds.
+// Bfloat16Bits returns `value` as bfloat16, rounded to nearest even as the library rounds. Half
+// and these conversions are written apart from src/reduce.cc on purpose: a check's reference
+// must not share the code it checks.
 inline uint16_t Bfloat16Bits(float value) {
   uint32_t bits;
   std::memcpy(&bits, &value, 4);
