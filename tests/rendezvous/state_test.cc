@@ -14,7 +14,8 @@ namespace {
 
 using Clock = RendezvousState::Clock;
 
-// Outcomes collects what a call's Reply got.
+// Outcomes collects what a call's Reply got. Declared before the RendezvousState: its destructor
+// answers the waits still pending.
 struct Outcomes {
   std::vector<Outcome> got;
   Reply Recorder() {
@@ -37,9 +38,10 @@ bool Contains(const absl::Status& status, const std::string& text) {
 TEST_CASE("state: a Get waits for its keys and gets their values in its order",
           "[rendezvous][state]") {
   Membership members(Ranks(2));
+  Outcomes get;
+  Outcomes now;
   RendezvousState state(ServerLimits{}, members);
   REQUIRE(state.Set("b", "22").ok());
-  Outcomes get;
   const WaitId id = state.Get({"a", "b", "a"}, 60000, get.Recorder());
   CHECK(id != 0);
   CHECK(get.got.empty());
@@ -52,7 +54,6 @@ TEST_CASE("state: a Get waits for its keys and gets their values in its order",
   CHECK(state.WaitingCalls() == 0);
   CHECK_FALSE(state.Cancel(id));  // already ended
   // Every key already set: answered at once, without waiting.
-  Outcomes now;
   CHECK(state.Get({"b"}, 0, now.Recorder()) == 0);
   REQUIRE(now.got.size() == 1);
   CHECK(now.got[0].values.packed == "22");
@@ -64,8 +65,8 @@ TEST_CASE("state: a timed-out Get names its missing keys and the ranks not joine
   REQUIRE(members.Join({"h", 0, std::nullopt, 100}, nullptr).ok());
   REQUIRE(members.Join({"h", 1, std::nullopt, 101}, nullptr).ok());
   members.NoteExit(2, "exited with code 1");
-  RendezvousState state(ServerLimits{}, members);
   Outcomes get;
+  RendezvousState state(ServerLimits{}, members);
   state.Get({"x", "y"}, 1500, get.Recorder());
   REQUIRE(state.Set("y", "").ok());
   state.ExpireDue(Clock::now());  // not yet due
@@ -82,11 +83,11 @@ TEST_CASE("state: a timed-out Get names its missing keys and the ranks not joine
 TEST_CASE("state: a barrier opens at its last arrival, a rank entering twice counts once",
           "[rendezvous][state]") {
   Membership members(Ranks(3));
-  RendezvousState state(ServerLimits{}, members);
   Outcomes first, again, last;
+  Outcomes wrong;
+  RendezvousState state(ServerLimits{}, members);
   CHECK(state.Barrier("b", 3, 60000, {0}, first.Recorder()) != 0);
   CHECK(state.Barrier("b", 3, 60000, {0}, again.Recorder()) != 0);  // a retry of rank 0
-  Outcomes wrong;
   state.Barrier("b", 2, 60000, {1}, wrong.Recorder());
   REQUIRE(wrong.got.size() == 1);
   CHECK(wrong.got[0].status.message() ==
@@ -103,8 +104,8 @@ TEST_CASE("state: a barrier opens at its last arrival, a rank entering twice cou
 TEST_CASE("state: a timed-out barrier of every rank names the ranks missing",
           "[rendezvous][state]") {
   Membership members(Ranks(4));
-  RendezvousState state(ServerLimits{}, members);
   Outcomes waiting;
+  RendezvousState state(ServerLimits{}, members);
   state.Barrier("start", 4, 250, {0, 1}, waiting.Recorder());
   state.ExpireDue(Clock::now() + std::chrono::seconds(1));
   REQUIRE(waiting.got.size() == 1);
@@ -117,12 +118,13 @@ TEST_CASE("state: an allgather's answer is made once and shared, a late caller g
           "[rendezvous][state]") {
   Membership members(Ranks(2));
   int wraps = 0;
+  Outcomes first, second, late;
+  Outcomes get;
   RendezvousState state(ServerLimits{}, members, [&wraps](std::string table) {
     ++wraps;
     return "wrapped:" + table;
   });
   const std::string v0 = "alpha", v1 = "beta";
-  Outcomes first, second, late;
   CHECK(state.Allgather("g", 2, 60000, {{0, &v0}}, first.Recorder()) != 0);
   CHECK(state.Allgather("g", 2, 60000, {{1, &v1}}, second.Recorder()) == 0);
   REQUIRE(first.got.size() == 1);
@@ -140,7 +142,6 @@ TEST_CASE("state: an allgather's answer is made once and shared, a late caller g
   REQUIRE(late.got.size() == 1);
   CHECK(late.got[0].answer == first.got[0].answer);
   // Each contribution is a key of its own.
-  Outcomes get;
   state.Get({"g/1"}, 0, get.Recorder());
   CHECK(get.got.at(0).values.packed == "beta");
 }
@@ -150,9 +151,9 @@ TEST_CASE("state: an allgather past the response limit fails every caller, namin
   Membership members(Ranks(2));
   ServerLimits limits;
   limits.max_response_bytes = 8;
+  Outcomes first, second;
   RendezvousState state(limits, members);
   const std::string value(6, 'x');
-  Outcomes first, second;
   state.Allgather("big", 2, 60000, {{0, &value}}, first.Recorder());
   state.Allgather("big", 2, 60000, {{1, &value}}, second.Recorder());
   REQUIRE(first.got.size() == 1);
@@ -180,8 +181,8 @@ TEST_CASE("state: contributions are checked as their calls would be", "[rendezvo
 
 TEST_CASE("state: Cancel ends one wait, the others stay", "[rendezvous][state]") {
   Membership members(Ranks(2));
-  RendezvousState state(ServerLimits{}, members);
   Outcomes cancelled, kept;
+  RendezvousState state(ServerLimits{}, members);
   const WaitId id = state.Get({"k"}, 60000, cancelled.Recorder());
   state.Get({"k"}, 60000, kept.Recorder());
   CHECK(state.Cancel(id));
@@ -200,8 +201,8 @@ TEST_CASE("state: waits past the limit and stores past the limit are refused",
   ServerLimits limits;
   limits.max_waiters = 2;
   limits.max_stored_bytes = 100;  // the barrier takes 65
-  RendezvousState state(limits, members);
   Outcomes waiting, refused;
+  RendezvousState state(limits, members);
   state.Get({"a"}, 60000, waiting.Recorder());
   state.Barrier("b", 2, 60000, {0}, waiting.Recorder());
   CHECK(state.Get({"c"}, 60000, refused.Recorder()) == 0);
@@ -218,8 +219,8 @@ TEST_CASE("state: waits past the limit and stores past the limit are refused",
 TEST_CASE("state: Shutdown ends every wait with UNAVAILABLE and refuses new ones",
           "[rendezvous][state]") {
   Membership members(Ranks(2));
-  RendezvousState state(ServerLimits{}, members);
   Outcomes waiting, after;
+  RendezvousState state(ServerLimits{}, members);
   state.Get({"k"}, 60000, waiting.Recorder());
   state.Barrier("b", 2, 60000, {0}, waiting.Recorder());
   state.Shutdown();
