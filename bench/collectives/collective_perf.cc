@@ -8,11 +8,12 @@
 // Flags as nccl-tests: -b/-e smallest/largest size in bytes (K, M, G suffixes), -f factor between
 // sizes, -n timed iterations, -w warm-up iterations, -c 1 to count wrong elements, -d type
 // (float, double, half, bfloat16, int32, int64, uint8, int8, int16, bool), -o op (sum, prod, min,
-// max, avg); beyond nccl-tests, -T MS: time each size over at least MS milliseconds (more
-// iterations than -n where -n takes less), so that a window spans many scheduler time slices on a
-// busy machine. Time is the mean per operation on the slowest rank, in µs; algbw = size / time;
-// busbw as nccl-tests: allreduce algbw·2(n-1)/n, allgather and reduce_scatter algbw·(n-1)/n,
-// broadcast algbw.
+// max, avg; and adasum, whose inputs are orthogonal, rank r's nonzero only where i % n == r, so
+// that the Adasum is exactly the sum and -c checks it exactly); beyond nccl-tests, -T MS: time each
+// size over at least MS milliseconds (more iterations than -n where -n takes less), so that a
+// window spans many scheduler time slices on a busy machine. Time is the mean per operation on the
+// slowest rank, in µs; algbw = size / time; busbw as nccl-tests: allreduce algbw·2(n-1)/n,
+// allgather and reduce_scatter algbw·(n-1)/n, broadcast algbw.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -100,6 +101,7 @@ ReduceOp ParseOp(const std::string& name) {
   if (name == "min") return ReduceOp::kMin;
   if (name == "max") return ReduceOp::kMax;
   if (name == "avg") return ReduceOp::kAverage;
+  if (name == "adasum") return ReduceOp::kAdasum;
   std::fprintf(stderr, "unknown op '%s'\n", name.c_str());
   std::exit(2);
 }
@@ -144,6 +146,13 @@ Flags ParseFlags(int argc, char** argv) {
 // Small integers are exact in every type, so sums and checks are exact too.
 double InputValue(int rank, size_t i) { return static_cast<double>((rank + 1 + i) % 5); }
 
+// AdasumInput is rank `rank`'s element i of n for -o adasum: InputValue where i % n == rank, else
+// zero. The vectors are orthogonal, so every dot product is exactly zero, every coefficient 1,
+// and the Adasum of element i is exactly InputValue(i % n, i).
+double AdasumInput(int n, int rank, size_t i) {
+  return static_cast<int>(i % n) == rank ? InputValue(rank, i) : 0.0;
+}
+
 double Expected(ReduceOp op, DataType type, int n, size_t i) {
   double acc = InputValue(0, i);
   for (int r = 1; r < n; ++r) {
@@ -162,6 +171,8 @@ double Expected(ReduceOp op, DataType type, int n, size_t i) {
       case ReduceOp::kMax:
         acc = std::max(acc, v);
         break;
+      case ReduceOp::kAdasum:  // Measure's inputs make it the sum of one nonzero value
+        return InputValue(static_cast<int>(i % n), i);
     }
   }
   // bool's average is its or, which the sum (of values 0 or more) is as Put writes it.
@@ -201,7 +212,10 @@ void Measure(Communicator& comm, const Flags& flags, Collective collective, size
     out_count = count;
   }
   std::vector<char> in(std::max<size_t>(1, in_count * e)), out(std::max<size_t>(1, out_count * e));
-  for (size_t i = 0; i < in_count; ++i) Put(flags.type, in, i, InputValue(rank, i));
+  const bool adasum = flags.op == ReduceOp::kAdasum;
+  for (size_t i = 0; i < in_count; ++i) {
+    Put(flags.type, in, i, adasum ? AdasumInput(n, rank, i) : InputValue(rank, i));
+  }
   auto once = [&] {
     switch (collective) {
       case Collective::kAllreduce:

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "adasum.h"
 #include "algorithms.h"
 #include "attribution.h"
 #include "call_check.h"
@@ -386,7 +387,8 @@ class Communicator::Impl {
                        const std::vector<internal::Transport::Piece>& pieces, size_t total,
                        DataType type, ReduceOp op, bool overlap) {
     if (ctx.transport.size() == 1) return;  // in place among one rank: nothing to do
-    if (pieces.size() <= 1) {               // as Allreduce of that buffer (or of nothing)
+    if (op == ReduceOp::kAdasum) return AdasumPieces(ctx, pieces, total, type);
+    if (pieces.size() <= 1) {  // as Allreduce of that buffer (or of nothing)
       char* data = pieces.empty() ? nullptr : pieces[0].data;
       RunAllreduce(ctx, data, data, total, type, op);
       return;
@@ -401,6 +403,33 @@ class Communicator::Impl {
       at += piece.count * e;
     }
     RunAllreduce(ctx, flat, flat, total, type, op);
+    at = 0;
+    for (const auto& piece : pieces) {
+      std::memcpy(piece.data, flat + at, piece.count * e);
+      at += piece.count * e;
+    }
+  }
+
+  // AdasumPieces is AllreducePieces for Adasum: each piece is a tensor of its own (its own dot
+  // products), combined in one contiguous copy unless there is a single piece.
+  void AdasumPieces(internal::AlgorithmContext& ctx,
+                    const std::vector<internal::Transport::Piece>& pieces, size_t total,
+                    DataType type) {
+    if (pieces.size() == 1) {
+      internal::AdasumAllreduce(ctx, pieces[0].data, {pieces[0].count}, type);
+      return;
+    }
+    const size_t e = ElementSize(type);
+    if (fusion_buffer_.size() < total * e) fusion_buffer_.resize(total * e);
+    char* flat = fusion_buffer_.data();
+    std::vector<size_t> counts;
+    size_t at = 0;
+    for (const auto& piece : pieces) {
+      std::memcpy(flat + at, piece.data, piece.count * e);
+      at += piece.count * e;
+      counts.push_back(piece.count);
+    }
+    internal::AdasumAllreduce(ctx, flat, counts, type);
     at = 0;
     for (const auto& piece : pieces) {
       std::memcpy(piece.data, flat + at, piece.count * e);
@@ -505,6 +534,11 @@ class Communicator::Impl {
   // when it has one, else the algorithms.
   static void RunAllreduce(internal::AlgorithmContext& ctx, const void* input, void* output,
                            size_t count, DataType type, ReduceOp op) {
+    if (op == ReduceOp::kAdasum) {  // over Send/Recv on every transport
+      if (input != output) std::memcpy(output, input, count * ElementSize(type));
+      internal::AdasumAllreduce(ctx, output, {count}, type);
+      return;
+    }
     if (!ctx.transport.TryAllreduce(input, output, count, type, op)) {
       internal::Allreduce(ctx, input, output, count, type, op);
     }
@@ -648,9 +682,23 @@ void CheckType(DataType type) {
   }
 }
 
-void CheckOp(ReduceOp op) {
-  if (static_cast<int>(op) < 0 || static_cast<int>(op) > static_cast<int>(ReduceOp::kProduct)) {
+// CheckOp refuses an op that an allreduce (`allreduce`) or a reduce-scatter cannot apply to
+// `type`.
+void CheckOp(ReduceOp op, DataType type, bool allreduce) {
+  if (static_cast<int>(op) < 0 || static_cast<int>(op) >= kReduceOpCount) {
     throw InvalidArgumentError(MakeMessage("unknown reduce op ", static_cast<int>(op)));
+  }
+  if (op != ReduceOp::kAdasum) return;
+  if (!allreduce) {
+    throw InvalidArgumentError(
+        "Adasum combines whole vectors and is an allreduce op only; a reduce-scatter takes sum, "
+        "average, min, max or product");
+  }
+  if (!internal::AdasumSupports(type)) {
+    throw InvalidArgumentError(
+        MakeMessage("Adasum reduces float16, bfloat16, float32 or float64, "
+                    "not ",
+                    DataTypeName(type)));
   }
 }
 
@@ -700,7 +748,7 @@ const char* Communicator::transport() const { return impl_->transport_name(); }
 void Communicator::Allreduce(const void* input, void* output, size_t count, DataType type,
                              ReduceOp op, const CallCheck& check) {
   CheckType(type);
-  CheckOp(op);
+  CheckOp(op, type, /*allreduce=*/true);
   CheckBuffer(input, count, "allreduce input");
   CheckBuffer(output, count, "allreduce output");
   auto call = DescribeCall(CollectiveKind::kAllreduce, type, count, static_cast<int>(op), check);
@@ -710,7 +758,7 @@ void Communicator::Allreduce(const void* input, void* output, size_t count, Data
 void Communicator::GroupedAllreduce(const std::vector<Buffer>& buffers, DataType type, ReduceOp op,
                                     const CallCheck& check) {
   CheckType(type);
-  CheckOp(op);
+  CheckOp(op, type, /*allreduce=*/true);
   size_t total = 0;
   std::vector<internal::Transport::Piece> pieces;
   for (const Buffer& b : buffers) {
@@ -738,7 +786,7 @@ size_t Communicator::AllreduceReady(const std::vector<ReadyAllreduce>& ready, Da
   size_t k = 1;
   try {
     CheckType(type);
-    CheckOp(op);
+    CheckOp(op, type, /*allreduce=*/true);
     if (ready.empty()) throw InvalidArgumentError("AllreduceReady needs at least one allreduce");
     for (const ReadyAllreduce& r : ready) CheckBuffer(r.data, r.count, "allreduce buffer");
     impl_->RunReady(ready, type, op, k);
@@ -790,7 +838,7 @@ void Communicator::Allgatherv(const void* input, void* output, const std::vector
 void Communicator::ReduceScatter(const void* input, void* output, size_t count, DataType type,
                                  ReduceOp op, const CallCheck& check) {
   CheckType(type);
-  CheckOp(op);
+  CheckOp(op, type, /*allreduce=*/false);
   CheckBuffer(input, count, "reduce-scatter input");
   CheckBuffer(output, count, "reduce-scatter output");
   auto call =

@@ -184,6 +184,8 @@ TRAINRUN_INLINE void ForOp(DataType type, ReduceOp op, void* dst, const void* a,
       return ForType<MinOp>(type, dst, a, b, n);
     case ReduceOp::kMax:
       return ForType<MaxOp>(type, dst, a, b, n);
+    case ReduceOp::kAdasum:  // not element-wise: adasum.cc, never here
+      return;
   }
 }
 

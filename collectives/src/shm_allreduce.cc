@@ -203,7 +203,7 @@ bool ShmTransport::TryCheckedAllreduce(const void* input, void* output, size_t c
                                        void* records, FunctionRef<bool(bool)> reduce) {
   const size_t e = ElementSize(type);
   const size_t data_at = RoundUp(record_bytes, 64);
-  if (size_ == 1 || count == 0) return false;
+  if (size_ == 1 || count == 0 || op == ReduceOp::kAdasum) return false;
   if (data_at + count * e > std::min(options_.small_bytes, options_.chunk_bytes)) {
     if (record_bytes > kChunkAt) return false;
     const Check check{record, record_bytes, records, reduce};

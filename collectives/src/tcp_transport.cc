@@ -494,7 +494,8 @@ bool TcpTransport::TryCheckedAllreduce(const void* input, void* output, size_t c
                                        ReduceOp op, const void* record, size_t record_bytes,
                                        void* records, FunctionRef<bool(bool)> reduce) {
   const size_t bytes = count * ElementSize(type);
-  if (size_ != 2 || count == 0 || bytes > kFoldBytes || record_bytes > kFrameRecordBytes) {
+  if (size_ != 2 || count == 0 || bytes > kFoldBytes || record_bytes > kFrameRecordBytes ||
+      op == ReduceOp::kAdasum) {
     return false;
   }
   const uint64_t length = bytes;

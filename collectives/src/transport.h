@@ -55,6 +55,9 @@ class Transport {
 
   // TryAllreduce runs a whole allreduce the transport's own way and returns true, or returns false
   // when the transport has no such path (the algorithms in algorithms.h then run over Send/Recv).
+  // The Try* allreduces are element-wise: ReduceOp::kAdasum never reaches TryAllreduce and
+  // TryAllreducePieces (the communicator runs adasum.h over Send/Recv), and TryCheckedAllreduce
+  // returns false for it.
   virtual bool TryAllreduce(const void* /*input*/, void* /*output*/, size_t /*count*/,
                             DataType /*type*/, ReduceOp /*op*/) {
     return false;

@@ -60,6 +60,8 @@ const char* ReduceOpName(ReduceOp op) {
       return "max";
     case ReduceOp::kProduct:
       return "prod";
+    case ReduceOp::kAdasum:
+      return "adasum";
   }
   return "unknown";
 }

@@ -63,6 +63,8 @@ double Reduce(DataType type, ReduceOp op, int size, size_t i) {
       case ReduceOp::kProduct:
         acc *= v;
         break;
+      case ReduceOp::kAdasum:  // not element-wise, and not among kOps
+        break;
     }
   }
   if (type == DataType::kBool) return acc != 0 ? 1 : 0;

@@ -150,6 +150,8 @@ int NcclOpOf(ReduceOp op, DataType type) {
       return kNcclMax;
     case ReduceOp::kProduct:
       return kNcclProd;
+    case ReduceOp::kAdasum:  // NcclCan sends it host-staged
+      return kNcclSum;
   }
   return kNcclSum;
 }
@@ -479,6 +481,8 @@ bool DeviceCollectives::NcclCan(const DeviceCall& call) const {
   if (NcclTypeOf(call.type) < 0) return false;
   // NCCL's average of integers is not trainrun's truncating division on every version.
   if (call.reduce == ReduceOp::kAverage && !IsFloat(call.type)) return false;
+  // NCCL has no Adasum: host-staged, over the communicator's own (adasum.cc).
+  if (call.reduce == ReduceOp::kAdasum) return false;
   return true;
 }
 
@@ -603,7 +607,10 @@ void DeviceCollectives::RunStaged(DeviceWork& work) {
       const size_t count = call.input_counts[0];
       char* host = static_cast<char*>(pinned(count));
       // Chunks are cut alike on every rank (from the count alone), each its own host allreduce.
-      const size_t chunks = count * element >= kPipelineBytes ? kPipelineChunks : 1;
+      // Not Adasum's: a chunk alone would have dot products of its own, not the tensor's.
+      const size_t chunks = count * element >= kPipelineBytes && call.reduce != ReduceOp::kAdasum
+                                ? kPipelineChunks
+                                : 1;
       const size_t per_chunk = (count + chunks - 1) / chunks;
       std::vector<Event> copied;
       for (size_t begin = 0; begin < count; begin += per_chunk) {

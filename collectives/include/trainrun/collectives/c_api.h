@@ -67,6 +67,7 @@ typedef enum trainrun_op {
   TRAINRUN_MIN = 2,
   TRAINRUN_MAX = 3,
   TRAINRUN_PRODUCT = 4,
+  TRAINRUN_ADASUM = 5, /* allreduce of floating-point types only (types.h, ReduceOp::kAdasum) */
 } trainrun_op;
 
 /* trainrun_comm: an opaque communicator. */

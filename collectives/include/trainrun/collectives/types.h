@@ -32,7 +32,16 @@ enum class ReduceOp : int {
   kMin = 2,
   kMax = 3,
   kProduct = 4,
+  // Adasum (Maleki et al., "Scaling Distributed Training with Adaptive Summation", 2021): the
+  // ranks' vectors are combined pairwise as a * (1 - a.b / 2|a|^2) + b * (1 - a.b / 2|b|^2),
+  // in a binary tree over the ranks (adasum.h); orthogonal vectors add, parallel ones average.
+  // Allreduce only, floating-point types only; a grouped or fused allreduce combines each buffer
+  // with its own dot products.
+  kAdasum = 5,
 };
+
+// kReduceOpCount: ReduceOp's values are 0 .. kReduceOpCount - 1.
+inline constexpr int kReduceOpCount = 6;
 
 // ElementSize returns the size in bytes of one element of `type`.
 size_t ElementSize(DataType type);
