@@ -13,7 +13,9 @@ Run from the repository root: when `trainrun` is not importable (not installed, 
 the script looks for the package the build made in build/python (or $TRAINRUN_BUILD_DIR/python).
 Options: --epochs N, --batch-size B (per rank), --lr LR (for one rank), --min-accuracy A (exit 1
 below it), --device cuda (each rank trains on GPU local_rank % GPUs; the gradients are reduced on
-the GPU, over NCCL when every rank has a GPU of its own, else through pinned host memory).
+the GPU, over NCCL when every rank has a GPU of its own, else through pinned host memory),
+--use-adasum (DistributedOptimizer(op=Adasum), with Horovod's rule: the learning rate is not
+scaled by the number of ranks).
 """
 
 import argparse
@@ -41,7 +43,10 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
-    parser.add_argument("--lr", type=float, default=0.02, help="for one rank; scaled by size")
+    parser.add_argument("--lr", type=float, default=0.02,
+                        help="for one rank; scaled by size (not with --use-adasum)")
+    parser.add_argument("--use-adasum", action="store_true",
+                        help="combine the ranks' updates by Adasum instead of averaging")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--min-accuracy", type=float, default=0.0,
                         help="exit with status 1 when the final test accuracy is lower")
@@ -96,8 +101,11 @@ def main():
     x_train, y_train, x_test, y_test = (t.to(device) for t in load_data())
 
     model = make_model().to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    # Horovod's rule: averaging scales the rate with the global batch; Adasum does not need it.
+    lr_scaler = 1 if args.use_adasum else hvd.size()
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * lr_scaler, momentum=0.9)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         op=hvd.Adasum if args.use_adasum else hvd.Average)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 

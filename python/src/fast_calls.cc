@@ -34,7 +34,7 @@ constexpr const char* kAllreduceArgs[] = {
     "tensor", "op", "name", "process_set", "prescale_factor", "postscale_factor"};
 constexpr int kAllreduceArgCount = 6;
 
-constexpr int kOps = 5;  // ReduceOp's values are 0 .. kOps - 1
+constexpr int kOps = 6;  // ReduceOp's values are 0 .. kOps - 1
 
 // State is the fast calls' half of the module: never destroyed (it holds Python references).
 struct State {
@@ -366,7 +366,7 @@ void AddFastCalls(py::module_& m, FastCallHooks hooks) {
   State& s = S();
   s.hooks = std::move(hooks);
   py::object ops = m.attr("ReduceOp");
-  const char* members[kOps] = {"Sum", "Average", "Min", "Max", "Product"};
+  const char* members[kOps] = {"Sum", "Average", "Min", "Max", "Product", "Adasum"};
   for (int i = 0; i < kOps; ++i) {
     py::object member = ops.attr(members[i]);
     if (py::cast<ReduceOp>(member) != static_cast<ReduceOp>(i)) {

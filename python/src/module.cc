@@ -191,7 +191,10 @@ PYBIND11_MODULE(_core, m) {
       .value("Average", ReduceOp::kAverage, "sum / size (integers: truncating division)")
       .value("Min", ReduceOp::kMin)
       .value("Max", ReduceOp::kMax)
-      .value("Product", ReduceOp::kProduct);
+      .value("Product", ReduceOp::kProduct)
+      .value("Adasum", ReduceOp::kAdasum,
+             "Adasum (Horovod's): orthogonal vectors add, parallel ones average; allreduce of "
+             "floating-point tensors only");
   AddFastCalls(m, FastCallHooks{
                       []() -> CommThread& { return TheRuntime().thread(); },
                       []() -> trainrun::collectives::Communicator& { return TheRuntime().world(); },

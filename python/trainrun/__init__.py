@@ -3,6 +3,7 @@
     import trainrun
     trainrun.init()
     total = trainrun.allreduce(numpy.ones(4), op=trainrun.Sum)   # [size, size, size, size]
+    step = trainrun.allreduce(delta, op=trainrun.Adasum)         # Adasum of the ranks' deltas
     trainrun.broadcast_(tensor, root_rank=0)                     # in place, from rank 0
     evens = trainrun.add_process_set([0, 2])                     # every rank calls it
     trainrun.shutdown()                                          # init() may follow
@@ -42,7 +43,7 @@ from trainrun.common.basics import (cross_rank, cross_size, gpu_info, init, is_i
 from trainrun.common.exceptions import (Error, InternalError, InvalidArgumentError, IoError,
                                         MismatchError, TimeoutError)
 from trainrun.common.objects import allgather_object, broadcast_object
-from trainrun.common.ops import (Average, Max, Min, Product, ReduceOp, Sum, allgather,
+from trainrun.common.ops import (Adasum, Average, Max, Min, Product, ReduceOp, Sum, allgather,
                                  allgather_async, allreduce, allreduce_, allreduce_async,
                                  allreduce_async_, alltoall, alltoall_async, barrier, broadcast,
                                  broadcast_, broadcast_async, broadcast_async_, grouped_allgather,
@@ -64,7 +65,7 @@ __all__ = [
     "grouped_reducescatter_async", "join", "barrier", "start_timeline", "stop_timeline", "synchronize", "poll", "broadcast_object",
     "allgather_object", "supported_dtypes", "gpu_info", "ProcessSet", "global_process_set",
     "add_process_set",
-    "remove_process_set", "ReduceOp", "Sum", "Average", "Min", "Max", "Product", "Error",
+    "remove_process_set", "ReduceOp", "Sum", "Average", "Min", "Max", "Product", "Adasum", "Error",
     "InternalError", "IoError", "TimeoutError", "InvalidArgumentError", "MismatchError",
     "run", "TrainRunner", "JobError", "RemoteTraceback",
 ]

@@ -24,6 +24,7 @@ Average = ReduceOp.Average
 Min = ReduceOp.Min
 Max = ReduceOp.Max
 Product = ReduceOp.Product
+Adasum = ReduceOp.Adasum
 
 
 def _what(fn, name):
@@ -38,12 +39,8 @@ def _check_op(op, what):
     if op is None:
         return Average
     if not isinstance(op, ReduceOp):
-        if getattr(op, "__name__", "") == "Adasum" or str(op).endswith("Adasum"):
-            raise InvalidArgumentError(
-                f"{what}: op=Adasum is not supported by trainrun (it was not built with "
-                "Adasum); use Average or Sum")
         raise InvalidArgumentError(
-            f"{what}: op must be trainrun.Sum, Average, Min, Max or Product, got {op!r}")
+            f"{what}: op must be trainrun.Sum, Average, Min, Max, Product or Adasum, got {op!r}")
     return op
 
 

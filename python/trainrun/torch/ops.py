@@ -10,18 +10,9 @@ from trainrun import _core
 from trainrun.common import ops as _base_ops
 from trainrun.common.basics import rank
 from trainrun.common.exceptions import InvalidArgumentError
-from trainrun.common.ops import Average, Sum, synchronize
+from trainrun.common.ops import Adasum, Average, Sum, synchronize
 from trainrun.common.process_sets import global_process_set
 from trainrun.torch.compression import Compression
-
-
-class Adasum:
-    """Horovod's Adasum op, named so `op=hvd.Adasum` is recognised: trainrun refuses it with a
-    clear error (it is not built with Adasum)."""
-
-    def __init__(self):
-        raise InvalidArgumentError("Adasum is an op, not a class to instantiate")
-
 
 
 def start_timeline(file_path, mark_cycles=False):
@@ -42,13 +33,6 @@ def _resolve_op(average, op, default=Average):
             raise ValueError("pass either average= (deprecated, as in Horovod) or op=, not both")
         return Average if average else Sum
     return default if op is None else op
-
-
-def _check_op(op):
-    if op is Adasum:
-        raise InvalidArgumentError("op=Adasum is not supported: trainrun is not built with "
-                                   "Adasum; use op=Average or op=Sum")
-    return op
 
 
 def _needs_grad(*tensors):
@@ -80,7 +64,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 
     compression: Compression.fp16 or .bf16 sends floating-point tensors at half the bytes.
     """
-    op = _check_op(_resolve_op(average, op))
+    op = _resolve_op(average, op)
     compressed, cctx = compression.compress(tensor)
     if _needs_grad(compressed):
         out = _Allreduce.apply(compressed, op, prescale_factor, postscale_factor, process_set,
@@ -94,7 +78,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                     postscale_factor=1.0, process_set=global_process_set):
     """Starts an allreduce into a new tensor; synchronize(handle) returns it."""
-    return _base_ops.allreduce_async(tensor.detach(), _check_op(_resolve_op(average, op)), name,
+    return _base_ops.allreduce_async(tensor.detach(), _resolve_op(average, op), name,
                                      process_set, prescale_factor, postscale_factor)
 
 
@@ -107,7 +91,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
-    return _base_ops.allreduce_async_(tensor.data, _check_op(_resolve_op(average, op)), name,
+    return _base_ops.allreduce_async_(tensor.data, _resolve_op(average, op), name,
                                       process_set, prescale_factor, postscale_factor)
 
 
@@ -144,7 +128,7 @@ class _GroupedAllreduce(torch.autograd.Function):
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
     """Returns the list of tensors reduced across ranks, as one fused operation; differentiable."""
-    op = _check_op(_resolve_op(average, op))
+    op = _resolve_op(average, op)
     pairs = [compression.compress(t) for t in tensors]
     compressed = [p[0] for p in pairs]
     if _needs_grad(*compressed):
@@ -159,7 +143,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
     return _base_ops.grouped_allreduce_async([t.detach() for t in tensors],
-                                             _check_op(_resolve_op(average, op)), name,
+                                             _resolve_op(average, op), name,
                                              process_set, prescale_factor, postscale_factor)
 
 
@@ -172,7 +156,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     return _base_ops.grouped_allreduce_async_([t.data for t in tensors],
-                                              _check_op(_resolve_op(average, op)), name,
+                                              _resolve_op(average, op), name,
                                               process_set, prescale_factor, postscale_factor)
 
 
@@ -325,7 +309,6 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
     """Returns this rank's part of each tensor reduced across ranks; differentiable."""
-    op = _check_op(op)
     pairs = [compression.compress(t) for t in tensors]
     compressed = [p[0] for p in pairs]
     if _needs_grad(*compressed):
@@ -345,13 +328,13 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0):
-    return _base_ops.reducescatter_async(tensor.detach(), _check_op(op), name, process_set,
+    return _base_ops.reducescatter_async(tensor.detach(), op, name, process_set,
                                          prescale_factor, postscale_factor)
 
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
-    return _base_ops.grouped_reducescatter_async([t.detach() for t in tensors], _check_op(op),
+    return _base_ops.grouped_reducescatter_async([t.detach() for t in tensors], op,
                                                  name, process_set, prescale_factor,
                                                  postscale_factor)
 

@@ -22,6 +22,7 @@ import torch
 import trainrun
 from trainrun import _buffers
 from trainrun import _core
+from trainrun.torch.adasum_optimizer import make_adasum_optimizer
 from trainrun.torch.compression import Compression
 
 
@@ -319,8 +320,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     synchronize(). Gradient allreduces start during backward (see the module comment).
 
     named_parameters: model.named_parameters(), used to name parameters in error messages and to
-      check every rank built the same model. op: trainrun.Average (default) or trainrun.Sum;
-      Adasum is refused (not built).
+      check every rank built the same model. op: trainrun.Average (default), trainrun.Sum, or
+      trainrun.Adasum: Horovod's Adasum optimizer (adasum_optimizer.py), which reduces each
+      parameter's update rather than its gradient; do not scale the learning rate by size().
     compression: Compression.none, .fp16 or .bf16; the last two send each bucket as 2-byte floats
       (half float32's bytes) and restore the gradient's dtype after.
     backward_passes_per_step: backward passes that accumulate locally before one allreduce.
@@ -347,13 +349,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
             f"{compression!r}")
     if op is None:
         op = trainrun.Average
-    if getattr(op, "__name__", "") == "Adasum":
+    if op not in (trainrun.Average, trainrun.Sum, trainrun.Adasum):
         raise trainrun.InvalidArgumentError(
-            "DistributedOptimizer: op=Adasum is not supported: trainrun is not built with Adasum; "
-            "use op=Average or op=Sum")
-    if op not in (trainrun.Average, trainrun.Sum):
-        raise trainrun.InvalidArgumentError(
-            f"DistributedOptimizer: op must be trainrun.Average or trainrun.Sum, got {op!r}")
+            f"DistributedOptimizer: op must be trainrun.Average, Sum or Adasum, got {op!r}")
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
         raise trainrun.InvalidArgumentError(
             f"DistributedOptimizer: backward_passes_per_step must be a positive integer, "
@@ -365,6 +363,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     if gradient_predivide_factor != 1.0 and op != trainrun.Average:
         raise trainrun.InvalidArgumentError(
             "DistributedOptimizer: gradient_predivide_factor needs op=Average")
+    if op == trainrun.Adasum and trainrun.size() > 1:  # at one rank, as any op: Horovod's rule
+        return make_adasum_optimizer(optimizer, named_parameters, compression,
+                                     backward_passes_per_step, process_set)
     if bucket_bytes is None:
         bucket_bytes = _bucket_bytes()
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
