@@ -562,5 +562,39 @@ TEST_CASE("staged: a large allreduce goes in overlapping chunks, every element r
   }
 }
 
+TEST_CASE("staged: Adasum goes in one piece (a chunk would have dot products of its own)",
+          "[gpu_fake]") {
+  // Rank 0's ones and rank 1's ones then minus ones are orthogonal as wholes (Adasum: their sum,
+  // exactly) but parallel in the first chunks a pipelined copy would cut (there: their average).
+  FakeGpuRuntime fake(2);
+  Ranks(2, fake, [&](Rank& rank) {
+    const int me = rank.comm.rank();
+    for (DataType type : {DataType::kFloat32, DataType::kFloat16}) {
+      const size_t count = (size_t{3} << 20) / ElementSize(type) + 3;  // > 2 MiB, odd
+      const size_t half = count / 2;
+      auto value = [&](int r, size_t i) {
+        if (r == 0 || i < half) return 1.0;
+        return i < 2 * half ? -1.0 : 0.0;
+      };
+      DeviceBuffer data(fake, count, type, me);
+      for (size_t i = 0; i < count; ++i) Put(type, data.data, i, value(me, i));
+      DeviceCall call;
+      call.op = DeviceOp::kAllreduce;
+      call.inputs = {data.data};
+      call.input_counts = {count};
+      call.outputs = {data.data};
+      call.type = type;
+      call.reduce = ReduceOp::kAdasum;
+      Execute(rank.gpu, call);
+      size_t wrong = 0;
+      for (size_t i = 0; i < count; ++i) {
+        wrong += Get(type, data.data, i) != value(0, i) + value(1, i);
+      }
+      INFO(DataTypeName(type));
+      CHECK(wrong == 0);
+    }
+  });
+}
+
 }  // namespace
 }  // namespace trainrun::collectives::gpu

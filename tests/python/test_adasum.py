@@ -108,6 +108,19 @@ def test_fused_and_grouped_tensors_keep_their_own_dot_products():
         assert not close(whole, np.concatenate(wants), 1e-6)
 
 
+def test_process_set_runs_its_own_tree():
+    # Horovod refuses Adasum on a process set; trainrun runs it over the set's ranks, numbered
+    # within the set.
+    evens = hvd.add_process_set([r for r in range(SIZE) if r % 2 == 0])
+    every = inputs(301, seed=9)
+    if RANK % 2 == 0:
+        got = hvd.allreduce(torch.tensor(every[RANK]), op=hvd.Adasum, process_set=evens)
+        assert close(got.numpy(), reference(every[0::2]), 1e-12)
+    hvd.barrier()
+    assert hvd.remove_process_set(evens)
+    healthy()
+
+
 # Horovod's test_adasum_pytorch.py checks, on CPU tensors (Horovod's file runs them only with MPI
 # and, for the first two, a GPU). Its "expected" is the sum over size, which Adasum gives for
 # parallel vectors only when the ranks pair up evenly (a power of two); orthogonal ones add.
