@@ -27,7 +27,10 @@ while getopts "r:n:s:t:B:h" opt; do
   esac
 done
 perf=$build/bin/allreduce_perf
-[[ -x $perf ]] || { echo "adasum.sh: $perf is not built (cmake --build build --target allreduce_perf)" >&2; exit 2; }
+if [[ ! -x $perf ]]; then
+  echo "adasum.sh: $perf is not built (cmake --build build --target allreduce_perf)" >&2
+  exit 2
+fi
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 loads=()
@@ -42,13 +45,14 @@ for ((round = 0; round < rounds; ++round)); do
     done
   done
 done
-echo "# allreduce of $size bytes, median of $rounds rounds; load average at each round's start: ${loads[*]}"
+echo "# allreduce of $size bytes, median of $rounds rounds;" \
+  "load average at each round's start: ${loads[*]}"
 printf '# %-9s %3s %12s %12s %8s %6s %10s %8s %8s %8s\n' transport np size count type redop \
   "time(us)" "algbw" "busbw" "#wrong"
 for transport in $transports; do
   for np in $nps; do
     for op in adasum avg sum; do
-      sort -n -k5 "$out/$transport.$np.$op" | awk -v t="$transport" -v np="$np" -v rounds="$rounds" '
+      sort -n -k5 "$out/$transport.$np.$op" | awk -v t="$transport" -v np="$np" '
         { line[NR] = $0; wrong += $8 }
         END {
           split(line[int((NR + 1) / 2)], f, " ")

@@ -289,6 +289,30 @@ TEST_CASE("adasum: a rank of zeros leaves the others' Adasum", "[adasum][allredu
   for (int r = 0; r < n; ++r) CHECK(data[r] == std::vector<double>(100, 1.5));
 }
 
+TEST_CASE("adasum: while a rank has joined, Adasum is a mismatch and the job goes on",
+          "[adasum][allreduce]") {
+  // join() takes part in sum and average only (as Horovod): Adasum then raises MismatchError on
+  // the ranks that called it, and the joined rank goes on waiting for them.
+  const int n = 3;
+  std::vector<int> mismatched(n, 0), last(n, -1);
+  Spawn(n, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
+    Communicator comm(store, rank, n);
+    if (rank < 2) {
+      std::vector<double> x(16, 1.0 + rank);
+      try {
+        comm.Allreduce(x.data(), x.size(), DataType::kFloat64, ReduceOp::kAdasum);
+      } catch (const MismatchError& e) {
+        mismatched[rank] = std::string(e.what()).find("has joined") != std::string::npos;
+      }
+      comm.Allreduce(x.data(), x.size(), DataType::kFloat64, ReduceOp::kSum);
+      mismatched[rank] &= x[0] == 3.0;  // the joined rank's zeros in the sum
+    }
+    last[rank] = comm.Join();
+  });
+  CHECK(mismatched == std::vector<int>{1, 1, 0});
+  CHECK(last == std::vector<int>(n, last[0]));
+}
+
 TEST_CASE("adasum: integer types and reduce-scatter are refused, and the next call works",
           "[adasum][allreduce]") {
   const int n = 3;
