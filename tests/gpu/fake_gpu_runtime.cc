@@ -126,9 +126,32 @@ bool FakeGpuRuntime::Done(Event event) {
   return e->completed >= e->recorded;
 }
 
+bool FakeGpuRuntime::WaitHost(Event event, std::chrono::steady_clock::time_point deadline) {
+  auto* e = static_cast<FakeEvent*>(event);
+  std::unique_lock<std::mutex> lock(e->mutex);
+  const uint64_t mark = e->recorded;
+  return e->reached.wait_until(lock, deadline, [&] { return e->completed >= mark; });
+}
+
+void FakeGpuRuntime::HoldCopiesToDevice(bool hold) {
+  {
+    std::lock_guard<std::mutex> lock(hold_mutex_);
+    hold_ = hold;
+  }
+  released_.notify_all();
+}
+
 void FakeGpuRuntime::Copy(void* destination, const void* source, size_t bytes, Stream stream) {
   ++copies_;
-  Resolve(stream).Enqueue([=] { std::memcpy(destination, source, bytes); });
+  const bool to_device = DeviceOf(destination) >= 0;
+  if (to_device != (DeviceOf(source) >= 0)) ++host_device_copies_;
+  Resolve(stream).Enqueue([=] {
+    if (to_device) {
+      std::unique_lock<std::mutex> lock(hold_mutex_);
+      released_.wait(lock, [&] { return !hold_; });
+    }
+    std::memcpy(destination, source, bytes);
+  });
 }
 
 void* FakeGpuRuntime::AllocPinned(size_t bytes) {

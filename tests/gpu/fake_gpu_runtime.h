@@ -13,6 +13,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -46,6 +47,7 @@ class FakeGpuRuntime final : public GpuRuntime {
   void Record(Event event, Stream stream) override;
   void WaitEvent(Stream stream, Event event) override;
   bool Done(Event event) override;
+  bool WaitHost(Event event, std::chrono::steady_clock::time_point deadline) override;
   void Copy(void* destination, const void* source, size_t bytes, Stream stream) override;
   void* AllocPinned(size_t bytes) override;
   void FreePinned(void* pointer) noexcept override;
@@ -56,9 +58,14 @@ class FakeGpuRuntime final : public GpuRuntime {
   void Launch(Stream stream, std::function<void()> kernel);
   // Synchronize waits until everything enqueued on `stream` so far has run.
   void Synchronize(Stream stream);
-  // pinned_allocations: AllocPinned calls so far; copies: Copy calls so far.
+  // pinned_allocations: AllocPinned calls so far; copies: Copy calls so far; host_device_copies:
+  // those between host and device memory (what crosses PCIe on a GPU host).
   size_t pinned_allocations() const { return pinned_allocations_.load(); }
   size_t copies() const { return copies_.load(); }
+  size_t host_device_copies() const { return host_device_copies_.load(); }
+  // HoldCopiesToDevice(true) makes every copy into device memory wait, on its stream, until
+  // HoldCopiesToDevice(false): a copy back that has not landed yet, for as long as a test likes.
+  void HoldCopiesToDevice(bool hold);
 
  private:
   struct FakeStream;
@@ -76,6 +83,10 @@ class FakeGpuRuntime final : public GpuRuntime {
   std::map<const char*, std::pair<size_t, int>> device_memory_;  // start -> (bytes, device)
   std::atomic<size_t> pinned_allocations_{0};
   std::atomic<size_t> copies_{0};
+  std::atomic<size_t> host_device_copies_{0};
+  std::mutex hold_mutex_;
+  std::condition_variable released_;
+  bool hold_ = false;
 };
 
 }  // namespace trainrun::collectives::gpu::testing
