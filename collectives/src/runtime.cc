@@ -373,7 +373,12 @@ gpu::Path Runtime::GpuPath(int set, std::string* why) {
 
 gpu::DeviceCollectives& Runtime::Device(Communicator& comm) {
   std::unique_ptr<gpu::DeviceCollectives>& device = device_[&comm];
-  if (!device) device = std::make_unique<gpu::DeviceCollectives>(comm, Gpu());
+  if (!device) {
+    gpu::DeviceOptions options;
+    // As the communication thread's fusion cap (Init), so the staging buffers fit a fused batch.
+    options.fusion_bytes = static_cast<size_t>(RankSetting(env::kFusionThresholdBytes));
+    device = std::make_unique<gpu::DeviceCollectives>(comm, Gpu(), options);
+  }
   return *device;
 }
 

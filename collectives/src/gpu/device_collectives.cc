@@ -325,10 +325,9 @@ DeviceCollectives::~DeviceCollectives() {
     }
     if (nccl_->stream != nullptr) runtime_.DeleteStream(nccl_->stream);
   }
-  if (fusion_ != nullptr) {
-    if (up_tail_ != nullptr) runtime_.WaitHost(up_tail_, Clock::now() + timeout_);
-    runtime_.FreeDevice(fusion_);
-  }
+  if (up_tail_ != nullptr) runtime_.WaitHost(up_tail_, Clock::now() + timeout_);
+  if (fusion_ != nullptr) runtime_.FreeDevice(fusion_);
+  if (staging_ != nullptr) runtime_.FreePinned(staging_);
   if (stage_stream_ != nullptr) runtime_.DeleteStream(stage_stream_);
   if (up_stream_ != nullptr) runtime_.DeleteStream(up_stream_);
   if (up_tail_ != nullptr) runtime_.DeleteEvent(up_tail_);
@@ -376,21 +375,35 @@ void DeviceCollectives::FinishStaged(const std::vector<DeviceWork*>& works) {
   runtime_.Record(up_tail_, up);
 }
 
-char* DeviceCollectives::FusionBuffer(size_t bytes) {
-  if (fusion_bytes_ >= bytes) return fusion_;
-  if (fusion_ != nullptr) {
-    // The copies back of the last fused collective may still read it.
+template <typename Allocate, typename Free>
+char* DeviceCollectives::Grow(char** buffer, size_t* capacity, size_t bytes, Allocate allocate,
+                              Free free) {
+  if (*capacity >= bytes) return *buffer;
+  if (*buffer != nullptr) {
+    // The copies back of the last collective may still read it.
     WaitCopied(up_tail_);
-    runtime_.FreeDevice(fusion_);
-    fusion_ = nullptr;
-    fusion_bytes_ = 0;
+    free(*buffer);
+    *buffer = nullptr;
+    *capacity = 0;
   }
-  // Grown by doubling, so a loop whose fused sizes vary settles after a few steps.
-  size_t capacity = size_t{64} << 10;
-  while (capacity < bytes) capacity <<= 1;
-  fusion_ = static_cast<char*>(runtime_.AllocDevice(capacity, device_));
-  fusion_bytes_ = capacity;
-  return fusion_;
+  // Grown by doubling, so sizes that vary settle after a few steps.
+  size_t grown = std::max<size_t>(size_t{64} << 10, options_.fusion_bytes);
+  while (grown < bytes) grown <<= 1;
+  *buffer = static_cast<char*>(allocate(grown));
+  *capacity = grown;
+  return *buffer;
+}
+
+char* DeviceCollectives::FusionBuffer(size_t bytes) {
+  return Grow(
+      &fusion_, &fusion_bytes_, bytes, [&](size_t n) { return runtime_.AllocDevice(n, device_); },
+      [&](char* p) { runtime_.FreeDevice(p); });
+}
+
+char* DeviceCollectives::Staging(size_t bytes) {
+  return Grow(
+      &staging_, &staging_bytes_, bytes, [&](size_t n) { return runtime_.AllocPinned(n); },
+      [&](char* p) { runtime_.FreePinned(p); });
 }
 
 std::shared_ptr<DeviceWork> DeviceCollectives::Start(DeviceCall call) {
@@ -640,8 +653,7 @@ void DeviceCollectives::StagedAllreduce(DeviceWork& work) {
   const size_t count = call.input_counts[0];
   Stream down = DownStream({&work});
   Stream up = UpStream();
-  char* host = static_cast<char*>(pinned_.Acquire(count * element));
-  work.pinned_.push_back(host);
+  char* host = Staging(count * element);
   // Chunks are cut alike on every rank (from the count and the options alone), each its own host
   // allreduce: the copy down of chunk c + 1 and the copy back of chunk c - 1 (another stream, so
   // another copy engine on a GPU) run while chunk c is reduced. Fewer, larger chunks where a
@@ -799,7 +811,7 @@ size_t DeviceCollectives::StagedFused(const std::vector<DeviceWork*>& works,
     const size_t bytes = offsets[i + 1] - offsets[i];
     if (bytes > 0) runtime_.Copy(fusion + offsets[i], works[i]->call_.inputs[0], bytes, down);
   }
-  char* host = static_cast<char*>(pinned_.Acquire(total));
+  char* host = Staging(total);
   if (total > 0) runtime_.Copy(host, fusion, total, down);
   Event copied = TakeEvent();
   runtime_.Record(copied, down);
@@ -817,10 +829,7 @@ size_t DeviceCollectives::StagedFused(const std::vector<DeviceWork*>& works,
   }
   GiveEvent(copied);
   for (size_t i = 0; i < k; ++i) works[i]->ran_ = true;
-  if (*error) {
-    pinned_.Release(host);
-    return k;
-  }
+  if (*error) return k;
   // The k that ran: one copy back of their prefix, then scattered on the device.
   Stream up = UpStream();
   if (offsets[k] > 0) runtime_.Copy(fusion, host, offsets[k], up);
@@ -830,8 +839,6 @@ size_t DeviceCollectives::StagedFused(const std::vector<DeviceWork*>& works,
   }
   std::vector<DeviceWork*> ran(works.begin(), works.begin() + static_cast<std::ptrdiff_t>(k));
   FinishStaged(ran);
-  // Given back when the last of them is waited for (all k complete at the same point).
-  works[k - 1]->pinned_.push_back(host);
   if (k > 1) fused_ += k;
   return k;
 }
@@ -923,7 +930,13 @@ size_t DeviceWork::RunFused(const std::vector<DeviceWork*>& works, std::exceptio
     *error = std::current_exception();
     return 1;
   }
-  return owner.StagedFused(works, error);
+  try {
+    return owner.StagedFused(works, error);
+  } catch (...) {  // before the host collective (a copy refused): the head fails alone
+    head.ran_ = true;
+    *error = std::current_exception();
+    return 1;
+  }
 }
 
 bool DeviceWork::Done() {

@@ -7,13 +7,14 @@
 //    the collective's completion event (Wait), as PyTorch's NCCL process group does.
 //  - host-staged otherwise (no NCCL, ranks sharing a GPU, or TRAINRUN_GPU_PATH=staged): the
 //    buffers are copied, in the same stream order, into pinned host buffers that are reused from
-//    call to call (PinnedPool), the host Communicator's collective runs on them, and the results
-//    are copied back on a second stream; the caller's stream waits on the copy back. An allreduce
-//    of at least 2 MiB goes in chunks (DeviceOptions::max_chunks of at least min_chunk_bytes), so
-//    the copy down of chunk i + 1 overlaps the host reduction of chunk i and the copy back of
-//    chunk i the reduction of i + 1. In-place allreduces queued one after another run as one
-//    staged collective (RunFused: gathered into a fusion buffer on the device, one copy down, one
-//    host allreduce, one copy back, scattered on the device).
+//    call to call (an allreduce's: one staging buffer per communicator, grown to the largest;
+//    other collectives': PinnedPool), the host Communicator's collective runs on them, and the
+//    results are copied back on a second stream; the caller's stream waits on the copy back. An
+//    allreduce of at least 2 MiB goes in chunks (DeviceOptions::max_chunks of at least
+//    min_chunk_bytes), so the copy down of chunk i + 1 overlaps the host reduction of chunk i and
+//    the copy back of chunk i the reduction of i + 1. In-place allreduces queued one after another
+//    run as one staged collective (RunFused: gathered into a fusion buffer on the device, one copy
+//    down, one host allreduce, one copy back, scattered on the device).
 //
 // A collective has three steps on two threads, so that the caller (Python) goes on while it runs:
 //
@@ -28,6 +29,7 @@
 // fake. A DeviceCollectives is used by one caller thread and one communication thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -123,6 +125,10 @@ struct DeviceOptions {
   // (the chunks are separate host allreduces). docs/performance.md has the measurements.
   size_t min_chunk_bytes = size_t{1} << 20;
   int max_chunks = 4;
+  // The most bytes RunFused gathers (the communication thread's fusion cap; 0: none). The staging
+  // buffers are made at least that large at once, so a loop whose fused groups vary from step to
+  // step (they depend on timing) allocates at its start only.
+  size_t fusion_bytes = 0;
 };
 
 // DeviceWork: one collective in flight (see the file comment for its three steps).
@@ -167,7 +173,7 @@ class DeviceWork {
   Event done_ = nullptr;   // recorded after the last copy or NCCL call
   std::vector<void*> pinned_;
   Path path_ = Path::kUndecided;
-  bool ran_ = false;
+  std::atomic<bool> ran_{false};  // Done may ask from the caller's thread
   bool waited_ = false;
 };
 
@@ -224,6 +230,14 @@ class DeviceCollectives {
   void FinishStaged(const std::vector<DeviceWork*>& works);
   // FusionBuffer: the device buffer RunFused gathers into, of at least `bytes` bytes.
   char* FusionBuffer(size_t bytes);
+  // Staging: the pinned buffer allreduces are staged in, of at least `bytes` bytes. One suffices:
+  // collectives run one after another, and a copy down waits for the copies back before it
+  // (DownStream), so the next never overwrites what is still being copied back.
+  char* Staging(size_t bytes);
+  // Grow replaces `*buffer` (`*capacity` bytes) with one of at least `bytes` (and of the fusion
+  // cap), once the copies back that may read it are done; `allocate` and `free` are the runtime's.
+  template <typename Allocate, typename Free>
+  char* Grow(char** buffer, size_t* capacity, size_t bytes, Allocate allocate, Free free);
 
   Communicator& comm_;
   GpuRuntime& runtime_;
@@ -238,6 +252,8 @@ class DeviceCollectives {
   Event up_tail_ = nullptr;        // recorded after the last copies back
   char* fusion_ = nullptr;         // RunFused's device buffer
   size_t fusion_bytes_ = 0;
+  char* staging_ = nullptr;  // pinned
+  size_t staging_bytes_ = 0;
   size_t fused_ = 0;
   std::unique_ptr<Nccl> nccl_;
   std::mutex events_mutex_;
