@@ -28,6 +28,15 @@ struct FakeGpuRuntime::FakeStream {
     }
     queued.notify_all();
   }
+  // RunIfIdle runs `task` at once, on the caller's thread, when nothing is queued or running here
+  // (as a GPU reaches an event on an idle stream at once); false when it must be enqueued.
+  template <typename Task>
+  bool RunIfIdle(Task task) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!tasks.empty() || running) return false;
+    task();
+    return true;
+  }
   void Loop() {
     std::unique_lock<std::mutex> lock(mutex);
     while (true) {
@@ -35,15 +44,18 @@ struct FakeGpuRuntime::FakeStream {
       if (tasks.empty()) return;
       std::function<void()> task = std::move(tasks.front());
       tasks.pop_front();
+      running = true;
       lock.unlock();
       task();
       lock.lock();
+      running = false;
     }
   }
 
   std::mutex mutex;
   std::condition_variable queued;
   std::deque<std::function<void()>> tasks;
+  bool running = false;
   bool stopping = false;
   std::thread thread;
 };
@@ -98,13 +110,15 @@ void FakeGpuRuntime::Record(Event event, Stream stream) {
     std::lock_guard<std::mutex> lock(e->mutex);
     mark = ++e->recorded;
   }
-  Resolve(stream).Enqueue([e, mark] {
+  auto reach = [e, mark] {
     {
       std::lock_guard<std::mutex> lock(e->mutex);
       e->completed = std::max(e->completed, mark);
     }
     e->reached.notify_all();
-  });
+  };
+  // An idle stream reaches the point at once: no hop through its thread.
+  if (!Resolve(stream).RunIfIdle(reach)) Resolve(stream).Enqueue(reach);
 }
 
 void FakeGpuRuntime::WaitEvent(Stream stream, Event event) {
@@ -113,6 +127,10 @@ void FakeGpuRuntime::WaitEvent(Stream stream, Event event) {
   {
     std::lock_guard<std::mutex> lock(e->mutex);
     mark = e->recorded;  // CUDA's rule: the record current at the call
+  }
+  {
+    std::lock_guard<std::mutex> lock(e->mutex);
+    if (e->completed >= mark) return;  // reached already: nothing to wait for
   }
   Resolve(stream).Enqueue([e, mark] {
     std::unique_lock<std::mutex> lock(e->mutex);
@@ -124,13 +142,6 @@ bool FakeGpuRuntime::Done(Event event) {
   auto* e = static_cast<FakeEvent*>(event);
   std::lock_guard<std::mutex> lock(e->mutex);
   return e->completed >= e->recorded;
-}
-
-bool FakeGpuRuntime::WaitHost(Event event, std::chrono::steady_clock::time_point deadline) {
-  auto* e = static_cast<FakeEvent*>(event);
-  std::unique_lock<std::mutex> lock(e->mutex);
-  const uint64_t mark = e->recorded;
-  return e->reached.wait_until(lock, deadline, [&] { return e->completed >= mark; });
 }
 
 void FakeGpuRuntime::HoldCopiesToDevice(bool hold) {

@@ -3,8 +3,10 @@
 // "Device" memory is host memory the fake hands out and remembers, so DeviceOf tells it from other
 // host memory. Every stream is a thread that runs what is enqueued on it in order: copies, event
 // records, waits on events, and "kernels" (any function, e.g. one that sleeps, then writes), so the
-// stream-order protocol of device_collectives.h runs with real concurrency. Stream handles 0, 1 and
-// 2 (the legacy and per-thread default streams) are one default stream.
+// stream-order protocol of device_collectives.h runs with real concurrency. As on a GPU, an event
+// recorded on an idle stream is reached at once and a wait on a reached event costs nothing (no
+// hop through a thread); WaitHost polls as CUDA's does. Stream handles 0, 1 and 2 (the legacy and
+// per-thread default streams) are one default stream.
 //
 //   FakeGpuRuntime fake(/*devices=*/2);
 //   void* buffer = fake.AllocDevice(bytes, 0);
@@ -47,7 +49,6 @@ class FakeGpuRuntime final : public GpuRuntime {
   void Record(Event event, Stream stream) override;
   void WaitEvent(Stream stream, Event event) override;
   bool Done(Event event) override;
-  bool WaitHost(Event event, std::chrono::steady_clock::time_point deadline) override;
   void Copy(void* destination, const void* source, size_t bytes, Stream stream) override;
   void* AllocPinned(size_t bytes) override;
   void FreePinned(void* pointer) noexcept override;

@@ -371,8 +371,10 @@ Stream DeviceCollectives::UpStream() {
 
 void DeviceCollectives::FinishStaged(const std::vector<DeviceWork*>& works) {
   Stream up = UpStream();
-  for (DeviceWork* work : works) runtime_.Record(work->done_, up);
+  // up_tail_ first: once a caller sees its work done, the next collective's copies down need not
+  // wait for the record that follows.
   runtime_.Record(up_tail_, up);
+  for (DeviceWork* work : works) runtime_.Record(work->done_, up);
 }
 
 template <typename Allocate, typename Free>
