@@ -739,7 +739,7 @@ TEST_CASE("staged: small allreduces queued together are fused: one copy down, on
   }
 }
 
-TEST_CASE("staged: fusion stops where the ranks' queues differ; the rest runs after",
+TEST_CASE("staged: fusion stops where the ranks' queues differ, the rest runs after",
           "[gpu_fake]") {
   FakeGpuRuntime fake(2);
   Ranks(2, fake, [&](Rank& rank) {
