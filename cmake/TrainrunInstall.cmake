@@ -150,14 +150,17 @@ if(TARGET trainrun_collectives AND TARGET trainrun_rendezvous)
     trainrun_install_bundle(trainrun_collectives_nccl
       OUTPUT_NAME trainrun_collectives_nccl
       ARCHIVES trainrun_collectives_nccl trainrun_collectives_nccl_bootstrap
-      PUBLIC trainrun_collectives_shared CUDA::cudart NCCL::NCCL)
+      PUBLIC trainrun_collectives_shared CUDA::toolkit)
     add_dependencies(trainrun_collectives_nccl_static trainrun_collectives_static)
     # It needs libtrainrun_collectives.so.0, installed beside it: found there wherever the prefix.
     set_target_properties(trainrun_collectives_nccl_shared PROPERTIES
       EXPORT_NAME collectives_nccl
       INSTALL_RPATH "$ORIGIN")
+    # nccl.h's folder comes from the consumer's own FindNCCL (trainrunConfig.cmake): the library
+    # opens libnccl at run time, so only the header is needed to build against it.
     target_include_directories(trainrun_collectives_nccl_shared INTERFACE
       $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/collectives/nccl/include>
+      $<BUILD_INTERFACE:${NCCL_INCLUDE_DIRS}>
       $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
     install(TARGETS trainrun_collectives_nccl_shared EXPORT trainrunNcclTargets
       LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT nccl NAMELINK_COMPONENT nccl)

@@ -3,8 +3,8 @@
 #   trainrun        the launcher, libtrainrun_collectives.so.0, the Python package (for Debian's
 #                   /usr/bin/python3), the man page and shell completion
 #   trainrun-dev    headers, libtrainrun_collectives.{so,a}, the CMake package and trainrun.pc
-#   trainrun-nccl   the NCCL backend (only where it was built; CUDA and NCCL come from NVIDIA, so
-#                   its dependencies are not computed)
+#   trainrun-nccl   the NCCL backend (only where it was built; it opens CUDA's runtime and NCCL
+#                   from NVIDIA's packages or wheels at run time, so it depends on neither)
 #
 # Depends are computed by dpkg-shlibdeps from the libraries the binaries actually link.
 set(CPACK_PACKAGE_NAME trainrun)
@@ -73,6 +73,7 @@ set(CPACK_DEBIAN_NCCL_PACKAGE_SHLIBDEPS OFF)
 set(CPACK_DEBIAN_NCCL_PACKAGE_DEPENDS "trainrun-dev (= ${PROJECT_VERSION})")
 string(CONCAT CPACK_DEBIAN_NCCL_DESCRIPTION
   "trainrun's NCCL backend (trainrun::collectives_nccl)\n"
-  "Needs the CUDA runtime and NCCL it was built against, from NVIDIA's packages.")
+  "Opens the CUDA runtime and NCCL (2.14 or later) at run time: NVIDIA's packages, the\n"
+  "nvidia-* Python wheels or TRAINRUN_NCCL_LIBRARY; nothing of them is linked.")
 
 include(CPack)

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "trainrun/collectives/errors.h"
+#include "trainrun/collectives/gpu/device_collectives.h"
 
 namespace trainrun::collectives {
 
@@ -221,16 +222,24 @@ void CommThread::RunFused(std::unique_lock<std::mutex>& lock) {
     if (!entry.allreduce) break;
     const Allreduce& a = *entry.allreduce;
     if (a.comm != comm || a.type != head.type || a.op != head.op) break;
+    if ((a.device != nullptr) != (head.device != nullptr)) break;
     const size_t size = a.count * element;
     if (!ready.empty() && (fusion_bytes_ == 0 || bytes + size > fusion_bytes_)) break;
     bytes += size;
     ready.push_back({a.data, a.count, &a.check});
   }
   ready.resize(WithoutOverlap(ready, element));
+  // Taken under the lock: indexing the deque races with a Submit's push_back.
+  std::vector<gpu::DeviceWork*> works;
+  if (head.device != nullptr) {
+    for (size_t i = 0; i < ready.size(); ++i) works.push_back(queue_[i].allreduce->device.get());
+  }
   lock.unlock();
   std::exception_ptr error;
   size_t k;
-  if (ready.size() == 1 && fusion_bytes_ == 0) {
+  if (head.device != nullptr) {
+    k = gpu::DeviceWork::RunFused(works, &error);
+  } else if (ready.size() == 1 && fusion_bytes_ == 0) {
     k = 1;
     try {
       comm->Allreduce(head.data, head.count, head.type, head.op, head.check);

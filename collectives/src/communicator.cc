@@ -367,10 +367,17 @@ class Communicator::Impl {
       }
       std::vector<internal::Transport::Piece> pieces;
       size_t total = 0;
+      const size_t e = ElementSize(type);
       for (size_t i = 0; i < k; ++i) {
         total += ready[i].count;
-        if (ready[i].count > 0)
-          pieces.push_back({static_cast<char*>(ready[i].data), ready[i].count});
+        if (ready[i].count == 0) continue;
+        auto* data = static_cast<char*>(ready[i].data);
+        // Buffers one after another in memory (GPU buffers staged together) are one piece.
+        if (!pieces.empty() && pieces.back().data + pieces.back().count * e == data) {
+          pieces.back().count += ready[i].count;
+        } else {
+          pieces.push_back({data, ready[i].count});
+        }
       }
       AllreducePieces(ctx, pieces, total, type, op, /*overlap=*/false);
     });

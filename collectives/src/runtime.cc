@@ -197,7 +197,14 @@ Runtime::Handle Runtime::Allreduce(const TensorRef& input, const TensorRef& outp
   if (OnGpu({&input, &output})) {
     gpu::DeviceCall call = DeviceCallOf(gpu::DeviceOp::kAllreduce, {input}, {output}, check);
     call.reduce = op;
-    return SubmitDevice(set, std::move(call));
+    if (input.data != output.data) return SubmitDevice(set, std::move(call));
+    // In place: may be fused with the GPU allreduces queued next to it.
+    Communicator* comm = &Set(set);
+    std::shared_ptr<gpu::DeviceWork> work = Device(*comm).Start(std::move(call));
+    const Handle handle = thread().SubmitAllreduce(
+        {comm, output.data, output.count, output.type, op, std::move(check), work}, prompt);
+    device_work_[handle] = std::move(work);
+    return handle;
   }
   const void* in = HostBuffer(input);
   void* out = HostBuffer(output);
@@ -364,11 +371,27 @@ gpu::Path Runtime::GpuPath(int set, std::string* why) {
   return it->second->path();
 }
 
-Runtime::Handle Runtime::SubmitDevice(int set, gpu::DeviceCall call) {
-  Communicator& comm = Set(set);
+gpu::DeviceCollectives& Runtime::Device(Communicator& comm) {
   std::unique_ptr<gpu::DeviceCollectives>& device = device_[&comm];
-  if (!device) device = std::make_unique<gpu::DeviceCollectives>(comm, Gpu());
-  std::shared_ptr<gpu::DeviceWork> work = device->Start(std::move(call));
+  if (!device) {
+    gpu::DeviceOptions options;
+    // As the communication thread's fusion cap (Init), so the staging buffers fit a fused batch.
+    options.fusion_bytes = static_cast<size_t>(RankSetting(env::kFusionThresholdBytes));
+    device = std::make_unique<gpu::DeviceCollectives>(comm, Gpu(), options);
+  }
+  return *device;
+}
+
+bool Runtime::Done(Handle handle) {
+  if (!thread().Done(handle)) return false;
+  // A GPU collective is done once its results are in place on the GPU, not when the
+  // communication thread is through with it (the copy back may still be under way).
+  auto it = device_work_.find(handle);
+  return it == device_work_.end() || it->second->Done();
+}
+
+Runtime::Handle Runtime::SubmitDevice(int set, gpu::DeviceCall call) {
+  std::shared_ptr<gpu::DeviceWork> work = Device(Set(set)).Start(std::move(call));
   const Handle handle = thread().Submit([work](Communicator&) { work->Run(); });
   device_work_[handle] = std::move(work);
   return handle;

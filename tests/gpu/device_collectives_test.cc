@@ -473,10 +473,12 @@ TEST_CASE("staged: pinned buffers are reused (allocations flat after warm-up)", 
       for (auto& work : works) work->Wait();
     };
     for (int i = 0; i < 3; ++i) step();
-    const size_t warm = rank.gpu.pinned().allocations();
+    rank.comm.Barrier();  // the fake's count is both ranks'
+    const size_t warm = fake.pinned_allocations();
     REQUIRE(warm > 0);
     for (int i = 0; i < 50; ++i) step();
-    REQUIRE(rank.gpu.pinned().allocations() == warm);
+    rank.comm.Barrier();
+    REQUIRE(fake.pinned_allocations() == warm);
     REQUIRE(buffers[3][0] == 2.0f);
     for (float* data : buffers) fake.FreeDevice(data);
   });
@@ -594,6 +596,244 @@ TEST_CASE("staged: Adasum goes in one piece (a chunk would have dot products of 
       CHECK(wrong == 0);
     }
   });
+}
+
+// Ones: a float32 in-place sum of `count` elements holding `value`, on `me`'s fake device, ready
+// now (no stream).
+struct Ones {
+  Ones(FakeGpuRuntime& fake, size_t count, int me, float value) : buffer(fake, count, kF32, me) {
+    std::fill(data(), data() + count, value);
+  }
+  float* data() { return reinterpret_cast<float*>(buffer.data); }
+  DeviceCall Call() {
+    DeviceCall call = SumOn(buffer.data, buffer.bytes / 4, nullptr);
+    call.has_stream = false;
+    return call;
+  }
+  static constexpr DataType kF32 = DataType::kFloat32;
+  DeviceBuffer buffer;
+};
+
+TEST_CASE(
+    "staged: the allreduce is cut into chunks of at least min_chunk_bytes, at most "
+    "max_chunks, one copy down and one back each",
+    "[gpu_fake]") {
+  struct Case {
+    size_t bytes;
+    int max_chunks;
+    size_t min_chunk_bytes;
+    size_t chunks;
+  };
+  const std::vector<Case> cases = {
+      {size_t{1} << 20, 4, size_t{1} << 20, 1},         // one chunk's worth
+      {(size_t{3} << 20) + 12, 4, size_t{1} << 20, 3},  // three whole MiB, uneven
+      {size_t{16} << 20, 4, size_t{1} << 20, 4},        // capped at max_chunks
+      {size_t{8} << 20, 1, size_t{1} << 20, 1},         // no pipeline
+      {size_t{8} << 20, 8, size_t{2} << 20, 4},         // 8 MiB in chunks of at least 2 MiB
+  };
+  for (const Case& c : cases) {
+    FakeGpuRuntime fake(2);
+    DeviceOptions options;
+    options.max_chunks = c.max_chunks;
+    options.min_chunk_bytes = c.min_chunk_bytes;
+    Ranks(
+        2, fake,
+        [&](Rank& rank) {
+          const int me = rank.comm.rank();
+          Ones ones(fake, c.bytes / 4, me, static_cast<float>(me + 1));
+          Execute(rank.gpu, ones.Call());
+          for (size_t i = 0; i < c.bytes / 4; i += 4099) REQUIRE(ones.data()[i] == 3.0f);
+          REQUIRE(ones.data()[c.bytes / 4 - 1] == 3.0f);
+        },
+        options);
+    INFO(c.bytes << " bytes, max_chunks " << c.max_chunks << ", min_chunk_bytes "
+                 << c.min_chunk_bytes);
+    REQUIRE(fake.host_device_copies() == 2 * 2 * c.chunks);  // 2 ranks, down and back
+  }
+}
+
+TEST_CASE(
+    "staged: chunks keep stream order: a delayed kernel writes 4 MiB, the allreduce "
+    "follows it, a kernel after it reads every chunk reduced",
+    "[gpu_fake]") {
+  FakeGpuRuntime fake(2);
+  Ranks(2, fake, [&](Rank& rank) {
+    const int me = rank.comm.rank();
+    const size_t count = size_t{1} << 20;
+    Stream stream = fake.NewStream(me);
+    auto* data = static_cast<float*>(fake.AllocDevice(count * 4, me));
+    std::fill(data, data + count, -1.0f);
+    fake.Launch(stream, [=] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>((me + 1) * (i % 1000));
+    });
+    // Two allreduces in a row on the stream, no synchronize: the second reads the first's result.
+    std::shared_ptr<DeviceWork> first = rank.gpu.Start(SumOn(data, count, stream));
+    std::shared_ptr<DeviceWork> second = rank.gpu.Start(SumOn(data, count, stream));
+    std::thread comm_thread([&] {
+      first->Run();
+      second->Run();
+    });
+    comm_thread.join();
+    first->Wait();
+    second->Wait();
+    std::vector<float> seen(count);
+    fake.Launch(stream, [&] { std::memcpy(seen.data(), data, count * 4); });
+    fake.Synchronize(stream);
+    for (size_t i = 0; i < count; ++i) REQUIRE(seen[i] == static_cast<float>(6 * (i % 1000)));
+    fake.FreeDevice(data);
+    fake.DeleteStream(stream);
+  });
+}
+
+TEST_CASE("staged: a collective is done (poll) only once its copy back has landed", "[gpu_fake]") {
+  FakeGpuRuntime fake(2);
+  Ranks(2, fake, [&](Rank& rank) {
+    const int me = rank.comm.rank();
+    Ones ones(fake, size_t{3} << 18, me, 1.0f);  // 3 MiB: chunked
+    std::shared_ptr<DeviceWork> work = rank.gpu.Start(ones.Call());
+    REQUIRE_FALSE(work->Done());  // not run yet
+    fake.HoldCopiesToDevice(true);
+    work->Run();  // the host allreduce is over; the copies back wait
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    REQUIRE_FALSE(work->Done());
+    REQUIRE(ones.data()[0] == 1.0f);
+    rank.comm.Barrier();  // both ranks have seen it not done before either releases
+    fake.HoldCopiesToDevice(false);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!work->Done() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    REQUIRE(work->Done());
+    REQUIRE(ones.data()[(size_t{3} << 18) - 1] == 2.0f);
+    work->Wait();
+  });
+}
+
+// RunAll runs `works` as the communication thread would: RunFused from the first not yet run
+// until every one has; returns how many ran in each call.
+std::vector<size_t> RunAll(const std::vector<std::shared_ptr<DeviceWork>>& works) {
+  std::vector<size_t> groups;
+  for (size_t first = 0; first < works.size();) {
+    std::vector<DeviceWork*> rest;
+    for (size_t i = first; i < works.size(); ++i) rest.push_back(works[i].get());
+    std::exception_ptr error;
+    const size_t k = DeviceWork::RunFused(rest, &error);
+    if (error) std::rethrow_exception(error);
+    groups.push_back(k);
+    first += k;
+  }
+  return groups;
+}
+
+TEST_CASE("staged: small allreduces queued together are fused: one copy down, one back",
+          "[gpu_fake]") {
+  for (int size : {1, 2, 3}) {
+    FakeGpuRuntime fake(size);
+    Ranks(size, fake, [&](Rank& rank) {
+      const int me = rank.comm.rank();
+      Stream stream = fake.NewStream(me);
+      constexpr int kTensors = 40;
+      std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+      std::vector<std::shared_ptr<DeviceWork>> works;
+      for (int k = 0; k < kTensors; ++k) {
+        const size_t count = 1 + static_cast<size_t>(k) * 13;
+        buffers.push_back(std::make_unique<DeviceBuffer>(fake, count, DataType::kFloat32, me));
+        auto* data = reinterpret_cast<float*>(buffers.back()->data);
+        // Written by a delayed kernel on the stream: the fused copy must wait for it.
+        fake.Launch(stream, [=] {
+          if (k == kTensors - 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(k + me + i % 3);
+        });
+        DeviceCall call = SumOn(data, count, stream);
+        call.check.name = "fused." + std::to_string(k);
+        works.push_back(rank.gpu.Start(call));
+      }
+      rank.comm.Barrier();
+      const size_t before = fake.host_device_copies();
+      rank.comm.Barrier();
+      const std::vector<size_t> groups = RunAll(works);
+      rank.comm.Barrier();
+      // Every rank had all 40 ready: one fused collective (2 ranks' copies, one down, one back).
+      REQUIRE(groups == std::vector<size_t>{kTensors});
+      REQUIRE(fake.host_device_copies() - before == 2 * static_cast<size_t>(size));
+      REQUIRE(rank.gpu.fused() == kTensors);
+      for (auto& work : works) work->Wait();
+      const double ranks_sum = size * (size - 1) / 2.0;
+      for (int k = 0; k < kTensors; ++k) {
+        std::vector<float> seen(1 + static_cast<size_t>(k) * 13);
+        const char* data = buffers[k]->data;
+        fake.Launch(stream, [&] { std::memcpy(seen.data(), data, seen.size() * 4); });
+        fake.Synchronize(stream);
+        for (size_t i = 0; i < seen.size(); ++i) {
+          REQUIRE(seen[i] ==
+                  static_cast<float>(size * (k + static_cast<double>(i % 3)) + ranks_sum));
+        }
+      }
+      fake.DeleteStream(stream);
+    });
+  }
+}
+
+TEST_CASE("staged: fusion stops where the ranks' queues differ, the rest runs after",
+          "[gpu_fake]") {
+  FakeGpuRuntime fake(2);
+  Ranks(2, fake, [&](Rank& rank) {
+    const int me = rank.comm.rank();
+    // Rank 0 offers 6 at once, rank 1 offers 3 and then the other 3: the first fused collective
+    // takes 3 on both; then rank 0 offers its last 3 again.
+    std::vector<std::unique_ptr<Ones>> ones;
+    std::vector<std::shared_ptr<DeviceWork>> works;
+    for (int k = 0; k < 6; ++k) {
+      ones.push_back(std::make_unique<Ones>(fake, 100 + k, me, static_cast<float>(k + 1)));
+      works.push_back(rank.gpu.Start(ones.back()->Call()));
+    }
+    std::vector<size_t> groups;
+    if (me == 0) {
+      groups = RunAll(works);
+    } else {
+      groups = RunAll({works.begin(), works.begin() + 3});
+      for (size_t k : RunAll({works.begin() + 3, works.end()})) groups.push_back(k);
+    }
+    REQUIRE(groups == std::vector<size_t>{3, 3});
+    for (auto& work : works) work->Wait();
+    for (int k = 0; k < 6; ++k) {
+      REQUIRE(ones[k]->data()[0] == 2.0f * static_cast<float>(k + 1));
+      REQUIRE(ones[k]->data()[99 + k] == 2.0f * static_cast<float>(k + 1));
+    }
+  });
+}
+
+TEST_CASE(
+    "staged: join(): a rank that joined takes part with zeros in GPU allreduces, chunked "
+    "and fused, from the first (the path's choice) on",
+    "[gpu_fake]") {
+  FakeGpuRuntime fake(3);
+  std::array<int, 3> last{};
+  Ranks(3, fake, [&](Rank& rank) {
+    const int me = rank.comm.rank();
+    if (me == 2) {
+      last[me] = rank.comm.Join();
+      return;
+    }
+    Ones big(fake, size_t{5} << 18, me, static_cast<float>(me + 1));  // 5 MiB: 4 chunks
+    Execute(rank.gpu, big.Call());
+    REQUIRE(rank.gpu.path() == Path::kStaged);
+    REQUIRE_THAT(rank.gpu.why(), Catch::Contains("rank 2 had called join()"));
+    REQUIRE(big.data()[0] == 3.0f);
+    REQUIRE(big.data()[(size_t{5} << 18) - 1] == 3.0f);
+    std::vector<std::unique_ptr<Ones>> small;
+    std::vector<std::shared_ptr<DeviceWork>> works;
+    for (int k = 0; k < 5; ++k) {
+      small.push_back(std::make_unique<Ones>(fake, 10 + k, me, static_cast<float>(me + k)));
+      works.push_back(rank.gpu.Start(small.back()->Call()));
+    }
+    RunAll(works);
+    for (auto& work : works) work->Wait();
+    for (int k = 0; k < 5; ++k) REQUIRE(small[k]->data()[9 + k] == static_cast<float>(1 + 2 * k));
+    last[me] = rank.comm.Join();
+  });
+  REQUIRE(last == std::array<int, 3>{1, 1, 1});
 }
 
 }  // namespace

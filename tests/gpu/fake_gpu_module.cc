@@ -83,4 +83,8 @@ PYBIND11_MODULE(_fake_gpu, m) {
       py::arg("stream"));
   m.def("pinned_allocations", [] { return Fake().pinned_allocations(); });
   m.def("copies", [] { return Fake().copies(); });
+  m.def("host_device_copies", [] { return Fake().host_device_copies(); });
+  // hold_copies_to_device(True): copies into device memory (the copies back) wait until False.
+  m.def(
+      "hold_copies_to_device", [](bool hold) { Fake().HoldCopiesToDevice(hold); }, py::arg("hold"));
 }

@@ -28,6 +28,15 @@ struct FakeGpuRuntime::FakeStream {
     }
     queued.notify_all();
   }
+  // RunIfIdle runs `task` at once, on the caller's thread, when nothing is queued or running here
+  // (as a GPU reaches an event on an idle stream at once); false when it must be enqueued.
+  template <typename Task>
+  bool RunIfIdle(Task task) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!tasks.empty() || running) return false;
+    task();
+    return true;
+  }
   void Loop() {
     std::unique_lock<std::mutex> lock(mutex);
     while (true) {
@@ -35,15 +44,18 @@ struct FakeGpuRuntime::FakeStream {
       if (tasks.empty()) return;
       std::function<void()> task = std::move(tasks.front());
       tasks.pop_front();
+      running = true;
       lock.unlock();
       task();
       lock.lock();
+      running = false;
     }
   }
 
   std::mutex mutex;
   std::condition_variable queued;
   std::deque<std::function<void()>> tasks;
+  bool running = false;
   bool stopping = false;
   std::thread thread;
 };
@@ -98,13 +110,15 @@ void FakeGpuRuntime::Record(Event event, Stream stream) {
     std::lock_guard<std::mutex> lock(e->mutex);
     mark = ++e->recorded;
   }
-  Resolve(stream).Enqueue([e, mark] {
+  auto reach = [e, mark] {
     {
       std::lock_guard<std::mutex> lock(e->mutex);
       e->completed = std::max(e->completed, mark);
     }
     e->reached.notify_all();
-  });
+  };
+  // An idle stream reaches the point at once: no hop through its thread.
+  if (!Resolve(stream).RunIfIdle(reach)) Resolve(stream).Enqueue(reach);
 }
 
 void FakeGpuRuntime::WaitEvent(Stream stream, Event event) {
@@ -113,6 +127,10 @@ void FakeGpuRuntime::WaitEvent(Stream stream, Event event) {
   {
     std::lock_guard<std::mutex> lock(e->mutex);
     mark = e->recorded;  // CUDA's rule: the record current at the call
+  }
+  {
+    std::lock_guard<std::mutex> lock(e->mutex);
+    if (e->completed >= mark) return;  // reached already: nothing to wait for
   }
   Resolve(stream).Enqueue([e, mark] {
     std::unique_lock<std::mutex> lock(e->mutex);
@@ -126,9 +144,25 @@ bool FakeGpuRuntime::Done(Event event) {
   return e->completed >= e->recorded;
 }
 
+void FakeGpuRuntime::HoldCopiesToDevice(bool hold) {
+  {
+    std::lock_guard<std::mutex> lock(hold_mutex_);
+    hold_ = hold;
+  }
+  released_.notify_all();
+}
+
 void FakeGpuRuntime::Copy(void* destination, const void* source, size_t bytes, Stream stream) {
   ++copies_;
-  Resolve(stream).Enqueue([=] { std::memcpy(destination, source, bytes); });
+  const bool to_device = DeviceOf(destination) >= 0;
+  if (to_device != (DeviceOf(source) >= 0)) ++host_device_copies_;
+  Resolve(stream).Enqueue([=] {
+    if (to_device) {
+      std::unique_lock<std::mutex> lock(hold_mutex_);
+      released_.wait(lock, [&] { return !hold_; });
+    }
+    std::memcpy(destination, source, bytes);
+  });
 }
 
 void* FakeGpuRuntime::AllocPinned(size_t bytes) {

@@ -3,8 +3,10 @@
 // "Device" memory is host memory the fake hands out and remembers, so DeviceOf tells it from other
 // host memory. Every stream is a thread that runs what is enqueued on it in order: copies, event
 // records, waits on events, and "kernels" (any function, e.g. one that sleeps, then writes), so the
-// stream-order protocol of device_collectives.h runs with real concurrency. Stream handles 0, 1 and
-// 2 (the legacy and per-thread default streams) are one default stream.
+// stream-order protocol of device_collectives.h runs with real concurrency. As on a GPU, an event
+// recorded on an idle stream is reached at once and a wait on a reached event costs nothing (no
+// hop through a thread); WaitHost polls as CUDA's does. Stream handles 0, 1 and 2 (the legacy and
+// per-thread default streams) are one default stream.
 //
 //   FakeGpuRuntime fake(/*devices=*/2);
 //   void* buffer = fake.AllocDevice(bytes, 0);
@@ -13,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -56,9 +59,14 @@ class FakeGpuRuntime final : public GpuRuntime {
   void Launch(Stream stream, std::function<void()> kernel);
   // Synchronize waits until everything enqueued on `stream` so far has run.
   void Synchronize(Stream stream);
-  // pinned_allocations: AllocPinned calls so far; copies: Copy calls so far.
+  // pinned_allocations: AllocPinned calls so far; copies: Copy calls so far; host_device_copies:
+  // those between host and device memory (what crosses PCIe on a GPU host).
   size_t pinned_allocations() const { return pinned_allocations_.load(); }
   size_t copies() const { return copies_.load(); }
+  size_t host_device_copies() const { return host_device_copies_.load(); }
+  // HoldCopiesToDevice(true) makes every copy into device memory wait, on its stream, until
+  // HoldCopiesToDevice(false): a copy back that has not landed yet, for as long as a test likes.
+  void HoldCopiesToDevice(bool hold);
 
  private:
   struct FakeStream;
@@ -76,6 +84,10 @@ class FakeGpuRuntime final : public GpuRuntime {
   std::map<const char*, std::pair<size_t, int>> device_memory_;  // start -> (bytes, device)
   std::atomic<size_t> pinned_allocations_{0};
   std::atomic<size_t> copies_{0};
+  std::atomic<size_t> host_device_copies_{0};
+  std::mutex hold_mutex_;
+  std::condition_variable released_;
+  bool hold_ = false;
 };
 
 }  // namespace trainrun::collectives::gpu::testing

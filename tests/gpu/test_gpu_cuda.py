@@ -143,6 +143,29 @@ def test_200_async_in_flight():
         assert bool((x == size * k + size * (size - 1) / 2).all().item())
 
 
+def test_chunked_allreduce_poll_and_join():
+    """A 24 MiB allreduce (staged: 4 pipelined chunks) and a kernel after it; poll() turns True
+    only with the result in place; then the last rank joins and the others reduce with its
+    zeros."""
+    size, rank = hvd.size(), hvd.rank()
+    x = torch.full((6 << 20,), float(rank + 1), device=device())
+    h = hvd.allreduce_async_(x, op=hvd.Sum, name="chunked")
+    while not hvd.poll(h):
+        pass
+    torch.cuda.current_stream().synchronize()
+    assert bool((x == size * (size + 1) / 2).all().item())
+    hvd.synchronize(h)
+    if size > 1:
+        if rank == size - 1:
+            last = hvd.join()
+        else:
+            y = torch.full((1000,), float(rank + 1), device=device())
+            hvd.allreduce_(y, op=hvd.Sum)
+            assert bool((y == (size - 1) * size / 2).all().item())
+            last = hvd.join()
+        assert last == size - 2
+
+
 def test_distributed_optimizer_broadcast_and_sync_batch_norm_on_cuda():
     torch.manual_seed(hvd.rank())
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), hvd.SyncBatchNorm(16),

@@ -217,6 +217,72 @@ def test_pinned_buffers_reused():
     assert _fake_gpu.pinned_allocations() == warm
 
 
+def test_poll_is_true_only_once_the_copy_back_has_landed():
+    """The host allreduce ends, but the copy back into the array is held: poll() stays False (a
+    handle is done when its results are on the GPU), then turns True once it lands."""
+    size = trainrun.size()
+    x = fake_cuda.from_host(numpy.ones(3 << 18, numpy.float32))  # 3 MiB: chunked
+    _fake_gpu.hold_copies_to_device(True)
+    try:
+        h = trainrun.allreduce_async_(x, op=trainrun.Sum, name="poll.held")
+        time.sleep(0.5)
+        assert not trainrun.poll(h)
+        trainrun.barrier()  # every rank has seen it pending before any releases
+    finally:
+        _fake_gpu.hold_copies_to_device(False)
+    deadline = time.monotonic() + 30
+    while not trainrun.poll(h) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert trainrun.poll(h)
+    assert trainrun.synchronize(h) is x
+    numpy.testing.assert_array_equal(x.to_host()[[0, -1]], [size, size])
+
+
+def test_small_gpu_arrays_are_fused():
+    """64 small in-place allreduces queued together cross between host and "device" memory far
+    fewer than twice each (fused: gathered on the device, one copy down, one back)."""
+    size, rank = trainrun.size(), trainrun.rank()
+    stream = fake_cuda.new_stream()
+    arrays = [fake_cuda.from_host(numpy.full(10 + k, rank + k, numpy.float32), stream=stream)
+              for k in range(64)]
+    arrays[0].to_host()  # the writes are done: only the collectives' copies are counted below
+    trainrun.barrier()
+    before = _fake_gpu.host_device_copies()
+    handles = [trainrun.allreduce_async_(a, op=trainrun.Sum, name=f"fuse.{k}")
+               for k, a in enumerate(arrays)]
+    for h in handles:
+        trainrun.synchronize(h)
+    crossings = _fake_gpu.host_device_copies() - before
+    for k, a in enumerate(arrays):
+        numpy.testing.assert_array_equal(a.to_host(), numpy.full(10 + k, size * k +
+                                                                 size * (size - 1) / 2))
+    assert crossings <= 64, crossings  # unfused: 128
+
+
+def test_join_with_gpu_arrays():
+    """The last rank joins at once; the others reduce GPU arrays (one chunked, several fused) with
+    its zeros, then join too."""
+    size, rank = trainrun.size(), trainrun.rank()
+    if size < 2:
+        pytest.skip("join needs 2 ranks")
+    if rank == size - 1:
+        last = trainrun.join()
+    else:
+        others = size - 1
+        big = fake_cuda.from_host(numpy.full(5 << 18, rank + 1, numpy.float32))
+        trainrun.allreduce_(big, op=trainrun.Sum, name="join.big")
+        small = [fake_cuda.from_host(numpy.full(7, rank + k, numpy.float32)) for k in range(5)]
+        handles = [trainrun.allreduce_async_(a, op=trainrun.Sum) for a in small]
+        for h in handles:
+            trainrun.synchronize(h)
+        numpy.testing.assert_array_equal(big.to_host()[[0, -1]], [others * (others + 1) / 2] * 2)
+        for k, a in enumerate(small):
+            numpy.testing.assert_array_equal(a.to_host(), numpy.full(
+                7, others * k + others * (others - 1) / 2))
+        last = trainrun.join()
+    assert last == size - 2
+
+
 def test_gpu_info_says_the_path():
     info = trainrun.gpu_info()
     assert info["path"] == "staged"

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "library.h"
 #include "trainrun/collectives/errors.h"
 #include "trainrun/collectives/nccl/check.h"
 #include "trainrun/collectives/nccl/unique_id_exchange.h"
@@ -17,6 +18,8 @@ namespace trainrun::collectives::nccl {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using internal::Cuda;
+using internal::Nccl;
 using ::trainrun::internal::MakeMessage;
 
 ncclDataType_t ToNccl(DataType type) {
@@ -80,14 +83,14 @@ class Backoff {
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
-    TRAINRUN_CUDA_CHECK(cudaGetDevice(&previous_), "reading the current CUDA device");
+    TRAINRUN_CUDA_CHECK(Cuda().get_device(&previous_), "reading the current CUDA device");
     if (previous_ != device) {
-      TRAINRUN_CUDA_CHECK(cudaSetDevice(device), "selecting CUDA device ", device);
+      TRAINRUN_CUDA_CHECK(Cuda().set_device(device), "selecting CUDA device ", device);
     }
   }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
-  ~DeviceGuard() { cudaSetDevice(previous_); }
+  ~DeviceGuard() { Cuda().set_device(previous_); }
 
  private:
   int previous_ = 0;
@@ -100,7 +103,7 @@ std::chrono::milliseconds ResolveTimeout(std::chrono::milliseconds timeout) {
 
 std::string MakeUniqueIdBlob(const std::string& name, int rank) {
   ncclUniqueId id;
-  TRAINRUN_NCCL_CHECK(ncclGetUniqueId(&id), "rank ", rank, " creating the unique ID of NCCL ",
+  TRAINRUN_NCCL_CHECK(Nccl().get_unique_id(&id), "rank ", rank, " creating the unique ID of NCCL ",
                       "communicator '", name, "'");
   return std::string(id.internal, sizeof(id.internal));
 }
@@ -108,7 +111,7 @@ std::string MakeUniqueIdBlob(const std::string& name, int rank) {
 }  // namespace
 
 void Communicator::StreamDeleter::operator()(cudaStream_t stream) const noexcept {
-  cudaStreamDestroy(stream);
+  Cuda().stream_destroy(stream);
 }
 
 std::unique_ptr<Communicator> Communicator::Create(rendezvous::Store& store, int rank, int size,
@@ -123,8 +126,8 @@ std::unique_ptr<Communicator> Communicator::Create(rendezvous::Store& store, int
                                            " was given CUDA device ", device));
   }
   const std::chrono::milliseconds timeout = ResolveTimeout(options.timeout);
-  TRAINRUN_CUDA_CHECK(cudaSetDevice(device), "rank ", rank, " could not use CUDA device ", device,
-                      " (check the NVIDIA driver and CUDA_VISIBLE_DEVICES)");
+  TRAINRUN_CUDA_CHECK(Cuda().set_device(device), "rank ", rank, " could not use CUDA device ",
+                      device, " (check the NVIDIA driver and CUDA_VISIBLE_DEVICES)");
 
   const std::string blob = ExchangeUniqueId(
       store, options.name, rank, /*root=*/0, [&] { return MakeUniqueIdBlob(options.name, rank); },
@@ -142,7 +145,7 @@ std::unique_ptr<Communicator> Communicator::Create(rendezvous::Store& store, int
   config.blocking = 0;
   config.commName = options.name.c_str();
   ncclComm_t comm = nullptr;
-  const ncclResult_t started = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  const ncclResult_t started = Nccl().comm_init_rank_config(&comm, size, id, rank, &config);
   const std::string what = MakeMessage("joining NCCL communicator '", options.name, "' as rank ",
                                        rank, " of ", size, " on CUDA device ", device);
   if (comm == nullptr) {
@@ -155,8 +158,8 @@ std::unique_ptr<Communicator> Communicator::Create(rendezvous::Store& store, int
   communicator->Check(started, what);
 
   cudaStream_t stream = nullptr;
-  TRAINRUN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "rank ", rank,
-                      " creating the stream of NCCL communicator '", options.name, "'");
+  TRAINRUN_CUDA_CHECK(Cuda().stream_create_with_flags(&stream, cudaStreamNonBlocking), "rank ",
+                      rank, " creating the stream of NCCL communicator '", options.name, "'");
   communicator->stream_.reset(stream);
   return communicator;
 }
@@ -166,7 +169,7 @@ std::unique_ptr<Communicator> Communicator::FromSession(const rendezvous::Worker
   const rendezvous::Assignment& me = session.assignment;
   TRAINRUN_ENFORCE(session.store != nullptr, "a rendezvous session without a store");
   int devices = 0;
-  TRAINRUN_CUDA_CHECK(cudaGetDeviceCount(&devices), "rank ", me.rank,
+  TRAINRUN_CUDA_CHECK(Cuda().get_device_count(&devices), "rank ", me.rank,
                       " looking for its GPU; check the NVIDIA driver and CUDA_VISIBLE_DEVICES");
   return Create(*session.store, me.rank, me.size, DeviceForLocalRank(me.local_rank, devices),
                 options);
@@ -203,8 +206,8 @@ Communicator::~Communicator() {
     DeviceGuard guard(device_);
     // Finalize flushes outstanding work and lets peers leave cleanly; it is non-blocking here, so
     // a dead peer costs at most the timeout before the abort below.
-    Check(ncclCommFinalize(comm_), "finalizing");
-    ncclCommDestroy(comm_);
+    Check(Nccl().comm_finalize(comm_), "finalizing");
+    Nccl().comm_destroy(comm_);
     comm_ = nullptr;
   } catch (const Error&) {
     Abort();
@@ -213,7 +216,7 @@ Communicator::~Communicator() {
 
 void Communicator::Abort() noexcept {
   if (comm_ == nullptr) return;
-  ncclCommAbort(comm_);
+  Nccl().comm_abort(comm_);
   comm_ = nullptr;
 }
 
@@ -248,7 +251,7 @@ void Communicator::WaitReady(const std::string& what) {
   Backoff backoff;
   while (true) {
     ncclResult_t state = ncclSuccess;
-    const ncclResult_t queried = ncclCommGetAsyncError(comm_, &state);
+    const ncclResult_t queried = Nccl().comm_get_async_error(comm_, &state);
     if (queried != ncclSuccess) Fail(queried, what);
     if (state == ncclSuccess) return;
     if (state != ncclInProgress) Fail(state, what);
@@ -282,7 +285,7 @@ void Communicator::Allreduce(const void* send, void* recv, size_t count, DataTyp
                              cudaStream_t stream) {
   ncclComm_t comm = Live("allreduce");
   DeviceGuard guard(device_);
-  Check(ncclAllReduce(send, recv, count, ToNccl(type), ToNccl(op), comm, Resolve(stream)),
+  Check(Nccl().all_reduce(send, recv, count, ToNccl(type), ToNccl(op), comm, Resolve(stream)),
         MakeMessage("enqueueing an allreduce (", ReduceOpName(op), ") of ", count, " ",
                     DataTypeName(type)));
 }
@@ -292,7 +295,7 @@ void Communicator::Broadcast(const void* send, void* recv, size_t count, DataTyp
   ncclComm_t comm = Live("broadcast");
   CheckRoot(root, "broadcast");
   DeviceGuard guard(device_);
-  Check(ncclBroadcast(send, recv, count, ToNccl(type), root, comm, Resolve(stream)),
+  Check(Nccl().broadcast(send, recv, count, ToNccl(type), root, comm, Resolve(stream)),
         MakeMessage("enqueueing a broadcast from rank ", root, " of ", count, " ",
                     DataTypeName(type)));
 }
@@ -302,7 +305,7 @@ void Communicator::Allgather(const void* send, void* recv, size_t send_count, Da
   ncclComm_t comm = Live("allgather");
   DeviceGuard guard(device_);
   Check(
-      ncclAllGather(send, recv, send_count, ToNccl(type), comm, Resolve(stream)),
+      Nccl().all_gather(send, recv, send_count, ToNccl(type), comm, Resolve(stream)),
       MakeMessage("enqueueing an allgather of ", send_count, " ", DataTypeName(type), " per rank"));
 }
 
@@ -310,7 +313,8 @@ void Communicator::ReduceScatter(const void* send, void* recv, size_t recv_count
                                  ReduceOp op, cudaStream_t stream) {
   ncclComm_t comm = Live("reduce-scatter");
   DeviceGuard guard(device_);
-  Check(ncclReduceScatter(send, recv, recv_count, ToNccl(type), ToNccl(op), comm, Resolve(stream)),
+  Check(Nccl().reduce_scatter(send, recv, recv_count, ToNccl(type), ToNccl(op), comm,
+                              Resolve(stream)),
         MakeMessage("enqueueing a reduce-scatter (", ReduceOpName(op), ") of ", recv_count, " ",
                     DataTypeName(type), " per rank"));
 }
@@ -324,7 +328,7 @@ void Communicator::Synchronize(cudaStream_t stream) {
   // cudaStreamSynchronize would block forever behind a collective whose peer died; polling the
   // stream and NCCL's async error together lets a peer's failure or the deadline end the wait.
   while (true) {
-    const cudaError_t done = cudaStreamQuery(target);
+    const cudaError_t done = Cuda().stream_query(target);
     if (done == cudaSuccess) return;
     if (done != cudaErrorNotReady) {
       Abort();
@@ -332,7 +336,7 @@ void Communicator::Synchronize(cudaStream_t stream) {
                           "' (the communicator was aborted)");
     }
     ncclResult_t state = ncclSuccess;
-    const ncclResult_t queried = ncclCommGetAsyncError(comm_, &state);
+    const ncclResult_t queried = Nccl().comm_get_async_error(comm_, &state);
     if (queried != ncclSuccess) Fail(queried, "waiting for its stream");
     if (state != ncclSuccess && state != ncclInProgress) Fail(state, "waiting for its stream");
     if (Clock::now() >= deadline) FailTimeout("waiting for its stream");

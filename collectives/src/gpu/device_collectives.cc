@@ -150,8 +150,6 @@ int NcclOpOf(ReduceOp op, DataType type) {
       return kNcclMax;
     case ReduceOp::kProduct:
       return kNcclProd;
-    case ReduceOp::kAdasum:  // NcclCan sends it host-staged
-      return kNcclSum;
   }
   return kNcclSum;
 }
@@ -183,13 +181,22 @@ void Poll(Done done, Check check) {
   }
 }
 
-// The staged allreduce of a buffer of at least kPipelineBytes goes in kPipelineChunks chunks, so
-// that the copy down of a chunk overlaps the reduction of the one before, and the copy back of a
-// chunk the reduction of the next.
-constexpr size_t kPipelineBytes = size_t{2} << 20;
-constexpr size_t kPipelineChunks = 4;
+// The timeout of a wait on the CPU, as an exception.
+struct Late {};
 
 }  // namespace
+
+bool GpuRuntime::WaitHost(Event event, Clock::time_point deadline) {
+  try {
+    Poll([&] { return Done(event); },
+         [&] {
+           if (Clock::now() >= deadline) throw Late{};
+         });
+  } catch (const Late&) {
+    return false;
+  }
+  return true;
+}
 
 const char* PathName(Path path) {
   switch (path) {
@@ -318,7 +325,12 @@ DeviceCollectives::~DeviceCollectives() {
     }
     if (nccl_->stream != nullptr) runtime_.DeleteStream(nccl_->stream);
   }
+  if (up_tail_ != nullptr) runtime_.WaitHost(up_tail_, Clock::now() + timeout_);
+  if (fusion_ != nullptr) runtime_.FreeDevice(fusion_);
+  if (staging_ != nullptr) runtime_.FreePinned(staging_);
   if (stage_stream_ != nullptr) runtime_.DeleteStream(stage_stream_);
+  if (up_stream_ != nullptr) runtime_.DeleteStream(up_stream_);
+  if (up_tail_ != nullptr) runtime_.DeleteEvent(up_tail_);
   for (Event event : events_) runtime_.DeleteEvent(event);
 }
 
@@ -340,9 +352,60 @@ void DeviceCollectives::GiveEvent(Event event) {
   events_.push_back(event);
 }
 
-Stream DeviceCollectives::StageStream() {
+Stream DeviceCollectives::DownStream(const std::vector<DeviceWork*>& works) {
   if (stage_stream_ == nullptr) stage_stream_ = runtime_.NewStream(device_);
+  for (DeviceWork* work : works) {
+    if (work->call_.has_stream) runtime_.WaitEvent(stage_stream_, work->ready_);
+  }
+  if (up_tail_ != nullptr) runtime_.WaitEvent(stage_stream_, up_tail_);
   return stage_stream_;
+}
+
+Stream DeviceCollectives::UpStream() {
+  if (up_stream_ == nullptr) {
+    up_stream_ = runtime_.NewStream(device_);
+    up_tail_ = runtime_.NewEvent(device_);
+  }
+  return up_stream_;
+}
+
+void DeviceCollectives::FinishStaged(const std::vector<DeviceWork*>& works) {
+  Stream up = UpStream();
+  // up_tail_ first: once a caller sees its work done, the next collective's copies down need not
+  // wait for the record that follows.
+  runtime_.Record(up_tail_, up);
+  for (DeviceWork* work : works) runtime_.Record(work->done_, up);
+}
+
+template <typename Allocate, typename Free>
+char* DeviceCollectives::Grow(char** buffer, size_t* capacity, size_t bytes, Allocate allocate,
+                              Free free) {
+  if (*capacity >= bytes) return *buffer;
+  if (*buffer != nullptr) {
+    // The copies back of the last collective may still read it.
+    WaitCopied(up_tail_);
+    free(*buffer);
+    *buffer = nullptr;
+    *capacity = 0;
+  }
+  // Grown by doubling, so sizes that vary settle after a few steps.
+  size_t grown = std::max<size_t>(size_t{64} << 10, options_.fusion_bytes);
+  while (grown < bytes) grown <<= 1;
+  *buffer = static_cast<char*>(allocate(grown));
+  *capacity = grown;
+  return *buffer;
+}
+
+char* DeviceCollectives::FusionBuffer(size_t bytes) {
+  return Grow(
+      &fusion_, &fusion_bytes_, bytes, [&](size_t n) { return runtime_.AllocDevice(n, device_); },
+      [&](char* p) { runtime_.FreeDevice(p); });
+}
+
+char* DeviceCollectives::Staging(size_t bytes) {
+  return Grow(
+      &staging_, &staging_bytes_, bytes, [&](size_t n) { return runtime_.AllocPinned(n); },
+      [&](char* p) { runtime_.FreePinned(p); });
 }
 
 std::shared_ptr<DeviceWork> DeviceCollectives::Start(DeviceCall call) {
@@ -389,12 +452,16 @@ void DeviceCollectives::Decide(int device) {
   if (!runtime_.RealDevices()) nccl_why = "the GPU runtime is the tests' CPU fake";
   const int64_t forced = options_.path == "nccl" ? 1 : options_.path == "staged" ? 2 : 0;
   const int size = comm_.size();
-  std::array<int64_t, 4> mine = {HostId(), device, nccl_loads ? 1 : 0, forced};
-  std::vector<int64_t> all(4 * static_cast<size_t>(size));
+  // An allgather made of a sum (each rank fills its own row of zeros), so that a rank that has
+  // called join() takes part with zeros, as it does in allreduces: its row says "joined".
+  std::vector<int64_t> all(4 * static_cast<size_t>(size), 0);
+  const std::array<int64_t, 4> mine = {HostId() | 1, device, nccl_loads ? 1 : 0, forced};
+  std::copy(mine.begin(), mine.end(), all.begin() + 4 * static_cast<ptrdiff_t>(comm_.rank()));
   CallCheck check;
   check.name = "choosing the GPU path";
-  comm_.Allgather(mine.data(), all.data(), 4, DataType::kInt64, check);
+  comm_.Allreduce(all.data(), all.size(), DataType::kInt64, ReduceOp::kSum, check);
   std::string why;
+  int joined = -1;
   int without_nccl = -1;
   int shared_a = -1;
   int shared_b = -1;
@@ -402,6 +469,7 @@ void DeviceCollectives::Decide(int device) {
   bool want_staged = false;
   for (int r = 0; r < size; ++r) {
     const int64_t* p = &all[4 * static_cast<size_t>(r)];
+    if (p[0] == 0 && joined < 0) joined = r;
     if (p[2] == 0 && without_nccl < 0) without_nccl = r;
     want_nccl |= p[3] == 1;
     want_staged |= p[3] == 2;
@@ -415,6 +483,10 @@ void DeviceCollectives::Decide(int device) {
   }
   if (want_staged) {
     why = internal::MakeMessage(env::kGpuPath.name, "=staged");
+  } else if (joined >= 0) {
+    why = internal::MakeMessage("rank ", joined,
+                                " had called join() when the communicator's first GPU collective "
+                                "ran, and NCCL needs every rank");
   } else if (without_nccl >= 0) {
     why = without_nccl == comm_.rank()
               ? nccl_why
@@ -481,8 +553,6 @@ bool DeviceCollectives::NcclCan(const DeviceCall& call) const {
   if (NcclTypeOf(call.type) < 0) return false;
   // NCCL's average of integers is not trainrun's truncating division on every version.
   if (call.reduce == ReduceOp::kAverage && !IsFloat(call.type)) return false;
-  // NCCL has no Adasum: host-staged, over the communicator's own (adasum.cc).
-  if (call.reduce == ReduceOp::kAdasum) return false;
   return true;
 }
 
@@ -579,10 +649,61 @@ void DeviceCollectives::RunNccl(DeviceWork& work) {
   runtime_.Record(work.done_, stream);
 }
 
+void DeviceCollectives::StagedAllreduce(DeviceWork& work) {
+  const DeviceCall& call = work.call_;
+  const size_t element = ElementSize(call.type);
+  const size_t count = call.input_counts[0];
+  Stream down = DownStream({&work});
+  Stream up = UpStream();
+  char* host = Staging(count * element);
+  // Chunks are cut alike on every rank (from the count and the options alone), each its own host
+  // allreduce: the copy down of chunk c + 1 and the copy back of chunk c - 1 (another stream, so
+  // another copy engine on a GPU) run while chunk c is reduced. Fewer, larger chunks where a
+  // chunk would fall under min_chunk_bytes: each costs a host allreduce's synchronisation.
+  const size_t most =
+      std::clamp<size_t>(static_cast<size_t>(std::max(1, options_.max_chunks)), 1, 64);
+  const size_t fit = count * element / std::max<size_t>(options_.min_chunk_bytes, 1);
+  // Not Adasum's: a chunk alone would have dot products of its own, not the tensor's.
+  const size_t chunks = call.reduce == ReduceOp::kAdasum ? 1 : std::clamp<size_t>(fit, 1, most);
+  const size_t per_chunk = (count + chunks - 1) / std::max<size_t>(chunks, 1);
+  const auto* in = static_cast<const char*>(call.inputs[0]);
+  auto* out = static_cast<char*>(call.outputs[0]);
+  std::array<Event, 64> copied{};
+  size_t used = 0;
+  struct Give {
+    DeviceCollectives& self;
+    std::array<Event, 64>& events;
+    size_t& used;
+    ~Give() {
+      for (size_t i = 0; i < used; ++i) self.GiveEvent(events[i]);
+    }
+  } give{*this, copied, used};
+  for (size_t begin = 0; begin < count && used < copied.size(); begin += per_chunk) {
+    const size_t n = std::min(per_chunk, count - begin);
+    runtime_.Copy(host + begin * element, in + begin * element, n * element, down);
+    copied[used] = TakeEvent();
+    runtime_.Record(copied[used++], down);
+  }
+  if (count == 0) {
+    comm_.Allreduce(host, 0, call.type, call.reduce, call.check);
+  }
+  for (size_t c = 0, begin = 0; begin < count; ++c, begin += per_chunk) {
+    const size_t n = std::min(per_chunk, count - begin);
+    WaitCopied(copied[c]);
+    comm_.Allreduce(host + begin * element, n, call.type, call.reduce, call.check);
+    runtime_.Copy(out + begin * element, host + begin * element, n * element, up);
+  }
+  FinishStaged({&work});
+}
+
 void DeviceCollectives::RunStaged(DeviceWork& work) {
   const DeviceCall& call = work.call_;
-  Stream stream = StageStream();
-  if (call.has_stream) runtime_.WaitEvent(stream, work.ready_);
+  if (call.op == DeviceOp::kAllreduce) {
+    StagedAllreduce(work);
+    return;
+  }
+  Stream stream = DownStream({&work});
+  Stream up = UpStream();
   const size_t element = ElementSize(call.type);
   auto pinned = [&](size_t count) {
     void* buffer = pinned_.Acquire(count * element);
@@ -592,47 +713,19 @@ void DeviceCollectives::RunStaged(DeviceWork& work) {
   auto down = [&](void* host, const void* device, size_t count) {
     if (count > 0) runtime_.Copy(host, device, count * element, stream);
   };
-  auto up = [&](void* device, const void* host, size_t count) {
-    if (count > 0) runtime_.Copy(device, host, count * element, stream);
+  auto back = [&](void* device, const void* host, size_t count) {
+    if (count > 0) runtime_.Copy(device, host, count * element, up);
   };
   // The copies down must have landed before the host collective reads them.
   auto landed = [&] {
     runtime_.Record(work.done_, stream);
-    WaitDone(work);
+    WaitCopied(work.done_);
   };
   const size_t size = static_cast<size_t>(comm_.size());
   const size_t rank = static_cast<size_t>(comm_.rank());
   switch (call.op) {
-    case DeviceOp::kAllreduce: {
-      const size_t count = call.input_counts[0];
-      char* host = static_cast<char*>(pinned(count));
-      // Chunks are cut alike on every rank (from the count alone), each its own host allreduce.
-      // Not Adasum's: a chunk alone would have dot products of its own, not the tensor's.
-      const size_t chunks = count * element >= kPipelineBytes && call.reduce != ReduceOp::kAdasum
-                                ? kPipelineChunks
-                                : 1;
-      const size_t per_chunk = (count + chunks - 1) / chunks;
-      std::vector<Event> copied;
-      for (size_t begin = 0; begin < count; begin += per_chunk) {
-        const size_t n = std::min(per_chunk, count - begin);
-        down(host + begin * element, static_cast<const char*>(call.inputs[0]) + begin * element, n);
-        copied.push_back(TakeEvent());
-        runtime_.Record(copied.back(), stream);
-      }
-      try {
-        for (size_t c = 0, begin = 0; begin < count; ++c, begin += per_chunk) {
-          const size_t n = std::min(per_chunk, count - begin);
-          WaitEvent(work, copied[c]);
-          comm_.Allreduce(host + begin * element, n, call.type, call.reduce, call.check);
-          up(static_cast<char*>(call.outputs[0]) + begin * element, host + begin * element, n);
-        }
-      } catch (...) {
-        for (Event event : copied) GiveEvent(event);
-        throw;
-      }
-      for (Event event : copied) GiveEvent(event);
-      break;
-    }
+    case DeviceOp::kAllreduce:
+      break;  // StagedAllreduce
     case DeviceOp::kGroupedAllreduce: {
       size_t total = 0;
       for (size_t c : call.input_counts) total += c;
@@ -648,7 +741,7 @@ void DeviceCollectives::RunStaged(DeviceWork& work) {
       comm_.GroupedAllreduce(buffers, call.type, call.reduce, call.check);
       offset = 0;
       for (size_t i = 0; i < call.inputs.size(); ++i) {
-        up(call.inputs[i], host + offset * element, call.input_counts[i]);
+        back(call.inputs[i], host + offset * element, call.input_counts[i]);
         offset += call.input_counts[i];
       }
       break;
@@ -660,7 +753,7 @@ void DeviceCollectives::RunStaged(DeviceWork& work) {
       if (root) down(host, call.inputs[0], count);
       landed();
       comm_.Broadcast(host, count, call.type, call.root, call.check);
-      if (!root) up(call.inputs[0], host, count);
+      if (!root) back(call.inputs[0], host, count);
       break;
     }
     case DeviceOp::kAllgatherv: {
@@ -671,7 +764,7 @@ void DeviceCollectives::RunStaged(DeviceWork& work) {
       down(in, call.inputs[0], call.counts[rank]);
       landed();
       comm_.Allgatherv(in, out, call.counts, call.type, call.check);
-      up(call.outputs[0], out, total);
+      back(call.outputs[0], out, total);
       break;
     }
     case DeviceOp::kReduceScatter: {
@@ -681,7 +774,7 @@ void DeviceCollectives::RunStaged(DeviceWork& work) {
       down(in, call.inputs[0], count * size);
       landed();
       comm_.ReduceScatter(in, out, count, call.type, call.reduce, call.check);
-      up(call.outputs[0], out, count);
+      back(call.outputs[0], out, count);
       break;
     }
     case DeviceOp::kAlltoallv: {
@@ -694,11 +787,63 @@ void DeviceCollectives::RunStaged(DeviceWork& work) {
       down(in, call.inputs[0], sent);
       landed();
       comm_.Alltoallv(in, call.send_counts, out, call.counts, call.type, call.check);
-      up(call.outputs[0], out, received);
+      back(call.outputs[0], out, received);
       break;
     }
   }
-  runtime_.Record(work.done_, stream);
+  FinishStaged({&work});
+}
+
+size_t DeviceCollectives::StagedFused(const std::vector<DeviceWork*>& works,
+                                      std::exception_ptr* error) {
+  const DeviceCall& head = works[0]->call_;
+  const size_t element = ElementSize(head.type);
+  std::vector<size_t> offsets;  // in bytes, into the fusion buffer and the pinned one
+  size_t total = 0;
+  for (DeviceWork* work : works) {
+    work->path_ = Path::kStaged;
+    offsets.push_back(total);
+    total += work->call_.input_counts[0] * element;
+  }
+  offsets.push_back(total);
+  Stream down = DownStream(works);
+  char* fusion = FusionBuffer(total);
+  // Gathered on the device, then one copy down: a copy over PCIe costs ~10 us before its first
+  // byte, a copy within the device far less.
+  for (size_t i = 0; i < works.size(); ++i) {
+    const size_t bytes = offsets[i + 1] - offsets[i];
+    if (bytes > 0) runtime_.Copy(fusion + offsets[i], works[i]->call_.inputs[0], bytes, down);
+  }
+  char* host = Staging(total);
+  if (total > 0) runtime_.Copy(host, fusion, total, down);
+  Event copied = TakeEvent();
+  runtime_.Record(copied, down);
+  size_t k = 1;
+  try {
+    WaitCopied(copied);
+    std::vector<Communicator::ReadyAllreduce> ready;
+    ready.reserve(works.size());
+    for (size_t i = 0; i < works.size(); ++i) {
+      ready.push_back({host + offsets[i], works[i]->call_.input_counts[0], &works[i]->call_.check});
+    }
+    k = comm_.AllreduceReady(ready, head.type, head.reduce, error);
+  } catch (...) {
+    *error = std::current_exception();
+  }
+  GiveEvent(copied);
+  for (size_t i = 0; i < k; ++i) works[i]->ran_ = true;
+  if (*error) return k;
+  // The k that ran: one copy back of their prefix, then scattered on the device.
+  Stream up = UpStream();
+  if (offsets[k] > 0) runtime_.Copy(fusion, host, offsets[k], up);
+  for (size_t i = 0; i < k; ++i) {
+    const size_t bytes = offsets[i + 1] - offsets[i];
+    if (bytes > 0) runtime_.Copy(works[i]->call_.outputs[0], fusion + offsets[i], bytes, up);
+  }
+  std::vector<DeviceWork*> ran(works.begin(), works.begin() + static_cast<std::ptrdiff_t>(k));
+  FinishStaged(ran);
+  if (k > 1) fused_ += k;
+  return k;
 }
 
 void DeviceCollectives::WaitDone(DeviceWork& work) { WaitEvent(work, work.done_); }
@@ -706,9 +851,22 @@ void DeviceCollectives::WaitDone(DeviceWork& work) { WaitEvent(work, work.done_)
 void DeviceCollectives::WaitEvent(DeviceWork& work, Event event) {
   const auto deadline = Clock::now() + timeout_;
   Nccl* nccl = work.path_ == Path::kNccl ? nccl_.get() : nullptr;
+  auto late = [&] {
+    if (nccl != nullptr) nccl->Abort();
+    return TimeoutError(internal::MakeMessage(
+        "rank ", comm_.rank(), " waited ", timeout_.count(), " ms for a GPU collective (",
+        PathName(work.path_), " path) that did not finish",
+        nccl != nullptr ? "; the NCCL communicator was aborted" : "",
+        "; a peer rank may have failed (raise TRAINRUN_TIMEOUT if the work is just slow)"));
+  };
+  if (nccl == nullptr) {
+    // Staged: the host collective is over, what is left are local copies; no peer to watch.
+    if (!runtime_.WaitHost(event, deadline)) throw late();
+    return;
+  }
   Poll([&] { return runtime_.Done(event); },
        [&] {
-         if (nccl != nullptr && nccl->comm != nullptr && !nccl->aborted) {
+         if (nccl->comm != nullptr && !nccl->aborted) {
            int state = kNcclSuccess;
            nccl->api->comm_get_async_error(nccl->comm, &state);
            if (state != kNcclSuccess && state != kNcclInProgress) {
@@ -716,15 +874,16 @@ void DeviceCollectives::WaitEvent(DeviceWork& work, Event event) {
                                                       " waiting for an NCCL collective"));
            }
          }
-         if (Clock::now() >= deadline) {
-           if (nccl != nullptr) nccl->Abort();
-           throw TimeoutError(internal::MakeMessage(
-               "rank ", comm_.rank(), " waited ", timeout_.count(), " ms for a GPU collective (",
-               PathName(work.path_), " path) that did not finish",
-               nccl != nullptr ? "; the NCCL communicator was aborted" : "",
-               "; a peer rank may have failed (raise TRAINRUN_TIMEOUT if the work is just slow)"));
-         }
+         if (Clock::now() >= deadline) throw late();
        });
+}
+
+void DeviceCollectives::WaitCopied(Event event) {
+  if (runtime_.WaitHost(event, Clock::now() + timeout_)) return;
+  throw TimeoutError(internal::MakeMessage(
+      "rank ", comm_.rank(), " waited ", timeout_.count(),
+      " ms for the copy of a GPU buffer into pinned host memory; the work on the buffer's stream "
+      "before the collective did not finish (raise TRAINRUN_TIMEOUT if it is just slow)"));
 }
 
 // --- DeviceWork ----------------------------------------------------------------------------------
@@ -741,11 +900,53 @@ DeviceWork::~DeviceWork() {
 void DeviceWork::Run() {
   if (owner_.path_ == Path::kUndecided) owner_.Decide(call_.device);
   path_ = owner_.path_ == Path::kNccl && owner_.NcclCan(call_) ? Path::kNccl : Path::kStaged;
+  ran_ = true;
   if (path_ == Path::kNccl) {
     owner_.RunNccl(*this);
   } else {
     owner_.RunStaged(*this);
   }
+}
+
+bool DeviceWork::fusable() const {
+  // Adasum's dot products are each tensor's own: fused, they would be the buffer's.
+  return call_.op == DeviceOp::kAllreduce && call_.reduce != ReduceOp::kAdasum &&
+         call_.inputs.size() == 1 &&
+         call_.outputs.size() == 1 && call_.inputs[0] == call_.outputs[0];
+}
+
+size_t DeviceWork::RunFused(const std::vector<DeviceWork*>& works, std::exception_ptr* error) {
+  TRAINRUN_ENFORCE(!works.empty(), "DeviceWork::RunFused of nothing");
+  DeviceWork& head = *works[0];
+  DeviceCollectives& owner = head.owner_;
+  try {
+    if (owner.path_ == Path::kUndecided) owner.Decide(head.call_.device);
+    bool together = works.size() > 1 && owner.path_ == Path::kStaged;
+    for (DeviceWork* work : works) {
+      together = together && &work->owner_ == &owner && work->fusable() &&
+                 work->call_.type == head.call_.type && work->call_.reduce == head.call_.reduce;
+    }
+    if (!together) {
+      head.Run();
+      return 1;
+    }
+  } catch (...) {
+    head.ran_ = true;
+    *error = std::current_exception();
+    return 1;
+  }
+  try {
+    return owner.StagedFused(works, error);
+  } catch (...) {  // before the host collective (a copy refused): the head fails alone
+    head.ran_ = true;
+    *error = std::current_exception();
+    return 1;
+  }
+}
+
+bool DeviceWork::Done() {
+  if (!ran_) return false;
+  return owner_.runtime_.Done(done_);
 }
 
 void DeviceWork::Wait() {

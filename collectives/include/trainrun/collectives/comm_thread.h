@@ -19,6 +19,8 @@
 // allreduces (one queued within the last kHold, and nobody waiting for any job), the thread waits
 // for more (Horovod's cycle time), up to `fusion_bytes` queued. Waiting for a job (WaitFor:
 // Python's synchronize) ends the wait at once, so a synchronous allreduce is not held back.
+// In-place allreduces of GPU buffers (Allreduce::device) fuse alike among themselves, through
+// gpu::DeviceWork::RunFused (a fusion buffer on the device), never with host ones.
 #pragma once
 
 #include <chrono>
@@ -38,6 +40,10 @@
 
 namespace trainrun::collectives {
 
+namespace gpu {
+class DeviceWork;
+}  // namespace gpu
+
 class CommThread {
  public:
   using Handle = int64_t;
@@ -54,6 +60,8 @@ class CommThread {
     DataType type;
     ReduceOp op;
     CallCheck check;
+    // Set for a GPU buffer (`data` is on the device): the work Start-ed for it, which runs it.
+    std::shared_ptr<gpu::DeviceWork> device = nullptr;
   };
 
   // CommThread starts the thread, which drives `comm` (the caller keeps it alive longer).

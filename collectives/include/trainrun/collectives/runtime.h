@@ -24,7 +24,8 @@
 // one call path serves every kind of memory. GPU buffers go to the communicator's
 // gpu::DeviceCollectives (gpu/device_collectives.h: NCCL, or staged through pinned host memory),
 // over CUDA's runtime opened at run time (gpu/runtime.h); WaitFor of a GPU collective also waits
-// for its results on the GPU and orders the buffer's stream after them.
+// for its results on the GPU and orders the buffer's stream after them, and Done (a poll) is true
+// only once they are there. In-place GPU allreduces fuse with each other as host ones do.
 //
 // A Runtime is driven by one thread at a time (the caller's), besides its communication thread.
 #pragma once
@@ -159,8 +160,9 @@ class Runtime {
   // TryCollect is WaitFor without waiting, and without ending the thread's wait for more
   // allreduces to fuse.
   bool TryCollect(Handle handle);
-  // Done: the collective `handle` has finished (successfully or not).
-  bool Done(Handle handle) { return thread().Done(handle); }
+  // Done: the collective `handle` has finished (successfully or not); for GPU buffers, once its
+  // results are in place on the GPU (the copy back or NCCL's work complete), as Horovod's poll().
+  bool Done(Handle handle);
 
   // UseGpuRuntime makes `runtime` the GPU runtime of later GPU collectives instead of CUDA's (the
   // tests' CPU fake, tests/gpu/fake_gpu_runtime.h, which no shipped binary contains). Call it
@@ -176,8 +178,10 @@ class Runtime {
  private:
   // HostBuffer returns `ref`'s host address, checked (null with a count, a device buffer).
   static void* HostBuffer(const TensorRef& ref);
-  // SubmitDevice starts `call` on process set `set`'s DeviceCollectives (made at its first GPU
-  // collective) and queues its Run on the communication thread.
+  // Device: `comm`'s DeviceCollectives, made at its first GPU collective.
+  gpu::DeviceCollectives& Device(Communicator& comm);
+  // SubmitDevice starts `call` on process set `set`'s DeviceCollectives and queues its Run on the
+  // communication thread.
   Handle SubmitDevice(int set, gpu::DeviceCall call);
   // FinishDevice waits for the GPU half of `handle` (if it is a GPU collective) once the thread
   // is through with it, noting an IoError or TimeoutError.

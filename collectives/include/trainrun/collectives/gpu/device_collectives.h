@@ -7,14 +7,21 @@
 //    the collective's completion event (Wait), as PyTorch's NCCL process group does.
 //  - host-staged otherwise (no NCCL, ranks sharing a GPU, or TRAINRUN_GPU_PATH=staged): the
 //    buffers are copied, in the same stream order, into pinned host buffers that are reused from
-//    call to call (PinnedPool), the host Communicator's collective runs on them, and the results
-//    are copied back; the caller's stream waits on the copy back.
+//    call to call (an allreduce's: one staging buffer per communicator, grown to the largest;
+//    other collectives': PinnedPool), the host Communicator's collective runs on them, and the
+//    results are copied back on a second stream; the caller's stream waits on the copy back. An
+//    allreduce of at least 2 MiB goes in chunks (DeviceOptions::max_chunks of at least
+//    min_chunk_bytes), so the copy down of chunk i + 1 overlaps the host reduction of chunk i and
+//    the copy back of chunk i the reduction of i + 1. In-place allreduces queued one after another
+//    run as one staged collective (RunFused: gathered into a fusion buffer on the device, one copy
+//    down, one host allreduce, one copy back, scattered on the device).
 //
 // A collective has three steps on two threads, so that the caller (Python) goes on while it runs:
 //
 //   auto work = gpu.Start(spec);           // caller: records where the buffers are ready
 //   thread.Submit([work] { work->Run(); });  // the communication thread, in call order
 //   ...
+//   work->Done();                          // caller: a poll, true once the results are in place
 //   work->Wait();                          // caller, after the thread ran it: waits for the
 //                                          // completion on the CPU, orders the stream after it
 //
@@ -22,9 +29,11 @@
 // fake. A DeviceCollectives is used by one caller thread and one communication thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -111,6 +120,15 @@ struct DeviceOptions {
   int verbose = -1;
   // Bound on Wait (zero: TRAINRUN_TIMEOUT).
   std::chrono::milliseconds timeout{0};
+  // The staged allreduce's pipeline: a buffer is cut into as many chunks of at least
+  // `min_chunk_bytes` as fit, at most `max_chunks` (1: no pipeline). Every rank must use the same
+  // (the chunks are separate host allreduces). docs/performance.md has the measurements.
+  size_t min_chunk_bytes = size_t{1} << 20;
+  int max_chunks = 4;
+  // The most bytes RunFused gathers (the communication thread's fusion cap; 0: none). The staging
+  // buffers are made at least that large at once, so a loop whose fused groups vary from step to
+  // step (they depend on timing) allocates at its start only.
+  size_t fusion_bytes = 0;
 };
 
 // DeviceWork: one collective in flight (see the file comment for its three steps).
@@ -123,6 +141,9 @@ class DeviceWork {
   // Run performs the collective; on the communication thread, in call order. Throws what the
   // collective throws (the caller's Wait on the thread's handle rethrows it).
   void Run();
+  // Done: the collective's results are in the output buffers (its copy back, or NCCL's work, has
+  // completed on the GPU); false before Run has returned. Does not block.
+  bool Done();
   // Wait waits on the CPU until the collective's results are in the output buffers, then makes the
   // caller's stream wait for them. Throws TimeoutError (and aborts NCCL) past the timeout, IoError
   // when NCCL reports a peer's failure. Call it after Run has returned; safe to call twice.
@@ -131,6 +152,16 @@ class DeviceWork {
   Path path() const { return path_; }
   // owner: the DeviceCollectives that started it.
   const DeviceCollectives& owner() const { return owner_; }
+  // fusable: an in-place allreduce, which RunFused may fuse with its neighbours.
+  bool fusable() const;
+
+  // RunFused runs `works` (in-place allreduces queued one after another on one DeviceCollectives,
+  // of one element type and op, buffers apart; each Start-ed, none Run yet) on the communication
+  // thread, as many together as every rank has queued (Communicator::AllreduceReady), and returns
+  // how many ran, from the first (at least one); the others stay to be run later. What those that
+  // ran failed with goes to `*error`. On the staged path they go as one staged collective; on the
+  // NCCL path the first runs alone.
+  static size_t RunFused(const std::vector<DeviceWork*>& works, std::exception_ptr* error);
 
  private:
   friend class DeviceCollectives;
@@ -142,6 +173,7 @@ class DeviceWork {
   Event done_ = nullptr;   // recorded after the last copy or NCCL call
   std::vector<void*> pinned_;
   Path path_ = Path::kUndecided;
+  std::atomic<bool> ran_{false};  // Done may ask from the caller's thread
   bool waited_ = false;
 };
 
@@ -165,6 +197,8 @@ class DeviceCollectives {
   int device() const { return device_; }
   PinnedPool& pinned() { return pinned_; }
   GpuRuntime& runtime() { return runtime_; }
+  // fused: how many collectives ran fused with others (RunFused), for tests and the timeline.
+  size_t fused() const { return fused_; }
 
  private:
   friend class DeviceWork;
@@ -173,15 +207,37 @@ class DeviceCollectives {
   // Decide runs the exchange that picks the path (communication thread, first collective).
   void Decide(int device);
   void RunStaged(DeviceWork& work);
+  // StagedAllreduce: the pipelined allreduce of one buffer (see the file comment).
+  void StagedAllreduce(DeviceWork& work);
+  // StagedFused: RunFused's staged case (works.size() > 1).
+  size_t StagedFused(const std::vector<DeviceWork*>& works, std::exception_ptr* error);
   void RunNccl(DeviceWork& work);
   // NcclCan: whether NCCL can run `call` itself (types and ops it has); else it is staged.
   bool NcclCan(const DeviceCall& call) const;
   void WaitDone(DeviceWork& work);
   // WaitEvent waits on the CPU for `event` (of `work`), within the timeout.
   void WaitEvent(DeviceWork& work, Event event);
+  // WaitCopied waits on the CPU for a staging copy's `event` (local work: no peer to watch).
+  void WaitCopied(Event event);
   Event TakeEvent();
   void GiveEvent(Event event);
-  Stream StageStream();
+  // DownStream: the stream of the copies into pinned memory, ordered after `works`' buffers are
+  // ready and after the previous staged collective's copies back (which may have written them).
+  Stream DownStream(const std::vector<DeviceWork*>& works);
+  // UpStream: the stream of the copies back. Finish records `done` of each work there, and the
+  // point the next collective's copies down wait for.
+  Stream UpStream();
+  void FinishStaged(const std::vector<DeviceWork*>& works);
+  // FusionBuffer: the device buffer RunFused gathers into, of at least `bytes` bytes.
+  char* FusionBuffer(size_t bytes);
+  // Staging: the pinned buffer allreduces are staged in, of at least `bytes` bytes. One suffices:
+  // collectives run one after another, and a copy down waits for the copies back before it
+  // (DownStream), so the next never overwrites what is still being copied back.
+  char* Staging(size_t bytes);
+  // Grow replaces `*buffer` (`*capacity` bytes) with one of at least `bytes` (and of the fusion
+  // cap), once the copies back that may read it are done; `allocate` and `free` are the runtime's.
+  template <typename Allocate, typename Free>
+  char* Grow(char** buffer, size_t* capacity, size_t bytes, Allocate allocate, Free free);
 
   Communicator& comm_;
   GpuRuntime& runtime_;
@@ -191,7 +247,14 @@ class DeviceCollectives {
   Path path_ = Path::kUndecided;
   std::string why_;
   int device_ = -1;
-  Stream stage_stream_ = nullptr;
+  Stream stage_stream_ = nullptr;  // copies down (and the whole of non-allreduce collectives)
+  Stream up_stream_ = nullptr;     // copies back
+  Event up_tail_ = nullptr;        // recorded after the last copies back
+  char* fusion_ = nullptr;         // RunFused's device buffer
+  size_t fusion_bytes_ = 0;
+  char* staging_ = nullptr;  // pinned
+  size_t staging_bytes_ = 0;
+  size_t fused_ = 0;
   std::unique_ptr<Nccl> nccl_;
   std::mutex events_mutex_;
   std::vector<Event> events_;

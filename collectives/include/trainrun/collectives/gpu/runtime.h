@@ -15,6 +15,7 @@
 //   cuda.Copy(pinned, device_ptr, bytes, own_stream);
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -54,6 +55,12 @@ class GpuRuntime {
   virtual void WaitEvent(Stream stream, Event event) = 0;
   // Done: `event`'s last recorded point has been reached (true for an event never recorded).
   virtual bool Done(Event event) = 0;
+  // WaitHost blocks the calling thread until `event`'s last recorded point is reached (true) or
+  // `deadline` passes (false). For local work only (the staging copies): a wait that a peer's
+  // failure could stall polls Done between checks of its own. This one polls Done, yielding for
+  // the first 500 us (a copy of a few MiB) and then sleeping in steps growing to 100 us; a
+  // runtime that can block until the event (the tests' fake) says so by overriding it.
+  virtual bool WaitHost(Event event, std::chrono::steady_clock::time_point deadline);
 
   // Copy enqueues a copy of `bytes` bytes on `stream`; either side may be host or device memory.
   virtual void Copy(void* destination, const void* source, size_t bytes, Stream stream) = 0;

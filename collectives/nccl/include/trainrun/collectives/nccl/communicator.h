@@ -16,6 +16,10 @@
 // passes, the communicator is aborted (ncclCommAbort) and the call throws IoError or TimeoutError;
 // every later call then throws Error.
 //
+// NCCL and CUDA's runtime are opened at run time (gpu/loader.h's search: TRAINRUN_NCCL_LIBRARY,
+// a copy already loaded, the nvidia-* wheels, the loader's path), not linked: where either does
+// not open, the first call throws Error saying what was tried and why not.
+//
 // A Communicator is not thread-safe: use it from one thread at a time.
 #pragma once
 
