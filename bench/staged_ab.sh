@@ -32,7 +32,8 @@ check_build() {
   local missing=()
   [[ -x $b/bin/trainrun ]] || missing+=(bin/trainrun)
   [[ -d $b/python/trainrun ]] || missing+=("python/ (target trainrun_python)")
-  compgen -G "$b/tests/gpu/_fake_gpu*.so" >/dev/null || missing+=("tests/gpu/_fake_gpu*.so (target trainrun_fake_gpu_module)")
+  compgen -G "$b/tests/gpu/_fake_gpu*.so" >/dev/null ||
+    missing+=("tests/gpu/_fake_gpu*.so (target trainrun_fake_gpu_module)")
   if ((${#missing[@]})); then
     echo "staged_ab.sh: $b lacks ${missing[*]}; build those targets there" >&2
     exit 2
@@ -59,13 +60,15 @@ run() {
   local load
   load=$(cut -d' ' -f1 /proc/loadavg)
   PYTHONPATH=$build/python:$build/tests/gpu:$src/tests/gpu TRAINRUN_TIMEOUT=120 \
-    prio "$build/bin/trainrun" -np "$np" "$py" "$src/bench/python/gpu_allreduce.py" --device "$device" \
-    --min-bytes 1024 --max-bytes $(($(numfmt --from=iec "$max"))) --step 4 --rounds 3 \
+    prio "$build/bin/trainrun" -np "$np" "$py" "$src/bench/python/gpu_allreduce.py" \
+    --device "$device" --min-bytes 1024 --max-bytes "$(numfmt --from=iec "$max")" --step 4 \
+    --rounds 3 \
     2>"$out/$name.$device.$round.err" |
     sed 's/^\[[0-9]*\]<stdout>://' | grep '"bytes"' |
     "$py" -c 'import json, sys
 for line in sys.stdin:
-    r = json.loads(line); r.update(build=sys.argv[1], round=int(sys.argv[2]), load=float(sys.argv[3]))
+    r = json.loads(line)
+    r.update(build=sys.argv[1], round=int(sys.argv[2]), load=float(sys.argv[3]))
     print(json.dumps(r))' "$name" "$round" "$load" >>"$out/runs.jsonl"
 }
 
@@ -95,19 +98,24 @@ sizes = sorted({r["bytes"] for r in rows})
 loads = [r["load"] for r in rows]
 med = {k: statistics.median(v) for k, v in times.items()}
 bus = 2 * (np - 1) / np
+fmt = "{:>10} {:>10} {:>6} {:>6} {:>9} {:>7} {:>7}"
 for build in ("A", "B"):
     for device, what in (("cpu", "host arrays"), ("fake", "fake GPU arrays, staged")):
-        print(f"\n# build {build}, {what}: {np} ranks, medians of {len(times[(build, device, sizes[0])])} rounds")
-        print(f"# {'size':>10} {'count':>10} {'type':>6} {'redop':>6} {'time':>9} {'algbw':>7} {'busbw':>7}")
-        print(f"# {'(B)':>10} {'(elements)':>10} {'':>6} {'':>6} {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7}")
+        n = len(times[(build, device, sizes[0])])
+        print(f"\n# build {build}, {what}: {np} ranks, medians of {n} rounds")
+        print("# " + fmt.format("size", "count", "type", "redop", "time", "algbw", "busbw"))
+        print("# " + fmt.format("(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)"))
         for s in sizes:
             t = med.get((build, device, s))
             if t is None:
                 continue
             algbw = s / t / 1e3
-            print(f"  {s:>10} {s // 4:>10} {'float':>6} {'sum':>6} {t:>9.1f} {algbw:>7.2f} {algbw * bus:>7.2f}")
-print(f"\n# extra = staged / host - 1 (medians); B/A = B's staged time over A's; load {min(loads):.1f}-{max(loads):.1f}")
-print("| bytes | A host (us) | A staged (us) | A extra | B host (us) | B staged (us) | B extra | staged B/A |")
+            print("  " + fmt.format(s, s // 4, "float", "sum", f"{t:.1f}", f"{algbw:.2f}",
+                                    f"{algbw * bus:.2f}"))
+print("\n# extra = staged / host - 1 (medians); B/A = B's staged time over A's; "
+      f"load {min(loads):.1f}-{max(loads):.1f}")
+print("| bytes | A host (us) | A staged (us) | A extra | B host (us) | B staged (us) | B extra "
+      "| staged B/A |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for s in sizes:
     try:
@@ -115,5 +123,6 @@ for s in sizes:
         bh, bf = med[("B", "cpu", s)], med[("B", "fake", s)]
     except KeyError:
         continue
-    print(f"| {s} | {ah:.0f} | {af:.0f} | {af / ah - 1:+.0%} | {bh:.0f} | {bf:.0f} | {bf / bh - 1:+.0%} | {bf / af:.2f} |")
+    print(f"| {s} | {ah:.0f} | {af:.0f} | {af / ah - 1:+.0%} | {bh:.0f} | {bf:.0f} "
+          f"| {bf / bh - 1:+.0%} | {bf / af:.2f} |")
 PYEOF

@@ -122,15 +122,16 @@ int RunRank(Communicator& comm, const Flags& flags) {
   const int n = comm.size();
   const bool printer = comm.rank() == 0;
   if (printer) {
-    std::printf("# staged_perf: %d ranks, float32 sum in place, max_chunks %d, min_chunk_bytes %zu, "
-                "%d rounds\n",
-                n, flags.options.max_chunks, flags.options.min_chunk_bytes, flags.rounds);
-    std::printf("#%11s %12s %6s %6s  %9s %7s %7s  %9s %7s %7s  %7s\n", "", "", "", "",
-                "host", "", "", "staged", "", "", "");
+    std::printf(
+        "# staged_perf: %d ranks, float32 sum in place, max_chunks %d, min_chunk_bytes %zu, "
+        "%d rounds\n",
+        n, flags.options.max_chunks, flags.options.min_chunk_bytes, flags.rounds);
+    std::printf("#%11s %12s %6s %6s  %9s %7s %7s  %9s %7s %7s  %7s\n", "", "", "", "", "host", "",
+                "", "staged", "", "", "");
     std::printf("#%11s %12s %6s %6s  %9s %7s %7s  %9s %7s %7s  %7s\n", "size", "count", "type",
                 "redop", "time", "algbw", "busbw", "time", "algbw", "busbw", "extra");
-    std::printf("#%11s %12s %6s %6s  %9s %7s %7s  %9s %7s %7s  %7s\n", "(B)", "(elements)", "",
-                "", "(us)", "(GB/s)", "(GB/s)", "(us)", "(GB/s)", "(GB/s)", "(%)");
+    std::printf("#%11s %12s %6s %6s  %9s %7s %7s  %9s %7s %7s  %7s\n", "(B)", "(elements)", "", "",
+                "(us)", "(GB/s)", "(GB/s)", "(us)", "(GB/s)", "(GB/s)", "(%)");
   }
   for (size_t bytes = flags.min_bytes; bytes <= flags.max_bytes; bytes *= flags.factor) {
     const size_t count = bytes / 4;
@@ -146,7 +147,9 @@ int RunRank(Communicator& comm, const Flags& flags) {
     call.reduce = ReduceOp::kSum;
     call.has_stream = true;
     call.stream = nullptr;  // the legacy default stream, as a script's tensors
-    auto host_call = [&] { comm.Allreduce(host.data(), count, DataType::kFloat32, ReduceOp::kSum); };
+    auto host_call = [&] {
+      comm.Allreduce(host.data(), count, DataType::kFloat32, ReduceOp::kSum);
+    };
     auto staged_call = [&] {
       std::shared_ptr<gpu::DeviceWork> work = staged.Start(call);
       work->Run();

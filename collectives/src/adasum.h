@@ -23,8 +23,9 @@ namespace trainrun::collectives::internal {
 // and combines it with its partner's copy of that half; the dot products and norms of the whole
 // vectors are the sums, over the 2d ranks that hold their parts, of each rank's partial sums. A
 // mirrored allgather then hands every rank the whole result, bit-identical on all (each element
-// is computed by one rank). Sums are in double. `type` must be float16, bfloat16, float32 or
-// float64 (the communicator checks).
+// is computed by one rank). Dot products and norms are summed in double; the combination runs in
+// double for float32 and float64, in float32 for float16 and bfloat16. `type` must be one of those
+// four (the communicator checks).
 void AdasumAllreduce(AlgorithmContext& ctx, void* data, const std::vector<size_t>& tensor_counts,
                      DataType type);
 
