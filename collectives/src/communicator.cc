@@ -372,8 +372,10 @@ class Communicator::Impl {
         total += ready[i].count;
         if (ready[i].count == 0) continue;
         auto* data = static_cast<char*>(ready[i].data);
-        // Buffers one after another in memory (GPU buffers staged together) are one piece.
-        if (!pieces.empty() && pieces.back().data + pieces.back().count * e == data) {
+        // Buffers one after another in memory (GPU buffers staged together) are one piece; not
+        // for Adasum, whose pieces are tensors, each with dot products of its own.
+        if (op != ReduceOp::kAdasum && !pieces.empty() &&
+            pieces.back().data + pieces.back().count * e == data) {
           pieces.back().count += ready[i].count;
         } else {
           pieces.push_back({data, ready[i].count});

@@ -911,8 +911,8 @@ void DeviceWork::Run() {
 bool DeviceWork::fusable() const {
   // Adasum's dot products are each tensor's own: fused, they would be the buffer's.
   return call_.op == DeviceOp::kAllreduce && call_.reduce != ReduceOp::kAdasum &&
-         call_.inputs.size() == 1 &&
-         call_.outputs.size() == 1 && call_.inputs[0] == call_.outputs[0];
+         call_.inputs.size() == 1 && call_.outputs.size() == 1 &&
+         call_.inputs[0] == call_.outputs[0];
 }
 
 size_t DeviceWork::RunFused(const std::vector<DeviceWork*>& works, std::exception_ptr* error) {
