@@ -29,12 +29,14 @@ ElasticController::ElasticController(JobParts parts)
       host_failed_(parts.host_failed),
       remote_job_(std::move(parts.remote_job)),
       seen_through_(std::move(parts.seen_through)),
+      channel_(std::move(parts.channel)),
       generation_timer_(parts.io),
       growth_timer_(parts.io) {}
 
 ElasticController::~ElasticController() { Stop(); }
 
 void ElasticController::Stop() {
+  if (channel_) channel_->AcceptLateHosts({});
   StopDiscovery();
   // A connection still under way (growing onto a remote host) posts nothing from now on, and
   // closes its agent when it completes; a moment is given for it to end first.

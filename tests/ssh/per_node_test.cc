@@ -235,7 +235,7 @@ std::thread RunTimed(std::vector<std::string> argv, NodeRun& run) {
   });
 }
 
-TEST_CASE("per-node: --nnodes 2:3 starts with the 2 nodes that joined; a late node is refused",
+TEST_CASE("per-node: --nnodes 2:3 starts with the 2 nodes that joined; a late node joins it",
           "[netns][per_node][range]") {
   if (!CanUseNetns()) {
     trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
@@ -262,16 +262,16 @@ TEST_CASE("per-node: --nnodes 2:3 starts with the 2 nodes that joined; a late no
   for (int rank = 0; rank < 4; ++rank) {
     CHECK(Contains(runs[0].out, absl::StrCat("[", rank, "]<stdout>:rank ", rank, " of 4")));
   }
-  CHECK_FALSE(Contains(runs[0].out, "[4]<stdout>"));
-  // The late node hears why at once, and node 0 says so too.
-  CHECK(runs[2].status != 0);
-  CHECK(runs[2].seconds < 5);
-  CHECK(Contains(runs[2].out,
-                 "refused this node (--node-rank 2): the job started without it (--nnodes 2:3"));
-  CHECK(Contains(runs[0].out, "refused 10.213.1.13: the job started without it"));
+  // The late node joins the running job: its ranks start at their places in the grown job (this
+  // script has no elastic API, so they never join the rendezvous; they are stopped once the
+  // start's ranks have finished), and every node ends with the job's code.
+  CHECK(runs[2].status == 0);
+  CHECK(Contains(runs[0].out, "node2 joined the job: starting ranks 4-5 on it"));
+  CHECK(Contains(runs[0].out, "[4]<stdout>:rank 4 of 6"));
+  CHECK(Contains(runs[2].out, "[5]<stdout>:rank 5 of 6"));
   std::printf(
       "per-node --nnodes 2:3 (--rdzv-last-call 2): node 0 ran %.2f s (5 s job), the late "
-      "node was refused in %.2f s\n",
+      "node %.2f s\n",
       runs[0].seconds, runs[2].seconds);
   INFO("left behind:" << cluster.ProcessList());
   CHECK(cluster.HostsEmptyWithin());
@@ -343,6 +343,230 @@ TEST_CASE("per-node: --nnodes 1:2 starts alone after the last call, at once when
   CHECK(Contains(short_of_min.out,
                  "only 1 of at least 2 nodes (--nnodes 2:3) joined at port 29400 within "
                  "--start-timeout 2 s"));
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
+}
+
+// The trainrun of node `node` in `cluster` (the one this test started, not a rank shim), once it
+// runs; -1 when it does not within 10 s.
+pid_t NodeTrainrun(const NetnsCluster& cluster, int node) {
+  for (int i = 0; i < 100; ++i) {
+    for (pid_t pid : cluster.HostProcesses(node)) {
+      const std::string cmdline = ReadFileText(absl::StrCat("/proc/", pid, "/cmdline"));
+      if (cmdline.rfind(TRAINRUN_BIN, 0) == 0 && ParentOf(pid) == ::getpid()) return pid;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return -1;
+}
+
+// FileAppears waits up to `seconds` for `path`, which a rank makes (RunCommand gives a node's
+// output only once it ends): true once it exists.
+bool FileAppears(const std::string& path, int seconds) {
+  for (int i = 0; i < seconds * 10; ++i) {
+    if (::access(path.c_str(), F_OK) == 0) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+// The seconds of the "recovered in S s" line that says `what`; -1 when there is none.
+double RecoveredIn(const std::string& out, const std::string& what) {
+  size_t at = out.find(what);
+  if (at == std::string::npos) return -1;
+  at = out.find("recovered in ", at);
+  if (at == std::string::npos) return -1;
+  return std::atof(out.c_str() + at + 13);
+}
+
+// The elastic C++ worker (examples/collectives/elastic_worker.cc, trainrun's elastic API): linear
+// regression by SGD; 0.02 s a step keeps it running while nodes come and go.
+std::vector<std::string> ElasticWorker(int steps) {
+  return {TRAINRUN_ELASTIC_WORKER, "--steps", std::to_string(steps), "--step-sleep", "0.02",
+          "--batches-per-commit",  "4"};
+}
+
+TEST_CASE("per-node: --nnodes 1:3 grows onto a node that joins the running elastic job",
+          "[netns][per_node][grow]") {
+  if (!CanUseNetns()) {
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  const std::vector<std::string> flags = {"--rdzv-token",     "t", "--start-timeout", "20",
+                                          "--rdzv-last-call", "1"};
+  // Node 0 starts alone (MIN 1, after the 1 s last call), at 2 ranks; node 1 comes 3 s later.
+  std::vector<NodeRun> runs(2);
+  std::vector<std::thread> threads;
+  threads.push_back(RunTimed(NodeArgv(cluster, 0, flags, ElasticWorker(600), "1:3"), runs[0]));
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const auto joined_at = std::chrono::steady_clock::now();
+  threads.push_back(RunTimed(NodeArgv(cluster, 1, flags, ElasticWorker(600), "1:3"), runs[1]));
+  for (std::thread& t : threads) t.join();
+  INFO("node 0:\n" << runs[0].out << "\nnode 1:\n" << runs[1].out);
+  CHECK(runs[0].status == 0);
+  CHECK(runs[1].status == 0);
+  CHECK(Contains(runs[0].out, "1 of --nnodes 1:3 nodes joined; starting the job with them"));
+  CHECK(Contains(runs[0].out, "node1 joined the job: starting ranks 2-3 on it"));
+  const double recovered = RecoveredIn(
+      runs[0].out,
+      "node1 joined the job (--nnodes 1:3): ranks 2-3 started; the job goes on at 4 ranks "
+      "(generation 1, formed by ranks 0-1 of the start and 2-3)");
+  CHECK(recovered >= 0);
+  // The two ranks of the start resumed on 4 ranks; the job ended there, its weights checked.
+  CHECK(Contains(runs[0].out, "(started as 0): resumed at step"));
+  CHECK(Contains(runs[0].out, "on 4 ranks (generation 1)"));
+  CHECK(Contains(runs[0].out, "on 4 rank(s) after 600 steps"));
+  CHECK(Contains(runs[0].out, "weights bit-identical on every rank"));
+  CHECK(Contains(runs[0].out, "the job survived 1 membership change"));
+  const double run_for =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - joined_at).count();
+  std::printf(
+      "per-node 1:3: node 1 joined the running job; re-formed at 4 ranks in %.2f s after "
+      "its ranks started (node 0 ran %.2f s, node 1 %.2f s of %.2f s since it started)\n",
+      recovered, runs[0].seconds, runs[1].seconds, run_for);
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
+}
+
+TEST_CASE("per-node: a node killed in a 2:3 job leaves it going on with the other two",
+          "[netns][per_node][shrink]") {
+  if (!CanUseNetns()) {
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
+  }
+  SshWorld world;
+  NetnsCluster cluster(3, world.dir(), world.dir() + "/keys/authorized_keys");
+  const std::vector<std::string> flags = {"--rdzv-token", "t", "--start-timeout", "20"};
+  std::vector<NodeRun> runs(3);
+  std::vector<std::thread> threads;
+  for (int node : {2, 1, 0}) {
+    threads.push_back(
+        RunTimed(NodeArgv(cluster, node, flags, ElasticWorker(500), "2:3"), runs[node]));
+  }
+  // Once node 2's ranks run (all 3 joined: the job started at once), SIGKILL its trainrun.
+  pid_t node2 = NodeTrainrun(cluster, 2);
+  bool running = false;
+  for (int i = 0; i < 150 && !running; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    int workers = 0;
+    for (pid_t pid : cluster.HostProcesses(2)) {
+      if (Contains(ReadFileText(absl::StrCat("/proc/", pid, "/cmdline")), "elastic_worker")) {
+        ++workers;
+      }
+    }
+    running = workers == 2;
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  REQUIRE(node2 > 0);
+  REQUIRE(running);
+  ::kill(node2, SIGKILL);
+  for (std::thread& t : threads) t.join();
+  INFO("node 0:\n" << runs[0].out << "\nnode 1:\n" << runs[1].out << "\nnode 2:\n" << runs[2].out);
+  CHECK(runs[0].status == 0);
+  CHECK(runs[1].status == 0);
+  CHECK(runs[2].status != 0);  // killed
+  CHECK(Contains(runs[0].out, "ranks 4-5 lost; the job goes on at 4 ranks (generation 1"));
+  const double recovered = RecoveredIn(runs[0].out, "ranks 4-5 lost; the job goes on at 4 ranks");
+  CHECK(recovered >= 0);
+  CHECK(Contains(runs[0].out, "on 4 ranks (generation 1)"));
+  CHECK(Contains(runs[0].out, "on 4 rank(s) after 500 steps"));
+  CHECK(Contains(runs[0].out, "weights bit-identical on every rank"));
+  std::printf("per-node 2:3: node 2's trainrun killed; the job re-formed at 4 ranks in %.2f s\n",
+              recovered);
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
+}
+
+TEST_CASE("per-node: a node lost below --nnodes MIN ends the job at once, with one sentence",
+          "[netns][per_node][below_min]") {
+  if (!CanUseNetns()) {
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  const std::vector<std::string> flags = {"--rdzv-token",     "t", "--start-timeout", "20",
+                                          "--rdzv-last-call", "1"};
+  std::vector<NodeRun> runs(2);
+  std::vector<std::thread> threads;
+  for (int node : {1, 0}) {
+    threads.push_back(
+        RunTimed(NodeArgv(cluster, node, flags, ElasticWorker(100000), "2:3"), runs[node]));
+  }
+  pid_t node1 = NodeTrainrun(cluster, 1);
+  bool running = false;
+  for (int i = 0; i < 150 && !running; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    int workers = 0;
+    for (pid_t pid : cluster.HostProcesses(0)) {
+      if (Contains(ReadFileText(absl::StrCat("/proc/", pid, "/cmdline")), "elastic_worker")) {
+        ++workers;
+      }
+    }
+    running = workers == 2;
+  }
+  REQUIRE(node1 > 0);
+  REQUIRE(running);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const auto killed_at = std::chrono::steady_clock::now();
+  ::kill(node1, SIGKILL);
+  threads[1].join();  // node 0
+  const double ended_in =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  threads[0].join();
+  INFO("node 0:\n" << runs[0].out << "\nnode 1:\n" << runs[1].out);
+  CHECK(runs[0].status != 0);
+  CHECK(Contains(runs[0].out,
+                 "ranks 2-3 lost; 1 node was left, fewer than the 2 that --nnodes asks for at "
+                 "least, so the job was stopped"));
+  CHECK(ended_in < 5);
+  std::printf("per-node 2:3: node 1's trainrun killed; node 0 ended the job in %.2f s\n", ended_in);
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
+}
+
+TEST_CASE("per-node: with --max-restarts a node that joins restarts every node at the new size",
+          "[netns][per_node][restart_grow]") {
+  if (!CanUseNetns()) {
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  const std::vector<std::string> flags = {"--rdzv-token",     "t", "--start-timeout", "20",
+                                          "--rdzv-last-call", "1", "--max-restarts",  "1"};
+  // A script without the elastic API: it says the world it started in, and waits (up to 60 s)
+  // while that is smaller than 4 ranks, as a real job would run at the size it got.
+  const std::string mark = world.dir() + "/started";
+  const std::vector<std::string> job = {
+      "/bin/sh", "-c",
+      "echo \"rank $RANK of $WORLD_SIZE, restart $TRAINRUN_RESTART_COUNT\"; touch " + mark +
+          "; if [ \"$WORLD_SIZE\" -lt 4 ]; then sleep 60; fi"};
+  std::vector<NodeRun> runs(2);
+  std::vector<std::thread> threads;
+  threads.push_back(RunTimed(NodeArgv(cluster, 0, flags, job, "1:2"), runs[0]));
+  REQUIRE(FileAppears(mark, 20));
+  const auto joined_at = std::chrono::steady_clock::now();
+  threads.push_back(RunTimed(NodeArgv(cluster, 1, flags, job, "1:2"), runs[1]));
+  threads[0].join();
+  const double reformed_in =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - joined_at).count();
+  threads[1].join();
+  INFO("node 0:\n" << runs[0].out << "\nnode 1:\n" << runs[1].out);
+  CHECK(runs[0].status == 0);
+  CHECK(runs[1].status == 0);
+  CHECK(Contains(runs[0].out, "[0]<stdout>:rank 0 of 2, restart 0"));
+  CHECK(Contains(runs[0].out, "node1 joined the job: every node's ranks start again with it"));
+  CHECK(Contains(runs[0].out, "starting the job again with 2 nodes"));
+  // The change of nodes is no failure: the restart count stays 0.
+  for (int rank = 0; rank < 4; ++rank) {
+    CHECK(Contains(runs[0].out,
+                   absl::StrCat("[", rank, "]<stdout>:rank ", rank, " of 4, restart 0")));
+  }
+  CHECK(Contains(runs[1].out, "node 0 starts the job again: node 1 joins it again"));
+  CHECK(runs[0].seconds < 30);
+  std::printf(
+      "per-node 1:2 --max-restarts 1: node 1 joined; the job ran again at 4 ranks and "
+      "ended %.2f s after node 1 started\n",
+      reformed_in);
   INFO("left behind:" << cluster.ProcessList());
   CHECK(cluster.HostsEmptyWithin());
 }
