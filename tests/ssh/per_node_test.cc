@@ -227,10 +227,10 @@ double Median(std::vector<double> values) {
 // the barrier example, per-node (the slower node's trainrun, both started at once) and over SSH
 // from the client namespace (-H h0:2,h1:2), median of 5 each.
 // Runs `argv` on a thread of its own into `run`, timing it.
-std::thread RunTimed(std::vector<std::string> argv, NodeRun& run) {
-  return std::thread([argv = std::move(argv), &run] {
+std::thread RunTimed(std::vector<std::string> argv, NodeRun& run, int timeout_s = 60) {
+  return std::thread([argv = std::move(argv), &run, timeout_s] {
     auto start = std::chrono::steady_clock::now();
-    run.status = RunCommand(argv, &run.out, 60);
+    run.status = RunCommand(argv, &run.out, timeout_s);
     run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   });
 }
@@ -444,6 +444,81 @@ TEST_CASE("per-node: --nnodes 1:3 grows onto a node that joins the running elast
   CHECK(cluster.HostsEmptyWithin());
 }
 
+TEST_CASE("per-node: an elastic Python script (hvd.elastic.run) grows onto a node that joins",
+          "[netns][per_node][grow_python]") {
+#ifndef TRAINRUN_PYTHON
+  trainrun::testing::SkipTest("needs trainrun's Python module (the trainrun_python target)");
+#else
+  if (!CanUseNetns()) {
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  const std::string times = world.dir() + "/times";
+  const std::vector<std::string> flags = {"--rdzv-token",
+                                          "t",
+                                          "--start-timeout",
+                                          "90",
+                                          "--rdzv-last-call",
+                                          "1",
+                                          "-x",
+                                          absl::StrCat("PYTHONPATH=", TRAINRUN_PYTHONPATH),
+                                          "-x",
+                                          "TRAINRUN_TIMEOUT=60",
+                                          "-x",
+                                          "PYTHONDONTWRITEBYTECODE=1"};
+  // examples/elastic_train.py: from epoch 2 each step sleeps 0.3 s while the job has fewer than 4
+  // ranks, so that it still trains when node 1's ranks (a Python with torch each) have joined.
+  const std::vector<std::string> job = {TRAINRUN_PYTHON,
+                                        TRAINRUN_SOURCE_DIR "/examples/elastic_train.py",
+                                        "--epochs",
+                                        "10",
+                                        "--min-accuracy",
+                                        "0.9",
+                                        "--step-sleep",
+                                        "0.3",
+                                        "--sleep-from-epoch",
+                                        "2",
+                                        "--sleep-until-size",
+                                        "4",
+                                        "--times",
+                                        times};
+  std::vector<NodeRun> runs(2);
+  std::vector<std::thread> threads;
+  threads.push_back(RunTimed(NodeArgv(cluster, 0, flags, job, "1:3"), runs[0], 240));
+  // Node 1 comes once node 0's ranks train (their first step).
+  const bool training = FileAppears(times, 120);
+  threads.push_back(RunTimed(NodeArgv(cluster, 1, flags, job, "1:3"), runs[1], 240));
+  for (std::thread& t : threads) t.join();
+  INFO("node 0:\n" << runs[0].out << "\nnode 1:\n" << runs[1].out);
+  CHECK(training);
+  CHECK(runs[0].status == 0);
+  CHECK(runs[1].status == 0);
+  CHECK(Contains(runs[0].out, "node1 joined the job: starting ranks 2-3 on it"));
+  const double recovered = RecoveredIn(
+      runs[0].out,
+      "node1 joined the job (--nnodes 1:3): ranks 2-3 started; the job goes on at 4 ranks "
+      "(generation 1, formed by ranks 0-1 of the start and 2-3)");
+  CHECK(recovered >= 0);
+  // Ranks 0-1 resumed at their last commit on 4 ranks; node 1's got the state by the sync.
+  CHECK(Contains(runs[0].out, "(started as 0): resumed at step"));
+  CHECK(Contains(runs[0].out, "(started as 1): resumed at step"));
+  CHECK(Contains(runs[0].out, "on 4 ranks (last commit: step"));
+  CHECK(Contains(runs[1].out, "(slot 2, on node1): joined at step"));
+  const size_t final_line = runs[0].out.find("final test accuracy ");
+  REQUIRE(final_line != std::string::npos);
+  CHECK(std::atof(runs[0].out.c_str() + final_line + 20) >= 0.9);
+  CHECK(Contains(runs[0].out.substr(final_line), "on 4 rank(s)"));
+  CHECK(Contains(runs[0].out, "parameters bit-identical on every rank"));
+  std::printf(
+      "per-node 1:3, elastic_train.py: node 1 joined; re-formed at 4 ranks in %.2f s after "
+      "its ranks started (node 0 ran %.2f s)\n",
+      recovered, runs[0].seconds);
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
+#endif
+}
+
 TEST_CASE("per-node: a node killed in a 2:3 job leaves it going on with the other two",
           "[netns][per_node][shrink]") {
   if (!CanUseNetns()) {
@@ -564,6 +639,77 @@ TEST_CASE("per-node: with --max-restarts a node that joins restarts every node a
       "per-node 1:2 --max-restarts 1: node 1 joined; the job ran again at 4 ranks and "
       "ended %.2f s after node 1 started\n",
       reformed_in);
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
+}
+
+TEST_CASE("per-node: with --max-restarts a lost node restarts the others, and below MIN ends",
+          "[netns][per_node][restart_shrink]") {
+  if (!CanUseNetns()) {
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
+  }
+  SshWorld world;
+  NetnsCluster cluster(3, world.dir(), world.dir() + "/keys/authorized_keys");
+  const std::vector<std::string> flags = {"--rdzv-token",     "t", "--start-timeout", "20",
+                                          "--rdzv-last-call", "1", "--max-restarts",  "1"};
+  // The first start waits (60 s) to be cut short; the restart ends at once.
+  const std::string mark = world.dir() + "/started";
+  const std::vector<std::string> job = {
+      "/bin/sh", "-c",
+      "echo \"rank $RANK of $WORLD_SIZE, restart $TRAINRUN_RESTART_COUNT\"; touch " + mark +
+          "; if [ \"$TRAINRUN_RESTART_COUNT\" = 0 ]; then sleep 60; fi"};
+  std::vector<NodeRun> runs(3);
+  std::vector<std::thread> threads;
+  for (int node : {2, 1, 0})
+    threads.push_back(RunTimed(NodeArgv(cluster, node, flags, job, "2:3"), runs[node]));
+  const pid_t node2 = NodeTrainrun(cluster, 2);
+  const bool started = FileAppears(mark, 20);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto killed_at = std::chrono::steady_clock::now();
+  if (node2 > 0) ::kill(node2, SIGKILL);
+  threads[2].join();  // node 0
+  const double restarted_in =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  threads[0].join();
+  threads[1].join();
+  INFO("node 0:\n" << runs[0].out << "\nnode 1:\n" << runs[1].out << "\nnode 2:\n" << runs[2].out);
+  REQUIRE(node2 > 0);
+  CHECK(started);
+  CHECK(runs[0].status == 0);
+  CHECK(runs[1].status == 0);
+  CHECK(Contains(runs[0].out, "[4]<stdout>:rank 4 of 6, restart 0"));
+  CHECK(Contains(runs[0].out, "restarting it (restart 1 of 1)"));
+  for (int rank = 0; rank < 4; ++rank) {
+    CHECK(Contains(runs[0].out,
+                   absl::StrCat("[", rank, "]<stdout>:rank ", rank, " of 4, restart 1")));
+  }
+  CHECK(Contains(runs[1].out, "node 0 starts the job again: node 1 joins it again"));
+  std::printf(
+      "per-node 2:3 --max-restarts 1: node 2's trainrun killed; the other two ran again at "
+      "4 ranks and ended %.2f s later\n",
+      restarted_in);
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
+
+  // Two nodes of 2:3, one lost: one is fewer than MIN, so no restart, one line says why.
+  std::vector<NodeRun> pair(2);
+  std::vector<std::thread> pair_threads;
+  ::unlink(mark.c_str());
+  for (int node : {1, 0})
+    pair_threads.push_back(RunTimed(NodeArgv(cluster, node, flags, job, "2:3"), pair[node]));
+  const pid_t node1 = NodeTrainrun(cluster, 1);
+  const bool pair_started = FileAppears(mark, 20);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  if (node1 > 0) ::kill(node1, SIGKILL);
+  for (std::thread& t : pair_threads) t.join();
+  INFO("node 0:\n" << pair[0].out << "\nnode 1:\n" << pair[1].out);
+  REQUIRE(node1 > 0);
+  CHECK(pair_started);
+  CHECK(pair[0].status != 0);
+  CHECK(Contains(pair[0].out,
+                 "1 node is left, fewer than the 2 that --nnodes 2:3 asks for at "
+                 "least, so it does not start again"));
+  CHECK_FALSE(Contains(pair[0].out, "restart 1"));
   INFO("left behind:" << cluster.ProcessList());
   CHECK(cluster.HostsEmptyWithin());
 }
