@@ -709,6 +709,34 @@ TEST_CASE("per-node: with --max-restarts a lost node restarts the others, and be
   CHECK(cluster.HostsEmptyWithin());
 }
 
+TEST_CASE("per-node: --max-restarts with --nnodes N: every node joins again for the restart",
+          "[netns][per_node][restart]") {
+  if (!CanUseNetns()) {
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  const std::vector<std::string> flags = {"--rdzv-token",   "t", "--start-timeout", "20",
+                                          "--max-restarts", "2"};
+  // Rank 3 (on node 1) fails in the first start; the second start succeeds.
+  const std::vector<std::string> job = {
+      "/bin/sh", "-c",
+      "echo \"rank $RANK restart $TRAINRUN_RESTART_COUNT\"; "
+      "[ \"$RANK\" != 3 ] || [ \"$TRAINRUN_RESTART_COUNT\" != 0 ] || exit 5"};
+  std::vector<NodeRun> runs = RunNodes(cluster, {flags, flags}, job);
+  INFO("node 0:\n" << runs[0].out << "\nnode 1:\n" << runs[1].out);
+  CHECK(runs[0].status == 0);
+  CHECK(runs[1].status == 0);
+  CHECK(Contains(runs[0].out, "rank 3 on node1 exited with code 5"));
+  CHECK(Contains(runs[0].out, "restarting it (restart 1 of 2)"));
+  CHECK(Contains(runs[0].out, "[3]<stdout>:rank 3 restart 1"));
+  CHECK(Contains(runs[0].out, "the job succeeded on its restart 1 of 2"));
+  CHECK(Contains(runs[1].out, "node 0 starts the job again: node 1 joins it again"));
+  CHECK(Contains(runs[1].out, "[2]<stdout>:rank 2 restart 1"));
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
+}
+
 TEST_CASE("per-node: start time next to an SSH launch", "[.bench][netns][per_node]") {
   if (!CanUseNetns()) {
     trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
