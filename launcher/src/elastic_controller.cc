@@ -46,6 +46,13 @@ void ElasticController::Stop() {
                                  [this] { return connections_->running == 0; });
 }
 
+void ElasticController::EndJob(const remote::JobEnd& end) {
+  const std::string frame = remote::EncodeJobEnd(end);
+  for (remote::RemoteAgent& node : ending_nodes_) {
+    (void)node.stream->Write(frame, absl::Seconds(10));
+  }
+}
+
 // An elastic job survives a lost host: its ranks are lost ranks, and the launcher notices within
 // kElasticSilenceLimit (the agent kills its ranks after the same silence).
 remote::RemoteTiming ElasticController::Timing() const {

@@ -51,6 +51,7 @@ class ElasticController final : public MembershipController {
     StartDiscovery();
     AcceptNodes();
   }
+  void EndJob(const remote::JobEnd& end) override;
   void Stop() override;
 
  private:
@@ -123,6 +124,7 @@ class ElasticController final : public MembershipController {
   std::function<remote::Job()> remote_job_;
   std::function<void(const remote::RemoteAgent&, bool, HostView&)> seen_through_;
   std::shared_ptr<channel::HostChannel> channel_;  // the start's (JobParts::channel)
+  std::vector<remote::RemoteAgent> ending_nodes_;  // nodes that joined as the job was ending
 
   struct Growth {
     std::vector<int> ranks;

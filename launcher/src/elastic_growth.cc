@@ -32,11 +32,9 @@ void ElasticController::AcceptNodes() {
 }
 
 void ElasticController::OnNodeJoined(channel::LateHost node) {
-  if (supervisor_->done() || supervisor_->ending() || supervisor_->finishing()) {
-    Logger().info("{} joined, but the job is ending; it gets no ranks", node.host.host);
-    return;  // its stream closes: that node's trainrun says node 0 went away
-  }
-  // It counts as listed (OnGrowConnected grows only onto listed hosts) while the job knows it.
+  // (A node that joins a job that is ending is greeted too, and told the job's end:
+  // OnGrowConnected.) It counts as listed (OnGrowConnected grows only onto listed hosts) while the
+  // job knows it.
   listed_.insert(node.host.host);
   ConnectToGrow(node.host, node.host.slots, /*joined_host=*/true, std::chrono::steady_clock::now(),
                 remote::JoinedHostChannel(std::move(node.stream)));
@@ -108,6 +106,13 @@ void ElasticController::OnGrowConnected(const hostfile::HostSpec& host, int coun
   if (auto it = connecting_.find(host.host);
       it != connecting_.end() && (it->second -= count) <= 0) {
     connecting_.erase(it);
+  }
+  const bool ending = supervisor_->done() || supervisor_->ending() || supervisor_->finishing();
+  if (ending && spec_.per_node && agent.ok()) {
+    // A node that joined as the job ends runs nothing; it hears the job's end with the others.
+    Logger().info("{} joined as the job was ending; it runs nothing", host.host);
+    ending_nodes_.push_back(*std::move(agent));
+    return;
   }
   if (supervisor_->done() || supervisor_->ending()) return;  // an agent closes with `agent`
   if (!agent.ok()) {

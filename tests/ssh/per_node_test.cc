@@ -441,6 +441,38 @@ TEST_CASE("per-node: --nnodes 1:3 grows onto a node that joins the running elast
   CHECK(cluster.HostsEmptyWithin());
 }
 
+TEST_CASE("per-node: a node that joins as the elastic job ends runs nothing and ends with it",
+          "[netns][per_node][join_ending]") {
+  if (!CanUseNetns()) {
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  const std::vector<std::string> flags = {"--rdzv-token",     "t", "--start-timeout", "20",
+                                          "--rdzv-last-call", "1"};
+  // Rank 0 ends well at once (the job is finishing: it grows no more), rank 1 four seconds later.
+  const std::string mark = world.dir() + "/finishing";
+  const std::vector<std::string> job = {
+      "/bin/sh", "-c",
+      "echo \"rank $RANK of $WORLD_SIZE\"; if [ \"$RANK\" = 1 ]; then sleep 4; else touch " + mark +
+          "; fi"};
+  std::vector<NodeRun> runs(2);
+  std::vector<std::thread> threads;
+  threads.push_back(RunTimed(NodeArgv(cluster, 0, flags, job, "1:3"), runs[0]));
+  const bool finishing = FileAppears(mark, 20);
+  threads.push_back(RunTimed(NodeArgv(cluster, 1, flags, job, "1:3"), runs[1]));
+  for (std::thread& t : threads) t.join();
+  INFO("node 0:\n" << runs[0].out << "\nnode 1:\n" << runs[1].out);
+  CHECK(finishing);
+  CHECK(runs[0].status == 0);
+  CHECK(runs[1].status == 0);
+  CHECK(Contains(runs[0].out, "node1 joined as the job was ending; it runs nothing"));
+  CHECK_FALSE(Contains(runs[0].out, "[2]<stdout>"));
+  CHECK_FALSE(Contains(runs[1].out, "lost node 0"));
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
+}
+
 TEST_CASE("per-node: an elastic Python script (hvd.elastic.run) grows onto a node that joins",
           "[netns][per_node][grow_python]") {
 #ifndef TRAINRUN_PYTHON
