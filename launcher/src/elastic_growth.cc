@@ -32,9 +32,8 @@ void ElasticController::AcceptNodes() {
 }
 
 void ElasticController::OnNodeJoined(channel::LateHost node) {
-  // (A node that joins a job that is ending is greeted too, and told the job's end:
-  // OnGrowConnected.) It counts as listed (OnGrowConnected grows only onto listed hosts) while the
-  // job knows it.
+  // It counts as listed (OnGrowConnected grows only onto listed hosts) while the job knows it.
+  // One that joins as the job ends is greeted too, and told the job's end (OnGrowConnected).
   listed_.insert(node.host.host);
   ConnectToGrow(node.host, node.host.slots, /*joined_host=*/true, std::chrono::steady_clock::now(),
                 remote::JoinedHostChannel(std::move(node.stream)));
