@@ -441,6 +441,46 @@ TEST_CASE("per-node: --nnodes 1:3 grows onto a node that joins the running elast
   CHECK(cluster.HostsEmptyWithin());
 }
 
+TEST_CASE("per-node: a node lost from a 1:3 elastic job may join it again",
+          "[netns][per_node][rejoin]") {
+  if (!CanUseNetns()) {
+    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
+  }
+  SshWorld world;
+  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  const std::vector<std::string> flags = {"--rdzv-token",     "t", "--start-timeout", "20",
+                                          "--rdzv-last-call", "1"};
+  std::vector<NodeRun> runs(3);  // node 0, node 1 the first time, node 1 again
+  std::thread head = RunTimed(NodeArgv(cluster, 0, flags, ElasticWorker(1200), "1:3"), runs[0]);
+  REQUIRE(WorkersRun(cluster, 0, 2));
+  std::thread first = RunTimed(NodeArgv(cluster, 1, flags, ElasticWorker(1200), "1:3"), runs[1]);
+  const pid_t node1 = NodeTrainrun(cluster, 1);
+  const bool grown = WorkersRun(cluster, 1, 2);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  if (node1 > 0) ::kill(node1, SIGKILL);
+  first.join();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  std::thread again = RunTimed(NodeArgv(cluster, 1, flags, ElasticWorker(1200), "1:3"), runs[2]);
+  again.join();
+  head.join();
+  INFO("node 0:\n"
+       << runs[0].out << "\nnode 1:\n"
+       << runs[1].out << "\nnode 1 again:\n"
+       << runs[2].out);
+  REQUIRE(node1 > 0);
+  CHECK(grown);
+  CHECK(runs[0].status == 0);
+  CHECK(runs[2].status == 0);
+  CHECK(Contains(runs[0].out, "node1 joined the job: starting ranks 2-3 on it"));
+  CHECK(Contains(runs[0].out, "ranks 2-3 lost; the job goes on at 2 ranks"));
+  CHECK(Contains(runs[0].out, "node1 joined the job: starting ranks 4-5 on it"));
+  CHECK(Contains(runs[0].out, "on 4 rank(s) after 1200 steps"));
+  CHECK(Contains(runs[0].out, "weights bit-identical on every rank"));
+  CHECK(Contains(runs[0].out, "the job survived 3 membership changes"));
+  INFO("left behind:" << cluster.ProcessList());
+  CHECK(cluster.HostsEmptyWithin());
+}
+
 TEST_CASE("per-node: a node that joins as the elastic job ends runs nothing and ends with it",
           "[netns][per_node][join_ending]") {
   if (!CanUseNetns()) {
