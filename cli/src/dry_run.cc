@@ -45,17 +45,19 @@ void PrintPerNode(const launcher::PerNodeSpec& node, int max_restarts, std::ostr
                 : "")
       << "\n";
   // What changes of nodes do once it runs (torchrun's elastic range).
+  const std::string at_least =
+      absl::StrCat(node.min_nnodes, node.min_nnodes == 1 ? " node remains" : " nodes remain");
   if (range && max_restarts > 0) {
     out << "per-node mode: a node that joins the running job (up to " << node.nnodes
         << ") makes every node's ranks start again with it (not counted against --max-restarts "
         << max_restarts << "); a failure or a lost node starts them again while at least "
-        << node.min_nnodes << " nodes remain\n";
+        << at_least << "\n";
   } else if (range) {
     out << "per-node mode: an elastic job (trainrun's elastic API): a node that joins the running "
            "job (up to "
         << node.nnodes << ") is grown onto, a node that leaves is a membership change while at "
-        << "least " << node.min_nnodes << " remain, fewer end the job; a script without the "
-        << "elastic API needs --max-restarts N to start again with the new world size\n";
+        << "least " << at_least << ", fewer end the job; a script without the elastic API needs "
+        << "--max-restarts N to start again with the new world size\n";
   } else if (max_restarts > 0) {
     out << "per-node mode: a failure starts every node's ranks again (up to --max-restarts "
         << max_restarts << "), each node joining node 0 again\n";

@@ -275,7 +275,7 @@ TEST_CASE_METHOD(PerNodeApp, "per-node mode: --nnodes MIN:MAX waits 30 s for mor
   CHECK_THAT(out.str(), Catch::Contains("per-node mode: an elastic job (trainrun's elastic API): "
                                         "a node that joins the running job (up to 3) is grown "
                                         "onto, a node that leaves is a membership change while at "
-                                        "least 2 remain, fewer end the job"));
+                                        "least 2 nodes remain, fewer end the job"));
 }
 
 TEST_CASE_METHOD(
