@@ -262,8 +262,10 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
     if (!attempt.ok()) return attempt.status();
     nodes = attempt->nodes;
     if (attempt->nodes_changed && !attempt->interrupted) {
-      Logger().info("starting the job again with {} nodes (restart {} of {} still left)", nodes,
-                    spec.max_restarts - restart, spec.max_restarts);
+      Logger().info(
+          "starting the job again with {} nodes ({} of --max-restarts {} left: a "
+          "change of nodes is not counted)",
+          nodes, spec.max_restarts - restart, spec.max_restarts);
       continue;
     }
     if (attempt->exit_code == 0) {
