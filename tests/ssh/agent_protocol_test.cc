@@ -98,7 +98,7 @@ TEST_CASE("agent protocol: the Hello carries the machine, and an earlier version
   CHECK(hello->release == "0.9.1");
 }
 
-TEST_CASE("agent protocol: a JobEnd may say rejoin; an earlier JobEnd without it does not",
+TEST_CASE("agent protocol: a JobEnd may say rejoin, and an earlier JobEnd without it does not",
           "[ssh]") {
   auto payload = [](const JobEnd& end) { return EncodeJobEnd(end).substr(5); };
   auto again = DecodeJobEnd(payload({1, "", true}));
