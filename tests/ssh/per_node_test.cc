@@ -379,10 +379,10 @@ double RecoveredIn(const std::string& out, const std::string& what) {
   return std::atof(out.c_str() + at + 13);
 }
 
-// WorkersRun waits up to 15 s until `count` elastic workers run on host `node` (the workers
+// WorkersRun waits up to 30 s until `count` elastic workers run on host `node` (the workers
 // themselves, not their rank shims, whose command lines name them too).
 bool WorkersRun(const NetnsCluster& cluster, int node, int count) {
-  for (int i = 0; i < 150; ++i) {
+  for (int i = 0; i < 300; ++i) {
     int workers = 0;
     for (pid_t pid : cluster.HostProcesses(node)) {
       const std::string cmdline = ReadFileText(absl::StrCat("/proc/", pid, "/cmdline"));
@@ -410,13 +410,16 @@ TEST_CASE("per-node: --nnodes 1:3 grows onto a node that joins the running elast
   NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
   const std::vector<std::string> flags = {"--rdzv-token",     "t", "--start-timeout", "20",
                                           "--rdzv-last-call", "1"};
-  // Node 0 starts alone (MIN 1, after the 1 s last call), at 2 ranks; node 1 comes 3 s later.
+  // Node 0 starts alone (MIN 1, after the 1 s last call), at 2 ranks; node 1 comes once they
+  // run, and a second later.
   std::vector<NodeRun> runs(2);
   std::vector<std::thread> threads;
   threads.push_back(RunTimed(NodeArgv(cluster, 0, flags, ElasticWorker(600), "1:3"), runs[0]));
-  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const bool alone = WorkersRun(cluster, 0, 2);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
   threads.push_back(RunTimed(NodeArgv(cluster, 1, flags, ElasticWorker(600), "1:3"), runs[1]));
   for (std::thread& t : threads) t.join();
+  CHECK(alone);
   INFO("node 0:\n" << runs[0].out << "\nnode 1:\n" << runs[1].out);
   CHECK(runs[0].status == 0);
   CHECK(runs[1].status == 0);
@@ -598,7 +601,7 @@ TEST_CASE("per-node: a node killed in a 2:3 job leaves it going on with the othe
   std::vector<std::thread> threads;
   for (int node : {2, 1, 0}) {
     threads.push_back(
-        RunTimed(NodeArgv(cluster, node, flags, ElasticWorker(500), "2:3"), runs[node]));
+        RunTimed(NodeArgv(cluster, node, flags, ElasticWorker(1000), "2:3"), runs[node]));
   }
   // Once node 2's ranks run (all 3 joined: the job started at once), SIGKILL its trainrun.
   const pid_t node2 = NodeTrainrun(cluster, 2);
@@ -617,7 +620,7 @@ TEST_CASE("per-node: a node killed in a 2:3 job leaves it going on with the othe
   const double recovered = RecoveredIn(runs[0].out, "ranks 4-5 lost; the job goes on at 4 ranks");
   CHECK(recovered >= 0);
   CHECK(Contains(runs[0].out, "on 4 ranks (generation 1)"));
-  CHECK(Contains(runs[0].out, "on 4 rank(s) after 500 steps"));
+  CHECK(Contains(runs[0].out, "on 4 rank(s) after 1000 steps"));
   CHECK(Contains(runs[0].out, "weights bit-identical on every rank"));
   std::printf("per-node 2:3: node 2's trainrun killed; the job re-formed at 4 ranks in %.2f s\n",
               recovered);
