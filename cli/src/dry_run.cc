@@ -18,7 +18,7 @@ namespace {
 
 // Per-node mode: which node this is and where it meets the others; no host is asked anything (the
 // other nodes start their own trainrun).
-void PrintPerNode(const launcher::PerNodeSpec& node, std::ostream& out) {
+void PrintPerNode(const launcher::PerNodeSpec& node, int max_restarts, std::ostream& out) {
   const std::string endpoint = node.endpoint_host.find(':') != std::string::npos
                                    ? absl::StrCat("[", node.endpoint_host, "]:", node.endpoint_port)
                                    : absl::StrCat(node.endpoint_host, ":", node.endpoint_port);
@@ -44,6 +44,24 @@ void PrintPerNode(const launcher::PerNodeSpec& node, std::ostream& out) {
                                node.nnodes, ")")
                 : "")
       << "\n";
+  // What changes of nodes do once it runs (torchrun's elastic range).
+  const std::string at_least =
+      absl::StrCat(node.min_nnodes, node.min_nnodes == 1 ? " node remains" : " nodes remain");
+  if (range && max_restarts > 0) {
+    out << "per-node mode: a node that joins the running job (up to " << node.nnodes
+        << ") makes every node's ranks start again with it (not counted against --max-restarts "
+        << max_restarts << "); a failure or a lost node starts them again while at least "
+        << at_least << "\n";
+  } else if (range) {
+    out << "per-node mode: an elastic job (trainrun's elastic API): a node that joins the running "
+           "job (up to "
+        << node.nnodes << ") is grown onto, a node that leaves is a membership change while at "
+        << "least " << at_least << ", fewer end the job; a script without the elastic API needs "
+        << "--max-restarts N to start again with the new world size\n";
+  } else if (max_restarts > 0) {
+    out << "per-node mode: a failure starts every node's ranks again (up to --max-restarts "
+        << max_restarts << "), each node joining node 0 again\n";
+  }
 }
 
 }  // namespace
@@ -88,7 +106,7 @@ void PrintPlan(const launcher::LaunchSpec& spec, std::ostream& out) {
   if (spec.bind_to != launcher::BindTo::kNone) {
     out << "bound to: one " << launcher::BindToName(spec.bind_to) << " per local rank\n";
   }
-  if (spec.per_node) return PrintPerNode(*spec.per_node, out);
+  if (spec.per_node) return PrintPerNode(*spec.per_node, spec.max_restarts, out);
   // What the ranks of this host will find: GPUs, the driver, NCCL (asked of the libraries with
   // dlopen; the collectives are not linked here). Remote hosts answer `trainrun --gpu-probe` below.
   if (spec.dry_run &&

@@ -732,16 +732,19 @@ absl::StatusOr<launcher::LaunchSpec> MakeLaunchSpec(const RunOptions& options,
   spec.launcher = *how;
   if (absl::Status rsh = ApplyRshAgent(options, env, spec); !rsh.ok()) return rsh;
   spec.max_restarts = options.max_restarts;
-  if (per_node->spec && spec.max_restarts > 0) {
-    return absl::InvalidArgumentError(
-        "--max-restarts does not work with --nnodes yet: a restart would need every node's "
-        "trainrun to join again; restart the job from the scheduler, or run it from one trainrun "
-        "with -H");
-  }
   absl::StatusOr<std::optional<launcher::ElasticSpec>> elastic =
       MakeElasticSpec(options, spec.plan.size(), per_node->spec.has_value());
   if (!elastic.ok()) return elastic.status();
   spec.elastic = *elastic;
+  if (per_node->spec && per_node->spec->min_nnodes > 0 &&
+      per_node->spec->min_nnodes < per_node->spec->nnodes && spec.max_restarts == 0) {
+    // --nnodes MIN:MAX is an elastic job: nodes that join later are grown onto, a node that leaves
+    // is a membership change while MIN remain (trainrun's elastic API re-forms without a restart).
+    launcher::ElasticSpec range;
+    range.min_nodes = per_node->spec->min_nnodes;
+    range.max_np = per_node->spec->nnodes * hostfile::kMaxSlotsPerHost;
+    spec.elastic = range;
+  }
   if (per_node->spec) {
     // Node 0 serves the job's rendezvous at the endpoint's address (where every node reaches it),
     // on a port of its own: the endpoint's port stays the join port for the whole job, so that a

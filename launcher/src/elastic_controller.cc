@@ -29,12 +29,14 @@ ElasticController::ElasticController(JobParts parts)
       host_failed_(parts.host_failed),
       remote_job_(std::move(parts.remote_job)),
       seen_through_(std::move(parts.seen_through)),
+      channel_(std::move(parts.channel)),
       generation_timer_(parts.io),
       growth_timer_(parts.io) {}
 
 ElasticController::~ElasticController() { Stop(); }
 
 void ElasticController::Stop() {
+  if (channel_) channel_->AcceptLateHosts({});
   StopDiscovery();
   // A connection still under way (growing onto a remote host) posts nothing from now on, and
   // closes its agent when it completes; a moment is given for it to end first.
@@ -42,6 +44,13 @@ void ElasticController::Stop() {
   connections_->closed = true;
   connections_->changed.wait_for(lock, std::chrono::seconds(1),
                                  [this] { return connections_->running == 0; });
+}
+
+void ElasticController::EndJob(const remote::JobEnd& end) {
+  const std::string frame = remote::EncodeJobEnd(end);
+  for (remote::RemoteAgent& node : ending_nodes_) {
+    (void)node.stream->Write(frame, absl::Seconds(10));
+  }
 }
 
 // An elastic job survives a lost host: its ranks are lost ranks, and the launcher notices within

@@ -3,6 +3,8 @@
 //   - lost hosts: a host whose agent is lost or silent loses its ranks (blacklisting the host),
 //   with
 //     the elastic heartbeat and silence limit (remote/agent.h);
+//   - joining nodes (per-node mode's --nnodes MIN:MAX): a node that joins the running job through
+//     the job's channel (HostChannel::AcceptLateHosts) is grown onto as a host of its own;
 //   - discovery (--host-discovery-script): a thread runs the script every
 //     ElasticSpec::discovery_interval and posts its outcome to OnDiscovered, which stops the ranks
 //     of hosts that left the output (JobSupervisor::OnRanksRemoved) and grows onto listed hosts;
@@ -45,7 +47,11 @@ class ElasticController final : public MembershipController {
   bool TrustsPeerReports() const override { return false; }
   void OnRankExit(int rank, const ExitInfo& exit) override;
   void OnMembershipChange(const MembershipChange& change) override { PublishGeneration(change); }
-  void Start() override { StartDiscovery(); }
+  void Start() override {
+    StartDiscovery();
+    AcceptNodes();
+  }
+  void EndJob(const remote::JobEnd& end) override;
   void Stop() override;
 
  private:
@@ -73,8 +79,15 @@ class ElasticController final : public MembershipController {
   void Grow(const hostfile::HostSpec& host, int count, bool joined_host,
             std::chrono::steady_clock::time_point since,
             std::optional<remote::RemoteAgent> agent = std::nullopt);
+  // `channel`: how to reach the host (none: the start's, remote::MakeHostChannel).
   void ConnectToGrow(const hostfile::HostSpec& host, int count, bool joined_host,
-                     std::chrono::steady_clock::time_point since);
+                     std::chrono::steady_clock::time_point since,
+                     std::shared_ptr<channel::HostChannel> channel = nullptr);
+  // Per-node mode (--nnodes MIN:MAX): AcceptNodes has the job's channel hand each node that joins
+  // the running job to OnNodeJoined (on the io thread), which grows onto it with its
+  // --nproc-per-node ranks through the agent on its join connection.
+  void AcceptNodes();
+  void OnNodeJoined(channel::LateHost node);
   void OnGrowConnected(const hostfile::HostSpec& host, int count, bool joined_host,
                        std::chrono::steady_clock::time_point since,
                        absl::StatusOr<remote::RemoteAgent> agent);
@@ -110,6 +123,8 @@ class ElasticController final : public MembershipController {
   bool& host_failed_;
   std::function<remote::Job()> remote_job_;
   std::function<void(const remote::RemoteAgent&, bool, HostView&)> seen_through_;
+  std::shared_ptr<channel::HostChannel> channel_;  // the start's (JobParts::channel)
+  std::vector<remote::RemoteAgent> ending_nodes_;  // nodes that joined as the job was ending
 
   struct Growth {
     std::vector<int> ranks;

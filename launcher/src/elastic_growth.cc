@@ -1,7 +1,8 @@
 // ElasticController's growth (elastic_controller.h): starting ranks on a host the discovery
 // script added, on this machine under their shims or on a remote host through an agent of its own,
-// and making each batch one membership change once its ranks joined the rendezvous. Discovery,
-// the blacklist and generation publishing are in elastic_controller.cc.
+// or on a node that joined a per-node job, and making each batch one membership change once its
+// ranks joined the rendezvous. Discovery, the blacklist and generation publishing are in
+// elastic_controller.cc.
 #include <boost/asio/post.hpp>
 
 #include "absl/strings/match.h"
@@ -18,6 +19,25 @@
 #include "trainrun/rendezvous/generation.h"
 
 namespace trainrun::launcher {
+
+void ElasticController::AcceptNodes() {
+  if (!spec_.per_node || !channel_) return;
+  channel_->AcceptLateHosts([this, connections = connections_](channel::LateHost node) {
+    // From the join port's thread: to the io thread, unless the job is over (the stream closes).
+    std::lock_guard<std::mutex> lock(connections->mu);
+    if (connections->closed) return;
+    boost::asio::post(io_,
+                      [this, node = std::move(node)]() mutable { OnNodeJoined(std::move(node)); });
+  });
+}
+
+void ElasticController::OnNodeJoined(channel::LateHost node) {
+  // It counts as listed (OnGrowConnected grows only onto listed hosts) while the job knows it.
+  // One that joins as the job ends is greeted too, and told the job's end (OnGrowConnected).
+  listed_.insert(node.host.host);
+  ConnectToGrow(node.host, node.host.slots, /*joined_host=*/true, std::chrono::steady_clock::now(),
+                remote::JoinedHostChannel(std::move(node.stream)));
+}
 
 int ElasticController::LiveOrConnecting() const {
   int count = 0;
@@ -46,15 +66,15 @@ std::string ElasticController::CannotReachFromRanks(const std::string& host) con
 }
 
 void ElasticController::ConnectToGrow(const hostfile::HostSpec& host, int count, bool joined_host,
-                                      std::chrono::steady_clock::time_point since) {
+                                      std::chrono::steady_clock::time_point since,
+                                      std::shared_ptr<channel::HostChannel> channel) {
   connecting_[host.host] += count;
   Logger().debug(
-      "host {} appeared in the host discovery script's output: connecting to it for {} "
-      "ranks",
-      host.host, count);
+      "host {} {}: connecting to it for {} ranks", host.host,
+      spec_.per_node ? "joined the job" : "appeared in the host discovery script's output", count);
   // The channel and the greeting of the start (SSH options, host keys, the agent), on a thread of
   // its own: the io thread goes on meanwhile.
-  std::shared_ptr<channel::HostChannel> channel = remote::MakeHostChannel(spec_);
+  if (!channel) channel = remote::MakeHostChannel(spec_);
   const std::string command = remote::AgentCommand(remote::RemoteTrainrunPath(spec_));
   const absl::Time deadline = absl::Now() + absl::FromChrono(spec_.start_timeout);
   {
@@ -85,6 +105,13 @@ void ElasticController::OnGrowConnected(const hostfile::HostSpec& host, int coun
   if (auto it = connecting_.find(host.host);
       it != connecting_.end() && (it->second -= count) <= 0) {
     connecting_.erase(it);
+  }
+  const bool ending = supervisor_->done() || supervisor_->ending() || supervisor_->finishing();
+  if (ending && spec_.per_node && agent.ok()) {
+    // A node that joined as the job ends runs nothing; it hears the job's end with the others.
+    Logger().info("{} joined as the job was ending; it runs nothing", host.host);
+    ending_nodes_.push_back(*std::move(agent));
+    return;
   }
   if (supervisor_->done() || supervisor_->ending()) return;  // an agent closes with `agent`
   if (!agent.ok()) {
@@ -182,10 +209,17 @@ void ElasticController::Grow(const hostfile::HostSpec& host, int count, bool joi
     return;
   }
   supervisor_->OnRanksAdded(ranks);
+  // Per-node mode grows only onto nodes that joined (--nnodes MIN:MAX); other jobs onto the
+  // hosts of the discovery script's output.
   const std::string why =
-      absl::StrCat("host ", host.host, joined_host ? " joined" : " has more slots",
-                   " (from the host discovery script): ", RankRanges(ranks), " started");
-  if (!spec_.quiet) {
+      spec_.per_node
+          ? absl::StrCat(host.host, " joined the job (--nnodes ", spec_.per_node->min_nnodes, ":",
+                         spec_.per_node->nnodes, "): ", RankRanges(ranks), " started")
+          : absl::StrCat("host ", host.host, joined_host ? " joined" : " has more slots",
+                         " (from the host discovery script): ", RankRanges(ranks), " started");
+  if (!spec_.quiet && spec_.per_node) {
+    Logger().info("{} joined the job: starting {} on it", host.host, RankRanges(ranks));
+  } else if (!spec_.quiet) {
     Logger().info("host {} {} the host discovery script's output: starting {} on it", host.host,
                   joined_host ? "appeared in" : "has more slots in", RankRanges(ranks));
   }

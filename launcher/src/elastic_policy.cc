@@ -177,6 +177,16 @@ void ElasticPolicy::Loss(const std::vector<int>& ranks, const std::string& why,
   const std::vector<int> survivors = Survivors();
   const int rank = ranks.front();
   if (PastResetLimit(why)) return;
+  if (elastic_.min_nodes > 0) {
+    // --nnodes MIN:MAX: fewer than MIN nodes end the job now (torchrun's rendezvous closes).
+    std::set<std::string> nodes;
+    for (int survivor : survivors) nodes.insert(context_.plan.HostOf(survivor).host);
+    if (static_cast<int>(nodes.size()) < elastic_.min_nodes) {
+      context_.job.End(BelowMinimum{rank, why, static_cast<int>(nodes.size()), elastic_.min_np,
+                                    std::chrono::seconds(0), elastic_.min_nodes});
+      return;
+    }
+  }
   if (static_cast<int>(survivors.size()) < elastic_.min_np) {
     below_minimum_ = Wait{rank, why, static_cast<int>(survivors.size())};
     Logger().warn(

@@ -36,7 +36,8 @@ std::string CurrentDirectory() {
 }  // namespace
 
 JobRun::JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& output,
-               std::vector<remote::RemoteAgent> agents)
+               std::vector<remote::RemoteAgent> agents,
+               std::shared_ptr<channel::HostChannel> channel)
     : spec_(spec),
       slots_(spec.plan),
       plan_(plan),
@@ -46,7 +47,8 @@ JobRun::JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& out
            output, bind_address_, host_failed_, [this] { return RemoteJob(); },
            [this](const remote::RemoteAgent& agent, bool master_here, HostView& view) {
              SeenThrough(agent, bind_address_, master_here, view);
-           }})),
+           },
+           std::move(channel)})),
       local_ranks_(io_, {[this](int rank, OutputStream stream, std::string_view bytes) {
                            OnOutput(rank, stream, bytes);
                          },
@@ -343,7 +345,8 @@ int JobRun::Summarize() {
       Logger().info("{}", changes);
     }
   }
-  if (std::string summary = supervisor_->Summary(); !summary.empty()) {
+  // (A node that joined, so that the job starts again with it, is no failure: Launch says it.)
+  if (std::string summary = supervisor_->Summary(); !summary.empty() && !nodes_changed()) {
     // Slurm ends every step of an allocation past its time limit, on scancel or when a node fails:
     // what the ranks did then is its consequence, and the summary says so first.
     // A lost host or a rank killed by a signal may be the scheduler's doing, which its controller
@@ -355,12 +358,25 @@ int JobRun::Summarize() {
     }
     Logger().error("{}", absl::StrReplaceAll(summary, {{"\n", "\n  "}}));
   }
-  // Per-node mode: every joined node's trainrun prints the same summary and exits the same way.
-  if (spec_.per_node) remote_ranks_.EndJob({supervisor_->exit_code(), supervisor_->Summary()});
+  // Per-node mode: every joined node's trainrun prints the same summary and exits the same way, or
+  // joins again when the job starts again (a node joined, or a failure within --max-restarts).
+  if (spec_.per_node) {
+    const bool again = nodes_changed() || (supervisor_->exit_code() != 0 && !interrupted() &&
+                                           spec_.restart < spec_.max_restarts);
+    const remote::JobEnd end{supervisor_->exit_code(), again ? "" : supervisor_->Summary(), again};
+    remote_ranks_.EndJob(end);
+    controller_->EndJob(end);
+  }
   return supervisor_->exit_code();
 }
 
 bool JobRun::interrupted() const { return supervisor_->interrupted(); }
+
+bool JobRun::nodes_changed() const { return supervisor_->nodes_changed(); }
+
+int JobRun::nodes() const {
+  return 1 + remote_ranks_.Connected() + controller_->NodesWaiting();  // 1: this node
+}
 
 std::string JobRun::cause() const {
   std::string summary = supervisor_->Summary();

@@ -49,8 +49,9 @@ class JobRun {
  public:
   // JobRun takes the agents of plan.remote_hosts (in that order) for the job's duration. It
   // handles SIGINT, SIGTERM and SIGHUP while it lives.
+  // `channel` is the one that reached them (hosts that come by themselves later arrive through it).
   JobRun(const LaunchSpec& spec, const JobPlan& plan, OutputForwarder& output,
-         std::vector<remote::RemoteAgent> agents);
+         std::vector<remote::RemoteAgent> agents, std::shared_ptr<channel::HostChannel> channel);
   ~JobRun();
   JobRun(const JobRun&) = delete;
   JobRun& operator=(const JobRun&) = delete;
@@ -72,6 +73,10 @@ class JobRun {
   // the job succeeded).
   bool interrupted() const;
   std::string cause() const;
+  // Per-node mode, after Summarize: the job ended because a node joined (to start again with it),
+  // and how many nodes (node 0 included) are still there for a next start.
+  bool nodes_changed() const;
+  int nodes() const;
 
  private:
   // The host view of every host of the plan, by host index.

@@ -284,7 +284,8 @@ std::optional<int> JobSupervisor::SilentRank() const {
 std::optional<EndReason> JobSupervisor::Reason() const {
   if (reason_.has_value() && (std::holds_alternative<BelowMinimum>(*reason_) ||
                               std::holds_alternative<ResetLimitReached>(*reason_) ||
-                              std::holds_alternative<EveryHostBlacklisted>(*reason_))) {
+                              std::holds_alternative<EveryHostBlacklisted>(*reason_) ||
+                              std::holds_alternative<NodesChanged>(*reason_))) {
     return reason_;
   }
   if (std::optional<int> blamed = Blamed(); blamed.has_value()) return RankFailed{*blamed};
@@ -393,7 +394,13 @@ void JobSupervisor::Render(const EndReason& reason, std::set<int>& accounted,
   if (const auto* failed = std::get_if<RankFailed>(&reason)) {
     RenderRankFailed(failed->rank, accounted, lines);
   } else if (const auto* below = std::get_if<BelowMinimum>(&reason);
-             below != nullptr && below->remaining == 0) {
+             below != nullptr && below->min_nodes > 0) {
+    lines.push_back(absl::StrCat(below->why, "; ", below->remaining,
+                                 below->remaining == 1 ? " node was" : " nodes were",
+                                 " left, fewer than the ", below->min_nodes,
+                                 " that --nnodes asks for at least, so the job was stopped"));
+    AppendStderrTail(below->rank, lines);
+  } else if (below != nullptr && below->remaining == 0) {
     // Every rank had failed: nothing to wait for (Horovod stops there too).
     lines.push_back(absl::StrCat(below->why, "; no rank was left (every rank had failed), so the ",
                                  "job was stopped"));
@@ -408,6 +415,8 @@ void JobSupervisor::Render(const EndReason& reason, std::set<int>& accounted,
     lines.push_back(reset->message);
   } else if (const auto* blacklisted = std::get_if<EveryHostBlacklisted>(&reason)) {
     lines.push_back(blacklisted->message);
+  } else if (const auto* changed = std::get_if<NodesChanged>(&reason)) {
+    lines.push_back(changed->message);
   } else if (const auto* early = std::get_if<ExitedBeforeJoin>(&reason)) {
     const int rank = early->rank;
     accounted.insert(rank);

@@ -16,6 +16,7 @@
 #include "node_joiner.h"
 #include "nodes/node_join.h"
 #include "reach_hosts.h"
+#include "remote/host_access.h"
 #include "start_deadline.h"
 #include "sync_files.h"
 #include "trainrun/launcher/failure_policy.h"
@@ -57,6 +58,7 @@ absl::StatusOr<std::unique_ptr<OutputForwarder>> OpenOutput(const LaunchSpec& sp
 // (TRAINRUN_RESTART_COUNT, and torchrun's TORCHELASTIC_RESTART_COUNT) and how many may follow.
 LaunchSpec WithRestartCount(const LaunchSpec& spec, int restart) {
   LaunchSpec attempt = spec;
+  attempt.restart = restart;
   for (const char* name : {env::kRestartCount, env::kTorchRestartCount}) {
     attempt.exported.push_back({name, std::to_string(restart)});
   }
@@ -131,6 +133,9 @@ struct Attempt {
   int exit_code = 0;
   bool interrupted = false;  // trainrun got SIGINT, SIGTERM or SIGHUP
   std::string cause;         // the summary's first line; "" when the job succeeded
+  // Per-node mode: a node joined (the job starts again with it), and the nodes still there.
+  bool nodes_changed = false;
+  int nodes = 0;
 };
 
 // RunOnce runs the job once: plan, reach the hosts, serve the rendezvous, start the ranks,
@@ -145,7 +150,12 @@ absl::StatusOr<Attempt> RunOnce(const LaunchSpec& given, OutputForwarder& output
   if (!plan.ok()) return plan.status();
   // --start-timeout: one deadline, from the first connection to the last rank's start.
   StartDeadline deadline = StartDeadline::From(given.start_timeout);
-  absl::StatusOr<std::vector<remote::RemoteAgent>> agents = ReachHosts(given, *plan, deadline);
+  // The job's channel lives as long as the job: hosts that come by themselves (per-node mode's
+  // nodes joining a running --nnodes MIN:MAX job) arrive through it.
+  std::shared_ptr<channel::HostChannel> channel;
+  if (!plan->remote_hosts.empty()) channel = remote::MakeHostChannel(given);
+  absl::StatusOr<std::vector<remote::RemoteAgent>> agents =
+      ReachHosts(given, *plan, deadline, channel.get());
   if (!agents.ok()) return agents.status();
   LaunchSpec spec = given;
   if (given.per_node) {
@@ -197,7 +207,7 @@ absl::StatusOr<Attempt> RunOnce(const LaunchSpec& given, OutputForwarder& output
     deadline.at += absl::FromChrono(took);
   }
 
-  JobRun run(spec, *plan, output, *std::move(agents));
+  JobRun run(spec, *plan, output, *std::move(agents), channel);
   if (absl::Status served = run.ServeRendezvous(); !served.ok()) return served;
   run.StartRanks(deadline);
   if (absl::Status ready = run.RendezvousReady(); !ready.ok()) return ready;
@@ -206,6 +216,10 @@ absl::StatusOr<Attempt> RunOnce(const LaunchSpec& given, OutputForwarder& output
   attempt.exit_code = run.Summarize();
   attempt.interrupted = run.interrupted();
   attempt.cause = run.cause();
+  if (spec.per_node) {
+    attempt.nodes_changed = run.nodes_changed();
+    attempt.nodes = run.nodes();
+  }
   return attempt;
 }
 
@@ -236,11 +250,24 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
   }
 
   // --max-restarts: the whole job again, on the same hosts with a new rendezvous, until it
-  // succeeds, trainrun is told to stop, or the restarts are spent.
+  // succeeds, trainrun is told to stop, or the restarts are spent. Per-node mode: every node joins
+  // again; with --nnodes MIN:MAX a node that joins the running job makes it start again with it,
+  // which is no failure (torchrun's rule), and fewer than MIN nodes left end it.
   std::vector<std::string> causes;
-  for (int restart = 0;; ++restart) {
-    absl::StatusOr<Attempt> attempt = RunOnce(WithRestartCount(spec, restart), **output);
+  int nodes = 0;  // per-node mode: the nodes of the last start still there
+  for (int restart = 0;;) {
+    LaunchSpec start = WithRestartCount(spec, restart);
+    if (start.per_node) start.per_node->expect_nodes = nodes;
+    absl::StatusOr<Attempt> attempt = RunOnce(start, **output);
     if (!attempt.ok()) return attempt.status();
+    nodes = attempt->nodes;
+    if (attempt->nodes_changed && !attempt->interrupted) {
+      Logger().info(
+          "starting the job again with {} nodes ({} of --max-restarts {} left: a "
+          "change of nodes is not counted)",
+          nodes, spec.max_restarts - restart, spec.max_restarts);
+      continue;
+    }
     if (attempt->exit_code == 0) {
       if (restart > 0) {
         Logger().info("the job succeeded on its restart {} of {}", restart, spec.max_restarts);
@@ -255,8 +282,18 @@ absl::StatusOr<int> Launch(const LaunchSpec& spec) {
       }
       return attempt->exit_code;
     }
-    Logger().warn("the job failed ({}); restarting it (restart {} of {})", attempt->cause,
-                  restart + 1, spec.max_restarts);
+    if (const std::optional<PerNodeSpec>& per_node = spec.per_node;
+        per_node && per_node->min_nnodes > 0 && nodes < per_node->min_nnodes) {
+      Logger().error(
+          "the job failed ({}), and {} {} left, fewer than the {} that --nnodes {} asks for at "
+          "least, so it does not start again",
+          attempt->cause, nodes, nodes == 1 ? "node is" : "nodes are", per_node->min_nnodes,
+          nodes::NnodesText(*per_node));
+      return attempt->exit_code;
+    }
+    ++restart;
+    Logger().warn("the job failed ({}); restarting it (restart {} of {})", attempt->cause, restart,
+                  spec.max_restarts);
   }
 }
 

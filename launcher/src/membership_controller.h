@@ -44,6 +44,9 @@ struct JobParts {
   // What a remote host's agent decides of its view (JobRun::SeenThrough).
   std::function<void(const remote::RemoteAgent& agent, bool master_here, HostView& view)>
       seen_through;
+  // The channel that reached the start's hosts; hosts that come by themselves while the job runs
+  // (per-node mode's joining nodes) arrive through it (HostChannel::AcceptLateHosts).
+  std::shared_ptr<channel::HostChannel> channel;
 };
 
 class MembershipController {
@@ -69,6 +72,11 @@ class MembershipController {
   // what is under way. Stop is idempotent.
   virtual void Start() {}
   virtual void Stop() {}
+  // Per-node mode: NodesWaiting counts the nodes that joined while the job ran and wait for its
+  // next start (a --nnodes MIN:MAX job with --max-restarts); EndJob tells them the job's outcome,
+  // as RemoteRanks::EndJob tells the others.
+  virtual int NodesWaiting() const { return 0; }
+  virtual void EndJob(const remote::JobEnd& end) {}
 };
 
 // MakeMembershipController: the controller for `parts.spec`'s FailureMode.

@@ -61,11 +61,11 @@ class ProgressLine {
 
 absl::StatusOr<std::vector<remote::RemoteAgent>> ReachHosts(const LaunchSpec& spec,
                                                             const JobPlan& plan,
-                                                            const StartDeadline& deadline) {
+                                                            const StartDeadline& deadline,
+                                                            channel::HostChannel* channel) {
   if (plan.remote_hosts.empty()) return std::vector<remote::RemoteAgent>{};
   std::vector<hostfile::HostSpec> hosts;
   for (int index : plan.remote_hosts) hosts.push_back(spec.plan.hosts[index]);
-  std::unique_ptr<channel::HostChannel> channel = remote::MakeHostChannel(spec);
   const std::string command = remote::AgentCommand(remote::RemoteTrainrunPath(spec));
   const absl::Time start = absl::Now();
   Logger().debug("connecting to {} hosts: {}", hosts.size(), command);

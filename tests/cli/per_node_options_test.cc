@@ -203,9 +203,6 @@ TEST_CASE_METHOD(PerNodeApp, "per-node mode: each bad combination is one sentenc
   CHECK_THAT(Error({"--rdzv-last-call", "5", "-np", "1", "prog"}),
              Catch::Contains("--rdzv-last-call is for per-node mode"));
   CHECK_THAT(Error({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1",
-                    "--nproc-per-node", "1", "--max-restarts", "2", "prog"}),
-             Catch::Contains("--max-restarts does not work with --nnodes yet"));
-  CHECK_THAT(Error({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1",
                     "--nproc-per-node", "1", "-H", "a:1,b:1", "prog"}),
              Catch::Contains("give one or the other"));
   CHECK_THAT(Error({"--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1",
@@ -275,6 +272,39 @@ TEST_CASE_METHOD(PerNodeApp, "per-node mode: --nnodes MIN:MAX waits 30 s for mor
              Catch::Contains("the job starts once 2 nodes have joined and 30 s more have passed "
                              "(--rdzv-last-call), or once all 3 have, on the nodes that joined "
                              "(the plan above is all 3)"));
+  CHECK_THAT(out.str(), Catch::Contains("per-node mode: an elastic job (trainrun's elastic API): "
+                                        "a node that joins the running job (up to 3) is grown "
+                                        "onto, a node that leaves is a membership change while at "
+                                        "least 2 nodes remain, fewer end the job"));
+}
+
+TEST_CASE_METHOD(
+    PerNodeApp, "per-node mode: a range re-forms elastically, or by restarting with --max-restarts",
+    "[cli][per_node]") {
+  // Without --max-restarts: an elastic job whose floor is MIN nodes.
+  auto elastic = Spec({"--nnodes", "2:3", "--node-rank", "0", "--rdzv-endpoint", "head:29500",
+                       "--nproc-per-node", "2", "prog"});
+  REQUIRE(elastic.ok());
+  REQUIRE(elastic->elastic.has_value());
+  CHECK(elastic->elastic->min_nodes == 2);
+  CHECK(elastic->elastic->min_np == 1);
+  CHECK(elastic->max_restarts == 0);
+  // With it (torchrun's way): restarts, no elastic job; the dry run says what a join does.
+  auto restart = Spec({"--dry-run", "--nnodes", "1:3", "--node-rank", "0", "--rdzv-endpoint",
+                       "head:29500", "--nproc-per-node", "2", "--max-restarts", "2", "prog"});
+  REQUIRE(restart.ok());
+  CHECK_FALSE(restart->elastic.has_value());
+  CHECK(restart->max_restarts == 2);
+  std::ostringstream out;
+  PrintPlan(*restart, out);
+  CHECK_THAT(out.str(), Catch::Contains("a node that joins the running job (up to 3) makes every "
+                                        "node's ranks start again with it (not counted against "
+                                        "--max-restarts 2)"));
+  // A fixed node count takes --max-restarts too (each node joins again); no range, no elastic.
+  auto fixed = Spec({"--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "h:1",
+                     "--nproc-per-node", "1", "--max-restarts", "2", "prog"});
+  REQUIRE(fixed.ok());
+  CHECK_FALSE(fixed->elastic.has_value());
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "trainrun/launcher/stall_inspector.h"
 
 namespace {
@@ -415,6 +416,47 @@ TEST_CASE("elastic: a lost host that leaves fewer than --min-np ranks makes the 
   CHECK(f.supervisor.Summary().rfind(
             "host b lost its agent or its link (no word): ranks 2-3 lost; 2 ranks were left, "
             "fewer than --min-np 3, and no rank came within 1 s",
+            0) == 0);
+}
+
+TEST_CASE("elastic per-node range: nodes below --nnodes MIN end the job at once, not ranks",
+          "[launcher][supervisor][elastic]") {
+  // --nnodes 2:3 with 2 ranks per node: node0, node1, node2.
+  trainrun::hostfile::SlotPlan plan;
+  for (int node = 0; node < 3; ++node) {
+    plan.hosts.push_back({"", absl::StrCat("node", node), 2, std::nullopt});
+    for (int local = 0; local < 2; ++local) {
+      plan.ranks.push_back({node * 2 + local, local, 2, node, 3, node});
+    }
+  }
+  boost::asio::io_context io;
+  FakeRanks ranks;
+  std::vector<MembershipChange> changes;
+  SupervisorOptions options;
+  ElasticSpec range;
+  range.min_nodes = 2;
+  options.elastic = range;
+  bool done = false;
+  JobSupervisor supervisor(
+      io, plan, ranks, options, [&] { done = true; },
+      [&](const MembershipChange& change) { changes.push_back(change); });
+  for (int r = 0; r < 6; ++r) supervisor.OnRankStarted(r);
+  supervisor.OnStartsComplete();
+  // One rank of node 0 fails: node 0 still has one, so three nodes remain.
+  supervisor.OnRankExit(0, Exit(1, std::chrono::steady_clock::now()));
+  REQUIRE(changes.size() == 1);
+  // Node 2 lost: two nodes remain, MIN: a new generation.
+  supervisor.OnHostLost({4, 5}, "host node2 lost its agent or its link (no word)");
+  REQUIRE(changes.size() == 2);
+  CHECK(changes[1].members == std::vector<int>{1, 2, 3});
+  CHECK(ranks.terminated == 0);
+  // Node 1 lost: one node, fewer than MIN: the job ends now, with no elastic-timeout wait.
+  supervisor.OnHostLost({2, 3}, "host node1 lost its agent or its link (no word)");
+  CHECK(changes.size() == 2);
+  CHECK(ranks.terminated == 1);
+  CHECK(supervisor.Summary().rfind(
+            "host node1 lost its agent or its link (no word): ranks 2-3 lost; 1 node was left, "
+            "fewer than the 2 that --nnodes asks for at least, so the job was stopped",
             0) == 0);
 }
 

@@ -98,6 +98,26 @@ TEST_CASE("agent protocol: the Hello carries the machine, and an earlier version
   CHECK(hello->release == "0.9.1");
 }
 
+TEST_CASE("agent protocol: a JobEnd may say rejoin, and an earlier JobEnd without it does not",
+          "[ssh]") {
+  auto payload = [](const JobEnd& end) { return EncodeJobEnd(end).substr(5); };
+  auto again = DecodeJobEnd(payload({1, "", true}));
+  REQUIRE(again.ok());
+  CHECK(again->exit_code == 1);
+  CHECK(again->rejoin);
+  auto last = DecodeJobEnd(payload({3, "rank 2 failed", false}));
+  REQUIRE(last.ok());
+  CHECK(last->summary == "rank 2 failed");
+  CHECK_FALSE(last->rejoin);
+  // Before rejoin was added, a JobEnd ended with the summary.
+  std::string earlier = payload({3, "rank 2 failed", true});
+  earlier.resize(earlier.size() - 4);
+  auto old = DecodeJobEnd(earlier);
+  REQUIRE(old.ok());
+  CHECK(old->summary == "rank 2 failed");
+  CHECK_FALSE(old->rejoin);
+}
+
 TEST_CASE("agent protocol: frames split at every byte and joined", "[ssh]") {
   std::string stream = EncodeHello({kProtocolVersion, "h1", 42, "10.0.0.1", 8, "0.1.0"}) +
                        EncodeOutput({1, 1, std::string("a\0b\r\n", 5)}) + EncodeExit({1, 0, 9, 0}) +

@@ -101,6 +101,15 @@ inline bool IsHostAbsent(const absl::Status& status) {
   return status.GetPayload(kHostAbsentPayload).has_value();
 }
 
+// LateHost is a host that reached a running job by itself (per-node mode: a node that joins a
+// running --nnodes MIN:MAX job): the host (its name, and its slots as it said them) and its
+// agent's stream, not yet greeted.
+struct LateHost {
+  hostfile::HostSpec host;
+  std::unique_ptr<HostStream> stream;
+};
+using LateHostCallback = std::function<void(LateHost host)>;
+
 // HostChannel is one way of reaching hosts.
 class HostChannel {
  public:
@@ -117,6 +126,12 @@ class HostChannel {
   // host as the user wrote it (HostSpec::host) and say what to do.
   virtual void Start(const std::vector<hostfile::HostSpec>& hosts, const std::string& agent_command,
                      absl::Time deadline, StreamCallback on_stream) = 0;
+
+  // AcceptLateHosts makes the hosts that come by themselves after Start's hosts were handed on go
+  // to `on_host` (from any thread) instead of being refused, until the channel is destroyed or
+  // AcceptLateHosts({}) is called. A channel whose hosts only come when reached (SSH, Slurm, a
+  // remote shell) has none: the default ignores it.
+  virtual void AcceptLateHosts(LateHostCallback on_host) {}
 };
 
 }  // namespace trainrun::launcher::channel

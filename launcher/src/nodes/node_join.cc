@@ -15,7 +15,9 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
@@ -167,11 +169,36 @@ absl::StatusOr<posix::UniqueFd> Listen(const std::string& host, int port) {
 class JoinPort : public std::enable_shared_from_this<JoinPort> {
  public:
   JoinPort(PerNodeSpec spec, std::chrono::seconds start_timeout)
-      : spec_(std::move(spec)), start_timeout_(start_timeout) {}
+      : spec_(std::move(spec)), start_timeout_(start_timeout), joins_(spec_.nnodes, 0) {}
   ~JoinPort() { Stop(); }
 
   const PerNodeSpec& spec() const { return spec_; }
   bool started() const { return started_; }
+
+  // AcceptLate: nodes that come after the start go to `on_host`, those that came before it was
+  // given first; empty: from now on they are refused (the job is ending).
+  void AcceptLate(channel::LateHostCallback on_host) {
+    std::vector<channel::LateHost> queued;
+    channel::LateHostCallback given;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      late_ = std::move(on_host);
+      late_closed_ = !late_;
+      queued.swap(queued_);
+      given = late_;
+    }
+    // Outside the lock: a stream dropped here (the job is ending) calls Left.
+    for (channel::LateHost& node : queued) {
+      if (given) given(std::move(node));
+    }
+  }
+
+  // Left: the stream of node `node`'s join number `join` ended (any thread); a --nnodes MIN:MAX
+  // job's node may join again (unless it already has: a later join's number differs).
+  void Left(int node, uint64_t join) {
+    std::lock_guard<std::mutex> lock(mu_);
+    left_.push_back({node, join});
+  }
 
   void Start(size_t count, absl::Time deadline, channel::StreamCallback on_stream) {
     thread_ = std::thread([this, count, deadline, on_stream = std::move(on_stream)] {
@@ -227,9 +254,20 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
     while (!stop_ &&
            (started_ || absl::Now() < deadline || (range && arrived >= enough && !started_))) {
       if (!started_ && arrived == count) started_ = true;
+      if (range && started_) {
+        // A node whose stream ended has left the running job: it may join again.
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto [node, join] : left_) {
+          if (joins_[node] == join) joined[node] = false;
+        }
+        left_.clear();
+      }
       if (!started_ && range && arrived >= enough) {
         if (!last_call) last_call = absl::Now() + absl::FromChrono(spec_.last_call);
-        if (absl::Now() >= *last_call || absl::Now() >= deadline) {
+        // A restart: the nodes of the last start are back (spec_.expect_nodes).
+        const bool back =
+            spec_.expect_nodes > 0 && arrived + 1 >= static_cast<size_t>(spec_.expect_nodes);
+        if (absl::Now() >= *last_call || absl::Now() >= deadline || back) {
           StartWithout(joined, arrived, on_stream, *listener);
           if (!*listener) return;
         }
@@ -291,7 +329,8 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
         } else if (taken == Taken::kTooLong) {
           admission.Closed(ids[i - 1], rendezvous::Admission::Reason::kTooManyBytes);
         } else if (Answer(std::move(connection), line, joined, admission, ids[i - 1], on_stream,
-                          arrived + 1 == count ? &*listener : nullptr)) {
+                          arrived + 1 == count ? &*listener : nullptr) &&
+                   !started_) {
           if (++arrived == count) {
             Release(on_stream);
             started_ = true;
@@ -347,9 +386,9 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
   // Release hands on the streams of the nodes held until the start (a range's).
   void Release(const channel::StreamCallback& on_stream) {
     for (Held& node : held_) {
-      absl::StatusOr<std::unique_ptr<SocketStream>> stream =
-          SocketStream::Create(std::move(node.fd), absl::StrCat("node ", node.node),
-                               shared_from_this(), node.nproc, std::move(node.seal_key));
+      absl::StatusOr<std::unique_ptr<SocketStream>> stream = SocketStream::Create(
+          std::move(node.fd), absl::StrCat("node ", node.node), shared_from_this(), node.nproc,
+          std::move(node.seal_key), OnEnd(node.node));
       if (!stream.ok()) {
         on_stream(node.node - 1, stream.status());
       } else {
@@ -394,13 +433,18 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
         SameProof(request->proof, JoinProof(spec_.token, connection.challenge, *request));
     absl::Status verdict =
         request.ok() ? CheckJoin(spec_, connection.challenge, *request, joined) : request.status();
+    const bool range = spec_.min_nnodes > 0 && spec_.min_nnodes < spec_.nnodes;
+    bool late = false;
     if (verdict.ok() && started_) {
-      // --nnodes MIN:MAX: a node that comes after the start.
+      std::lock_guard<std::mutex> lock(mu_);
+      late = range && !late_closed_;
+    }
+    if (verdict.ok() && started_ && !late) {
+      // A node that comes after the start, which this job does not take (it is ending, or it has
+      // every node of --nnodes N).
       verdict = absl::FailedPreconditionError(absl::StrCat(
-          "the job started without it (--nnodes ", NnodesText(spec_),
-          ": node 0 starts once MIN nodes have joined and --rdzv-last-call has passed), and a "
-          "running per-node job takes no new nodes; start every node within --rdzv-last-call of "
-          "the first MIN, or start the job again"));
+          range ? "the job is ending" : "the job has started", " and takes no new node (--nnodes ",
+          NnodesText(spec_), "); start this node again with the next job"));
     }
     if (!verdict.ok()) {
       // A node that proved the token but differs is the user's mistake: said here as well as there,
@@ -428,6 +472,22 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
       return false;
     }
     const int node = request->node_rank;
+    if (late) {
+      // A node that joins the running job: the job's controller grows onto it.
+      absl::StatusOr<std::unique_ptr<SocketStream>> stream = SocketStream::Create(
+          std::move(connection.fd), absl::StrCat("node ", node), shared_from_this(), request->nproc,
+          SealKey(spec_.token, connection.challenge, *request), OnEnd(node));
+      if (!stream.ok()) return false;
+      joined[node] = true;
+      Logger().debug("per-node join: node {} joined the running job from {}", node,
+                     connection.from);
+      hostfile::HostSpec host;
+      host.host = absl::StrCat("node", node);
+      host.slots = request->nproc;
+      HandOn(channel::LateHost{std::move(host),
+                               std::unique_ptr<channel::HostStream>(*std::move(stream))});
+      return true;
+    }
     if (spec_.min_nnodes > 0 && spec_.min_nnodes < spec_.nnodes) {
       // A range: held until the start, so that a node that leaves before it is left out.
       joined[node] = true;
@@ -442,7 +502,7 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
     }
     absl::StatusOr<std::unique_ptr<SocketStream>> stream = SocketStream::Create(
         std::move(connection.fd), absl::StrCat("node ", node), shared_from_this(), request->nproc,
-        SealKey(spec_.token, connection.challenge, *request));
+        SealKey(spec_.token, connection.challenge, *request), OnEnd(node));
     if (!stream.ok()) {
       on_stream(node - 1, stream.status());
       return false;
@@ -454,6 +514,29 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
     }
     on_stream(node - 1, std::unique_ptr<channel::HostStream>(*std::move(stream)));
     return true;
+  }
+
+  // HandOn gives a node that joined the running job to the job's controller (AcceptLate), or keeps
+  // it until the controller asks (the job has just started); dropped once the job is ending.
+  void HandOn(channel::LateHost node) {
+    channel::LateHostCallback on_host;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!late_ && !late_closed_) {
+        queued_.push_back(std::move(node));
+        return;
+      }
+      on_host = late_;
+    }
+    if (on_host) on_host(std::move(node));
+  }
+
+  // OnEnd is what a node's stream calls when it ends: the port hears that the node left.
+  std::function<void()> OnEnd(int node) {
+    const uint64_t join = ++joins_[node];
+    return [port = weak_from_this(), node, join] {
+      if (std::shared_ptr<JoinPort> alive = port.lock()) alive->Left(node, join);
+    };
   }
 
   // A node of a --nnodes MIN:MAX job that has joined before the start (the port's thread's).
@@ -471,6 +554,15 @@ class JoinPort : public std::enable_shared_from_this<JoinPort> {
   // Every node has joined, or (--nnodes MIN:MAX) the job started without the rest.
   std::atomic<bool> started_{false};
   int unproved_refusals_said_ = 0;  // the port's thread's
+  std::mutex mu_;
+  channel::LateHostCallback late_;  // under mu_
+  // Under mu_: AcceptLate({}) was called (the job is ending); the nodes that joined before the
+  // first AcceptLate.
+  bool late_closed_ = false;
+  std::vector<channel::LateHost> queued_;
+  // Under mu_: (node, join number) of the streams that ended, for Serve to see.
+  std::vector<std::pair<int, uint64_t>> left_;
+  std::vector<uint64_t> joins_;  // the port's thread's: each node's latest join number
   std::thread thread_;
 };
 
@@ -482,6 +574,11 @@ class NodeJoinChannel : public channel::HostChannel {
   // Until the job starts, the port ends with the channel; after, with the job's streams.
   ~NodeJoinChannel() override {
     if (!port_->started()) port_->Stop();
+    port_->AcceptLate({});
+  }
+
+  void AcceptLateHosts(channel::LateHostCallback on_host) override {
+    port_->AcceptLate(std::move(on_host));
   }
 
   std::string Describe(const hostfile::HostSpec& host, const std::string&) const override {
@@ -621,7 +718,7 @@ std::unique_ptr<channel::HostChannel> MakeNodeJoinChannel(const PerNodeSpec& spe
 
 absl::StatusOr<posix::UniqueFd> DialNodeZero(const PerNodeSpec& spec, absl::Time deadline,
                                              std::chrono::seconds start_timeout,
-                                             std::string* seal_key) {
+                                             std::string* seal_key, bool rejoin) {
   const std::string endpoint = EndpointText(spec);
   std::string why;
   // Node 0 may start after this node: dial again until the deadline.
@@ -654,7 +751,7 @@ absl::StatusOr<posix::UniqueFd> DialNodeZero(const PerNodeSpec& spec, absl::Time
         answer =
             absl::StrCat("it is not a trainrun node 0 (it said '", answer->substr(0, 60), "')");
       }
-      if (answer.ok() && absl::StartsWith(*answer, "refused ")) {
+      if (answer.ok() && absl::StartsWith(*answer, "refused ") && !rejoin) {
         return absl::PermissionDeniedError(absl::StrCat("node 0 at ", endpoint,
                                                         " refused this node (--node-rank ",
                                                         spec.node_rank, "): ", answer->substr(8)));

@@ -84,10 +84,12 @@ std::unique_ptr<channel::HostChannel> MakeNodeJoinChannel(const PerNodeSpec& spe
 // start later), sends its JoinRequest and reads the answer. Returns the connected socket, ready
 // for the agent protocol. Errors, one sentence: node 0 never answered (DeadlineExceeded, naming
 // the endpoint and --start-timeout), node 0 refused this node (PermissionDenied, with its reason).
-// `seal_key`, when given, receives this connection's SealKey.
+// `seal_key`, when given, receives this connection's SealKey. `rejoin`: the job starts again (a
+// JobEnd with rejoin), so a refusal is node 0 still ending the last start: dialled again until the
+// deadline.
 absl::StatusOr<posix::UniqueFd> DialNodeZero(const PerNodeSpec& spec, absl::Time deadline,
                                              std::chrono::seconds start_timeout,
-                                             std::string* seal_key = nullptr);
+                                             std::string* seal_key = nullptr, bool rejoin = false);
 
 // NnodesText is --nnodes as the user wrote it: "N", or "MIN:MAX" for a range.
 std::string NnodesText(const PerNodeSpec& spec);

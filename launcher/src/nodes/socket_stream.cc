@@ -37,11 +37,9 @@ std::string NumericAddress(int fd, bool peer) {
   return text;
 }
 
-absl::StatusOr<std::unique_ptr<SocketStream>> SocketStream::Create(posix::UniqueFd fd,
-                                                                   std::string name,
-                                                                   std::shared_ptr<void> keep_alive,
-                                                                   int joined_slots,
-                                                                   std::string seal_key) {
+absl::StatusOr<std::unique_ptr<SocketStream>> SocketStream::Create(
+    posix::UniqueFd fd, std::string name, std::shared_ptr<void> keep_alive, int joined_slots,
+    std::string seal_key, std::function<void()> on_end) {
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) {
     return absl::InternalError(absl::StrCat("cannot make a pipe: ", std::strerror(errno)));
@@ -52,7 +50,14 @@ absl::StatusOr<std::unique_ptr<SocketStream>> SocketStream::Create(posix::Unique
   stream->keep_alive_ = std::move(keep_alive);
   stream->joined_slots_ = joined_slots;
   stream->seal_key_ = std::move(seal_key);
+  stream->on_end_ = std::move(on_end);
   return stream;
+}
+
+SocketStream::~SocketStream() { Ended(); }
+
+void SocketStream::Ended() {
+  if (on_end_ && !ended_.exchange(true)) on_end_();
 }
 
 std::string SocketStream::Seal(const std::string& secret) const {
@@ -100,11 +105,13 @@ absl::StatusOr<size_t> SocketStream::Read(char* buffer, size_t size, absl::Durat
   if (n > 0) return static_cast<size_t>(n);
   if (n == 0) {
     end_ = absl::UnavailableError(absl::StrCat(name_, ": its trainrun closed the connection"));
+    Ended();
     return 0;
   }
   if (errno == EAGAIN || errno == EINTR) return absl::DeadlineExceededError("nothing to read");
   end_ = absl::UnavailableError(
       absl::StrCat(name_, ": the connection failed: ", std::strerror(errno)));
+  Ended();
   return end_;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -21,10 +22,13 @@ class SocketStream : public channel::HostStream {
   // Takes the connected socket `fd`; `name` names the other side in errors ("node 1").
   // `keep_alive` is held as long as the stream (node 0's join port, which stays open while any
   // joined node's stream lives); `joined_slots` is the joined node's --nproc-per-node; `seal_key`:
-  // the join's SealKey (node_join.h), which Seal uses.
+  // the join's SealKey (node_join.h), which Seal uses; `on_end` is called once, when a Read finds
+  // the connection ended or failed, or else when the stream is destroyed (node 0's join port then
+  // lets that node join again).
   static absl::StatusOr<std::unique_ptr<SocketStream>> Create(
       posix::UniqueFd fd, std::string name, std::shared_ptr<void> keep_alive = nullptr,
-      int joined_slots = 0, std::string seal_key = "");
+      int joined_slots = 0, std::string seal_key = "", std::function<void()> on_end = {});
+  ~SocketStream() override;
 
   absl::Status Write(absl::string_view data, absl::Duration timeout) override;
   absl::StatusOr<size_t> Read(char* buffer, size_t size, absl::Duration timeout) override;
@@ -40,6 +44,7 @@ class SocketStream : public channel::HostStream {
  private:
   SocketStream(posix::UniqueFd fd, posix::UniqueFd wake_read, posix::UniqueFd wake_write,
                std::string name);
+  void Ended();
 
   std::shared_ptr<void> keep_alive_;  // first: released last
   posix::UniqueFd fd_;
@@ -48,6 +53,8 @@ class SocketStream : public channel::HostStream {
   const std::string name_;
   std::string seal_key_;
   std::atomic<bool> interrupted_{false};
+  std::function<void()> on_end_;
+  std::atomic<bool> ended_{false};  // on_end_ was called
   int joined_slots_ = 0;
   absl::Status end_;
 };

@@ -137,8 +137,11 @@ std::string EncodeError(absl::string_view message) {
 }
 
 std::string EncodeJobEnd(const JobEnd& end) {
-  return EncodeFrame(MessageType::kJobEnd,
-                     Writer().U32(static_cast<uint32_t>(end.exit_code)).Bytes(end.summary).Take());
+  return EncodeFrame(MessageType::kJobEnd, Writer()
+                                               .U32(static_cast<uint32_t>(end.exit_code))
+                                               .Bytes(end.summary)
+                                               .U32(end.rejoin ? 1 : 0)
+                                               .Take());
 }
 
 std::string EncodeSyncOffer(const SyncOffer& offer) {
@@ -212,6 +215,7 @@ absl::StatusOr<JobEnd> DecodeJobEnd(absl::string_view payload) {
   JobEnd end;
   end.exit_code = static_cast<int32_t>(r.U32());
   end.summary = r.Bytes();
+  if (!r.AtEnd()) end.rejoin = r.U32() != 0;
   return r.Finish(end, "JobEnd");
 }
 

@@ -14,8 +14,9 @@
 //      ── Terminate / Kill ─▶        (the job is ending elsewhere)
 //      ◀─ Done                        (every rank of this host has exited)
 //      ◀─▶ Heartbeat                  (each side ends the job when the other falls silent)
-//      ── JobEnd{exit_code, summary} ─▶  (per-node mode only: the job's outcome, which a joined
-//                                         node's trainrun prints and exits with)
+//      ── JobEnd{exit_code, summary, rejoin} ─▶  (per-node mode only: the job's outcome, which a
+//                      joined node's trainrun prints and exits with; or, `rejoin`, that the job
+//                      starts again, so it joins node 0 again)
 //   Before the Job, --sync-dst-dir (file_sync.h) copies the launcher's files to the host:
 //      ── SyncOffer{dir, entries[{path, mode, size, mtime, link}]} ─▶
 //      ◀─ SyncWant{indices} | Error    (the files whose size or mtime differ there)
@@ -112,10 +113,13 @@ struct RankExit {
 };
 
 // JobEnd is the job's outcome as node 0's trainrun decided it: its exit code and the one summary
-// ("" when every rank succeeded).
+// ("" when every rank succeeded); `rejoin`: the job starts again (--max-restarts, or a node joined
+// a --nnodes MIN:MAX job), so the node dials node 0 again instead of ending. A trailing field,
+// which older agents ignore.
 struct JobEnd {
   int32_t exit_code = 0;
   std::string summary;
+  bool rejoin = false;
 };
 
 // SyncEntry is one file, directory or symbolic link under --sync-src-dir.

@@ -29,7 +29,36 @@ std::string SelfExecutable() {
   return n > 0 ? std::string(path, n) : std::string("trainrun");
 }
 
+// JoinedHost: JoinedHostChannel's channel.
+class JoinedHost final : public channel::HostChannel {
+ public:
+  explicit JoinedHost(std::unique_ptr<channel::HostStream> stream) : stream_(std::move(stream)) {}
+
+  std::string Describe(const hostfile::HostSpec& host, const std::string&) const override {
+    return absl::StrCat(host.host, " joined by itself");
+  }
+
+  void Start(const std::vector<hostfile::HostSpec>& hosts, const std::string&, absl::Time,
+             channel::StreamCallback on_stream) override {
+    if (hosts.size() != 1 || !stream_) {
+      for (size_t i = 0; i < hosts.size(); ++i) {
+        on_stream(static_cast<int>(i), absl::InternalError("no stream for this host"));
+      }
+      return;
+    }
+    on_stream(0, std::move(stream_));
+  }
+
+ private:
+  std::unique_ptr<channel::HostStream> stream_;
+};
+
 }  // namespace
+
+std::shared_ptr<channel::HostChannel> JoinedHostChannel(
+    std::unique_ptr<channel::HostStream> stream) {
+  return std::make_shared<JoinedHost>(std::move(stream));
+}
 
 ssh::SshOptions SshOptionsFor(const LaunchSpec& spec) {
   ssh::SshOptions options;

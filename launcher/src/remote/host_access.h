@@ -15,6 +15,12 @@ namespace trainrun::launcher::remote {
 // else SSH.
 std::unique_ptr<channel::HostChannel> MakeHostChannel(const LaunchSpec& spec);
 
+// JoinedHostChannel is the channel of one host that came by itself with its stream already open
+// (per-node mode: a node that joined the running job, channel::LateHost): Start hands that stream
+// on, so that the usual greeting (ConnectAgent) reads its agent's Hello.
+std::shared_ptr<channel::HostChannel> JoinedHostChannel(
+    std::unique_ptr<channel::HostStream> stream);
+
 // UsesSlurm: --launcher slurm, or auto with the hosts from the Slurm allocation and srun on PATH.
 bool UsesSlurm(const LaunchSpec& spec);
 

@@ -124,6 +124,11 @@ void RemoteRanks::EndJob(const JobEnd& end) {
   for (auto& host : hosts_) Send(*host, frame);
 }
 
+int RemoteRanks::Connected() const {
+  return static_cast<int>(
+      std::count_if(hosts_.begin(), hosts_.end(), [](const auto& host) { return !host->ended; }));
+}
+
 void RemoteRanks::Send(Host& host, const std::string& frame) {
   if (host.ended || stopping_) return;
   absl::Status written = host.agent->stream->Write(frame, kWriteTimeout);

@@ -86,6 +86,8 @@ class RemoteRanks : public RankControl {
   // EndJob tells every agent still connected the job's outcome (per-node mode: a joined node's
   // trainrun prints the summary and exits with the code).
   void EndJob(const JobEnd& end);
+  // Connected counts the agents whose stream has not ended (per-node mode: the nodes still there).
+  int Connected() const;
 
  private:
   struct Host;

@@ -77,6 +77,8 @@ struct BelowMinimum {
   int remaining = 0;  // how many ranks were left; 0: every rank had failed, the job ended at once
   int min_np = 0;
   std::chrono::seconds timeout{0};  // the elastic timeout that passed
+  // Per-node --nnodes MIN:MAX: MIN, and `remaining` counts nodes; the job ended at once. 0: ranks.
+  int min_nodes = 0;
 };
 // EveryHostBlacklisted: a failure blacklisted the last host of the discovery script's output that
 // was not (with no --blacklist-cooldown-range, so none comes back): Horovod fails the job there.
@@ -87,8 +89,13 @@ struct EveryHostBlacklisted {
 struct ResetLimitReached {
   std::string message;  // the change past --reset-limit, and the limit
 };
+// NodesChanged: a node joined a per-node --nnodes MIN:MAX job that re-forms by restarting
+// (--max-restarts, torchrun's way): this start ends so that the next one has it. Not a failure.
+struct NodesChanged {
+  std::string message;  // which node joined
+};
 using EndReason = std::variant<RankFailed, StartFailed, Interrupted, ExitedBeforeJoin, Stalled,
-                               BelowMinimum, ResetLimitReached, EveryHostBlacklisted>;
+                               BelowMinimum, ResetLimitReached, EveryHostBlacklisted, NodesChanged>;
 
 class FailurePolicy {
  public:

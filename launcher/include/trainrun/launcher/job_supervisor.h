@@ -134,6 +134,10 @@ class JobSupervisor final : private FailurePolicy::Job {
   bool interrupted() const {
     return reason_.has_value() && std::holds_alternative<Interrupted>(*reason_);
   }
+  // nodes_changed: the job ended because a node joined (NodesChanged), to start again with it.
+  bool nodes_changed() const {
+    return reason_.has_value() && std::holds_alternative<NodesChanged>(*reason_);
+  }
   // exit_code is what trainrun exits with: the blamed rank's code, 128+N after signal N, 1 when a
   // rank could not be started or exited before joining, else 0.
   int exit_code() const;

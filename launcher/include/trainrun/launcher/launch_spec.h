@@ -56,6 +56,9 @@ struct ElasticSpec {
   // (the job does not grow onto it) for MIN seconds, doubling with each later blacklisting up to
   // MAX; unset: a blacklisted host is never retried, as with horovodrun.
   std::optional<std::pair<std::chrono::seconds, std::chrono::seconds>> blacklist_cooldown;
+  // Per-node mode's --nnodes MIN:MAX (the elastic job a range makes without --max-restarts): MIN,
+  // the fewest nodes (hosts with a live rank) the job goes on with; fewer end it at once. 0: none.
+  int min_nodes = 0;
 };
 inline constexpr std::chrono::milliseconds kDefaultGracePeriod{3000};
 inline constexpr SshClient kDefaultSshClient = SshClient::kLibssh2;
@@ -105,8 +108,13 @@ struct PerNodeSpec {
   // --nnodes MIN:MAX's MIN (0: no range, every node must join): node 0 starts the job once MIN
   // nodes (itself included) have joined and `last_call` has passed since, or at once when all MAX
   // have (torchrun's c10d rendezvous and its last_call_timeout). A node that comes after the start
-  // is refused with one sentence.
+  // joins the running job (an elastic job grows onto it; with --max-restarts the job starts again
+  // with it).
   int min_nnodes = 0;
+  // A start after the first (Launch sets it): the nodes, node 0 included, that were in the job as
+  // the last start ended; the next starts as soon as that many have joined again (and at least
+  // MIN), without waiting for the last call. 0: the first start.
+  int expect_nodes = 0;
   std::chrono::seconds last_call{30};  // --rdzv-last-call
   int node_rank = 0;
   int nproc_per_node = 1;  // this node's ranks
@@ -190,10 +198,13 @@ struct LaunchSpec {
   std::chrono::seconds start_timeout = kDefaultStartTimeout;
   // --max-restarts (torchrun's): when the job fails, start all of it again, up to this many times;
   // the ranks see TRAINRUN_RESTART_COUNT (TORCHELASTIC_RESTART_COUNT). Not after a signal to
-  // trainrun, and not in per-node mode.
+  // trainrun. In per-node mode every node joins node 0 again for each start (JobEnd::rejoin).
   int max_restarts = 0;
+  // Which start of the job this is after failures (0: the first; Launch sets it): a failure of
+  // start `restart` < max_restarts is followed by another.
+  int restart = 0;
   // --min-np (and --max-np, --elastic-timeout): elastic mode; unset: the first failure ends the
-  // job. Not with --max-restarts, not in per-node mode.
+  // job. Not with --max-restarts; in per-node mode only as --nnodes MIN:MAX makes it (min_nodes).
   std::optional<ElasticSpec> elastic;
   // Between SIGTERM and SIGKILL when the job is torn down.
   std::chrono::milliseconds grace_period = kDefaultGracePeriod;
