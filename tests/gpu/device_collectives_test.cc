@@ -654,60 +654,67 @@ TEST_CASE(
 
 TEST_CASE(
     "staged: chunks keep stream order: a delayed kernel writes 4 MiB, the allreduce "
-    "follows it, a kernel after it reads every chunk reduced",
+    "follows it, a kernel after it reads every chunk reduced (1 and 2 copy engines)",
     "[gpu_fake]") {
-  FakeGpuRuntime fake(2);
-  Ranks(2, fake, [&](Rank& rank) {
-    const int me = rank.comm.rank();
-    const size_t count = size_t{1} << 20;
-    Stream stream = fake.NewStream(me);
-    auto* data = static_cast<float*>(fake.AllocDevice(count * 4, me));
-    std::fill(data, data + count, -1.0f);
-    fake.Launch(stream, [=] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(150));
-      for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>((me + 1) * (i % 1000));
+  for (int engines : {1, 2}) {
+    FakeGpuRuntime fake(2, engines);
+    Ranks(2, fake, [&](Rank& rank) {
+      const int me = rank.comm.rank();
+      const size_t count = size_t{1} << 20;
+      Stream stream = fake.NewStream(me);
+      auto* data = static_cast<float*>(fake.AllocDevice(count * 4, me));
+      std::fill(data, data + count, -1.0f);
+      fake.Launch(stream, [=] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(150));
+        for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>((me + 1) * (i % 1000));
+      });
+      // Two allreduces in a row on the stream, no synchronize: the second reads the first's result.
+      std::shared_ptr<DeviceWork> first = rank.gpu.Start(SumOn(data, count, stream));
+      std::shared_ptr<DeviceWork> second = rank.gpu.Start(SumOn(data, count, stream));
+      std::thread comm_thread([&] {
+        first->Run();
+        second->Run();
+      });
+      comm_thread.join();
+      first->Wait();
+      second->Wait();
+      std::vector<float> seen(count);
+      fake.Launch(stream, [&] { std::memcpy(seen.data(), data, count * 4); });
+      fake.Synchronize(stream);
+      for (size_t i = 0; i < count; ++i) REQUIRE(seen[i] == static_cast<float>(6 * (i % 1000)));
+      fake.FreeDevice(data);
+      fake.DeleteStream(stream);
     });
-    // Two allreduces in a row on the stream, no synchronize: the second reads the first's result.
-    std::shared_ptr<DeviceWork> first = rank.gpu.Start(SumOn(data, count, stream));
-    std::shared_ptr<DeviceWork> second = rank.gpu.Start(SumOn(data, count, stream));
-    std::thread comm_thread([&] {
-      first->Run();
-      second->Run();
-    });
-    comm_thread.join();
-    first->Wait();
-    second->Wait();
-    std::vector<float> seen(count);
-    fake.Launch(stream, [&] { std::memcpy(seen.data(), data, count * 4); });
-    fake.Synchronize(stream);
-    for (size_t i = 0; i < count; ++i) REQUIRE(seen[i] == static_cast<float>(6 * (i % 1000)));
-    fake.FreeDevice(data);
-    fake.DeleteStream(stream);
-  });
+  }
 }
 
-TEST_CASE("staged: a collective is done (poll) only once its copy back has landed", "[gpu_fake]") {
-  FakeGpuRuntime fake(2);
-  Ranks(2, fake, [&](Rank& rank) {
-    const int me = rank.comm.rank();
-    Ones ones(fake, size_t{3} << 18, me, 1.0f);  // 3 MiB: chunked
-    std::shared_ptr<DeviceWork> work = rank.gpu.Start(ones.Call());
-    REQUIRE_FALSE(work->Done());  // not run yet
-    fake.HoldCopiesToDevice(true);
-    work->Run();  // the host allreduce is over; the copies back wait
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    REQUIRE_FALSE(work->Done());
-    REQUIRE(ones.data()[0] == 1.0f);
-    rank.comm.Barrier();  // both ranks have seen it not done before either releases
-    fake.HoldCopiesToDevice(false);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!work->Done() && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    REQUIRE(work->Done());
-    REQUIRE(ones.data()[(size_t{3} << 18) - 1] == 2.0f);
-    work->Wait();
-  });
+TEST_CASE(
+    "staged: a collective is done (poll) only once its copy back has landed (1 and 2 "
+    "copy engines)",
+    "[gpu_fake]") {
+  for (int engines : {1, 2}) {
+    FakeGpuRuntime fake(2, engines);
+    Ranks(2, fake, [&](Rank& rank) {
+      const int me = rank.comm.rank();
+      Ones ones(fake, size_t{3} << 18, me, 1.0f);  // 3 MiB: chunked
+      std::shared_ptr<DeviceWork> work = rank.gpu.Start(ones.Call());
+      REQUIRE_FALSE(work->Done());  // not run yet
+      fake.HoldCopiesToDevice(true);
+      work->Run();  // the host allreduce is over; the copies back wait
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      REQUIRE_FALSE(work->Done());
+      REQUIRE(ones.data()[0] == 1.0f);
+      rank.comm.Barrier();  // both ranks have seen it not done before either releases
+      fake.HoldCopiesToDevice(false);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (!work->Done() && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      REQUIRE(work->Done());
+      REQUIRE(ones.data()[(size_t{3} << 18) - 1] == 2.0f);
+      work->Wait();
+    });
+  }
 }
 
 // RunAll runs `works` as the communication thread would: RunFused from the first not yet run
@@ -729,7 +736,7 @@ std::vector<size_t> RunAll(const std::vector<std::shared_ptr<DeviceWork>>& works
 TEST_CASE("staged: small allreduces queued together are fused: one copy down, one back",
           "[gpu_fake]") {
   for (int size : {1, 2, 3}) {
-    FakeGpuRuntime fake(size);
+    FakeGpuRuntime fake(size, /*copy_engines=*/size == 2 ? 2 : 1);
     Ranks(size, fake, [&](Rank& rank) {
       const int me = rank.comm.rank();
       Stream stream = fake.NewStream(me);

@@ -60,8 +60,10 @@ struct FakeGpuRuntime::FakeStream {
   std::thread thread;
 };
 
-FakeGpuRuntime::FakeGpuRuntime(int devices)
-    : devices_(devices), default_stream_(std::make_unique<FakeStream>()) {}
+FakeGpuRuntime::FakeGpuRuntime(int devices, int copy_engines)
+    : devices_(devices),
+      copy_engines_(copy_engines),
+      default_stream_(std::make_unique<FakeStream>()) {}
 
 FakeGpuRuntime::~FakeGpuRuntime() {
   default_stream_.reset();

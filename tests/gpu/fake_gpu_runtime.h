@@ -33,7 +33,10 @@ namespace trainrun::collectives::gpu::testing {
 
 class FakeGpuRuntime final : public GpuRuntime {
  public:
-  explicit FakeGpuRuntime(int devices = 1);
+  // `copy_engines`: what CopyEngines says. 1 by default: the fake's copies are memcpy on a CPU,
+  // so copies on two streams at once compete for the cores the ranks reduce on (docs/
+  // performance.md measured it); 2 models a GPU's separate engines to and from the host.
+  explicit FakeGpuRuntime(int devices = 1, int copy_engines = 1);
   ~FakeGpuRuntime() override;
 
   std::string Describe() const override { return "the tests' CPU fake of a GPU runtime"; }
@@ -42,6 +45,7 @@ class FakeGpuRuntime final : public GpuRuntime {
   int CurrentDevice() override;
   void SetDevice(int device) override;
   int DeviceOf(const void* pointer) override;
+  int CopyEngines(int) override { return copy_engines_; }
   Stream NewStream(int device) override;
   void DeleteStream(Stream stream) noexcept override;
   Event NewEvent(int device) override;
@@ -79,6 +83,7 @@ class FakeGpuRuntime final : public GpuRuntime {
   FakeStream& Resolve(Stream stream);
 
   int devices_;
+  int copy_engines_;
   std::unique_ptr<FakeStream> default_stream_;
   std::mutex mutex_;
   std::map<const char*, std::pair<size_t, int>> device_memory_;  // start -> (bytes, device)

@@ -20,6 +20,7 @@ constexpr unsigned kEventDisableTiming = 2;
 constexpr int kMemcpyDefault = 4;  // cudaMemcpyDefault: direction from the pointers
 constexpr int kMemoryTypeDevice = 2;
 constexpr int kMemoryTypeManaged = 3;
+constexpr int kDevAttrAsyncEngineCount = 40;  // cudaDevAttrAsyncEngineCount
 
 // The head of cudaPointerAttributes (CUDA >= 11); room is left for fields later versions add.
 struct PointerAttributes {
@@ -32,6 +33,7 @@ struct PointerAttributes {
 
 struct CudaApi {
   int (*get_device_count)(int*);
+  int (*device_get_attribute)(int*, int, int);
   int (*get_device)(int*);
   int (*set_device)(int);
   int (*pointer_attributes)(PointerAttributes*, const void*);
@@ -92,6 +94,14 @@ class Cuda final : public GpuRuntime {
       return attributes.device;
     }
     return -1;
+  }
+  int CopyEngines(int device) override {
+    int engines = 1;
+    if (api_.device_get_attribute(&engines, kDevAttrAsyncEngineCount, device) != kSuccess) {
+      api_.get_last_error();
+      return 1;
+    }
+    return engines;
   }
   Stream NewStream(int device) override {
     Guard guard(*this, device);
@@ -192,6 +202,7 @@ RuntimeLoad LoadCuda() {
   std::string missing;
   void* h = library.handle;
   Resolve(h, "cudaGetDeviceCount", api.get_device_count, missing);
+  Resolve(h, "cudaDeviceGetAttribute", api.device_get_attribute, missing);
   Resolve(h, "cudaGetDevice", api.get_device, missing);
   Resolve(h, "cudaSetDevice", api.set_device, missing);
   Resolve(h, "cudaPointerGetAttributes", api.pointer_attributes, missing);

@@ -328,8 +328,8 @@ DeviceCollectives::~DeviceCollectives() {
   if (up_tail_ != nullptr) runtime_.WaitHost(up_tail_, Clock::now() + timeout_);
   if (fusion_ != nullptr) runtime_.FreeDevice(fusion_);
   if (staging_ != nullptr) runtime_.FreePinned(staging_);
+  if (up_stream_ != nullptr && up_stream_ != stage_stream_) runtime_.DeleteStream(up_stream_);
   if (stage_stream_ != nullptr) runtime_.DeleteStream(stage_stream_);
-  if (up_stream_ != nullptr) runtime_.DeleteStream(up_stream_);
   if (up_tail_ != nullptr) runtime_.DeleteEvent(up_tail_);
   for (Event event : events_) runtime_.DeleteEvent(event);
 }
@@ -363,7 +363,11 @@ Stream DeviceCollectives::DownStream(const std::vector<DeviceWork*>& works) {
 
 Stream DeviceCollectives::UpStream() {
   if (up_stream_ == nullptr) {
-    up_stream_ = runtime_.NewStream(device_);
+    // A second stream lets the copy back of chunk c run beside the copy down of chunk c + 1 on a
+    // device with an engine each way; with one engine they would take turns anyway, and on the
+    // stream of the copies down the copies back need no thread (the fake) or queue of their own.
+    if (stage_stream_ == nullptr) stage_stream_ = runtime_.NewStream(device_);
+    up_stream_ = runtime_.CopyEngines(device_) >= 2 ? runtime_.NewStream(device_) : stage_stream_;
     up_tail_ = runtime_.NewEvent(device_);
   }
   return up_stream_;

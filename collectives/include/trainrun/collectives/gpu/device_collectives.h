@@ -9,12 +9,13 @@
 //    buffers are copied, in the same stream order, into pinned host buffers that are reused from
 //    call to call (an allreduce's: one staging buffer per communicator, grown to the largest;
 //    other collectives': PinnedPool), the host Communicator's collective runs on them, and the
-//    results are copied back on a second stream; the caller's stream waits on the copy back. An
-//    allreduce of at least 2 MiB goes in chunks (DeviceOptions::max_chunks of at least
-//    min_chunk_bytes), so the copy down of chunk i + 1 overlaps the host reduction of chunk i and
-//    the copy back of chunk i the reduction of i + 1. In-place allreduces queued one after another
-//    run as one staged collective (RunFused: gathered into a fusion buffer on the device, one copy
-//    down, one host allreduce, one copy back, scattered on the device).
+//    results are copied back (on a second stream where the device has two copy engines); the
+//    caller's stream waits on the copy back. An allreduce of at least 2 MiB goes in chunks
+//    (DeviceOptions::max_chunks of at least min_chunk_bytes), so the copy down of chunk i + 1
+//    overlaps the host reduction of chunk i and the copy back of chunk i the reduction of i + 1.
+//    In-place allreduces queued one after another run as one staged collective (RunFused:
+//    gathered into a fusion buffer on the device, one copy down, one host allreduce, one copy
+//    back, scattered on the device).
 //
 // A collective has three steps on two threads, so that the caller (Python) goes on while it runs:
 //

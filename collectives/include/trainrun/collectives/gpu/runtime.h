@@ -41,6 +41,9 @@ class GpuRuntime {
   virtual void SetDevice(int device) = 0;
   // DeviceOf returns the device `pointer` is on, or -1 for host memory (pageable or pinned).
   virtual int DeviceOf(const void* pointer) = 0;
+  // CopyEngines: how many copies `device` runs at once (CUDA's asyncEngineCount; 2 or more: one
+  // to the host and one from it together). With one, copies on two streams take turns anyway.
+  virtual int CopyEngines(int device) = 0;
 
   // NewStream makes a stream on `device` that does not synchronize with the legacy stream.
   virtual Stream NewStream(int device) = 0;
