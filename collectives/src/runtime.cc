@@ -189,7 +189,13 @@ void* Runtime::HostBuffer(const TensorRef& ref) {
 
 Runtime::Handle Runtime::Submit(int set, std::function<void(Communicator&)> job) {
   Communicator* comm = &Set(set);
-  return thread().Submit([comm, job = std::move(job)](Communicator&) { job(*comm); });
+  return thread().Submit([comm, job = std::move(job)](Communicator&) { job(*comm); }, comm);
+}
+
+Runtime::Handle Runtime::SubmitNamed(int set, const std::string& name,
+                                     std::function<void(Communicator&)> job) {
+  Communicator* comm = &Set(set);
+  return thread().Submit([comm, job = std::move(job)](Communicator&) { job(*comm); }, comm, name);
 }
 
 Runtime::Handle Runtime::Allreduce(const TensorRef& input, const TensorRef& output, ReduceOp op,
@@ -207,7 +213,8 @@ Runtime::Handle Runtime::Allreduce(const TensorRef& input, const TensorRef& outp
     Communicator* comm = &Set(set);
     return thread().SubmitAllreduce({comm, out, count, type, op, std::move(check)}, prompt);
   }
-  return Submit(set, [=](Communicator& c) { c.Allreduce(in, out, count, type, op, check); });
+  return SubmitNamed(set, check.name,
+                     [=](Communicator& c) { c.Allreduce(in, out, count, type, op, check); });
 }
 
 Runtime::Handle Runtime::GroupedAllreduce(const std::vector<TensorRef>& buffers, DataType type,
@@ -234,7 +241,8 @@ Runtime::Handle Runtime::GroupedAllreduce(const std::vector<TensorRef>& buffers,
     }
     views.push_back({HostBuffer(ref), ref.count});
   }
-  return Submit(set, [=](Communicator& c) { c.GroupedAllreduce(views, type, op, check); });
+  return SubmitNamed(set, check.name,
+                     [=](Communicator& c) { c.GroupedAllreduce(views, type, op, check); });
 }
 
 Runtime::Handle Runtime::Broadcast(const TensorRef& data, int root, int set, CallCheck check) {
@@ -246,7 +254,8 @@ Runtime::Handle Runtime::Broadcast(const TensorRef& data, int root, int set, Cal
   void* p = HostBuffer(data);
   const size_t count = data.count;
   const DataType type = data.type;
-  return Submit(set, [=](Communicator& c) { c.Broadcast(p, count, type, root, check); });
+  return SubmitNamed(set, check.name,
+                     [=](Communicator& c) { c.Broadcast(p, count, type, root, check); });
 }
 
 Runtime::Handle Runtime::Allgatherv(const TensorRef& input, const TensorRef& output,
@@ -259,7 +268,7 @@ Runtime::Handle Runtime::Allgatherv(const TensorRef& input, const TensorRef& out
   const void* in = HostBuffer(input);
   void* out = HostBuffer(output);
   const DataType type = output.type;
-  return Submit(set, [=, counts = std::move(counts)](Communicator& c) {
+  return SubmitNamed(set, check.name, [=, counts = std::move(counts)](Communicator& c) {
     c.Allgatherv(in, out, counts, type, check);
   });
 }
@@ -277,7 +286,8 @@ Runtime::Handle Runtime::ReduceScatter(const TensorRef& input, const TensorRef& 
   void* out = HostBuffer(output);
   const size_t count = output.count;
   const DataType type = output.type;
-  return Submit(set, [=](Communicator& c) { c.ReduceScatter(in, out, count, type, op, check); });
+  return SubmitNamed(set, check.name,
+                     [=](Communicator& c) { c.ReduceScatter(in, out, count, type, op, check); });
 }
 
 Runtime::Handle Runtime::Alltoallv(const TensorRef& input, std::vector<size_t> send_counts,
@@ -292,7 +302,8 @@ Runtime::Handle Runtime::Alltoallv(const TensorRef& input, std::vector<size_t> s
   const void* in = HostBuffer(input);
   void* out = HostBuffer(output);
   const DataType type = output.type;
-  return Submit(set, [=, sends = std::move(send_counts), recvs = std::move(recv_counts)](
+  return SubmitNamed(set, check.name,
+                     [=, sends = std::move(send_counts), recvs = std::move(recv_counts)](
                          Communicator& c) { c.Alltoallv(in, sends, out, recvs, type, check); });
 }
 
@@ -366,10 +377,11 @@ gpu::Path Runtime::GpuPath(int set, std::string* why) {
 
 Runtime::Handle Runtime::SubmitDevice(int set, gpu::DeviceCall call) {
   Communicator& comm = Set(set);
+  const std::string name = call.check.name;
   std::unique_ptr<gpu::DeviceCollectives>& device = device_[&comm];
   if (!device) device = std::make_unique<gpu::DeviceCollectives>(comm, Gpu());
   std::shared_ptr<gpu::DeviceWork> work = device->Start(std::move(call));
-  const Handle handle = thread().Submit([work](Communicator&) { work->Run(); });
+  const Handle handle = thread().Submit([work](Communicator&) { work->Run(); }, &comm, name);
   device_work_[handle] = std::move(work);
   return handle;
 }

@@ -34,6 +34,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "trainrun/collectives/comm_thread.h"
@@ -152,6 +153,9 @@ class Runtime {
   // Submit queues `job` on process set `set`'s communicator (checked now, so a bad set fails at
   // the call).
   Handle Submit(int set, std::function<void(Communicator&)> job);
+  // SubmitNamed is Submit of a collective named `name` ("": unnamed), matched by that name
+  // across ranks (comm_thread.h). Throws InvalidArgumentError when one of that name is pending.
+  Handle SubmitNamed(int set, const std::string& name, std::function<void(Communicator&)> job);
 
   // WaitFor waits up to `timeout` for `handle`; false while it runs. Once it has finished, forgets
   // the handle and rethrows the collective's exception (noting an IoError or TimeoutError).
