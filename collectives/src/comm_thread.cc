@@ -59,8 +59,8 @@ CommThread::Handle CommThread::Enqueue(Entry entry) {
           if (held != nullptr && (held->state == Outcome::kPending || done_up_to_ <= it->second)) {
             throw InvalidArgumentError(::trainrun::internal::MakeMessage(
                 "a collective named '", entry.name,
-                "' is already pending on this rank (submitted, and not yet synchronized); wait "
-                "for it first, or give this one another name"));
+                "' is already in flight on this rank (submitted, and not yet synchronized); "
+                "wait for it first, or give this one another name"));
           }
         }
         it->second = next_handle_;  // this entry's handle, given below

@@ -218,7 +218,8 @@ Runtime::Handle Runtime::Allreduce(const TensorRef& input, const TensorRef& outp
 }
 
 Runtime::Handle Runtime::GroupedAllreduce(const std::vector<TensorRef>& buffers, DataType type,
-                                          ReduceOp op, int set, CallCheck check) {
+                                          ReduceOp op, int set, CallCheck check,
+                                          const std::string* match) {
   std::vector<const TensorRef*> refs;
   for (const TensorRef& ref : buffers) refs.push_back(&ref);
   if (!buffers.empty() && OnGpu(refs)) {
@@ -241,7 +242,7 @@ Runtime::Handle Runtime::GroupedAllreduce(const std::vector<TensorRef>& buffers,
     }
     views.push_back({HostBuffer(ref), ref.count});
   }
-  return SubmitNamed(set, check.name,
+  return SubmitNamed(set, match != nullptr ? *match : check.name,
                      [=](Communicator& c) { c.GroupedAllreduce(views, type, op, check); });
 }
 

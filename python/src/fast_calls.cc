@@ -308,7 +308,8 @@ PyObject* GroupedAllreduceFast(PyObject* /*module*/, PyObject* const* args, Py_s
         check.shape.push_back(static_cast<int64_t>(views[i].count));
       }
       const DataType t = type;
-      std::string core_name = check.name;
+      // Matched (and refused as a duplicate) by the call's name for its first part.
+      std::string core_name = core.empty() ? name : check.name;
       core.push_back(thread.Submit(
           [comm, buffers = std::move(buffers), t, op, check = std::move(check)](Communicator&) {
             comm->GroupedAllreduce(buffers, t, op, check);

@@ -358,7 +358,7 @@ PYBIND11_MODULE(_core, m) {
       "grouped_allreduce_async",
       [](std::vector<uintptr_t> addresses, std::vector<int64_t> counts, int dtype, ReduceOp op,
          int set, std::string name, std::optional<std::vector<int64_t>> shape, int device,
-         uintptr_t stream) {
+         uintptr_t stream, std::optional<std::string> match) {
         if (addresses.size() != counts.size()) {
           throw trainrun::InvalidArgumentError(
               trainrun::internal::MakeMessage("grouped allreduce got ", addresses.size(),
@@ -370,11 +370,12 @@ PYBIND11_MODULE(_core, m) {
           buffers.push_back(Ref(addresses[i], n[i], dtype, device, stream));
         }
         return TheRuntime().GroupedAllreduce(buffers, ToDataType(dtype), op, set,
-                                             MakeCheck(std::move(name), std::move(shape)));
+                                             MakeCheck(std::move(name), std::move(shape)),
+                                             match ? &*match : nullptr);
       },
       py::arg("addresses"), py::arg("counts"), py::arg("dtype"), py::arg("op"), py::arg("set") = 0,
       py::arg("name") = "", py::arg("shape") = py::none(), py::arg("device") = -1,
-      py::arg("stream") = 0);
+      py::arg("stream") = 0, py::arg("match") = py::none());
   m.def(
       "broadcast_async",
       [](uintptr_t address, size_t count, int dtype, int root, int set, std::string name,

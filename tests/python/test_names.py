@@ -96,7 +96,7 @@ def test_duplicate_name_raises_on_that_rank_only_then_optimizer_step():
     h = None
     if RANK == 1:
         h = hvd.allreduce_async(t, name="dup", op=hvd.Sum)
-        with pytest.raises(ValueError, match="'dup' is already pending"):
+        with pytest.raises(ValueError, match="'dup' is already in flight"):
             hvd.allreduce_async(t, name="dup", op=hvd.Sum)
     hvd.barrier()
     if RANK != 1:

@@ -168,7 +168,7 @@ def grouped_allreduce_async_(tensors, op=None, name=None, process_set=None, pres
             core.append(_core.grouped_allreduce_async(
                 [bufs[i].ptr for i in members], [bufs[i].count for i in members],
                 first.dtype, op, set_id, f"{name}#{dtype_name}" if name else "", shape,
-                first.device, first.stream))
+                first.device, first.stream, (name or "") if not core else None))
     except Exception:
         for h in core:  # what was queued runs; wait for it before raising
             try:

@@ -139,8 +139,10 @@ class Runtime {
   Handle Allreduce(const TensorRef& input, const TensorRef& output, ReduceOp op, int set,
                    CallCheck check, bool prompt = false);
   // GroupedAllreduce: one allreduce of `buffers` (each of element type `type`), in place.
+  // `match`: the name it is matched (and refused as a duplicate) by, when not check.name (a
+  // grouped call's first part goes by the call's name, its messages by the part's).
   Handle GroupedAllreduce(const std::vector<TensorRef>& buffers, DataType type, ReduceOp op,
-                          int set, CallCheck check);
+                          int set, CallCheck check, const std::string* match = nullptr);
   Handle Broadcast(const TensorRef& data, int root, int set, CallCheck check);
   // Allgatherv: `counts[r]` elements from rank r; input.count is this rank's.
   Handle Allgatherv(const TensorRef& input, const TensorRef& output, std::vector<size_t> counts,
