@@ -35,6 +35,14 @@ def _claim_name(set_id, name, what):
     return None
 
 
+def _part(name, i, n):
+    """The core's name of part i of n of an operation named `name` (each pending name is one
+    operation's): the name itself for a single part, else name[i]; unnamed stays unnamed."""
+    if not name:
+        return ""
+    return name if n == 1 else f"{name}[{i}]"
+
+
 def _register(core, finish, keep, name_key=None):
     h = _core.new_handle()
     _ops[h] = _Op(list(core), finish, keep, name_key)

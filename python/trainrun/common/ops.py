@@ -14,8 +14,8 @@ from trainrun import _buffers
 from trainrun import _core
 from trainrun.common.exceptions import Error, InvalidArgumentError
 from trainrun.common.exchange import INT64, exchange_firsts
-from trainrun.common.handles import (_Op, _claim_name, _names_in_flight, _ops, _poll_py,
-                                     _register, _synchronize_py)
+from trainrun.common.handles import (_Op, _claim_name, _names_in_flight, _ops, _part,
+                                     _poll_py, _register, _synchronize_py)
 from trainrun.common.process_sets import _check_root, _set_id, _set_rank, _set_size
 
 ReduceOp = _core.ReduceOp
@@ -252,10 +252,9 @@ def broadcast(tensor, root_rank=0, name=None, process_set=None):
 
 
 def grouped_allgather_async(tensors, name=None, process_set=None):
-    """Starts gathering every tensor of the list from every rank, concatenated along the first
-    dimension in rank order (which may differ between ranks; the rest of the shape and the dtype
-    must agree); synchronize() returns the list of results. Host tensors make one queued
-    operation (the first dimensions are exchanged by it), matched by name like any other."""
+    """Starts gathering each tensor from every rank, concatenated along the first dimension in
+    rank order (which may differ between ranks; the rest of the shape and the dtype must agree);
+    synchronize() returns the list. Host tensors make one queued operation, matched by name."""
     what = _what("allgather", name)
     tensors = _group("allgather", tensors, what)
     set_id = _set_id(process_set, what)
@@ -268,11 +267,10 @@ def grouped_allgather_async(tensors, name=None, process_set=None):
             [_shape(b) for b in bufs])
 
         def finish():
-            outs = []
-            for i, b in enumerate(bufs):
-                out = _buffers.empty_like(b, (sum(gathered.rows(i)),) + tuple(b.shape[1:]))
+            outs = [_buffers.empty_like(b, (sum(gathered.rows(i)),) + tuple(b.shape[1:]))
+                    for i, b in enumerate(bufs)]
+            for i, out in enumerate(outs):
                 gathered.copy_to(i, _buffers.view(out, what, writable=True).ptr)
-                outs.append(out)
             return outs
 
         return _register([h], finish, (tensors, bufs, gathered))
@@ -281,24 +279,13 @@ def grouped_allgather_async(tensors, name=None, process_set=None):
     n = _set_size(set_id)
     core, outs = [], []
     for i, b in enumerate(bufs):
-        rest = tuple(b.shape[1:])
-        row = _product(rest)
         rows = [firsts[r][i] for r in range(n)]
-        out = _buffers.empty_like(b, (sum(rows),) + rest)
-        ob = _buffers.view(out, what, writable=True)
-        core.append(_core.allgatherv_async(b.ptr, ob.ptr, [f * row for f in rows], b.dtype,
-                                           set_id, _part(name, i, len(bufs)), _shape(b), b.device,
-                                           b.stream))
-        outs.append(out)
+        outs.append(_buffers.empty_like(b, (sum(rows),) + tuple(b.shape[1:])))
+        core.append(_core.allgatherv_async(
+            b.ptr, _buffers.view(outs[-1], what, writable=True).ptr,
+            [f * _product(b.shape[1:]) for f in rows], b.dtype, set_id,
+            _part(name, i, len(bufs)), _shape(b), b.device, b.stream))
     return _register(core, lambda: outs, (tensors, outs))
-
-
-def _part(name, i, n):
-    """The core's name of part i of n of an operation named `name` (each pending name is one
-    operation's): the name itself for a single part, else name[i]; unnamed stays unnamed."""
-    if not name:
-        return ""
-    return name if n == 1 else f"{name}[{i}]"
 
 
 def allgather_async(tensor, name=None, process_set=None):
