@@ -8,6 +8,9 @@ that drift in machine load hits all alike:
   fused    one allreduce_ of a tensor holding as many elements as the 200 together (the bound);
   grouped  grouped_allreduce_ of the list (one fused collective; the copies in and out included);
   async    allreduce_async_ of each of the 200, then synchronize of every handle.
+--shuffled adds a fourth way, "shuffled": as async, but every rank submits the 200 (named) in
+an order of its own, drawn anew for every call, so the ranks match them by name (negotiation);
+beside async, the cost of an order that differs between ranks.
 Rank 0 prints each one's median time per call over the rounds, and the ratio to fused (goal:
 grouped and async at most 1.10); and each one's best call (the fastest of all its calls, on the
 slowest rank), which on a machine loaded by other work tells what a quiet one would show better
@@ -43,6 +46,9 @@ parser.add_argument("--tensors", type=int, default=200)
 parser.add_argument("--repeat", type=int, default=5, help="calls per way per round")
 parser.add_argument("--numpy", action="store_true", help="NumPy arrays instead of torch tensors")
 parser.add_argument("--phases", action="store_true", help="split async's time into its phases")
+parser.add_argument("--shuffled", action="store_true",
+                    help="add 'shuffled': async with every rank submitting the named tensors in "
+                         "its own random order, new every call (matched by name)")
 args = parser.parse_args()
 
 trainrun.init()
@@ -110,8 +116,21 @@ def asynchronous_in_phases():
     return out
 
 
+shuffler = random.Random(1000 + rank)  # another order on every rank
+
+
+def shuffled():
+    order = list(range(len(tensors)))
+    shuffler.shuffle(order)
+    handles = {i: trainrun.allreduce_async_(tensors[i], op=trainrun.Sum, name=f"t{i}")
+               for i in order}
+    return [trainrun.synchronize(handles[i]) for i in order]
+
+
 ways = {"fused": fused, "grouped": grouped,
         "async": asynchronous_in_phases if args.phases else asynchronous}
+if args.shuffled:
+    ways["shuffled"] = shuffled
 wrong = 0
 
 

@@ -174,9 +174,20 @@ bool Unanimous(const CallRecord* records, size_t n) {
   return true;
 }
 
+bool NamesDiffer(const std::vector<CallRecord>& records) {
+  bool differ = false;
+  for (const CallRecord& r : records) {
+    if (r.kind == kJoinedKind || r.magic != CallRecord::kMagic) return false;
+    differ |= r.name_hash != records[0].name_hash;
+  }
+  return differ;
+}
+
 void CheckAgreement(const std::vector<CallRecord>& records, const std::string& set) {
   std::string message = Disagreement(records, set);
-  if (!message.empty()) throw MismatchError(message);
+  if (message.empty()) return;
+  if (NamesDiffer(records)) throw OrderError(message);
+  throw MismatchError(message);
 }
 
 }  // namespace trainrun::collectives::internal

@@ -89,7 +89,13 @@ std::string Disagreement(const std::vector<CallRecord>& records, const std::stri
 // Disagreement.
 bool Unanimous(const CallRecord* records, size_t n);
 
-// CheckAgreement throws MismatchError with Disagreement's message when it is not empty.
+// NamesDiffer: no rank has joined and the records do not all have the same name (one unnamed and
+// one named count as different): the ranks called their collectives in different orders, which
+// the communication thread resolves by name (comm_thread.h), rather than a mismatch.
+bool NamesDiffer(const std::vector<CallRecord>& records);
+
+// CheckAgreement throws MismatchError with Disagreement's message when it is not empty: an
+// OrderError (a MismatchError) when NamesDiffer.
 void CheckAgreement(const std::vector<CallRecord>& records, const std::string& set);
 
 // Describe says what a record asks for, e.g. "allreduce 'loss' of float32[4, 3] (op sum)".

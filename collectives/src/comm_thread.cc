@@ -1,12 +1,17 @@
 #include "trainrun/collectives/comm_thread.h"
 
 #include <algorithm>
+#include <functional>
 #include <iterator>
 #include <map>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
+#include "log.h"
 #include "trainrun/collectives/errors.h"
 #include "trainrun/collectives/gpu/device_collectives.h"
+#include "trainrun/rendezvous/environment.h"
 
 namespace trainrun::collectives {
 
@@ -22,12 +27,21 @@ CommThread::~CommThread() {
   thread_.join();
 }
 
-CommThread::Handle CommThread::Submit(Job job) {
-  return Enqueue(Entry{0, std::move(job), std::nullopt});
+CommThread::Handle CommThread::Submit(Job job, Communicator* comm, std::string name) {
+  Entry entry;
+  entry.job = std::move(job);
+  entry.comm = comm;
+  entry.name = std::move(name);
+  return Enqueue(std::move(entry));
 }
 
 CommThread::Handle CommThread::SubmitAllreduce(Allreduce allreduce, bool prompt) {
-  return Enqueue(Entry{0, nullptr, std::move(allreduce), prompt});
+  Entry entry;
+  entry.allreduce = std::move(allreduce);
+  entry.prompt = prompt;
+  entry.comm = entry.allreduce->comm;
+  entry.name = entry.allreduce->check.name;
+  return Enqueue(std::move(entry));
 }
 
 CommThread::Handle CommThread::Enqueue(Entry entry) {
@@ -35,6 +49,32 @@ CommThread::Handle CommThread::Enqueue(Entry entry) {
   bool idle;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (entry.comm != nullptr) {
+      if (!entry.name.empty()) {
+        auto [it, fresh] = pending_names_.emplace(std::make_pair(entry.comm, entry.name), 0);
+        if (!fresh) {
+          // The name's last holder: still queued or running, or finished but neither waited for
+          // nor followed by any later collective that has finished (Horovod raises there too:
+          // an async call repeated at once must not pass because the first was quick).
+          const Outcome* held = Find(it->second);
+          if (held != nullptr && (held->state == Outcome::kPending || done_up_to_ <= it->second)) {
+            throw InvalidArgumentError(::trainrun::internal::MakeMessage(
+                "a collective named '", entry.name,
+                "' is already in flight on this rank (submitted, and not yet synchronized); "
+                "wait for it first, or give this one another name"));
+          }
+        }
+        it->second = next_handle_;  // this entry's handle, given below
+        entry.key = std::hash<std::string>{}(entry.name) | 1;
+      } else {
+        if (entry.comm != last_unnamed_comm_) {
+          last_unnamed_ = &unnamed_[entry.comm];
+          last_unnamed_comm_ = entry.comm;
+        }
+        entry.key = ++*last_unnamed_ << 1;
+      }
+    }
+    ++enqueued_;
     handle = next_handle_++;
     entry.handle = handle;
     outcomes_.emplace_back();
@@ -85,7 +125,7 @@ void CommThread::Trim() {
 namespace {
 
 [[noreturn]] void ThrowUnknown(CommThread::Handle handle) {
-  throw InvalidArgumentError(internal::MakeMessage(
+  throw InvalidArgumentError(::trainrun::internal::MakeMessage(
       "handle ", handle, " is not a pending operation (already synchronized, or never started)"));
 }
 
@@ -131,11 +171,17 @@ bool CommThread::WaitFor(Handle handle, std::chrono::milliseconds timeout) {
 }
 
 void CommThread::Finish(Handle handle, std::exception_ptr error) {
+  done_up_to_ = std::max(done_up_to_, handle);
   Outcome* outcome = Find(handle);
   if (outcome != nullptr) {
     outcome->state = Outcome::kDone;
     outcome->error = std::move(error);
   }
+}
+
+void CommThread::Pop() {
+  queue_.pop_front();
+  if (agreed_ > 0) --agreed_;
 }
 
 void CommThread::Loop() {
@@ -145,23 +191,185 @@ void CommThread::Loop() {
     if (queue_.empty()) return;  // stopping_, and nothing left to run
     if (queue_.front().allreduce) {
       HoldForMore(lock);
-      RunFused(lock);
+      Communicator* comm = queue_.front().comm;
+      const std::string order = RunFused(lock);
       finished_.notify_all();
+      if (!order.empty()) Negotiate(lock, comm, order);
       continue;
     }
-    Entry entry = std::move(queue_.front());
-    queue_.pop_front();
+    // The entry stays queued while it runs (a deque's references survive push_back): an
+    // OrderError leaves it pending.
+    Entry& entry = queue_.front();
     lock.unlock();
     std::exception_ptr error;
+    std::string order;
     try {
       entry.job(*comm_);
+    } catch (const OrderError& e) {
+      if (entry.comm != nullptr) {
+        order = e.what();
+      } else {
+        error = std::current_exception();
+      }
     } catch (...) {
       error = std::current_exception();
     }
     lock.lock();
+    if (!order.empty()) {
+      Negotiate(lock, entry.comm, order);
+      continue;
+    }
     Finish(entry.handle, error);
+    Pop();
     finished_.notify_all();
   }
+}
+
+void CommThread::Negotiate(std::unique_lock<std::mutex>& lock, Communicator* comm,
+                           const std::string& why) {
+  const size_t n = static_cast<size_t>(comm->size());
+  // The header: how many keys; whether this rank is stuck; which communicator this is (ranks
+  // whose heads were collectives of different communicators over one transport met in one
+  // exchange: that cannot be negotiated); how long this rank has negotiated, in ms.
+  constexpr size_t kHeader = 4;
+  constexpr size_t kWords = kHeader + kMostKeys;
+  const auto started = std::chrono::steady_clock::now();
+  const std::chrono::seconds warning(env::kStallWarningSeconds.Get());
+  const int64_t timeout_ms = env::kTimeoutSeconds.Get() * 1000;
+  const uint64_t tag =
+      (std::hash<std::string>{}(comm->set_name()) ^ static_cast<uint64_t>(n) << 48) | 1;
+  bool warned = false;
+  int stuck_rounds = 0;
+  uint64_t seen = enqueued_;
+  std::vector<uint64_t> mine(kWords);
+  while (true) {
+    std::fill(mine.begin(), mine.end(), 0);
+    size_t count = 0;
+    for (const Entry& e : queue_) {
+      if (e.comm == nullptr) break;  // not a collective: nothing is moved past it
+      if (e.comm == comm && e.key != 0 && count < kMostKeys) mine[kHeader + count++] = e.key;
+    }
+    mine[0] = count;
+    mine[1] = waiters_ > 0 && enqueued_ == seen ? 1 : 0;
+    mine[2] = tag;
+    mine[3] = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::steady_clock::now() - started)
+                                        .count());
+    seen = enqueued_;
+    lock.unlock();
+    std::vector<uint64_t> all;
+    std::exception_ptr error;
+    try {
+      all = comm->ExchangeKeys(mine);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    // The head is the collective of comm that met the OrderError: on a failure of the
+    // communicator, or when nothing can resolve the order, it is the one that fails.
+    auto fail_head = [&](std::exception_ptr e) {
+      agreed_ = 0;
+      Finish(queue_.front().handle, std::move(e));
+      Pop();
+      finished_.notify_all();
+    };
+    if (error) return fail_head(error);
+    for (size_t r = 0; r < n; ++r) {
+      if (all[r * kWords + 2] != tag) {
+        return fail_head(std::make_exception_ptr(MismatchError(
+            why + " (the ranks' next collectives belong to different process sets)")));
+      }
+    }
+    auto keys = [&](size_t rank) {
+      const uint64_t* words = all.data() + rank * kWords;
+      return std::make_pair(words + kHeader, words + kHeader + words[0]);
+    };
+    // The keys every rank has, in the lowest rank's order.
+    std::vector<std::unordered_set<uint64_t>> others(n);
+    for (size_t r = 1; r < n; ++r) others[r].insert(keys(r).first, keys(r).second);
+    std::vector<uint64_t> common;
+    for (const uint64_t* k = keys(0).first; k != keys(0).second; ++k) {
+      bool everywhere = true;
+      for (size_t r = 1; r < n && everywhere; ++r) everywhere = others[r].count(*k) != 0;
+      if (everywhere) common.push_back(*k);
+    }
+    if (!common.empty()) {
+      // Move them to the front in that order; the rest keep their order behind.
+      std::unordered_map<uint64_t, size_t> place;
+      for (size_t i = 0; i < common.size(); ++i) place.emplace(common[i], i);
+      std::vector<Entry> front(common.size());
+      std::deque<Entry> rest;
+      bool fence = false;
+      for (Entry& e : queue_) {
+        fence |= e.comm == nullptr;
+        auto it = fence || e.comm != comm ? place.end() : place.find(e.key);
+        if (it != place.end()) {
+          front[it->second] = std::move(e);
+        } else {
+          rest.push_back(std::move(e));
+        }
+      }
+      queue_.clear();
+      for (Entry& e : front) queue_.push_back(std::move(e));
+      for (Entry& e : rest) queue_.push_back(std::move(e));
+      agreed_ = common.size();
+      return;
+    }
+    bool everyone_stuck = true;
+    for (size_t r = 0; r < n; ++r) everyone_stuck &= all[r * kWords + 1] == 1;
+    stuck_rounds = everyone_stuck ? stuck_rounds + 1 : 0;
+    if (stuck_rounds >= kStuckRounds) {
+      // Every rank waits for collectives no other rank has called, and none called anything new:
+      // nothing can resolve it. Each rank's head fails alike.
+      return fail_head(std::make_exception_ptr(MismatchError(why)));
+    }
+    // As any collective, none waits longer than TRAINRUN_TIMEOUT for the others (the lowest
+    // rank's clock decides, so every rank decides alike).
+    if (static_cast<int64_t>(all[3]) >= timeout_ms) {
+      return fail_head(std::make_exception_ptr(MismatchError(::trainrun::internal::MakeMessage(
+          why, " (no rank submitted a collective every rank has for ", timeout_ms / 1000,
+          " s, TRAINRUN_TIMEOUT)"))));
+    }
+    const auto waited = std::chrono::steady_clock::now() - started;
+    if (!warned && warning.count() > 0 && waited >= warning) {
+      warned = true;
+      StallWarning(comm, all, kWords, warning);
+    }
+    // Wait a little for something new before the next round (every rank goes round alike).
+    const uint64_t before = enqueued_;
+    queued_.wait_for(lock, kRoundWait, [&] { return enqueued_ != before; });
+  }
+}
+
+void CommThread::StallWarning(Communicator* comm, const std::vector<uint64_t>& all, size_t words,
+                              std::chrono::seconds waited) {
+  const size_t n = static_cast<size_t>(comm->size());
+  std::vector<std::unordered_set<uint64_t>> has(n);
+  for (size_t r = 0; r < n; ++r) {
+    const uint64_t* w = all.data() + r * words;
+    has[r].insert(w + 4, w + 4 + w[0]);
+  }
+  std::string list;
+  for (const Entry& e : queue_) {
+    if (e.comm != comm || e.key == 0) continue;
+    std::string missing;
+    int lacking = 0;
+    for (size_t r = 0; r < n; ++r) {
+      if (has[r].count(e.key) == 0) {
+        missing += ::trainrun::internal::MakeMessage(lacking++ ? ", " : "", r);
+      }
+    }
+    if (lacking == 0) continue;
+    list += ::trainrun::internal::MakeMessage(
+        list.empty() ? "" : "; ",
+        e.name.empty()
+            ? ::trainrun::internal::MakeMessage("an unnamed collective (#", e.key >> 1, ")")
+            : "'" + e.name + "'",
+        " (missing on rank", lacking > 1 ? "s " : " ", missing, ")");
+  }
+  internal::LogWarning(::trainrun::internal::MakeMessage(
+      "rank ", comm->rank(), ": collectives submitted by this rank have waited more than ",
+      waited.count(), " s for other ranks to submit them (Horovod's stall check): ", list));
 }
 
 void CommThread::HoldForMore(std::unique_lock<std::mutex>& lock) {
@@ -212,14 +420,16 @@ size_t CommThread::WithoutOverlap(const std::vector<Communicator::ReadyAllreduce
   return ready.size();
 }
 
-void CommThread::RunFused(std::unique_lock<std::mutex>& lock) {
+std::string CommThread::RunFused(std::unique_lock<std::mutex>& lock) {
   const Allreduce& head = *queue_.front().allreduce;
   Communicator* comm = head.comm;
   std::vector<Communicator::ReadyAllreduce> ready;
   const size_t element = collectives::ElementSize(head.type);
   size_t bytes = 0;
+  // After a negotiation, no further than what every rank agreed on (then every rank has as many).
+  const size_t most = agreed_ > 0 ? agreed_ : queue_.size();
   for (const Entry& entry : queue_) {
-    if (!entry.allreduce) break;
+    if (!entry.allreduce || ready.size() == most) break;
     const Allreduce& a = *entry.allreduce;
     if (a.comm != comm || a.type != head.type || a.op != head.op) break;
     if ((a.device != nullptr) != (head.device != nullptr)) break;
@@ -250,10 +460,19 @@ void CommThread::RunFused(std::unique_lock<std::mutex>& lock) {
     k = comm->AllreduceReady(ready, head.type, head.op, &error);
   }
   lock.lock();
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const OrderError& e) {
+      return e.what();  // nothing ran; the head stays pending
+    } catch (...) {
+    }
+  }
   for (size_t i = 0; i < k; ++i) {
     Finish(queue_.front().handle, error);
-    queue_.pop_front();
+    Pop();
   }
+  return "";
 }
 
 }  // namespace trainrun::collectives

@@ -260,6 +260,7 @@ class Communicator::Impl {
   const RankInfo& info() const { return info_; }
   int job_rank() const { return job_rank_; }
   const char* transport_name() const { return transport_->name(); }
+  const std::string& set_name() const { return set_name_; }
 
   // Run runs one collective; a failure breaks the communicator, tells the peers and the rendezvous
   // who is to blame, and propagates.
@@ -503,6 +504,19 @@ class Communicator::Impl {
   }
 
   internal::Timeline& timeline() { return *timeline_; }
+
+  std::vector<uint64_t> ExchangeKeys(const std::vector<uint64_t>& mine) {
+    const size_t words = mine.size();
+    const size_t n = static_cast<size_t>(info_.size);
+    std::vector<uint64_t> all(words * n);
+    std::copy(mine.begin(), mine.end(), all.begin() + static_cast<ptrdiff_t>(words * info_.rank));
+    if (n == 1) return all;
+    Guard("negotiation", nullptr, words * 8, [&](internal::AlgorithmContext& ctx) {
+      internal::Allgatherv(ctx, all.data() + words * info_.rank, all.data(),
+                           std::vector<size_t>(n, words * sizeof(uint64_t)), DataType::kUInt8);
+    });
+    return all;
+  }
 
   // Join takes part, with zeros, in the allreduces (sum, average) and barriers the other ranks
   // run, until every rank has joined; returns the last rank to join (the highest of those that
@@ -753,6 +767,7 @@ int Communicator::size() const { return impl_->info().size; }
 const RankInfo& Communicator::info() const { return impl_->info(); }
 bool Communicator::broken() const { return impl_->broken(); }
 const char* Communicator::transport() const { return impl_->transport_name(); }
+const std::string& Communicator::set_name() const { return impl_->set_name(); }
 
 void Communicator::Allreduce(const void* input, void* output, size_t count, DataType type,
                              ReduceOp op, const CallCheck& check) {
@@ -888,6 +903,10 @@ void Communicator::StartTimeline(const std::string& path) {
 }
 
 void Communicator::StopTimeline() { impl_->timeline().Stop(); }
+
+std::vector<uint64_t> Communicator::ExchangeKeys(const std::vector<uint64_t>& mine) {
+  return impl_->ExchangeKeys(mine);
+}
 
 void Communicator::Barrier() {
   auto call = DescribeCall(CollectiveKind::kBarrier, DataType::kUInt8, 0, 0, CallCheck{});

@@ -189,7 +189,13 @@ void* Runtime::HostBuffer(const TensorRef& ref) {
 
 Runtime::Handle Runtime::Submit(int set, std::function<void(Communicator&)> job) {
   Communicator* comm = &Set(set);
-  return thread().Submit([comm, job = std::move(job)](Communicator&) { job(*comm); });
+  return thread().Submit([comm, job = std::move(job)](Communicator&) { job(*comm); }, comm);
+}
+
+Runtime::Handle Runtime::SubmitNamed(int set, const std::string& name,
+                                     std::function<void(Communicator&)> job) {
+  Communicator* comm = &Set(set);
+  return thread().Submit([comm, job = std::move(job)](Communicator&) { job(*comm); }, comm, name);
 }
 
 Runtime::Handle Runtime::Allreduce(const TensorRef& input, const TensorRef& output, ReduceOp op,
@@ -214,11 +220,13 @@ Runtime::Handle Runtime::Allreduce(const TensorRef& input, const TensorRef& outp
     Communicator* comm = &Set(set);
     return thread().SubmitAllreduce({comm, out, count, type, op, std::move(check)}, prompt);
   }
-  return Submit(set, [=](Communicator& c) { c.Allreduce(in, out, count, type, op, check); });
+  return SubmitNamed(set, check.name,
+                     [=](Communicator& c) { c.Allreduce(in, out, count, type, op, check); });
 }
 
 Runtime::Handle Runtime::GroupedAllreduce(const std::vector<TensorRef>& buffers, DataType type,
-                                          ReduceOp op, int set, CallCheck check) {
+                                          ReduceOp op, int set, CallCheck check,
+                                          const std::string* match) {
   std::vector<const TensorRef*> refs;
   for (const TensorRef& ref : buffers) refs.push_back(&ref);
   if (!buffers.empty() && OnGpu(refs)) {
@@ -241,7 +249,8 @@ Runtime::Handle Runtime::GroupedAllreduce(const std::vector<TensorRef>& buffers,
     }
     views.push_back({HostBuffer(ref), ref.count});
   }
-  return Submit(set, [=](Communicator& c) { c.GroupedAllreduce(views, type, op, check); });
+  return SubmitNamed(set, match != nullptr ? *match : check.name,
+                     [=](Communicator& c) { c.GroupedAllreduce(views, type, op, check); });
 }
 
 Runtime::Handle Runtime::Broadcast(const TensorRef& data, int root, int set, CallCheck check) {
@@ -253,7 +262,8 @@ Runtime::Handle Runtime::Broadcast(const TensorRef& data, int root, int set, Cal
   void* p = HostBuffer(data);
   const size_t count = data.count;
   const DataType type = data.type;
-  return Submit(set, [=](Communicator& c) { c.Broadcast(p, count, type, root, check); });
+  return SubmitNamed(set, check.name,
+                     [=](Communicator& c) { c.Broadcast(p, count, type, root, check); });
 }
 
 Runtime::Handle Runtime::Allgatherv(const TensorRef& input, const TensorRef& output,
@@ -266,7 +276,7 @@ Runtime::Handle Runtime::Allgatherv(const TensorRef& input, const TensorRef& out
   const void* in = HostBuffer(input);
   void* out = HostBuffer(output);
   const DataType type = output.type;
-  return Submit(set, [=, counts = std::move(counts)](Communicator& c) {
+  return SubmitNamed(set, check.name, [=, counts = std::move(counts)](Communicator& c) {
     c.Allgatherv(in, out, counts, type, check);
   });
 }
@@ -284,7 +294,8 @@ Runtime::Handle Runtime::ReduceScatter(const TensorRef& input, const TensorRef& 
   void* out = HostBuffer(output);
   const size_t count = output.count;
   const DataType type = output.type;
-  return Submit(set, [=](Communicator& c) { c.ReduceScatter(in, out, count, type, op, check); });
+  return SubmitNamed(set, check.name,
+                     [=](Communicator& c) { c.ReduceScatter(in, out, count, type, op, check); });
 }
 
 Runtime::Handle Runtime::Alltoallv(const TensorRef& input, std::vector<size_t> send_counts,
@@ -299,7 +310,8 @@ Runtime::Handle Runtime::Alltoallv(const TensorRef& input, std::vector<size_t> s
   const void* in = HostBuffer(input);
   void* out = HostBuffer(output);
   const DataType type = output.type;
-  return Submit(set, [=, sends = std::move(send_counts), recvs = std::move(recv_counts)](
+  return SubmitNamed(set, check.name,
+                     [=, sends = std::move(send_counts), recvs = std::move(recv_counts)](
                          Communicator& c) { c.Alltoallv(in, sends, out, recvs, type, check); });
 }
 
@@ -391,8 +403,10 @@ bool Runtime::Done(Handle handle) {
 }
 
 Runtime::Handle Runtime::SubmitDevice(int set, gpu::DeviceCall call) {
-  std::shared_ptr<gpu::DeviceWork> work = Device(Set(set)).Start(std::move(call));
-  const Handle handle = thread().Submit([work](Communicator&) { work->Run(); });
+  Communicator& comm = Set(set);
+  const std::string name = call.check.name;
+  std::shared_ptr<gpu::DeviceWork> work = Device(comm).Start(std::move(call));
+  const Handle handle = thread().Submit([work](Communicator&) { work->Run(); }, &comm, name);
   device_work_[handle] = std::move(work);
   return handle;
 }

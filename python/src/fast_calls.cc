@@ -299,7 +299,8 @@ PyObject* GroupedAllreduceFast(PyObject* /*module*/, PyObject* const* args, Py_s
     for (auto& [type, members] : groups) {
       std::vector<Communicator::Buffer> buffers;
       CallCheck check;
-      check.name = name + "#" + collectives::DataTypeName(type);
+      // Unnamed stays unnamed (matched in call order, and never a duplicate).
+      if (!name.empty()) check.name = name + "#" + collectives::DataTypeName(type);
       check.has_shape = true;
       check.shape.push_back(static_cast<int64_t>(members.size()));
       for (size_t i : members) {
@@ -307,9 +308,13 @@ PyObject* GroupedAllreduceFast(PyObject* /*module*/, PyObject* const* args, Py_s
         check.shape.push_back(static_cast<int64_t>(views[i].count));
       }
       const DataType t = type;
-      core.push_back(
-          thread.Submit([comm, buffers = std::move(buffers), t, op, check = std::move(check)](
-                            Communicator&) { comm->GroupedAllreduce(buffers, t, op, check); }));
+      // Matched (and refused as a duplicate) by the call's name for its first part.
+      std::string core_name = core.empty() ? name : check.name;
+      core.push_back(thread.Submit(
+          [comm, buffers = std::move(buffers), t, op, check = std::move(check)](Communicator&) {
+            comm->GroupedAllreduce(buffers, t, op, check);
+          },
+          comm, std::move(core_name)));
     }
   } catch (...) {
     for (CommThread::Handle h : core) {  // what was queued runs: wait for it before raising

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -110,6 +111,65 @@ std::vector<size_t> ToCounts(const std::vector<int64_t>& counts, const char* wha
     out.push_back(static_cast<size_t>(c));
   }
   return out;
+}
+
+// GatherResult is what a grouped allgather gathered (GroupedAllgather): every rank's first
+// dimension of each tensor, and each tensor's gathered bytes, until Python copies them into
+// tensors of the shape they turned out to have.
+struct GatherResult {
+  size_t tensors = 0;
+  std::vector<int64_t> rows;  // rows[r * tensors + i]: rank r's first dimension of tensor i
+  std::vector<std::vector<char>> gathered;
+};
+
+// GroupedAllgather queues, as one collective named `name`, the allgather of tensors whose first
+// dimensions may differ between ranks: the ranks first exchange their first dimensions, then
+// gather each tensor; so the whole operation is matched by its name (comm_thread.h) like any
+// other, and nothing is waited for at the call.
+py::tuple GroupedAllgather(std::vector<uintptr_t> addresses, std::vector<int64_t> rows,
+                           std::vector<int64_t> row_elements, std::vector<int> dtypes, int set,
+                           std::string name, std::vector<std::vector<int64_t>> shapes) {
+  const size_t k = addresses.size();
+  if (rows.size() != k || row_elements.size() != k || dtypes.size() != k || shapes.size() != k) {
+    throw InvalidArgumentError(
+        "grouped allgather: one address, row count, row size, dtype and "
+        "shape per tensor");
+  }
+  std::vector<DataType> types;
+  for (int code : dtypes) types.push_back(ToDataType(code));
+  Runtime& runtime = TheRuntime();
+  auto result = std::make_shared<GatherResult>();
+  result->tensors = k;
+  const size_t n = static_cast<size_t>(runtime.Set(set).size());
+  const CommThread::Handle handle = runtime.SubmitNamed(
+      set, name,
+      [=, rows = std::move(rows), row_elements = std::move(row_elements),
+       shapes = std::move(shapes)](Communicator& c) {
+        CallCheck sizes;
+        sizes.name = name;
+        sizes.has_shape = true;
+        sizes.shape = {static_cast<int64_t>(k)};
+        result->rows.assign(n * k, 0);
+        c.Allgather(rows.data(), result->rows.data(), k, DataType::kInt64, sizes);
+        result->gathered.resize(k);
+        for (size_t i = 0; i < k; ++i) {
+          std::vector<size_t> counts(n);
+          size_t total = 0;
+          for (size_t r = 0; r < n; ++r) {
+            counts[r] =
+                static_cast<size_t>(result->rows[r * k + i]) * static_cast<size_t>(row_elements[i]);
+            total += counts[r];
+          }
+          result->gathered[i].resize(total * collectives::ElementSize(types[i]));
+          CallCheck check;
+          check.name = name;
+          check.has_shape = true;
+          check.shape = shapes[i];
+          c.Allgatherv(reinterpret_cast<const void*>(addresses[i]), result->gathered[i].data(),
+                       counts, types[i], check);
+        }
+      });
+  return py::make_tuple(handle, py::cast(result));
 }
 
 // NewException makes a Python exception class `trainrun.<name>` deriving from `bases`.
@@ -301,7 +361,7 @@ PYBIND11_MODULE(_core, m) {
       "grouped_allreduce_async",
       [](std::vector<uintptr_t> addresses, std::vector<int64_t> counts, int dtype, ReduceOp op,
          int set, std::string name, std::optional<std::vector<int64_t>> shape, int device,
-         uintptr_t stream) {
+         uintptr_t stream, std::optional<std::string> match) {
         if (addresses.size() != counts.size()) {
           throw trainrun::InvalidArgumentError(
               trainrun::internal::MakeMessage("grouped allreduce got ", addresses.size(),
@@ -313,11 +373,12 @@ PYBIND11_MODULE(_core, m) {
           buffers.push_back(Ref(addresses[i], n[i], dtype, device, stream));
         }
         return TheRuntime().GroupedAllreduce(buffers, ToDataType(dtype), op, set,
-                                             MakeCheck(std::move(name), std::move(shape)));
+                                             MakeCheck(std::move(name), std::move(shape)),
+                                             match ? &*match : nullptr);
       },
       py::arg("addresses"), py::arg("counts"), py::arg("dtype"), py::arg("op"), py::arg("set") = 0,
       py::arg("name") = "", py::arg("shape") = py::none(), py::arg("device") = -1,
-      py::arg("stream") = 0);
+      py::arg("stream") = 0, py::arg("match") = py::none());
   m.def(
       "broadcast_async",
       [](uintptr_t address, size_t count, int dtype, int root, int set, std::string name,
@@ -343,6 +404,34 @@ PYBIND11_MODULE(_core, m) {
       py::arg("input"), py::arg("output"), py::arg("counts"), py::arg("dtype"), py::arg("set") = 0,
       py::arg("name") = "", py::arg("shape") = py::none(), py::arg("device") = -1,
       py::arg("stream") = 0);
+  py::class_<GatherResult, std::shared_ptr<GatherResult>>(m, "GatherResult")
+      .def(
+          "rows",
+          [](const GatherResult& g, size_t i) {
+            std::vector<int64_t> out;
+            for (size_t r = 0; i < g.tensors && r * g.tensors + i < g.rows.size(); ++r) {
+              out.push_back(g.rows[r * g.tensors + i]);
+            }
+            return out;
+          },
+          py::arg("i"), "Every rank's first dimension of tensor i (after the wait).")
+      .def(
+          "copy_to",
+          [](const GatherResult& g, size_t i, uintptr_t address) {
+            if (i >= g.gathered.size())
+              throw trainrun::InvalidArgumentError("no such gathered tensor");
+            if (!g.gathered[i].empty()) {
+              std::memcpy(reinterpret_cast<void*>(address), g.gathered[i].data(),
+                          g.gathered[i].size());
+            }
+          },
+          py::arg("i"), py::arg("address"),
+          "Copies tensor i's gathered elements to host memory at address.");
+  m.def("grouped_allgather_async", &GroupedAllgather, py::arg("addresses"), py::arg("rows"),
+        py::arg("row_elements"), py::arg("dtypes"), py::arg("set"), py::arg("name"),
+        py::arg("shapes"),
+        "Queues one allgather of host tensors whose first dimensions may differ between ranks; "
+        "returns (handle, GatherResult).");
   m.def(
       "reducescatter_async",
       [](uintptr_t input, uintptr_t output, size_t count, int dtype, ReduceOp op, int set,

@@ -4,16 +4,7 @@ Only reasons a Horovod maintainer would accept belong here: hardware or builds t
 not have, or a documented difference in design. Tests not named here must pass.
 """
 
-SKIPS = {
-    # Horovod matches operations across ranks by name, so a barrier may overtake a pending
-    # allreduce. trainrun runs each rank's collectives in call order (DESIGN: every rank calls the
-    # same collectives in the same order); these tests issue different sequences on different
-    # ranks on purpose, which trainrun reports as a mismatch instead.
-    "test_horovod_allreduce_duplicate_name_error": "needs name-based out-of-order matching",
-    "test_horovod_allgather_duplicate_name_error": "needs name-based out-of-order matching",
-    "test_horovod_broadcast_duplicate_name_error": "needs name-based out-of-order matching",
-    "test_horovod_reducescatter_duplicate_name_error": "needs name-based out-of-order matching",
-}
+SKIPS = {}
 
 # Skipped only at some job sizes.
 SKIPS_AT_SIZE = {

@@ -19,7 +19,7 @@ def exchange_firsts(firsts, set_id, name):
     mine = _array.array("q", firsts)
     everyone = _array.array("q", bytes(8 * len(firsts) * n))
     h = _core.allgatherv_async(mine.buffer_info()[0], everyone.buffer_info()[0],
-                               [len(firsts)] * n, INT64, set_id, (name or "") + " (sizes)",
+                               [len(firsts)] * n, INT64, set_id, f"{name} (sizes)" if name else "",
                                [len(firsts)])
     _core.wait(h)
     k = len(firsts)
@@ -51,7 +51,7 @@ def broadcast_pickled(obj, root, is_root, set_id, name):
     data = _pickle.dumps(obj) if is_root else b""
     length = _array.array("q", [len(data)])
     _core.wait(_core.broadcast_async(length.buffer_info()[0], 1, INT64, root, set_id,
-                                     (name or "") + " (length)", None))
+                                     f"{name} (length)" if name else "", None))
     holder = _array.array("B", data if is_root else bytes(length[0]))
     if length[0]:
         _core.wait(_core.broadcast_async(holder.buffer_info()[0], length[0], BYTE, root,

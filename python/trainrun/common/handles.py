@@ -3,7 +3,7 @@ operation, one or more operations of the core's thread plus a `finish` that make
 (copying out, scaling, reshaping) once they are done; synchronize() waits for them and returns it.
 
 The per-tensor fast calls keep their handles in C++ (python/src/fast_calls.h) and pass the ones
-made here to _synchronize_py and _poll_py; both sides share _names_in_flight, so a name is in
+made here to _synchronize_py and _poll_py; both sides share _names_in_flight, a hint of the names
 flight once whichever side started it.
 """
 
@@ -11,9 +11,9 @@ from trainrun import _core
 from trainrun.common.exceptions import Error, InvalidArgumentError
 
 _ops = {}  # the Python way's handles; the fast calls' live in _core (fast_calls.h)
-# Names of async operations not yet synchronized: the name itself for the whole job (a str hashes
-# once, and 200 allreduce_async_ calls in a row each add and remove one), (process set id, name)
-# for a process set.
+# Names of the fast calls' operations not yet synchronized (the name itself: a str hashes once,
+# and 200 allreduce_async_ calls in a row each add and remove one). Only a hint: a call whose name
+# is here goes the Python way, and the core decides whether the name is still pending.
 _names_in_flight = set()
 
 
@@ -28,14 +28,19 @@ class _Op:
 
 
 def _claim_name(set_id, name, what):
+    """The key of an operation's name, or None. A second pending operation with the same name is
+    refused by the core when it is queued (InvalidArgumentError, a ValueError, on that rank only),
+    and a name is free again once its operation has run (not only once synchronized), as in
+    Horovod; so nothing is claimed here."""
+    return None
+
+
+def _part(name, i, n):
+    """The core's name of part i of n of an operation named `name` (each pending name is one
+    operation's): the name itself for a single part, else name[i]; unnamed stays unnamed."""
     if not name:
-        return None
-    key = name if set_id == 0 else (set_id, name)
-    if key in _names_in_flight:
-        raise InvalidArgumentError(f"{what}: an operation named {name!r} is already in flight; "
-                                   "synchronize it first or use another name")
-    _names_in_flight.add(key)
-    return key
+        return ""
+    return name if n == 1 else f"{name}[{i}]"
 
 
 def _register(core, finish, keep, name_key=None):

@@ -14,8 +14,8 @@ from trainrun import _buffers
 from trainrun import _core
 from trainrun.common.exceptions import Error, InvalidArgumentError
 from trainrun.common.exchange import INT64, exchange_firsts
-from trainrun.common.handles import (_Op, _claim_name, _names_in_flight, _ops, _poll_py,
-                                     _register, _synchronize_py)
+from trainrun.common.handles import (_Op, _claim_name, _names_in_flight, _ops, _part,
+                                     _poll_py, _register, _synchronize_py)
 from trainrun.common.process_sets import _check_root, _set_id, _set_rank, _set_size
 
 ReduceOp = _core.ReduceOp
@@ -164,8 +164,8 @@ def grouped_allreduce_async_(tensors, op=None, name=None, process_set=None, pres
             first = bufs[members[0]]
             core.append(_core.grouped_allreduce_async(
                 [bufs[i].ptr for i in members], [bufs[i].count for i in members],
-                first.dtype, op, set_id, (name or "") + f"#{dtype_name}", shape, first.device,
-                first.stream))
+                first.dtype, op, set_id, f"{name}#{dtype_name}" if name else "", shape,
+                first.device, first.stream, (name or "") if not core else None))
     except Exception:
         for h in core:  # what was queued runs; wait for it before raising
             try:
@@ -249,28 +249,40 @@ def broadcast(tensor, root_rank=0, name=None, process_set=None):
 
 
 def grouped_allgather_async(tensors, name=None, process_set=None):
-    """Starts gathering every tensor of the list from every rank, concatenated along the first
-    dimension in rank order (which may differ between ranks; the rest of the shape and the dtype
-    must agree); synchronize() returns the list of results."""
+    """Starts gathering each tensor from every rank, concatenated along the first dimension in
+    rank order (which may differ between ranks; the rest of the shape and the dtype must agree);
+    synchronize() returns the list. Host tensors make one queued operation, matched by name."""
     what = _what("allgather", name)
     tensors = _group("allgather", tensors, what)
     set_id = _set_id(process_set, what)
     tensors = [t.reshape(1) if len(getattr(t, "shape", (1,))) == 0 else t for t in tensors]
     bufs = [_buffers.view(t, what, writable=False) for t in tensors]
+    if all(b.device < 0 for b in bufs):
+        h, gathered = _core.grouped_allgather_async(
+            [b.ptr for b in bufs], [b.shape[0] for b in bufs],
+            [_product(b.shape[1:]) for b in bufs], [b.dtype for b in bufs], set_id, name or "",
+            [_shape(b) for b in bufs])
+
+        def finish():
+            outs = [_buffers.empty_like(b, (sum(gathered.rows(i)),) + tuple(b.shape[1:]))
+                    for i, b in enumerate(bufs)]
+            for i, out in enumerate(outs):
+                gathered.copy_to(i, _buffers.view(out, what, writable=True).ptr)
+            return outs
+
+        return _register([h], finish, (tensors, bufs, gathered))
+    # Device buffers: the first dimensions first, then one gather per tensor into its result.
     firsts = exchange_firsts([b.shape[0] for b in bufs], set_id, name)
     n = _set_size(set_id)
     core, outs = [], []
     for i, b in enumerate(bufs):
-        rest = tuple(b.shape[1:])
-        row = _product(rest)
         rows = [firsts[r][i] for r in range(n)]
-        out = _buffers.empty_like(b, (sum(rows),) + rest)
-        ob = _buffers.view(out, what, writable=True)
-        core.append(_core.allgatherv_async(b.ptr, ob.ptr, [f * row for f in rows], b.dtype,
-                                           set_id, name or "", _shape(b), b.device, b.stream))
-        outs.append(out)
-    key = _claim_name(set_id, name, what)
-    return _register(core, lambda: outs, (tensors, outs), key)
+        outs.append(_buffers.empty_like(b, (sum(rows),) + tuple(b.shape[1:])))
+        core.append(_core.allgatherv_async(
+            b.ptr, _buffers.view(outs[-1], what, writable=True).ptr,
+            [f * _product(b.shape[1:]) for f in rows], b.dtype, set_id,
+            _part(name, i, len(bufs)), _shape(b), b.device, b.stream))
+    return _register(core, lambda: outs, (tensors, outs))
 
 
 def allgather_async(tensor, name=None, process_set=None):
@@ -326,7 +338,8 @@ def grouped_reducescatter_async(tensors, op=None, name=None, process_set=None,
     n, me = _set_size(set_id), _set_rank(set_id)
     key = _claim_name(set_id, name, what)
     core, results = [], []
-    for b in bufs:
+    for i, b in enumerate(bufs):
+        part = _part(name, i, len(bufs))
         work = _buffers.copy_of(b)
         _buffers.scale_(work, prescale_factor)
         wb = _buffers.view(work, what, writable=True)
@@ -338,13 +351,12 @@ def grouped_reducescatter_async(tensors, op=None, name=None, process_set=None,
             out = _buffers.empty_like(b, (parts[me],) + rest)
             ob = _buffers.view(out, what, writable=True)
             core.append(_core.reducescatter_async(wb.ptr, ob.ptr, parts[me] * row, wb.dtype, op,
-                                                  set_id, name or "", _shape(b), wb.device,
+                                                  set_id, part, _shape(b), wb.device,
                                                   wb.stream))
             results.append((out, None, work))
         else:  # Uneven parts: reduce everything, keep ours.
             core.append(_core.allreduce_async(wb.ptr, wb.ptr, wb.count, wb.dtype, op, set_id,
-                                              name or "", _shape(b), False, wb.device,
-                                              wb.stream))
+                                              part, _shape(b), False, wb.device, wb.stream))
             results.append((work, (begin, parts[me]), work))
 
     def finish():
@@ -429,7 +441,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None):
     mine = _array.array("q", sends)
     theirs = _array.array("q", bytes(8 * n))
     h = _core.alltoallv_async(mine.buffer_info()[0], [1] * n, theirs.buffer_info()[0], [1] * n,
-                              INT64, set_id, (name or "") + " (splits)", [n])
+                              INT64, set_id, f"{name} (splits)" if name else "", [n])
     _core.wait(h)
     recvs = list(theirs)
     out = _buffers.empty_like(buf, (sum(recvs),) + rest)

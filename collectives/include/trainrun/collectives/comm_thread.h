@@ -21,6 +21,21 @@
 // Python's synchronize) ends the wait at once, so a synchronous allreduce is not held back.
 // In-place allreduces of GPU buffers (Allreduce::device) fuse alike among themselves, through
 // gpu::DeviceWork::RunFused (a fusion buffer on the device), never with host ones.
+//
+// Matching by name (Horovod's): collectives submitted with a communicator may be called in
+// different orders on different ranks. As long as every rank's next collective is the same (the
+// call check every collective makes anyway), nothing else happens. When their names differ, every
+// rank gets an OrderError from that same check (nothing ran) and the thread negotiates: the ranks
+// allgather the keys of what they have pending on that communicator (a name's hash; an unnamed
+// collective's key is its place among the unnamed ones, so those keep call order), move the ones
+// every rank has to the front of the queue in the lowest rank's order, and go on as usual (fused
+// as usual). With none in common they negotiate again, about once a millisecond, until something
+// new comes; a rank pending for TRAINRUN_STALL_CHECK_TIME_SECONDS logs the names the others lack.
+// When every rank waits for its collectives and none is in common for kStuckRounds rounds,
+// nothing can come to resolve it: each rank's first pending collective fails with the
+// MismatchError naming what each called. A second pending collective with the same name on one
+// communicator throws InvalidArgumentError at the submit, on that rank only; a name is free
+// again once its collective has been waited for, or has finished and a later one has too.
 #pragma once
 
 #include <chrono>
@@ -33,7 +48,9 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "trainrun/collectives/communicator.h"
@@ -74,8 +91,10 @@ class CommThread {
 
   const Communicator& comm() const { return *comm_; }
 
-  // Submit queues `job` and returns its handle at once.
-  Handle Submit(Job job);
+  // Submit queues `job` and returns its handle at once. `comm`: the communicator whose collective
+  // the job runs (null: none; such a job is never reordered past), `name` its name ("": unnamed).
+  // Throws InvalidArgumentError when a collective named `name` is already pending on `comm`.
+  Handle Submit(Job job, Communicator* comm = nullptr, std::string name = {});
   // SubmitAllreduce queues an in-place allreduce, which may run fused with its neighbours.
   // `prompt`: run it, with what is queued before it, without waiting for more (the caller waits
   // for it next, as a synchronous allreduce does, or it must start now, as a gradient bucket).
@@ -94,17 +113,37 @@ class CommThread {
 
  private:
   struct Entry {
-    Handle handle;
+    Handle handle = 0;
     Job job;  // when not an allreduce
     std::optional<Allreduce> allreduce;
     bool prompt = false;
+    Communicator* comm = nullptr;  // the collective's communicator; null: not a collective
+    std::string name;              // "" when unnamed
+    uint64_t key = 0;              // what negotiation matches (odd: a name's; even: unnamed's)
   };
+  // How many keys one negotiation round exchanges per rank at most (8 KiB each).
+  static constexpr size_t kMostKeys = 1020;
+  // Rounds of negotiation with every rank waiting, nothing in common and nothing new before the
+  // first pending collectives fail (each round waits up to kRoundWait for something new).
+  static constexpr int kStuckRounds = 500;
+  static constexpr std::chrono::milliseconds kRoundWait{2};
 
   Handle Enqueue(Entry entry);
+  // Negotiate (lock held, released while the ranks exchange) agrees with the other ranks of
+  // `comm` on which pending collectives of `comm` run next and in which order, and moves them to
+  // the front of the queue. `why`: the OrderError's message (what each rank called).
+  void Negotiate(std::unique_lock<std::mutex>& lock, Communicator* comm, const std::string& why);
+  // Pop removes the queue's head, which has finished.
+  void Pop();
+  // StallWarning logs, once, the collectives of `comm` this rank has pending that other ranks
+  // lack, by name (`all`: every rank's keys from the last round).
+  void StallWarning(Communicator* comm, const std::vector<uint64_t>& all, size_t words,
+                    std::chrono::seconds waited);
   void Loop();
   // RunFused runs the allreduce at the queue's head with the fusable ones after it (lock held on
-  // entry and exit, released meanwhile), then records how the ones that ran ended.
-  void RunFused(std::unique_lock<std::mutex>& lock);
+  // entry and exit, released meanwhile), then records how the ones that ran ended. On an
+  // OrderError nothing ran: it returns the error's message for Negotiate, else "".
+  std::string RunFused(std::unique_lock<std::mutex>& lock);
   // WithoutOverlap returns how many of `ready` (buffers of `element`-byte elements) run together:
   // all, or up to the first whose buffer overlaps an earlier one's.
   static size_t WithoutOverlap(const std::vector<Communicator::ReadyAllreduce>& ready,
@@ -138,6 +177,20 @@ class CommThread {
   void Collect(Handle handle, Outcome* outcome);
   // Trim drops collected outcomes from the front, and moves old uncollected ones to stragglers_.
   void Trim();
+  // The handle of the last entry of each name, by communicator: the name is taken while that
+  // entry is queued or running, and once it has finished until it is waited for or a later
+  // entry has finished (done_up_to_).
+  std::map<std::pair<const Communicator*, std::string>, Handle> pending_names_;
+  Handle done_up_to_ = 0;  // the newest handle finished
+  // Unnamed collectives submitted so far, by communicator (their keys).
+  std::map<const Communicator*, uint64_t> unnamed_;
+  const Communicator* last_unnamed_comm_ = nullptr;  // unnamed_'s entry for it, cached
+  uint64_t* last_unnamed_ = nullptr;
+  // How many entries at the queue's head the ranks agreed on in the last negotiation (the same on
+  // every rank, in the same order): RunFused fuses no further, so that every rank has as many
+  // ready.
+  size_t agreed_ = 0;
+  uint64_t enqueued_ = 0;                            // entries submitted so far
   int waiters_ = 0;                                  // threads in WaitFor
   bool holding_ = false;                             // the thread waits in HoldForMore
   std::chrono::steady_clock::time_point queued_at_;  // of the last job queued

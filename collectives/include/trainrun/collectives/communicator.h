@@ -114,6 +114,8 @@ class Communicator {
   bool broken() const;
   // transport names the transport in use: "shm" or "tcp".
   const char* transport() const;
+  // set_name is the name Subset gave this communicator ("" for one of its own).
+  const std::string& set_name() const;
 
   // Allreduce reduces `count` elements of `input` across ranks with `op` and writes the result to
   // `output` on every rank. `input == output` reduces in place; otherwise the buffers must not
@@ -185,6 +187,11 @@ class Communicator {
 
   // Barrier returns once every rank has entered it.
   void Barrier();
+
+  // ExchangeKeys allgathers `mine` (the same length on every rank) without a call check and
+  // returns every rank's, in rank order: the communication thread's negotiation of the order of
+  // named collectives (comm_thread.h), which every rank enters at the same point.
+  std::vector<uint64_t> ExchangeKeys(const std::vector<uint64_t>& mine);
 
   // Join says this rank has no more work (Horovod's join(): e.g. it ran out of data). Until every
   // rank has joined, it takes part in the other ranks' allreduces with zeros (an average still

@@ -43,6 +43,15 @@ class MismatchError : public InvalidArgumentError {
   using InvalidArgumentError::InvalidArgumentError;
 };
 
+// OrderError: the ranks' next collectives have different names: they were called in different
+// orders (as Horovod allows: collectives are matched by name). Every rank raises it for the same
+// call, which did nothing. The communication thread (comm_thread.h) catches it and negotiates the
+// order; a caller driving a Communicator itself sees a MismatchError.
+class OrderError : public MismatchError {
+ public:
+  using MismatchError::MismatchError;
+};
+
 // EnforceError: an internal invariant failed (a bug in trainrun).
 class EnforceError : public Error {
  public:

@@ -35,6 +35,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "trainrun/collectives/comm_thread.h"
@@ -139,8 +140,10 @@ class Runtime {
   Handle Allreduce(const TensorRef& input, const TensorRef& output, ReduceOp op, int set,
                    CallCheck check, bool prompt = false);
   // GroupedAllreduce: one allreduce of `buffers` (each of element type `type`), in place.
+  // `match`: the name it is matched (and refused as a duplicate) by, when not check.name (a
+  // grouped call's first part goes by the call's name, its messages by the part's).
   Handle GroupedAllreduce(const std::vector<TensorRef>& buffers, DataType type, ReduceOp op,
-                          int set, CallCheck check);
+                          int set, CallCheck check, const std::string* match = nullptr);
   Handle Broadcast(const TensorRef& data, int root, int set, CallCheck check);
   // Allgatherv: `counts[r]` elements from rank r; input.count is this rank's.
   Handle Allgatherv(const TensorRef& input, const TensorRef& output, std::vector<size_t> counts,
@@ -153,6 +156,9 @@ class Runtime {
   // Submit queues `job` on process set `set`'s communicator (checked now, so a bad set fails at
   // the call).
   Handle Submit(int set, std::function<void(Communicator&)> job);
+  // SubmitNamed is Submit of a collective named `name` ("": unnamed), matched by that name
+  // across ranks (comm_thread.h). Throws InvalidArgumentError when one of that name is pending.
+  Handle SubmitNamed(int set, const std::string& name, std::function<void(Communicator&)> job);
 
   // WaitFor waits up to `timeout` for `handle`; false while it runs. Once it has finished, forgets
   // the handle and rethrows the collective's exception (noting an IoError or TimeoutError).
