@@ -6,6 +6,7 @@
 #include "trainrun/collectives/gpu/device_collectives.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -568,10 +569,15 @@ TEST_CASE("staged: Adasum goes in one piece (a chunk would have dot products of 
           "[gpu_fake]") {
   // Rank 0's ones and rank 1's ones then minus ones are orthogonal as wholes (Adasum: their sum,
   // exactly) but parallel in the first chunks a pipelined copy would cut (there: their average).
+  // Each rank counts its wrong elements per type; the main thread asserts (Catch's INFO and
+  // CHECK are not thread-safe).
   FakeGpuRuntime fake(2);
+  const std::array<DataType, 2> types{DataType::kFloat32, DataType::kFloat16};
+  std::array<std::array<size_t, 2>, 2> wrongs{};
   Ranks(2, fake, [&](Rank& rank) {
     const int me = rank.comm.rank();
-    for (DataType type : {DataType::kFloat32, DataType::kFloat16}) {
+    for (size_t t = 0; t < types.size(); ++t) {
+      const DataType type = types[t];
       const size_t count = (size_t{3} << 20) / ElementSize(type) + 3;  // > 2 MiB, odd
       const size_t half = count / 2;
       auto value = [&](int r, size_t i) {
@@ -592,10 +598,15 @@ TEST_CASE("staged: Adasum goes in one piece (a chunk would have dot products of 
       for (size_t i = 0; i < count; ++i) {
         wrong += Get(type, data.data, i) != value(0, i) + value(1, i);
       }
-      INFO(DataTypeName(type));
-      CHECK(wrong == 0);
+      wrongs[me][t] = wrong;
     }
   });
+  for (size_t r = 0; r < 2; ++r) {
+    for (size_t t = 0; t < types.size(); ++t) {
+      INFO("rank " << r << ", " << DataTypeName(types[t]));
+      CHECK(wrongs[r][t] == 0);
+    }
+  }
 }
 
 // Ones: a float32 in-place sum of `count` elements holding `value`, on `me`'s fake device, ready
