@@ -23,23 +23,30 @@ from trainrun.common.ops import Adasum, synchronize
 from trainrun.torch.ops import allreduce_async_
 
 
+def checked_named_parameters(all_params, named_parameters):
+    """named_parameters as a list, Horovod's generated names when None; refuses what is not
+    (name, parameter) pairs and duplicate names (both optimizers, before the runtime is asked)."""
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)
+    else:
+        named_parameters = [(f"allreduce.noname.{i}", p) for i, p in enumerate(all_params)]
+    if any(not isinstance(n, tuple) or len(n) != 2 for n in named_parameters):
+        raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, "
+                         "as model.named_parameters() gives")
+    names = [n for n, _ in named_parameters]
+    if len(set(names)) != len(names):
+        dups = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"named_parameters has duplicate names: {', '.join(dups)}")
+    return named_parameters
+
+
 class _DistributedAdasumOptimizer(torch.optim.Optimizer):
     """Mixed into the wrapped optimizer's class by make_adasum_optimizer(); see the module."""
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step):
         super(self.__class__, self).__init__(params)
         all_params = [p for group in self.param_groups for p in group["params"]]
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [(f"allreduce.noname.{i}", p) for i, p in enumerate(all_params)]
-        if any(not isinstance(n, tuple) or len(n) != 2 for n in named_parameters):
-            raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, "
-                             "as model.named_parameters() gives")
-        names = [n for n, _ in named_parameters]
-        if len(set(names)) != len(names):
-            dups = sorted({n for n in names if names.count(n) > 1})
-            raise ValueError(f"named_parameters has duplicate names: {', '.join(dups)}")
+        named_parameters = checked_named_parameters(all_params, named_parameters)
         named = {id(p) for _, p in named_parameters}
         unnamed = [p for p in all_params if id(p) not in named]
         if unnamed:

@@ -22,7 +22,7 @@ import torch
 import trainrun
 from trainrun import _buffers
 from trainrun import _core
-from trainrun.torch.adasum_optimizer import make_adasum_optimizer
+from trainrun.torch.adasum_optimizer import checked_named_parameters, make_adasum_optimizer
 from trainrun.torch.compression import Compression
 
 
@@ -100,17 +100,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).__init__(params)
         # The names first, before anything asks the runtime (Horovod checks them without init()).
         all_params = [p for group in self.param_groups for p in group["params"]]
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [(f"allreduce.noname.{i}", p) for i, p in enumerate(all_params)]
-        if any(not isinstance(n, tuple) or len(n) != 2 for n in named_parameters):
-            raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, "
-                             "as model.named_parameters() gives")
-        names = [n for n, _ in named_parameters]
-        if len(set(names)) != len(names):
-            dups = sorted({n for n in names if names.count(n) > 1})
-            raise ValueError(f"named_parameters has duplicate names: {', '.join(dups)}")
+        named_parameters = checked_named_parameters(all_params, named_parameters)
         self._names = {p: n for n, p in named_parameters}
         self._parameter_names = self._names  # Horovod's attribute name, which scripts read
         unnamed = [p for p in all_params if p not in self._names]
