@@ -12,19 +12,11 @@
 #include <cstdint>
 #include <cstring>
 
+#include "element_codec.h"
 #include "trainrun/collectives/errors.h"
-
-#define TRAINRUN_INLINE __attribute__((always_inline)) inline
 
 namespace trainrun::collectives::internal {
 namespace {
-
-// float16's element type, as in src/reduce.cc.
-#if defined(__aarch64__) || defined(__arm__)
-using Half = __fp16;
-#else
-using Half = _Float16;
-#endif
 
 // Element codecs: the stored type T and the type its arithmetic runs in, Compute. float32 computes
 // in double; float16 and bfloat16 in float32, where the product of two of their values is exact
@@ -53,20 +45,8 @@ struct F16 {
 struct BF16 {
   using T = uint16_t;
   using Compute = float;
-  TRAINRUN_INLINE static Compute Load(T v) {
-    const uint32_t bits = static_cast<uint32_t>(v) << 16;
-    float out;
-    std::memcpy(&out, &bits, sizeof out);
-    return out;
-  }
-  TRAINRUN_INLINE static T Store(Compute f) {
-    uint32_t bits;
-    std::memcpy(&bits, &f, sizeof bits);
-    // Round to nearest even; a NaN stays a (quiet) NaN rather than rounding into inf.
-    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    const bool is_nan = (bits & 0x7fffffffu) > 0x7f800000u;
-    return static_cast<uint16_t>(is_nan ? ((bits >> 16) | 0x40u) : rounded);
-  }
+  TRAINRUN_INLINE static Compute Load(T v) { return BFloat16ToFloat(v); }
+  TRAINRUN_INLINE static T Store(Compute f) { return FloatToBFloat16(f); }
 };
 
 // Sums is a.b, |a|^2 and |b|^2 of two ranges.
