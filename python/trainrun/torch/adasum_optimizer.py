@@ -40,6 +40,20 @@ def checked_named_parameters(all_params, named_parameters):
     return named_parameters
 
 
+def hook_after_accumulation(p, hook, accumulators):
+    """Calls hook() each time backward has summed this pass's gradient into p.grad. On torch >=
+    2.1 that is p's post-accumulate-grad hook; on older torch (Debian 12 has 1.13) a hook on the
+    leaf's gradient accumulator node, kept alive in `accumulators` (reaching the node takes one
+    differentiable op, so grad mode must be on)."""
+    if hasattr(p, "register_post_accumulate_grad_hook"):
+        p.register_post_accumulate_grad_hook(lambda _, hook=hook: hook())
+        return
+    with torch.enable_grad():
+        accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+    accumulator.register_hook(hook)
+    accumulators.append(accumulator)
+
+
 class _DistributedAdasumOptimizer(torch.optim.Optimizer):
     """Mixed into the wrapped optimizer's class by make_adasum_optimizer(); see the module."""
 
@@ -75,15 +89,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                     continue
                 p.grad = p.data.new(p.size()).zero_()
                 self._requires_update.add(p)
-                hook = self._make_hook(p)
-                if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
-                    p.register_post_accumulate_grad_hook(lambda _, hook=hook: hook())
-                    continue
-                # Older torch: a hook on the gradient accumulator runs once p.grad holds the sum.
-                with torch.enable_grad():
-                    accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-                accumulator.register_hook(hook)
-                self._grad_accs.append(accumulator)
+                hook_after_accumulation(p, self._make_hook(p), self._grad_accs)
 
     def _allreduce_delta_async(self, p):
         """Steps the wrapped optimizer on p alone, turns p into that step's delta and starts its

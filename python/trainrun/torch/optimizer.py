@@ -22,7 +22,8 @@ import torch
 import trainrun
 from trainrun import _buffers
 from trainrun import _core
-from trainrun.torch.adasum_optimizer import checked_named_parameters, make_adasum_optimizer
+from trainrun.torch.adasum_optimizer import (checked_named_parameters, hook_after_accumulation,
+                                             make_adasum_optimizer)
 from trainrun.torch.compression import Compression
 
 
@@ -167,17 +168,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _register_hooks(self):
         for b in self._buckets:
             for p in b.params:
-                hook = self._make_hook(p)
-                if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
-                    p.register_post_accumulate_grad_hook(lambda _, hook=hook: hook())
-                    continue
-                # Older torch (Debian 12 has 1.13): a hook on the leaf's gradient accumulator
-                # node runs once p.grad holds this pass's sum. Reaching the node takes one
-                # differentiable op, so grad mode must be on.
-                with torch.enable_grad():
-                    accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-                accumulator.register_hook(hook)
-                self._grad_accumulators.append(accumulator)
+                hook_after_accumulation(p, self._make_hook(p), self._grad_accumulators)
 
     def _make_hook(self, p):
         def hook(*unused):
