@@ -89,13 +89,33 @@ bool Contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-TEST_CASE("per-node: two independently started nodes run a checked allreduce",
-          "[netns][per_node][allreduce]") {
-  if (!CanUseNetns()) {
-    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
+// Every test's hosts: N network namespaces (the test is skipped where they cannot be made), with
+// the sshd fixture's keys; CheckNothingLeft is each test's last check.
+template <int N>
+class Nodes {
+ protected:
+  Nodes()
+      : can_(SkipUnlessNetns()), cluster(N, world.dir(), world.dir() + "/keys/authorized_keys") {}
+
+  void CheckNothingLeft() {
+    INFO("left behind:" << cluster.ProcessList());
+    CHECK(cluster.HostsEmptyWithin());
   }
+
+ private:
+  static bool SkipUnlessNetns() {
+    if (!CanUseNetns()) SkipTest("needs root and iproute2 to make network namespaces");
+    return true;
+  }
+  bool can_;
+
+ protected:
   SshWorld world;
-  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+  NetnsCluster cluster;
+};
+
+TEST_CASE_METHOD(Nodes<2>, "per-node: two independently started nodes run a checked allreduce",
+                 "[netns][per_node][allreduce]") {
   const std::vector<std::string> token = {"--rdzv-token", "s3cret", "--start-timeout", "20"};
   std::vector<NodeRun> runs = RunNodes(cluster, {token, token}, {TRAINRUN_JOB_WORKER, "3"});
   INFO("node 0:\n" << runs[0].out << "\nnode 1:\n" << runs[1].out);
@@ -111,17 +131,11 @@ TEST_CASE("per-node: two independently started nodes run a checked allreduce",
   CHECK_FALSE(Contains(runs[1].out, "[0]<stdout>"));
   // With a token, no warning about strangers.
   CHECK_FALSE(Contains(runs[0].out + runs[1].out, "any host that reaches"));
-  INFO("left behind:" << cluster.ProcessList());
-  CHECK(cluster.HostsEmptyWithin());
+  CheckNothingLeft();
 }
 
-TEST_CASE("per-node: a wrong token is refused; a node that never arrives is named",
-          "[netns][per_node][token]") {
-  if (!CanUseNetns()) {
-    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
-  }
-  SshWorld world;
-  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+TEST_CASE_METHOD(Nodes<2>, "per-node: a wrong token is refused; a node that never arrives is named",
+                 "[netns][per_node][token]") {
   std::vector<NodeRun> runs = RunNodes(cluster,
                                        {{"--rdzv-token", "right", "--start-timeout", "3"},
                                         {"--rdzv-token", "wrong", "--start-timeout", "3"}},
@@ -136,8 +150,7 @@ TEST_CASE("per-node: a wrong token is refused; a node that never arrives is name
   CHECK(Contains(runs[0].out,
                  "node 1 of --nnodes 2 never joined at port 29400 within "
                  "--start-timeout 3 s"));
-  INFO("left behind:" << cluster.ProcessList());
-  CHECK(cluster.HostsEmptyWithin());
+  CheckNothingLeft();
 
   // Without a token, one warning line says any joiner is accepted; node 1 never started.
   NodeRun alone;
@@ -150,13 +163,9 @@ TEST_CASE("per-node: a wrong token is refused; a node that never arrives is name
   CHECK(Contains(alone.out, "node 1 of --nnodes 2 never joined"));
 }
 
-TEST_CASE("per-node: a rank killed on node 1 ends both nodes with the same summary",
-          "[netns][per_node][failure]") {
-  if (!CanUseNetns()) {
-    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
-  }
-  SshWorld world;
-  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+TEST_CASE_METHOD(Nodes<2>,
+                 "per-node: a rank killed on node 1 ends both nodes with the same summary",
+                 "[netns][per_node][failure]") {
   const std::vector<std::string> flags = {"--rdzv-token", "t", "--start-timeout", "20"};
   std::vector<NodeRun> runs =
       RunNodes(cluster, {flags, flags}, {TRAINRUN_JOB_WORKER, "50", "3", "2", "kill"});
@@ -166,17 +175,12 @@ TEST_CASE("per-node: a rank killed on node 1 ends both nodes with the same summa
   const std::string summary = "rank 3 on node1 was killed by SIGKILL; it failed first";
   CHECK(Contains(runs[0].out, summary));
   CHECK(Contains(runs[1].out, summary));
-  INFO("left behind:" << cluster.ProcessList());
-  CHECK(cluster.HostsEmptyWithin());
+  CheckNothingLeft();
 }
 
-TEST_CASE("per-node: node 0's trainrun killed ends node 1's ranks with a clear line",
-          "[netns][per_node][node0_lost]") {
-  if (!CanUseNetns()) {
-    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
-  }
-  SshWorld world;
-  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+TEST_CASE_METHOD(Nodes<2>,
+                 "per-node: node 0's trainrun killed ends node 1's ranks with a clear line",
+                 "[netns][per_node][node0_lost]") {
   const std::vector<std::string> flags = {"--rdzv-token", "t", "--start-timeout", "20"};
   std::vector<NodeRun> runs(2);
   std::thread joiner([&] {
@@ -214,8 +218,7 @@ TEST_CASE("per-node: node 0's trainrun killed ends node 1's ranks with a clear l
   CHECK(Contains(runs[1].out,
                  "lost node 0's trainrun at 10.213.1.11:29400 before the job "
                  "ended; this node's ranks (node 1) were ended"));
-  INFO("left behind:" << cluster.ProcessList());
-  CHECK(cluster.HostsEmptyWithin());
+  CheckNothingLeft();
 }
 
 double Median(std::vector<double> values) {
@@ -235,13 +238,9 @@ std::thread RunTimed(std::vector<std::string> argv, NodeRun& run, int timeout_s 
   });
 }
 
-TEST_CASE("per-node: --nnodes 2:3 starts with the 2 nodes that joined; a late node joins it",
-          "[netns][per_node][range]") {
-  if (!CanUseNetns()) {
-    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
-  }
-  SshWorld world;
-  NetnsCluster cluster(3, world.dir(), world.dir() + "/keys/authorized_keys");
+TEST_CASE_METHOD(Nodes<3>,
+                 "per-node: --nnodes 2:3 starts with the 2 nodes that joined; a late node joins it",
+                 "[netns][per_node][range]") {
   const std::vector<std::string> flags = {"--rdzv-token",     "t", "--start-timeout", "20",
                                           "--rdzv-last-call", "2"};
   // Each rank says the world it started in, then lives long enough for node 2 to knock.
@@ -273,17 +272,12 @@ TEST_CASE("per-node: --nnodes 2:3 starts with the 2 nodes that joined; a late no
       "per-node --nnodes 2:3 (--rdzv-last-call 2): node 0 ran %.2f s (5 s job), the late "
       "node %.2f s\n",
       runs[0].seconds, runs[2].seconds);
-  INFO("left behind:" << cluster.ProcessList());
-  CHECK(cluster.HostsEmptyWithin());
+  CheckNothingLeft();
 }
 
-TEST_CASE("per-node: --nnodes 1:2 starts alone after the last call, at once when both join",
-          "[netns][per_node][range_start]") {
-  if (!CanUseNetns()) {
-    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
-  }
-  SshWorld world;
-  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+TEST_CASE_METHOD(Nodes<2>,
+                 "per-node: --nnodes 1:2 starts alone after the last call, at once when both join",
+                 "[netns][per_node][range_start]") {
   const std::vector<std::string> job = {"/bin/sh", "-c", "echo \"rank $RANK of $WORLD_SIZE\""};
   // Node 0 alone: MIN is 1, so it starts by itself once the last call (1 s) has passed.
   NodeRun alone;
@@ -343,8 +337,7 @@ TEST_CASE("per-node: --nnodes 1:2 starts alone after the last call, at once when
   CHECK(Contains(short_of_min.out,
                  "only 1 of at least 2 nodes (--nnodes 2:3) joined at port 29400 within "
                  "--start-timeout 2 s"));
-  INFO("left behind:" << cluster.ProcessList());
-  CHECK(cluster.HostsEmptyWithin());
+  CheckNothingLeft();
 }
 
 // The trainrun of node `node` in `cluster` (the one this test started, not a rank shim), once it
@@ -401,13 +394,9 @@ std::vector<std::string> ElasticWorker(int steps) {
           "--batches-per-commit",  "4"};
 }
 
-TEST_CASE("per-node: --nnodes 1:3 grows onto a node that joins the running elastic job",
-          "[netns][per_node][grow]") {
-  if (!CanUseNetns()) {
-    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
-  }
-  SshWorld world;
-  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+TEST_CASE_METHOD(Nodes<2>,
+                 "per-node: --nnodes 1:3 grows onto a node that joins the running elastic job",
+                 "[netns][per_node][grow]") {
   const std::vector<std::string> flags = {"--rdzv-token",     "t", "--start-timeout", "20",
                                           "--rdzv-last-call", "1"};
   // Node 0 starts alone (MIN 1, after the 1 s last call), at 2 ranks; node 1 comes once they
@@ -440,17 +429,11 @@ TEST_CASE("per-node: --nnodes 1:3 grows onto a node that joins the running elast
       "per-node 1:3: node 1 joined the running job; re-formed at 4 ranks %.2f s after it "
       "joined (its ranks' start included; node 0 ran %.2f s, node 1 %.2f s)\n",
       recovered, runs[0].seconds, runs[1].seconds);
-  INFO("left behind:" << cluster.ProcessList());
-  CHECK(cluster.HostsEmptyWithin());
+  CheckNothingLeft();
 }
 
-TEST_CASE("per-node: a node lost from a 1:3 elastic job may join it again",
-          "[netns][per_node][rejoin]") {
-  if (!CanUseNetns()) {
-    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
-  }
-  SshWorld world;
-  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+TEST_CASE_METHOD(Nodes<2>, "per-node: a node lost from a 1:3 elastic job may join it again",
+                 "[netns][per_node][rejoin]") {
   const std::vector<std::string> flags = {"--rdzv-token",     "t", "--start-timeout", "20",
                                           "--rdzv-last-call", "1"};
   std::vector<NodeRun> runs(3);  // node 0, node 1 the first time, node 1 again
@@ -480,17 +463,12 @@ TEST_CASE("per-node: a node lost from a 1:3 elastic job may join it again",
   CHECK(Contains(runs[0].out, "on 4 rank(s) after 1200 steps"));
   CHECK(Contains(runs[0].out, "weights bit-identical on every rank"));
   CHECK(Contains(runs[0].out, "the job survived 3 membership changes"));
-  INFO("left behind:" << cluster.ProcessList());
-  CHECK(cluster.HostsEmptyWithin());
+  CheckNothingLeft();
 }
 
-TEST_CASE("per-node: a node that joins as the elastic job ends runs nothing and ends with it",
-          "[netns][per_node][join_ending]") {
-  if (!CanUseNetns()) {
-    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
-  }
-  SshWorld world;
-  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+TEST_CASE_METHOD(
+    Nodes<2>, "per-node: a node that joins as the elastic job ends runs nothing and ends with it",
+    "[netns][per_node][join_ending]") {
   const std::vector<std::string> flags = {"--rdzv-token",     "t", "--start-timeout", "20",
                                           "--rdzv-last-call", "1"};
   // Rank 0 ends well at once (the job is finishing: it grows no more), rank 1 four seconds later.
@@ -512,20 +490,15 @@ TEST_CASE("per-node: a node that joins as the elastic job ends runs nothing and 
   CHECK(Contains(runs[0].out, "node1 joined as the job was ending; it runs nothing"));
   CHECK_FALSE(Contains(runs[0].out, "[2]<stdout>"));
   CHECK_FALSE(Contains(runs[1].out, "lost node 0"));
-  INFO("left behind:" << cluster.ProcessList());
-  CHECK(cluster.HostsEmptyWithin());
+  CheckNothingLeft();
 }
 
-TEST_CASE("per-node: an elastic Python script (hvd.elastic.run) grows onto a node that joins",
-          "[netns][per_node][grow_python]") {
+TEST_CASE_METHOD(
+    Nodes<2>, "per-node: an elastic Python script (hvd.elastic.run) grows onto a node that joins",
+    "[netns][per_node][grow_python]") {
 #ifndef TRAINRUN_PYTHON
   trainrun::testing::SkipTest("needs trainrun's Python module (the trainrun_python target)");
 #else
-  if (!CanUseNetns()) {
-    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
-  }
-  SshWorld world;
-  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
   const std::string output = world.dir() + "/output";
   const std::vector<std::string> flags = {"--rdzv-token",
                                           "t",
@@ -584,18 +557,13 @@ TEST_CASE("per-node: an elastic Python script (hvd.elastic.run) grows onto a nod
       "per-node 1:3, elastic_train.py: node 1 joined; re-formed at 4 ranks %.2f s after it "
       "joined (its ranks' Python and torch start included; node 0 ran %.2f s)\n",
       recovered, runs[0].seconds);
-  INFO("left behind:" << cluster.ProcessList());
-  CHECK(cluster.HostsEmptyWithin());
+  CheckNothingLeft();
 #endif
 }
 
-TEST_CASE("per-node: a node killed in a 2:3 job leaves it going on with the other two",
-          "[netns][per_node][shrink]") {
-  if (!CanUseNetns()) {
-    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
-  }
-  SshWorld world;
-  NetnsCluster cluster(3, world.dir(), world.dir() + "/keys/authorized_keys");
+TEST_CASE_METHOD(Nodes<3>,
+                 "per-node: a node killed in a 2:3 job leaves it going on with the other two",
+                 "[netns][per_node][shrink]") {
   const std::vector<std::string> flags = {"--rdzv-token", "t", "--start-timeout", "20"};
   std::vector<NodeRun> runs(3);
   std::vector<std::thread> threads;
@@ -624,17 +592,12 @@ TEST_CASE("per-node: a node killed in a 2:3 job leaves it going on with the othe
   CHECK(Contains(runs[0].out, "weights bit-identical on every rank"));
   std::printf("per-node 2:3: node 2's trainrun killed; the job re-formed at 4 ranks in %.2f s\n",
               recovered);
-  INFO("left behind:" << cluster.ProcessList());
-  CHECK(cluster.HostsEmptyWithin());
+  CheckNothingLeft();
 }
 
-TEST_CASE("per-node: a node lost below --nnodes MIN ends the job at once, with one sentence",
-          "[netns][per_node][below_min]") {
-  if (!CanUseNetns()) {
-    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
-  }
-  SshWorld world;
-  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+TEST_CASE_METHOD(Nodes<2>,
+                 "per-node: a node lost below --nnodes MIN ends the job at once, with one sentence",
+                 "[netns][per_node][below_min]") {
   const std::vector<std::string> flags = {"--rdzv-token",     "t", "--start-timeout", "20",
                                           "--rdzv-last-call", "1"};
   std::vector<NodeRun> runs(2);
@@ -662,17 +625,12 @@ TEST_CASE("per-node: a node lost below --nnodes MIN ends the job at once, with o
                  "least, so the job was stopped"));
   CHECK(ended_in < 5);
   std::printf("per-node 2:3: node 1's trainrun killed; node 0 ended the job in %.2f s\n", ended_in);
-  INFO("left behind:" << cluster.ProcessList());
-  CHECK(cluster.HostsEmptyWithin());
+  CheckNothingLeft();
 }
 
-TEST_CASE("per-node: with --max-restarts a node that joins restarts every node at the new size",
-          "[netns][per_node][restart_grow]") {
-  if (!CanUseNetns()) {
-    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
-  }
-  SshWorld world;
-  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+TEST_CASE_METHOD(
+    Nodes<2>, "per-node: with --max-restarts a node that joins restarts every node at the new size",
+    "[netns][per_node][restart_grow]") {
   const std::vector<std::string> flags = {"--rdzv-token",     "t", "--start-timeout", "20",
                                           "--rdzv-last-call", "1", "--max-restarts",  "1"};
   // A script without the elastic API: it says the world it started in, and waits (up to 60 s)
@@ -709,17 +667,12 @@ TEST_CASE("per-node: with --max-restarts a node that joins restarts every node a
       "per-node 1:2 --max-restarts 1: node 1 joined; the job ran again at 4 ranks and "
       "ended %.2f s after node 1 started\n",
       reformed_in);
-  INFO("left behind:" << cluster.ProcessList());
-  CHECK(cluster.HostsEmptyWithin());
+  CheckNothingLeft();
 }
 
-TEST_CASE("per-node: with --max-restarts a lost node restarts the others, and below MIN ends",
-          "[netns][per_node][restart_shrink]") {
-  if (!CanUseNetns()) {
-    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
-  }
-  SshWorld world;
-  NetnsCluster cluster(3, world.dir(), world.dir() + "/keys/authorized_keys");
+TEST_CASE_METHOD(
+    Nodes<3>, "per-node: with --max-restarts a lost node restarts the others, and below MIN ends",
+    "[netns][per_node][restart_shrink]") {
   const std::vector<std::string> flags = {"--rdzv-token",     "t", "--start-timeout", "20",
                                           "--rdzv-last-call", "1", "--max-restarts",  "1"};
   // The first start waits (60 s) to be cut short; the restart ends at once.
@@ -758,8 +711,7 @@ TEST_CASE("per-node: with --max-restarts a lost node restarts the others, and be
       "per-node 2:3 --max-restarts 1: node 2's trainrun killed; the other two ran again at "
       "4 ranks and ended %.2f s later\n",
       restarted_in);
-  INFO("left behind:" << cluster.ProcessList());
-  CHECK(cluster.HostsEmptyWithin());
+  CheckNothingLeft();
 
   // Two nodes of 2:3, one lost: one is fewer than MIN, so no restart, one line says why.
   std::vector<NodeRun> pair(2);
@@ -780,17 +732,12 @@ TEST_CASE("per-node: with --max-restarts a lost node restarts the others, and be
                  "1 node is left, fewer than the 2 that --nnodes 2:3 asks for at "
                  "least, so it does not start again"));
   CHECK_FALSE(Contains(pair[0].out, "restart 1"));
-  INFO("left behind:" << cluster.ProcessList());
-  CHECK(cluster.HostsEmptyWithin());
+  CheckNothingLeft();
 }
 
-TEST_CASE("per-node: --max-restarts with --nnodes N: every node joins again for the restart",
-          "[netns][per_node][restart]") {
-  if (!CanUseNetns()) {
-    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
-  }
-  SshWorld world;
-  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+TEST_CASE_METHOD(Nodes<2>,
+                 "per-node: --max-restarts with --nnodes N: every node joins again for the restart",
+                 "[netns][per_node][restart]") {
   const std::vector<std::string> flags = {"--rdzv-token",   "t", "--start-timeout", "20",
                                           "--max-restarts", "2"};
   // Rank 3 (on node 1) fails in the first start; the second start succeeds.
@@ -808,16 +755,11 @@ TEST_CASE("per-node: --max-restarts with --nnodes N: every node joins again for 
   CHECK(Contains(runs[0].out, "the job succeeded on its restart 1 of 2"));
   CHECK(Contains(runs[1].out, "node 0 starts the job again: node 1 joins it again"));
   CHECK(Contains(runs[1].out, "[2]<stdout>:rank 2 restart 1"));
-  INFO("left behind:" << cluster.ProcessList());
-  CHECK(cluster.HostsEmptyWithin());
+  CheckNothingLeft();
 }
 
-TEST_CASE("per-node: start time next to an SSH launch", "[.bench][netns][per_node]") {
-  if (!CanUseNetns()) {
-    trainrun::testing::SkipTest("needs root and iproute2 to make network namespaces");
-  }
-  SshWorld world;
-  NetnsCluster cluster(2, world.dir(), world.dir() + "/keys/authorized_keys");
+TEST_CASE_METHOD(Nodes<2>, "per-node: start time next to an SSH launch",
+                 "[.bench][netns][per_node]") {
   std::vector<double> per_node, ssh;
   for (int i = 0; i < 5; ++i) {
     std::vector<NodeRun> runs =
