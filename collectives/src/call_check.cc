@@ -26,6 +26,8 @@ const char* KindName(uint32_t kind) {
       return "alltoall";
     case CollectiveKind::kJoin:
       return "join";
+    case CollectiveKind::kRefused:
+      return "a refused call";
   }
   return "an unknown collective";
 }
@@ -102,6 +104,11 @@ std::string Describe(const CallRecord& r) {
         MakeMessage(" '", std::string(r.name, strnlen(r.name, sizeof(r.name))),
                     strnlen(r.name, sizeof(r.name)) == CallRecord::kNameBytes - 1 ? "...'" : "'");
   }
+  if (r.kind == static_cast<uint32_t>(CollectiveKind::kRefused)) {
+    std::string refused = KindName(static_cast<uint32_t>(r.op_or_root));
+    return refused + out.substr(std::strlen(KindName(r.kind))) +
+           " with arguments it refused (that rank's own error says which)";
+  }
   if (r.kind == static_cast<uint32_t>(CollectiveKind::kBarrier)) return out;
   out += " of ";
   out += DataTypeName(static_cast<DataType>(r.dtype));
@@ -175,10 +182,13 @@ bool Unanimous(const CallRecord* records, size_t n) {
 }
 
 bool NamesDiffer(const std::vector<CallRecord>& records) {
+  const CallRecord* first = nullptr;
   bool differ = false;
   for (const CallRecord& r : records) {
-    if (r.kind == kJoinedKind || r.magic != CallRecord::kMagic) return false;
-    differ |= r.name_hash != records[0].name_hash;
+    if (r.magic != CallRecord::kMagic) return false;
+    if (r.kind == kJoinedKind) continue;  // a joined rank takes part in what the others agree on
+    if (first == nullptr) first = &r;
+    differ |= r.name_hash != first->name_hash;
   }
   return differ;
 }

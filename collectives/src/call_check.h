@@ -32,6 +32,10 @@ enum class CollectiveKind : uint32_t {
   // A rank in Join(): it takes part in the others' allreduces (zeros) and barriers until every
   // rank has joined. Its record's op_or_root counts the rounds it has spent joined.
   kJoin = 7,
+  // A call this rank refused for its arguments (Communicator::Refuse): its record takes the
+  // call's place, so that ranks that made the call raise MismatchError instead of waiting for it.
+  // op_or_root holds the refused call's kind.
+  kRefused = 8,
 };
 
 // KindName is a collective kind's name in messages ("allreduce", "join", ...).
@@ -89,9 +93,10 @@ std::string Disagreement(const std::vector<CallRecord>& records, const std::stri
 // Disagreement.
 bool Unanimous(const CallRecord* records, size_t n);
 
-// NamesDiffer: no rank has joined and the records do not all have the same name (one unnamed and
-// one named count as different): the ranks called their collectives in different orders, which
-// the communication thread resolves by name (comm_thread.h), rather than a mismatch.
+// NamesDiffer: the records of the ranks that have not joined do not all have the same name (one
+// unnamed and one named count as different): those ranks called their collectives in different
+// orders, which the communication thread resolves by name (comm_thread.h; a joined rank takes
+// part with no names of its own), rather than a mismatch.
 bool NamesDiffer(const std::vector<CallRecord>& records);
 
 // CheckAgreement throws MismatchError with Disagreement's message when it is not empty: an

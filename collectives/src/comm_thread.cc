@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "log.h"
+#include "negotiation.h"
 #include "trainrun/collectives/errors.h"
 #include "trainrun/collectives/gpu/device_collectives.h"
 #include "trainrun/rendezvous/environment.h"
@@ -227,27 +228,30 @@ void CommThread::Loop() {
 
 void CommThread::Negotiate(std::unique_lock<std::mutex>& lock, Communicator* comm,
                            const std::string& why) {
+  using internal::Negotiation;
   const size_t n = static_cast<size_t>(comm->size());
-  // The header: how many keys; whether this rank is stuck; which communicator this is (ranks
-  // whose heads were collectives of different communicators over one transport met in one
-  // exchange: that cannot be negotiated); how long this rank has negotiated, in ms.
-  constexpr size_t kHeader = 4;
-  constexpr size_t kWords = kHeader + kMostKeys;
+  // The header (negotiation.h): how many keys; whether this rank is stuck; which communicator
+  // this is (ranks whose heads were collectives of different communicators over one transport
+  // met in one exchange: that cannot be negotiated); how long this rank has negotiated, in ms.
+  constexpr size_t kHeader = Negotiation::kHeader;
+  constexpr size_t kWords = Negotiation::kWords;
   const auto started = std::chrono::steady_clock::now();
   const std::chrono::seconds warning(env::kStallWarningSeconds.Get());
   const int64_t timeout_ms = env::kTimeoutSeconds.Get() * 1000;
-  const uint64_t tag =
-      (std::hash<std::string>{}(comm->set_name()) ^ static_cast<uint64_t>(n) << 48) | 1;
+  const uint64_t tag = Negotiation::Tag(comm->set_name(), n);
   bool warned = false;
   int stuck_rounds = 0;
   uint64_t seen = enqueued_;
   std::vector<uint64_t> mine(kWords);
+  std::vector<uint64_t> common;
   while (true) {
     std::fill(mine.begin(), mine.end(), 0);
     size_t count = 0;
     for (const Entry& e : queue_) {
       if (e.comm == nullptr) break;  // not a collective: nothing is moved past it
-      if (e.comm == comm && e.key != 0 && count < kMostKeys) mine[kHeader + count++] = e.key;
+      if (e.comm == comm && e.key != 0 && count < Negotiation::kMostKeys) {
+        mine[kHeader + count++] = e.key;
+      }
     }
     mine[0] = count;
     mine[1] = waiters_ > 0 && enqueued_ == seen ? 1 : 0;
@@ -274,61 +278,42 @@ void CommThread::Negotiate(std::unique_lock<std::mutex>& lock, Communicator* com
       finished_.notify_all();
     };
     if (error) return fail_head(error);
-    for (size_t r = 0; r < n; ++r) {
-      if (all[r * kWords + 2] != tag) {
+    switch (Negotiation::Decide(all, n, tag, timeout_ms, &stuck_rounds, &common)) {
+      case Negotiation::Outcome::kOtherSets:
         return fail_head(std::make_exception_ptr(MismatchError(
             why + " (the ranks' next collectives belong to different process sets)")));
-      }
-    }
-    auto keys = [&](size_t rank) {
-      const uint64_t* words = all.data() + rank * kWords;
-      return std::make_pair(words + kHeader, words + kHeader + words[0]);
-    };
-    // The keys every rank has, in the lowest rank's order.
-    std::vector<std::unordered_set<uint64_t>> others(n);
-    for (size_t r = 1; r < n; ++r) others[r].insert(keys(r).first, keys(r).second);
-    std::vector<uint64_t> common;
-    for (const uint64_t* k = keys(0).first; k != keys(0).second; ++k) {
-      bool everywhere = true;
-      for (size_t r = 1; r < n && everywhere; ++r) everywhere = others[r].count(*k) != 0;
-      if (everywhere) common.push_back(*k);
-    }
-    if (!common.empty()) {
-      // Move them to the front in that order; the rest keep their order behind.
-      std::unordered_map<uint64_t, size_t> place;
-      for (size_t i = 0; i < common.size(); ++i) place.emplace(common[i], i);
-      std::vector<Entry> front(common.size());
-      std::deque<Entry> rest;
-      bool fence = false;
-      for (Entry& e : queue_) {
-        fence |= e.comm == nullptr;
-        auto it = fence || e.comm != comm ? place.end() : place.find(e.key);
-        if (it != place.end()) {
-          front[it->second] = std::move(e);
-        } else {
-          rest.push_back(std::move(e));
+      case Negotiation::Outcome::kStuck:
+        // Every rank waits for collectives no other rank has called, and none called anything
+        // new: nothing can resolve it. Each rank's head fails alike.
+        return fail_head(std::make_exception_ptr(MismatchError(why)));
+      case Negotiation::Outcome::kTimedOut:
+        return fail_head(std::make_exception_ptr(MismatchError(::trainrun::internal::MakeMessage(
+            why, " (no rank submitted a collective every rank has for ", timeout_ms / 1000,
+            " s, TRAINRUN_TIMEOUT)"))));
+      case Negotiation::Outcome::kAgreed: {
+        // Move them to the front in that order; the rest keep their order behind.
+        std::unordered_map<uint64_t, size_t> place;
+        for (size_t i = 0; i < common.size(); ++i) place.emplace(common[i], i);
+        std::vector<Entry> front(common.size());
+        std::deque<Entry> rest;
+        bool fence = false;
+        for (Entry& e : queue_) {
+          fence |= e.comm == nullptr;
+          auto it = fence || e.comm != comm ? place.end() : place.find(e.key);
+          if (it != place.end()) {
+            front[it->second] = std::move(e);
+          } else {
+            rest.push_back(std::move(e));
+          }
         }
+        queue_.clear();
+        for (Entry& e : front) queue_.push_back(std::move(e));
+        for (Entry& e : rest) queue_.push_back(std::move(e));
+        agreed_ = common.size();
+        return;
       }
-      queue_.clear();
-      for (Entry& e : front) queue_.push_back(std::move(e));
-      for (Entry& e : rest) queue_.push_back(std::move(e));
-      agreed_ = common.size();
-      return;
-    }
-    bool everyone_stuck = true;
-    for (size_t r = 0; r < n; ++r) everyone_stuck &= all[r * kWords + 1] == 1;
-    stuck_rounds = everyone_stuck ? stuck_rounds + 1 : 0;
-    if (stuck_rounds >= kStuckRounds) {
-      // Every rank waits for collectives no other rank has called, and none called anything new:
-      // nothing can resolve it. Each rank's head fails alike.
-      return fail_head(std::make_exception_ptr(MismatchError(why)));
-    }
-    // As any collective, none waits longer than TRAINRUN_TIMEOUT for the others (the lowest
-    // rank's clock decides, so every rank decides alike).
-    if (static_cast<int64_t>(all[3]) >= timeout_ms) {
-      return fail_head(std::make_exception_ptr(MismatchError(::trainrun::internal::MakeMessage(
-          why, " (no rank submitted a collective every rank has for ", timeout_ms / 1000,
-          " s, TRAINRUN_TIMEOUT)"))));
+      case Negotiation::Outcome::kAgain:
+        break;
     }
     const auto waited = std::chrono::steady_clock::now() - started;
     if (!warned && warning.count() > 0 && waited >= warning) {
@@ -347,7 +332,7 @@ void CommThread::StallWarning(Communicator* comm, const std::vector<uint64_t>& a
   std::vector<std::unordered_set<uint64_t>> has(n);
   for (size_t r = 0; r < n; ++r) {
     const uint64_t* w = all.data() + r * words;
-    has[r].insert(w + 4, w + 4 + w[0]);
+    has[r].insert(w + internal::Negotiation::kHeader, w + internal::Negotiation::kHeader + w[0]);
   }
   std::string list;
   for (const Entry& e : queue_) {
@@ -355,7 +340,8 @@ void CommThread::StallWarning(Communicator* comm, const std::vector<uint64_t>& a
     std::string missing;
     int lacking = 0;
     for (size_t r = 0; r < n; ++r) {
-      if (has[r].count(e.key) == 0) {
+      // A rank in join() calls nothing more: it is not waited for.
+      if (all[r * words + 1] != internal::Negotiation::kJoined && has[r].count(e.key) == 0) {
         missing += ::trainrun::internal::MakeMessage(lacking++ ? ", " : "", r);
       }
     }

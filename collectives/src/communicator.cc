@@ -14,6 +14,7 @@
 #include "algorithms.h"
 #include "attribution.h"
 #include "call_check.h"
+#include "negotiation.h"
 #include "socket.h"
 #include "subset_transport.h"
 #include "tcp_transport.h"
@@ -505,6 +506,35 @@ class Communicator::Impl {
 
   internal::Timeline& timeline() { return *timeline_; }
 
+  // Refuse stands in for a `kind` collective this rank refused for its arguments
+  // (Communicator::Refuse): a call record of kind kRefused, named as the call, that the others
+  // compare with theirs. Only the name goes with it: the rest was what this rank got wrong.
+  void Refuse(internal::CollectiveKind kind, const CallCheck& check) {
+    if (!check_calls_ || info_.size == 1) return;
+    CallCheck named;
+    named.name = check.name;
+    Run(internal::DescribeCall(internal::CollectiveKind::kRefused, DataType::kUInt8, 0,
+                               static_cast<int>(kind), named),
+        [](internal::AlgorithmContext&) {});
+  }
+
+  // Checked runs `checks`, the argument checks of a `kind` collective; what they refuse is told
+  // to the other ranks (Refuse) before it propagates, and the error this rank raises is its own.
+  template <typename F>
+  void Checked(internal::CollectiveKind kind, const CallCheck& check, F&& checks) {
+    try {
+      checks();
+    } catch (const MismatchError&) {
+      throw;
+    } catch (const InvalidArgumentError&) {
+      try {
+        Refuse(kind, check);
+      } catch (const InvalidArgumentError&) {  // some ranks made the call: they raise too
+      }
+      throw;
+    }
+  }
+
   std::vector<uint64_t> ExchangeKeys(const std::vector<uint64_t>& mine) {
     const size_t words = mine.size();
     const size_t n = static_cast<size_t>(info_.size);
@@ -536,7 +566,13 @@ class Communicator::Impl {
             ctx, internal::DescribeCall(internal::CollectiveKind::kJoin, DataType::kUInt8, 0, round,
                                         CallCheck{}));
         last = LastToJoin(records);
-        if (last >= 0 || !internal::Disagreement(records, set_name_).empty()) continue;
+        if (last >= 0) continue;
+        if (!internal::Disagreement(records, set_name_).empty()) {
+          // The others' next collectives differ by name: they negotiate their order
+          // (comm_thread.h), and this rank takes part, with no collectives of its own.
+          if (internal::NamesDiffer(records)) NegotiateJoined(ctx);
+          continue;
+        }
         const internal::CallRecord& call =
             *std::find_if(records.begin(), records.end(),
                           [](const internal::CallRecord& r) { return r.kind != kJoinKind; });
@@ -551,6 +587,35 @@ class Communicator::Impl {
       }
     });
     return last;
+  }
+
+  // NegotiateJoined takes part, for a rank in join(), in the rounds of the others' negotiation
+  // (CommThread::Negotiate, negotiation.h) with no keys, until they decide alike.
+  void NegotiateJoined(internal::AlgorithmContext& ctx) {
+    using internal::Negotiation;
+    const size_t n = static_cast<size_t>(info_.size);
+    const uint64_t tag = Negotiation::Tag(set_name_, n);
+    const int64_t timeout_ms = env::kTimeoutSeconds.Get() * 1000;
+    const auto started = std::chrono::steady_clock::now();
+    std::vector<uint64_t> all(Negotiation::kWords * n);
+    std::vector<uint64_t> common;
+    int stuck_rounds = 0;
+    while (true) {
+      std::fill(all.begin(), all.end(), 0);
+      uint64_t* mine = all.data() + Negotiation::kWords * static_cast<size_t>(info_.rank);
+      mine[1] = Negotiation::kJoined;
+      mine[2] = tag;
+      mine[3] = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          std::chrono::steady_clock::now() - started)
+                                          .count());
+      internal::Allgatherv(ctx, mine, all.data(),
+                           std::vector<size_t>(n, Negotiation::kWords * sizeof(uint64_t)),
+                           DataType::kUInt8);
+      if (Negotiation::Decide(all, n, tag, timeout_ms, &stuck_rounds, &common) !=
+          Negotiation::Outcome::kAgain) {
+        return;
+      }
+    }
   }
 
   // RunAllreduce is the allreduce every rank runs, joined ones included: the transport's own way
@@ -771,22 +836,26 @@ const std::string& Communicator::set_name() const { return impl_->set_name(); }
 
 void Communicator::Allreduce(const void* input, void* output, size_t count, DataType type,
                              ReduceOp op, const CallCheck& check) {
-  CheckType(type);
-  CheckOp(op, type, /*allreduce=*/true);
-  CheckBuffer(input, count, "allreduce input");
-  CheckBuffer(output, count, "allreduce output");
+  impl_->Checked(CollectiveKind::kAllreduce, check, [&] {
+    CheckType(type);
+    CheckOp(op, type, /*allreduce=*/true);
+    CheckBuffer(input, count, "allreduce input");
+    CheckBuffer(output, count, "allreduce output");
+  });
   auto call = DescribeCall(CollectiveKind::kAllreduce, type, count, static_cast<int>(op), check);
   impl_->RunAllreduceChecked(call, input, output, count, type, op);
 }
 
 void Communicator::GroupedAllreduce(const std::vector<Buffer>& buffers, DataType type, ReduceOp op,
                                     const CallCheck& check) {
-  CheckType(type);
-  CheckOp(op, type, /*allreduce=*/true);
+  impl_->Checked(CollectiveKind::kAllreduce, check, [&] {
+    CheckType(type);
+    CheckOp(op, type, /*allreduce=*/true);
+    for (const Buffer& b : buffers) CheckBuffer(b.data, b.count, "grouped allreduce buffer");
+  });
   size_t total = 0;
   std::vector<internal::Transport::Piece> pieces;
   for (const Buffer& b : buffers) {
-    CheckBuffer(b.data, b.count, "grouped allreduce buffer");
     total += b.count;
     if (b.count > 0) pieces.push_back({static_cast<char*>(b.data), b.count});
   }
@@ -809,10 +878,13 @@ size_t Communicator::AllreduceReady(const std::vector<ReadyAllreduce>& ready, Da
                                     ReduceOp op, std::exception_ptr* error) {
   size_t k = 1;
   try {
-    CheckType(type);
-    CheckOp(op, type, /*allreduce=*/true);
     if (ready.empty()) throw InvalidArgumentError("AllreduceReady needs at least one allreduce");
-    for (const ReadyAllreduce& r : ready) CheckBuffer(r.data, r.count, "allreduce buffer");
+    // Refused alone: the others' first ready allreduce meets the refusal, and k is 1.
+    impl_->Checked(CollectiveKind::kAllreduce, *ready[0].check, [&] {
+      CheckType(type);
+      CheckOp(op, type, /*allreduce=*/true);
+      for (const ReadyAllreduce& r : ready) CheckBuffer(r.data, r.count, "allreduce buffer");
+    });
     impl_->RunReady(ready, type, op, k);
   } catch (...) {
     *error = std::current_exception();
@@ -822,12 +894,14 @@ size_t Communicator::AllreduceReady(const std::vector<ReadyAllreduce>& ready, Da
 
 void Communicator::Broadcast(void* data, size_t count, DataType type, int root,
                              const CallCheck& check) {
-  CheckType(type);
-  CheckBuffer(data, count, "broadcast buffer");
-  if (root < 0 || root >= size()) {
-    throw InvalidArgumentError(
-        MakeMessage("broadcast root ", root, " is not a rank of this communicator of ", size()));
-  }
+  impl_->Checked(CollectiveKind::kBroadcast, check, [&] {
+    CheckType(type);
+    CheckBuffer(data, count, "broadcast buffer");
+    if (root < 0 || root >= size()) {
+      throw InvalidArgumentError(
+          MakeMessage("broadcast root ", root, " is not a rank of this communicator of ", size()));
+    }
+  });
   auto call = DescribeCall(CollectiveKind::kBroadcast, type, count, root, check);
   impl_->Run(call, [&](internal::AlgorithmContext& ctx) {
     internal::Broadcast(ctx, data, count * ElementSize(type), root);
@@ -841,15 +915,17 @@ void Communicator::Allgather(const void* input, void* output, size_t count, Data
 
 void Communicator::Allgatherv(const void* input, void* output, const std::vector<size_t>& counts,
                               DataType type, const CallCheck& check) {
-  CheckType(type);
-  if (static_cast<int>(counts.size()) != size()) {
-    throw InvalidArgumentError(MakeMessage("allgatherv got ", counts.size(), " counts for ", size(),
-                                           " ranks; pass one count per rank"));
-  }
   size_t total = 0;
-  for (size_t c : counts) total += c;
-  CheckBuffer(input, counts[rank()], "allgather input");
-  CheckBuffer(output, total, "allgather output");
+  impl_->Checked(CollectiveKind::kAllgather, check, [&] {
+    CheckType(type);
+    if (static_cast<int>(counts.size()) != size()) {
+      throw InvalidArgumentError(MakeMessage("allgatherv got ", counts.size(), " counts for ",
+                                             size(), " ranks; pass one count per rank"));
+    }
+    for (size_t c : counts) total += c;
+    CheckBuffer(input, counts[rank()], "allgather input");
+    CheckBuffer(output, total, "allgather output");
+  });
   uint64_t counts_hash = 1469598103934665603ull;  // FNV-1a over the counts: they must agree
   for (size_t c : counts) counts_hash = (counts_hash ^ c) * 1099511628211ull;
   auto call = DescribeCall(CollectiveKind::kAllgather, type, counts[rank()], 0, check,
@@ -861,10 +937,12 @@ void Communicator::Allgatherv(const void* input, void* output, const std::vector
 
 void Communicator::ReduceScatter(const void* input, void* output, size_t count, DataType type,
                                  ReduceOp op, const CallCheck& check) {
-  CheckType(type);
-  CheckOp(op, type, /*allreduce=*/false);
-  CheckBuffer(input, count, "reduce-scatter input");
-  CheckBuffer(output, count, "reduce-scatter output");
+  impl_->Checked(CollectiveKind::kReduceScatter, check, [&] {
+    CheckType(type);
+    CheckOp(op, type, /*allreduce=*/false);
+    CheckBuffer(input, count, "reduce-scatter input");
+    CheckBuffer(output, count, "reduce-scatter output");
+  });
   auto call =
       DescribeCall(CollectiveKind::kReduceScatter, type, count, static_cast<int>(op), check);
   impl_->Run(call, [&](internal::AlgorithmContext& ctx) {
@@ -875,21 +953,23 @@ void Communicator::ReduceScatter(const void* input, void* output, size_t count, 
 void Communicator::Alltoallv(const void* input, const std::vector<size_t>& send_counts,
                              void* output, const std::vector<size_t>& recv_counts, DataType type,
                              const CallCheck& check) {
-  CheckType(type);
-  if (static_cast<int>(send_counts.size()) != size() ||
-      static_cast<int>(recv_counts.size()) != size()) {
-    throw InvalidArgumentError(MakeMessage("alltoallv got ", send_counts.size(), " send and ",
-                                           recv_counts.size(), " receive counts for ", size(),
-                                           " ranks; pass one of each per rank"));
-  }
   size_t sent = 0;
   size_t received = 0;
-  for (int r = 0; r < size(); ++r) {
-    sent += send_counts[r];
-    received += recv_counts[r];
-  }
-  CheckBuffer(input, sent, "alltoall input");
-  CheckBuffer(output, received, "alltoall output");
+  impl_->Checked(CollectiveKind::kAlltoall, check, [&] {
+    CheckType(type);
+    if (static_cast<int>(send_counts.size()) != size() ||
+        static_cast<int>(recv_counts.size()) != size()) {
+      throw InvalidArgumentError(MakeMessage("alltoallv got ", send_counts.size(), " send and ",
+                                             recv_counts.size(), " receive counts for ", size(),
+                                             " ranks; pass one of each per rank"));
+    }
+    for (int r = 0; r < size(); ++r) {
+      sent += send_counts[r];
+      received += recv_counts[r];
+    }
+    CheckBuffer(input, sent, "alltoall input");
+    CheckBuffer(output, received, "alltoall output");
+  });
   auto call = DescribeCall(CollectiveKind::kAlltoall, type, sent, 0, check, /*count_varies=*/true);
   impl_->Run(call, [&](internal::AlgorithmContext& ctx) {
     internal::Alltoallv(ctx, input, send_counts, output, recv_counts, type);
@@ -906,6 +986,19 @@ void Communicator::StopTimeline() { impl_->timeline().Stop(); }
 
 std::vector<uint64_t> Communicator::ExchangeKeys(const std::vector<uint64_t>& mine) {
   return impl_->ExchangeKeys(mine);
+}
+
+void Communicator::Refuse(const std::string& collective, const CallCheck& check) {
+  static constexpr std::pair<const char*, CollectiveKind> kKinds[] = {
+      {"allreduce", CollectiveKind::kAllreduce}, {"broadcast", CollectiveKind::kBroadcast},
+      {"allgather", CollectiveKind::kAllgather}, {"reducescatter", CollectiveKind::kReduceScatter},
+      {"alltoall", CollectiveKind::kAlltoall},   {"barrier", CollectiveKind::kBarrier}};
+  for (const auto& [name, kind] : kKinds) {
+    if (collective == name) return impl_->Refuse(kind, check);
+  }
+  throw InvalidArgumentError(MakeMessage("Refuse got collective '", collective,
+                                         "'; it takes allreduce, broadcast, allgather, "
+                                         "reducescatter, alltoall or barrier"));
 }
 
 void Communicator::Barrier() {

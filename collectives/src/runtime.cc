@@ -253,6 +253,15 @@ Runtime::Handle Runtime::GroupedAllreduce(const std::vector<TensorRef>& buffers,
                      [=](Communicator& c) { c.GroupedAllreduce(views, type, op, check); });
 }
 
+Runtime::Handle Runtime::Refuse(int set, std::string collective, CallCheck check,
+                                const std::string* match) {
+  const std::string key = match != nullptr ? *match : check.name;
+  return SubmitNamed(
+      set, key, [collective = std::move(collective), check = std::move(check)](Communicator& c) {
+        c.Refuse(collective, check);
+      });
+}
+
 Runtime::Handle Runtime::Broadcast(const TensorRef& data, int root, int set, CallCheck check) {
   if (OnGpu({&data})) {
     gpu::DeviceCall call = DeviceCallOf(gpu::DeviceOp::kBroadcast, {data}, {}, check);

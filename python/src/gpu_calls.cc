@@ -106,6 +106,19 @@ py::tuple DLPackView(py::capsule capsule) {
                         DLPackTypeName(tensor->dtype), shape, contiguous);
 }
 
+// NcclVersion is ncclGetVersion's answer (e.g. 22809) from the libnccl.so.2 the NCCL path would use
+// (gpu::OpenNccl), or 0 when none opens or it does not answer.
+int NcclVersion() {
+  const collectives::gpu::LibraryLoad& nccl = collectives::gpu::OpenNccl();
+  int version = 0;
+  if (nccl.handle != nullptr) {
+    using VersionFn = int (*)(int*);
+    auto fn = reinterpret_cast<VersionFn>(::dlsym(nccl.handle, "ncclGetVersion"));
+    if (fn == nullptr || fn(&version) != 0) version = 0;
+  }
+  return version;
+}
+
 py::dict GpuInfo(collectives::Runtime& runtime) {
   namespace gpu = collectives::gpu;
   py::dict info;
@@ -119,12 +132,7 @@ py::dict GpuInfo(collectives::Runtime& runtime) {
   info["nccl"] = nccl.handle != nullptr;
   info["nccl_path"] = nccl.path;
   info["nccl_why_not"] = nccl.why_not;
-  int version = 0;
-  if (nccl.handle != nullptr) {
-    using VersionFn = int (*)(int*);
-    auto fn = reinterpret_cast<VersionFn>(::dlsym(nccl.handle, "ncclGetVersion"));
-    if (fn != nullptr) fn(&version);
-  }
+  const int version = NcclVersion();
   info["nccl_version"] =
       version > 0 ? py::object(py::str(gpu::VersionString(version, true))) : py::none();
   std::string why;
@@ -145,6 +153,8 @@ void AddGpuCalls(py::module_& m, std::function<collectives::Runtime&()> runtime)
   m.def(
       "gpu_info", [runtime] { return GpuInfo(runtime()); },
       "What GPU support loaded (CUDA's runtime, NCCL), why not, and the world's GPU path.");
+  m.def("nccl_version", &NcclVersion,
+        "ncclGetVersion of the libnccl.so.2 GPU collectives would load (e.g. 22809), 0 if none.");
   m.def(
       "add_gpu_search_dirs",
       [](std::vector<std::string> folders) { collectives::gpu::AddSiteFolders(folders); },

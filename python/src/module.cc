@@ -466,6 +466,16 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "barrier_async", [](int set) { return TheRuntime().Barrier(set); }, py::arg("set") = 0);
   m.def(
+      "refuse_async",
+      [](int set, std::string collective, std::string name, std::optional<std::string> match) {
+        return TheRuntime().Refuse(set, std::move(collective),
+                                   MakeCheck(std::move(name), std::nullopt),
+                                   match ? &*match : nullptr);
+      },
+      py::arg("set"), py::arg("collective"), py::arg("name") = "", py::arg("match") = py::none(),
+      "Stands in for a collective this rank refused for its arguments, so that the ranks that "
+      "made it raise MismatchError too (Communicator::Refuse).");
+  m.def(
       "join",
       [] {
         auto last = std::make_shared<int>(-1);

@@ -267,6 +267,80 @@ TEST_CASE("bool reduces as or (sum, max) and and (product, min)", "[api]") {
   CheckNoProblems();
 }
 
+// ExpectRefused runs `call` on the rank that gets its arguments wrong: it must throw its own
+// InvalidArgumentError (not a mismatch) containing `words`.
+template <typename F>
+void ExpectRefused(F&& call, const std::string& words) {
+  try {
+    call();
+    Note(false, "no InvalidArgumentError (expected one saying: " + words + ")");
+  } catch (const MismatchError& e) {
+    Note(false, std::string("a MismatchError instead of the rank's own error: ") + e.what());
+  } catch (const InvalidArgumentError& e) {
+    Note(std::string(e.what()).find(words) != std::string::npos,
+         "InvalidArgumentError without '" + words + "': " + e.what());
+  }
+}
+
+TEST_CASE("an argument one rank refuses raises on every rank, and the next ones work", "[api]") {
+  for (const char* transport : {"auto", "tcp"})
+    for (int size : {2, 3}) {
+      Spawn(size, [&](int rank, std::shared_ptr<rendezvous::Store> store) {
+        Communicator comm(store, rank, size, Over(transport));
+        const int bad = size - 1;
+        const std::string told =
+            "rank " + std::to_string(bad) + " called broadcast 'w' with arguments it refused";
+        std::vector<float> x(4, 1.0f);
+        CallCheck named;
+        named.name = "w";
+        if (rank == bad) {
+          ExpectRefused([&] { comm.Broadcast(x.data(), 4, DataType::kFloat32, size, named); },
+                        "broadcast root");
+        } else {
+          ExpectMismatch([&] { comm.Broadcast(x.data(), 4, DataType::kFloat32, 0, named); }, told);
+        }
+        for (int i = 0; i < 100; ++i) ExpectHealthy(comm);
+        // Adasum of integers on one rank, refused in the fusable allreduce path.
+        std::vector<int32_t> ints(4, 1);
+        if (rank == bad) {
+          ExpectRefused(
+              [&] { comm.Allreduce(ints.data(), 4, DataType::kInt32, ReduceOp::kAdasum); },
+              "Adasum reduces");
+          std::exception_ptr error;
+          Communicator::ReadyAllreduce ready{ints.data(), 4, &named};
+          comm.AllreduceReady({ready}, DataType::kInt32, ReduceOp::kAdasum, &error);
+          NOTE_CHECK(error != nullptr);
+        } else {
+          ExpectMismatch(
+              [&] { comm.Allreduce(x.data(), 4, DataType::kFloat32, ReduceOp::kAdasum); },
+              "with arguments it refused");
+          ExpectMismatch(
+              [&] { comm.Allreduce(x.data(), 4, DataType::kFloat32, ReduceOp::kAdasum, named); },
+              "allreduce 'w' with arguments it refused");
+        }
+        ExpectHealthy(comm);
+        // Counts for the wrong number of ranks on one rank.
+        std::vector<size_t> counts(size, 1);
+        std::vector<float> in(size, 1.0f), out(size, 0.0f);
+        if (rank == bad) {
+          std::vector<size_t> wrong(size + 1, 1);
+          ExpectRefused(
+              [&] { comm.Alltoallv(in.data(), wrong, out.data(), counts, DataType::kFloat32); },
+              "alltoallv got");
+        } else {
+          ExpectMismatch(
+              [&] { comm.Alltoallv(in.data(), counts, out.data(), counts, DataType::kFloat32); },
+              "alltoall with arguments it refused");
+        }
+        // Every rank refusing alike: each throws its own error, none a mismatch.
+        ExpectRefused([&] { comm.Broadcast(x.data(), 4, DataType::kFloat32, -1); },
+                      "broadcast root -1");
+        for (int i = 0; i < 100; ++i) ExpectHealthy(comm);
+      });
+      CheckNoProblems();
+    }
+}
+
 TEST_CASE("join: a joined rank adds zeros to the others' allreduces until all have joined",
           "[api]") {
   for (const char* transport : {"auto", "tcp"})

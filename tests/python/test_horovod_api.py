@@ -2,6 +2,8 @@
 mismatched collectives raise on every rank and the job goes on; gradients flow through the
 collectives; init() after shutdown(); process sets; alltoall, reducescatter, grouped ops."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -148,8 +150,33 @@ def test_refusals_are_clear():
     with pytest.raises(ValueError, match="comm="):
         hvd.init(comm=[0])
     assert not (hvd.mpi_built() or hvd.gloo_built())
-    # CUDA and NCCL are opened at run time, so the support is always built in.
-    assert hvd.nccl_built() and hvd.cuda_built()
+    # CUDA's runtime is opened at run time, so its support is always built in.
+    assert hvd.cuda_built()
+
+
+def test_nccl_built_is_the_version_of_the_nccl_that_loads():
+    # Horovod's nccl_built() is NCCL's version as an int (its alltoall tests compare it with
+    # 2700), 0 without NCCL; trainrun's is that of the libnccl.so.2 it would open, as gpu_info().
+    version = hvd.nccl_built()
+    assert type(version) is int  # pylint: disable=unidiomatic-typecheck
+    info = hvd.gpu_info()
+    if not info["nccl"]:
+        assert version == 0
+        return
+    major, minor, patch = (int(p) for p in info["nccl_version"].split("."))
+    assert version == (major * 10000 if version >= 20900 else major * 1000) + minor * 100 + patch
+    assert version >= 2700
+
+
+def test_nccl_built_is_0_where_no_nccl_loads(tmp_path):
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRAINRUN_NCCL_LIBRARY=str(tmp_path / "libnccl.so.2"))
+    out = subprocess.run([sys.executable, "-c", "import trainrun.torch as hvd; "
+                          "print(hvd.nccl_built(), hvd.gpu_info()['nccl_why_not'])"],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    assert out.startswith("0 NCCL (libnccl.so.2) did not load from TRAINRUN_NCCL_LIBRARY="), out
 
 
 @multi

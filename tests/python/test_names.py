@@ -155,3 +155,35 @@ def test_mismatch_at_k_then_100_correct_collectives():
             out = hvd.allreduce(torch.full((i,), 1.0), name=f"after{i}", op=hvd.Sum)
             assert torch.all(out == SIZE), i
     healthy()
+
+
+@multi
+def test_named_collectives_in_other_orders_while_a_rank_has_joined():
+    # Rank 0 is in join() throughout; the others submit 30 named allreduces (and a named
+    # grouped allreduce) in their own random orders, which still match by name and complete, the
+    # joined rank adding zeros.
+    if SIZE < 3:
+        pytest.skip("needs a joined rank and two others")
+    for round_ in range(3):
+        if RANK == 0:
+            last = hvd.join()
+        else:
+            count = 30
+            order = list(range(count))
+            random.Random(31 * round_ + RANK).shuffle(order)
+            handles = {}
+            for i in order:
+                handles[i] = hvd.allreduce_async(torch.full((i % 5 + 1,), float(RANK + i)),
+                                                 name=f"joined{round_}.t{i}", op=hvd.Sum)
+                if i == order[count // 2]:
+                    handles["group"] = hvd.grouped_allreduce_async(
+                        [torch.ones(2), torch.ones(3)], name=f"joined{round_}.group", op=hvd.Sum)
+            for i in range(count):
+                expected = sum(r + i for r in range(1, SIZE))
+                assert hvd.synchronize(handles[i]).tolist() == [expected] * (i % 5 + 1), i
+            group = hvd.synchronize(handles["group"])
+            assert [t.tolist() for t in group] == [[SIZE - 1.0] * 2, [SIZE - 1.0] * 3]
+            last = hvd.join()
+        lasts = trainrun.allgather_object(last)
+        assert len(set(lasts)) == 1 and lasts[0] != 0, lasts
+    healthy()

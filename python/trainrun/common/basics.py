@@ -59,9 +59,11 @@ def shutdown():
 
 
 def nccl_built():
-    """True: NCCL is opened at run time where it is installed (gpu_info() says whether
-    it loaded here, and why not); without it CUDA tensors go through pinned host memory."""
-    return True
+    """NCCL's version as Horovod gives it (e.g. 22809 for 2.28.9), or 0: trainrun opens
+    libnccl.so.2 at run time (TRAINRUN_NCCL_LIBRARY, the nvidia-* wheels, the loader's path), so
+    this is the version of the NCCL that loads in this process, 0 where none does (gpu_info() says
+    why); without it CUDA tensors go through pinned host memory."""
+    return _core.nccl_version()
 
 
 def mpi_built():

@@ -12,6 +12,8 @@ import array as _array
 
 from trainrun import _buffers
 from trainrun import _core
+from trainrun.common.arguments import (_check_op, _grouped_first_name, _refuse, _scatter_kind,
+                                       _scatter_rows, _splits_list, _view_refused)
 from trainrun.common.exceptions import Error, InvalidArgumentError
 from trainrun.common.exchange import INT64, exchange_firsts
 from trainrun.common.handles import (_Op, _claim_name, _names_in_flight, _ops, _part,
@@ -33,15 +35,6 @@ def _what(fn, name):
 
 def _shape(buf):
     return [int(d) for d in buf.shape]
-
-
-def _check_op(op, what):
-    if op is None:
-        return Average
-    if not isinstance(op, ReduceOp):
-        raise InvalidArgumentError(
-            f"{what}: op must be trainrun.Sum, Average, Min, Max, Product or Adasum, got {op!r}")
-    return op
 
 
 # --- allreduce ---------------------------------------------------------------------------------
@@ -78,9 +71,13 @@ def _allreduce_start(tensor, op, name, process_set, prescale_factor, postscale_f
             _ops[handle] = _Op([h], lambda: tensor, tensor, key)
             return handle
     what = _what("allreduce", name)
-    op = _check_op(op, what)
     set_id = _set_id(process_set, what)
-    buf = _buffers.view(tensor, what, writable=True)
+    try:
+        op = _check_op(op, what)
+        buf = _buffers.view(tensor, what, writable=True)
+    except InvalidArgumentError as e:
+        _refuse(e, set_id, "allreduce", name)
+        raise
     key = _claim_name(set_id, name, what)
     if prescale_factor != 1.0:
         _buffers.scale_(tensor, prescale_factor)
@@ -108,7 +105,7 @@ def _allreduce_start(tensor, op, name, process_set, prescale_factor, postscale_f
 def allreduce_async(tensor, op=None, name=None, process_set=None, prescale_factor=1.0,
                     postscale_factor=1.0):
     """As allreduce_async_, into a new array or tensor (the input is left as it is)."""
-    buf = _buffers.view(tensor, _what("allreduce", name), writable=False)
+    buf = _view_refused(tensor, _what("allreduce", name), False, process_set, "allreduce", name)
     return allreduce_async_(_buffers.copy_of(buf), op, name, process_set, prescale_factor,
                             postscale_factor)
 
@@ -123,7 +120,7 @@ def allreduce_(tensor, op=None, name=None, process_set=None, prescale_factor=1.0
 def allreduce(tensor, op=None, name=None, process_set=None, prescale_factor=1.0,
               postscale_factor=1.0):
     """Returns a new array or tensor: `tensor` reduced across ranks with `op` (default Average)."""
-    buf = _buffers.view(tensor, _what("allreduce", name), writable=False)
+    buf = _view_refused(tensor, _what("allreduce", name), False, process_set, "allreduce", name)
     return synchronize(_allreduce_start(_buffers.copy_of(buf), op, name, process_set,
                                         prescale_factor, postscale_factor, True))
 
@@ -148,9 +145,13 @@ def grouped_allreduce_async_(tensors, op=None, name=None, process_set=None, pres
             return h
     what = _what("grouped_allreduce", name)
     tensors = _group("allreduce", tensors, what)
-    op = _check_op(op, what)
     set_id = _set_id(process_set, what)
-    bufs = [_buffers.view(t, what, writable=True) for t in tensors]
+    try:
+        op = _check_op(op, what)
+        bufs = [_buffers.view(t, what, writable=True) for t in tensors]
+    except InvalidArgumentError as e:
+        _refuse(e, set_id, "allreduce", _grouped_first_name(tensors, name, what), name or None)
+        raise
     key = _claim_name(set_id, name, what)
     for t in tensors:
         _buffers.scale_(t, prescale_factor)
@@ -194,7 +195,10 @@ poll = _core.fast_poll
 def grouped_allreduce_async(tensors, op=None, name=None, process_set=None, prescale_factor=1.0,
                             postscale_factor=1.0):
     what = _what("grouped_allreduce", name)
-    copies = [_buffers.copy_of(_buffers.view(t, what, writable=False)) for t in tensors]
+    tensors = _group("allreduce", tensors, what)
+    copies = [_buffers.copy_of(_view_refused(t, what, False, process_set, "allreduce",
+                                             _grouped_first_name(tensors, name, what),
+                                             name or None)) for t in tensors]
     return grouped_allreduce_async_(copies, op, name, process_set, prescale_factor,
                                     postscale_factor)
 
@@ -218,8 +222,12 @@ def broadcast_async_(tensor, root_rank=0, name=None, process_set=None):
     """Starts overwriting `tensor` with root_rank's, in place; synchronize() returns it."""
     what = _what("broadcast", name)
     set_id = _set_id(process_set, what)
-    buf = _buffers.view(tensor, what, writable=True)
-    root = _check_root(root_rank, set_id, what)
+    try:
+        buf = _buffers.view(tensor, what, writable=True)
+        root = _check_root(root_rank, set_id, what)
+    except InvalidArgumentError as e:
+        _refuse(e, set_id, "broadcast", name)
+        raise
     key = _claim_name(set_id, name, what)
     try:
         h = _core.broadcast_async(buf.ptr, buf.count, buf.dtype, root, set_id, name or "",
@@ -231,7 +239,7 @@ def broadcast_async_(tensor, root_rank=0, name=None, process_set=None):
 
 
 def broadcast_async(tensor, root_rank=0, name=None, process_set=None):
-    buf = _buffers.view(tensor, _what("broadcast", name), writable=False)
+    buf = _view_refused(tensor, _what("broadcast", name), False, process_set, "broadcast", name)
     return broadcast_async_(_buffers.copy_of(buf), root_rank, name, process_set)
 
 
@@ -256,7 +264,11 @@ def grouped_allgather_async(tensors, name=None, process_set=None):
     tensors = _group("allgather", tensors, what)
     set_id = _set_id(process_set, what)
     tensors = [t.reshape(1) if len(getattr(t, "shape", (1,))) == 0 else t for t in tensors]
-    bufs = [_buffers.view(t, what, writable=False) for t in tensors]
+    try:
+        bufs = [_buffers.view(t, what, writable=False) for t in tensors]
+    except InvalidArgumentError as e:
+        _refuse(e, set_id, "allgather", name)
+        raise
     if all(b.device < 0 for b in bufs):
         h, gathered = _core.grouped_allgather_async(
             [b.ptr for b in bufs], [b.shape[0] for b in bufs],
@@ -316,11 +328,6 @@ def _product(dims):
 # --- reducescatter -----------------------------------------------------------------------------
 
 
-def _scatter_rows(rows, n):
-    """Rows of each rank's part: as even as possible, the first ranks taking one more."""
-    return [rows // n + (1 if r < rows % n else 0) for r in range(n)]
-
-
 def grouped_reducescatter_async(tensors, op=None, name=None, process_set=None,
                                 prescale_factor=1.0, postscale_factor=1.0):
     """Starts reducing each tensor across ranks with `op` (default Average) and keeping this
@@ -328,13 +335,18 @@ def grouped_reducescatter_async(tensors, op=None, name=None, process_set=None,
     synchronize() returns the list of parts."""
     what = _what("reducescatter", name)
     tensors = _group("reducescatter", tensors, what)
-    op = _check_op(op, what)
     set_id = _set_id(process_set, what)
-    bufs = [_buffers.view(t, what, writable=False) for t in tensors]
-    for b in bufs:
-        if len(b.shape) == 0:
-            raise InvalidArgumentError(f"{what}: a scalar cannot be scattered; pass a tensor with "
-                                       "a first dimension")
+    try:
+        op = _check_op(op, what)
+        bufs = [_buffers.view(t, what, writable=False) for t in tensors]
+        for b in bufs:
+            if len(b.shape) == 0:
+                raise InvalidArgumentError(f"{what}: a scalar cannot be scattered; pass a tensor "
+                                           "with a first dimension")
+    except InvalidArgumentError as e:
+        _refuse(e, set_id, _scatter_kind(tensors[0], _set_size(set_id), what),
+                _part(name, 0, len(tensors)))
+        raise
     n, me = _set_size(set_id), _set_rank(set_id)
     key = _claim_name(set_id, name, what)
     core, results = [], []
@@ -397,45 +409,23 @@ def reducescatter(tensor, op=None, name=None, process_set=None, prescale_factor=
 # --- alltoall ----------------------------------------------------------------------------------
 
 
-def _splits_list(splits, rows, n, what):
-    if splits is None:
-        if rows % n:
-            raise InvalidArgumentError(f"{what}: the first dimension ({rows}) is not divisible by "
-                                       f"the number of ranks ({n}); pass splits")
-        return [rows // n] * n
-    if _buffers.is_torch(splits):
-        import torch
-
-        if splits.dtype not in (torch.int32, torch.int64):
-            raise InvalidArgumentError(f"{what}: splits must hold 32- or 64-bit integers, got "
-                                       f"{splits.dtype}")
-        splits = splits.tolist()
-    elif hasattr(splits, "dtype"):
-        if splits.dtype.kind not in "iu":
-            raise InvalidArgumentError(f"{what}: splits must hold integers, got {splits.dtype}")
-        splits = splits.tolist()
-    splits = [int(s) for s in splits]
-    if len(splits) != n or any(s < 0 for s in splits):
-        raise InvalidArgumentError(f"{what}: splits must have one non-negative entry per rank "
-                                   f"({n}), got {splits}")
-    if sum(splits) > rows:
-        raise InvalidArgumentError(f"{what}: splits add up to {sum(splits)}, more than the first "
-                                   f"dimension ({rows})")
-    return splits
-
-
 def alltoall_async(tensor, splits=None, name=None, process_set=None):
     """Starts sending splits[r] rows of `tensor` (in order) to rank r and receiving each rank's
     rows for this one; synchronize() returns (received tensor, received splits). Without splits
     the first dimension is divided evenly."""
     what = _what("alltoall", name)
     set_id = _set_id(process_set, what)
-    buf = _buffers.view(tensor, what, writable=False)
-    if len(buf.shape) == 0:
-        raise InvalidArgumentError(f"{what}: a scalar cannot be split; pass a tensor with a "
-                                   "first dimension")
     n = _set_size(set_id)
-    sends = _splits_list(splits, buf.shape[0], n, what)
+    try:
+        buf = _buffers.view(tensor, what, writable=False)
+        if len(buf.shape) == 0:
+            raise InvalidArgumentError(f"{what}: a scalar cannot be split; pass a tensor with a "
+                                       "first dimension")
+        sends = _splits_list(splits, buf.shape[0], n, what)
+    except InvalidArgumentError as e:
+        # The call's first collective is the exchange of the splits.
+        _refuse(e, set_id, "alltoall", f"{name} (splits)" if name else "")
+        raise
     rest = tuple(buf.shape[1:])
     row = _product(rest)
     mine = _array.array("q", sends)

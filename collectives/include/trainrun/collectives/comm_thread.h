@@ -31,7 +31,9 @@
 // every rank has to the front of the queue in the lowest rank's order, and go on as usual (fused
 // as usual). With none in common they negotiate again, about once a millisecond, until something
 // new comes; a rank pending for TRAINRUN_STALL_CHECK_TIME_SECONDS logs the names the others lack.
-// When every rank waits for its collectives and none is in common for kStuckRounds rounds,
+// A rank in join() takes part in the others' negotiation with no keys of its own and is left out
+// of what must be common, so ranks that have not joined still match by name.
+// When every rank waits for its collectives and none is in common for 500 rounds,
 // nothing can come to resolve it: each rank's first pending collective fails with the
 // MismatchError naming what each called. A second pending collective with the same name on one
 // communicator throws InvalidArgumentError at the submit, on that rank only; a name is free
@@ -121,11 +123,8 @@ class CommThread {
     std::string name;              // "" when unnamed
     uint64_t key = 0;              // what negotiation matches (odd: a name's; even: unnamed's)
   };
-  // How many keys one negotiation round exchanges per rank at most (8 KiB each).
-  static constexpr size_t kMostKeys = 1020;
-  // Rounds of negotiation with every rank waiting, nothing in common and nothing new before the
-  // first pending collectives fail (each round waits up to kRoundWait for something new).
-  static constexpr int kStuckRounds = 500;
+  // How long a negotiation round waits for something new (the exchange and its limits: the
+  // library's src/negotiation.h).
   static constexpr std::chrono::milliseconds kRoundWait{2};
 
   Handle Enqueue(Entry entry);

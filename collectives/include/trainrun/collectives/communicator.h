@@ -188,6 +188,15 @@ class Communicator {
   // Barrier returns once every rank has entered it.
   void Barrier();
 
+  // Refuse takes the place of a collective this rank refused for its arguments (`collective`:
+  // "allreduce", "broadcast", "allgather", "reducescatter", "alltoall" or "barrier"; `check`: its
+  // name): it tells the other ranks in the call check, so that they raise MismatchError for the
+  // call they made instead of waiting for this rank, and the communicator stays in step. Returns
+  // when every rank refused the same call; throws MismatchError when some made it (the caller
+  // then raises its own error, which says what was wrong). Does nothing with the call check off
+  // (TRAINRUN_CHECK_SHAPES=0). The collectives below call it for the arguments they refuse.
+  void Refuse(const std::string& collective, const CallCheck& check = {});
+
   // ExchangeKeys allgathers `mine` (the same length on every rank) without a call check and
   // returns every rank's, in rank order: the communication thread's negotiation of the order of
   // named collectives (comm_thread.h), which every rank enters at the same point.

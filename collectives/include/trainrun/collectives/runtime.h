@@ -153,6 +153,11 @@ class Runtime {
   Handle Alltoallv(const TensorRef& input, std::vector<size_t> send_counts, const TensorRef& output,
                    std::vector<size_t> recv_counts, int set, CallCheck check);
   Handle Barrier(int set);
+  // Refuse queues Communicator::Refuse for a `collective` named check.name that this rank refused
+  // for its arguments, matched by `match` when given (a grouped allreduce's call name), else by
+  // check.name, so the ranks that made the call raise too.
+  Handle Refuse(int set, std::string collective, CallCheck check,
+                const std::string* match = nullptr);
   // Submit queues `job` on process set `set`'s communicator (checked now, so a bad set fails at
   // the call).
   Handle Submit(int set, std::function<void(Communicator&)> job);
