@@ -1,6 +1,7 @@
 """pytest setup for running Horovod's test_torch.py against trainrun.torch.
 
-- `import horovod.torch` resolves to trainrun.torch through shim/ (which implements nothing).
+- `import horovod.torch` resolves to trainrun.torch through shim/ (which implements nothing but
+  the mpi_enabled() answer its docstring explains).
 - Tests named in skips.py are skipped with the reason written there.
 - After each test, the ranks meet at a named point before the next starts. When a test fails on
   one rank before a collective that the other ranks then wait in, those ranks' next calls are
