@@ -9,8 +9,8 @@ that drift in machine load hits all alike:
   grouped  grouped_allreduce_ of the list (one fused collective; the copies in and out included);
   async    allreduce_async_ of each of the 200, then synchronize of every handle.
 --shuffled adds a fourth way, "shuffled": as async, but every rank submits the 200 (named) in
-an order of its own, drawn anew for every call, so the ranks match them by name (negotiation);
-beside async, the cost of an order that differs between ranks.
+an order of its own, drawn anew for every call (before the clock starts), so the ranks match them
+by name (negotiation); beside async, the cost of an order that differs between ranks.
 Rank 0 prints each one's median time per call over the rounds, and the ratio to fused (goal:
 grouped and async at most 1.10); and each one's best call (the fastest of all its calls, on the
 slowest rank), which on a machine loaded by other work tells what a quiet one would show better
@@ -116,12 +116,17 @@ def asynchronous_in_phases():
     return out
 
 
-shuffler = random.Random(1000 + rank)  # another order on every rank
+# Another order on every rank, new for every call: drawn before the clock (shuffling 200 in Python
+# takes ~0.1 ms, which a training step's hooks do not spend: their order simply differs).
+shuffler = random.Random(1000 + rank)
+orders = []
+for _ in range((args.rounds + 1) * args.repeat):
+    orders.append(list(range(len(tensors))))
+    shuffler.shuffle(orders[-1])
 
 
 def shuffled():
-    order = list(range(len(tensors)))
-    shuffler.shuffle(order)
+    order = orders.pop()
     handles = {i: trainrun.allreduce_async_(tensors[i], op=trainrun.Sum, name=f"t{i}")
                for i in order}
     return [trainrun.synchronize(handles[i]) for i in order]
