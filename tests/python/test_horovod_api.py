@@ -159,7 +159,7 @@ def test_nccl_built_is_the_version_of_the_nccl_that_loads():
     # 2700), 0 without NCCL; trainrun's is that of the libnccl.so.2 it would open, as gpu_info().
     version = hvd.nccl_built()
     assert type(version) is int  # pylint: disable=unidiomatic-typecheck
-    info = hvd.gpu_info()
+    info = trainrun.gpu_info()
     if not info["nccl"]:
         assert version == 0
         return
@@ -173,8 +173,8 @@ def test_nccl_built_is_0_where_no_nccl_loads(tmp_path):
     import sys
 
     env = dict(os.environ, TRAINRUN_NCCL_LIBRARY=str(tmp_path / "libnccl.so.2"))
-    out = subprocess.run([sys.executable, "-c", "import trainrun.torch as hvd; "
-                          "print(hvd.nccl_built(), hvd.gpu_info()['nccl_why_not'])"],
+    out = subprocess.run([sys.executable, "-c", "import trainrun, trainrun.torch as hvd; "
+                          "print(hvd.nccl_built(), trainrun.gpu_info()['nccl_why_not'])"],
                          env=env, capture_output=True, text=True, check=True).stdout
     assert out.startswith("0 NCCL (libnccl.so.2) did not load from TRAINRUN_NCCL_LIBRARY="), out
 
