@@ -25,7 +25,8 @@
 // channel, the start-up's Join, Allgather and Barrier batched into one call per host. Relays run
 // in the process of their host's workers, started before the clock (an agent starts its relay
 // before its ranks), and connect to the server as they start, as an agent's does while its ranks
-// start (the server's CPU column counts those connections; the time does not).
+// start: the workers are released once their relays are connected (the server's CPU column counts
+// those connections and their TLS handshakes; the time does not).
 //
 //   build/bin/rendezvous_bench --runs 1 --processes 16 --relay -v 8192
 //
@@ -162,6 +163,16 @@ int RunWorkers(const std::string& address, const std::string& token, int n, int 
         return count;
       }
       relays[host] = *std::move(started);
+    }
+    // An agent's relay connects while the agent starts its ranks (processes, an interpreter),
+    // which takes longer than one connection's handshakes; so the workers are released once
+    // every relay here is connected, and the clock times what the ranks themselves meet.
+    for (auto& [host, r] : relays) {
+      if (!r->WaitConnected(kTimeout)) {
+        std::fprintf(stderr, "rendezvous_bench: %s's relay did not connect to the server\n",
+                     host.c_str());
+        return count;
+      }
     }
   }
   std::vector<std::string> keys;

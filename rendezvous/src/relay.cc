@@ -104,6 +104,9 @@ class Relay::Impl {
   void Stop();
   const std::string& socket() const { return options_.socket; }
   int64_t upstream_calls() const { return upstream_calls_.load(); }
+  bool WaitConnected(std::chrono::milliseconds timeout) {
+    return channel_->WaitForConnected(std::chrono::system_clock::now() + timeout);
+  }
 
  private:
   // One rank's call: where to answer it, and its request.
@@ -757,5 +760,9 @@ Relay::Relay(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Relay::~Relay() = default;
 const std::string& Relay::socket() const { return impl_->socket(); }
 int64_t Relay::upstream_calls() const { return impl_->upstream_calls(); }
+
+bool Relay::WaitConnected(std::chrono::milliseconds timeout) {
+  return impl_->WaitConnected(timeout);
+}
 
 }  // namespace trainrun::rendezvous
