@@ -10,7 +10,9 @@
 // Flags: -b/-e smallest/largest size in bytes (K, M, G), -f factor, -r rounds (alternations), -T
 // milliseconds each round of a size runs for at least (at least 3 calls), --chunks and
 // --chunk-bytes the pipeline's DeviceOptions::max_chunks and min_chunk_bytes, --staging 1 always
-// through the staging buffer (DeviceOptions::copy_through_transport false). float32 sum, in
+// through the staging buffer (DeviceOptions::copy_through_transport false), --inline-copies 1 the
+// fake's copies on an idle stream run on the calling thread (FakeGpuRuntime::RunIdleCopiesHere:
+// no thread switch per copy, as a GPU's idle copy engine starts one at once). float32 sum, in
 // place. Time is the slowest rank's mean per call in µs; busbw = algbw·2(n-1)/n; "dma" is the
 // CPU time per staged call, rank 0's, that the fake's stream threads spent copying (a GPU's copy
 // engines would take no CPU for it).
@@ -46,6 +48,7 @@ struct Flags {
   int rounds = 5;
   double min_ms = 100;
   int np = 2;
+  bool inline_copies = false;
   gpu::DeviceOptions options;
 };
 
@@ -79,6 +82,8 @@ Flags ParseFlags(int argc, char** argv) {
       flags.options.max_chunks = std::max(1, std::atoi(value));
     } else if (flag == "--chunk-bytes") {
       flags.options.min_chunk_bytes = ParseSize(value);
+    } else if (flag == "--inline-copies") {
+      flags.inline_copies = std::atoi(value) != 0;
     } else if (flag == "--staging") {
       flags.options.copy_through_transport = std::atoi(value) == 0;
     } else {
@@ -123,16 +128,19 @@ double Median(std::vector<double> values) {
 
 int RunRank(Communicator& comm, const Flags& flags) {
   gpu::testing::FakeGpuRuntime fake(1);
+  fake.RunIdleCopiesHere(flags.inline_copies);
   gpu::DeviceCollectives staged(comm, fake, flags.options);
   const int n = comm.size();
   const bool printer = comm.rank() == 0;
   if (printer) {
     std::printf(
         "# staged_perf: %d ranks, float32 sum in place, max_chunks %d, min_chunk_bytes %zu, "
-        "%d rounds, %s\n",
+        "%d rounds, %s, %s\n",
         n, flags.options.max_chunks, flags.options.min_chunk_bytes, flags.rounds,
         flags.options.copy_through_transport ? "through the transport where it can"
-                                             : "always through the staging buffer");
+                                             : "always through the staging buffer",
+        flags.inline_copies ? "copies on an idle stream run by the caller"
+                            : "copies run by the stream's thread");
     std::printf("#%11s %12s %6s %6s  %9s %7s %7s  %9s %7s %7s  %7s %7s\n", "", "", "", "", "host",
                 "", "", "staged", "", "", "", "");
     std::printf("#%11s %12s %6s %6s  %9s %7s %7s  %9s %7s %7s  %7s %7s\n", "size", "count", "type",

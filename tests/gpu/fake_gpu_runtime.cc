@@ -165,6 +165,19 @@ void FakeGpuRuntime::Copy(void* destination, const void* source, size_t bytes, S
   ++copies_;
   const bool to_device = DeviceOf(destination) >= 0;
   if (to_device != (DeviceOf(source) >= 0)) ++host_device_copies_;
+  if (copies_here_) {
+    bool held = false;
+    if (to_device) {
+      std::lock_guard<std::mutex> lock(hold_mutex_);
+      held = hold_;
+    }
+    auto copy = [&] {
+      const uint64_t before = ThreadCpuNanoseconds();
+      std::memcpy(destination, source, bytes);
+      copy_cpu_nanoseconds_ += ThreadCpuNanoseconds() - before;
+    };
+    if (!held && Resolve(stream).RunIfIdle(copy)) return;
+  }
   Resolve(stream).Enqueue([=] {
     if (to_device) {
       std::unique_lock<std::mutex> lock(hold_mutex_);

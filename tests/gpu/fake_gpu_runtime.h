@@ -76,6 +76,12 @@ class FakeGpuRuntime final : public GpuRuntime {
   // host_registrations: RegisterHost calls not undone by UnregisterHost.
   size_t host_registrations() const { return host_registrations_.load(); }
   double copy_cpu_seconds() const { return copy_cpu_nanoseconds_.load() * 1e-9; }
+  // RunIdleCopiesHere(true) runs a copy enqueued on an idle stream at once on the calling thread
+  // (as a GPU's idle copy engine starts it at once), instead of handing it to the stream's thread
+  // and waking that: a benchmark's second model of the copies (staged_perf --inline-copies), with
+  // no thread switch per copy but the memcpy on the caller's CPU. Copies into device memory are
+  // always handed over while HoldCopiesToDevice holds them.
+  void RunIdleCopiesHere(bool here) { copies_here_ = here; }
   // HoldCopiesToDevice(true) makes every copy into device memory wait, on its stream, until
   // HoldCopiesToDevice(false): a copy back that has not landed yet, for as long as a test likes.
   void HoldCopiesToDevice(bool hold);
@@ -103,6 +109,7 @@ class FakeGpuRuntime final : public GpuRuntime {
   std::mutex hold_mutex_;
   std::condition_variable released_;
   bool hold_ = false;
+  std::atomic<bool> copies_here_{false};
 };
 
 }  // namespace trainrun::collectives::gpu::testing
