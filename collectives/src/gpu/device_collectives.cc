@@ -666,8 +666,7 @@ class DeviceCollectives::DeviceCopies final : public BufferCopies {
         input_(static_cast<const char*>(input)),
         output_(static_cast<char*>(output)),
         element_(element),
-        stream_(stream),
-        landed_(owner.TakeEvent()) {}
+        stream_(stream) {}
   ~DeviceCopies() { owner_.GiveEvent(landed_); }
   DeviceCopies(const DeviceCopies&) = delete;
   DeviceCopies& operator=(const DeviceCopies&) = delete;
@@ -680,6 +679,7 @@ class DeviceCollectives::DeviceCopies final : public BufferCopies {
       owner_.runtime_.Copy(output_ + begin * element_, from, count * element_, stream_);
   }
   void Wait() override {
+    if (landed_ == nullptr) landed_ = owner_.TakeEvent();  // none where the transport declines
     owner_.runtime_.Record(landed_, stream_);
     owner_.WaitCopied(landed_);
   }
@@ -696,7 +696,7 @@ class DeviceCollectives::DeviceCopies final : public BufferCopies {
   char* output_;
   size_t element_;
   Stream stream_;
-  Event landed_;
+  Event landed_ = nullptr;
 };
 
 void DeviceCollectives::StagedAllreduce(DeviceWork& work) {
