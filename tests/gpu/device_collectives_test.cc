@@ -667,7 +667,7 @@ TEST_CASE(
 
 TEST_CASE(
     "staged: chunks keep stream order: a delayed kernel writes 4 MiB, the allreduce "
-    "follows it, a kernel after it reads every chunk reduced (1 and 2 copy engines; "
+    "follows it, a kernel after it reads every chunk reduced (1 and 2 copy engines, "
     "through the transport and through the staging buffer)",
     "[gpu_fake]") {
   for (int engines : {1, 2}) {
