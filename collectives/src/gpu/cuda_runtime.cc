@@ -17,9 +17,8 @@ constexpr int kSuccess = 0;
 constexpr int kNotReady = 600;              // cudaErrorNotReady
 constexpr unsigned kStreamNonBlocking = 1;  // cudaStreamNonBlocking
 constexpr unsigned kEventDisableTiming = 2;
-constexpr int kMemcpyDefault = 4;
-constexpr unsigned kHostRegisterPortable = 1;  // cudaHostRegisterPortable: for every device  //
-                                               // cudaMemcpyDefault: direction from the pointers
+constexpr int kMemcpyDefault = 4;              // cudaMemcpyDefault: direction from the pointers
+constexpr unsigned kHostRegisterPortable = 1;  // cudaHostRegisterPortable: for every device
 constexpr int kMemoryTypeDevice = 2;
 constexpr int kMemoryTypeManaged = 3;
 constexpr int kDevAttrAsyncEngineCount = 40;  // cudaDevAttrAsyncEngineCount
