@@ -791,6 +791,32 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "staged with the fake's copies run by the caller on an idle stream (staged_perf "
+    "--inline-copies): every element right, through the transport and the staging buffer",
+    "[gpu_fake]") {
+  for (bool through : {true, false}) {
+    FakeGpuRuntime fake(2);
+    fake.RunIdleCopiesHere(true);
+    DeviceOptions options;
+    options.copy_through_transport = through;
+    INFO("through the transport: " << through);
+    Ranks(
+        2, fake,
+        [&](Rank& rank) {
+          const int me = rank.comm.rank();
+          for (size_t count : {size_t{10}, size_t{5000}, (size_t{5} << 18) + 7}) {
+            Ones ones(fake, count, me, static_cast<float>(me + 1));
+            Execute(rank.gpu, ones.Call());
+            for (size_t i = 0; i < count; i += 101) REQUIRE(ones.data()[i] == 3.0f);
+            REQUIRE(ones.data()[count - 1] == 3.0f);
+          }
+        },
+        options);
+    REQUIRE(fake.copy_cpu_seconds() > 0);
+  }
+}
+
+TEST_CASE(
     "staged over shared memory: a rank with a device buffer and one with a host buffer take "
     "part in one allreduce, and a mismatch raises on both",
     "[gpu_fake]") {
