@@ -9,8 +9,13 @@
 //
 // Flags: -b/-e smallest/largest size in bytes (K, M, G), -f factor, -r rounds (alternations), -T
 // milliseconds each round of a size runs for at least (at least 3 calls), --chunks and
-// --chunk-bytes the pipeline's DeviceOptions::max_chunks and min_chunk_bytes. float32 sum, in
-// place. Time is the slowest rank's mean per call in µs; busbw = algbw·2(n-1)/n.
+// --chunk-bytes the pipeline's DeviceOptions::max_chunks and min_chunk_bytes, --staging 1 always
+// through the staging buffer (DeviceOptions::copy_through_transport false), --inline-copies 1 the
+// fake's copies on an idle stream run on the calling thread (FakeGpuRuntime::RunIdleCopiesHere:
+// no thread switch per copy, as a GPU's idle copy engine starts one at once). float32 sum, in
+// place. Time is the slowest rank's mean per call in µs; busbw = algbw·2(n-1)/n; "dma" is the
+// CPU time per staged call, rank 0's, that the fake's stream threads spent copying (a GPU's copy
+// engines would take no CPU for it).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -43,6 +48,7 @@ struct Flags {
   int rounds = 5;
   double min_ms = 100;
   int np = 2;
+  bool inline_copies = false;
   gpu::DeviceOptions options;
 };
 
@@ -76,6 +82,10 @@ Flags ParseFlags(int argc, char** argv) {
       flags.options.max_chunks = std::max(1, std::atoi(value));
     } else if (flag == "--chunk-bytes") {
       flags.options.min_chunk_bytes = ParseSize(value);
+    } else if (flag == "--inline-copies") {
+      flags.inline_copies = std::atoi(value) != 0;
+    } else if (flag == "--staging") {
+      flags.options.copy_through_transport = std::atoi(value) == 0;
     } else {
       std::fprintf(stderr, "staged_perf: unknown flag %s (see the head of staged_perf.cc)\n",
                    flag.c_str());
@@ -118,20 +128,25 @@ double Median(std::vector<double> values) {
 
 int RunRank(Communicator& comm, const Flags& flags) {
   gpu::testing::FakeGpuRuntime fake(1);
+  fake.RunIdleCopiesHere(flags.inline_copies);
   gpu::DeviceCollectives staged(comm, fake, flags.options);
   const int n = comm.size();
   const bool printer = comm.rank() == 0;
   if (printer) {
     std::printf(
         "# staged_perf: %d ranks, float32 sum in place, max_chunks %d, min_chunk_bytes %zu, "
-        "%d rounds\n",
-        n, flags.options.max_chunks, flags.options.min_chunk_bytes, flags.rounds);
-    std::printf("#%11s %12s %6s %6s  %9s %7s %7s  %9s %7s %7s  %7s\n", "", "", "", "", "host", "",
-                "", "staged", "", "", "");
-    std::printf("#%11s %12s %6s %6s  %9s %7s %7s  %9s %7s %7s  %7s\n", "size", "count", "type",
-                "redop", "time", "algbw", "busbw", "time", "algbw", "busbw", "extra");
-    std::printf("#%11s %12s %6s %6s  %9s %7s %7s  %9s %7s %7s  %7s\n", "(B)", "(elements)", "", "",
-                "(us)", "(GB/s)", "(GB/s)", "(us)", "(GB/s)", "(GB/s)", "(%)");
+        "%d rounds, %s, %s\n",
+        n, flags.options.max_chunks, flags.options.min_chunk_bytes, flags.rounds,
+        flags.options.copy_through_transport ? "through the transport where it can"
+                                             : "always through the staging buffer",
+        flags.inline_copies ? "copies on an idle stream run by the caller"
+                            : "copies run by the stream's thread");
+    std::printf("#%11s %12s %6s %6s  %9s %7s %7s  %9s %7s %7s  %7s %7s\n", "", "", "", "", "host",
+                "", "", "staged", "", "", "", "");
+    std::printf("#%11s %12s %6s %6s  %9s %7s %7s  %9s %7s %7s  %7s %7s\n", "size", "count", "type",
+                "redop", "time", "algbw", "busbw", "time", "algbw", "busbw", "extra", "dma");
+    std::printf("#%11s %12s %6s %6s  %9s %7s %7s  %9s %7s %7s  %7s %7s\n", "(B)", "(elements)", "",
+                "", "(us)", "(GB/s)", "(GB/s)", "(us)", "(GB/s)", "(GB/s)", "(%)", "(us)");
   }
   for (size_t bytes = flags.min_bytes; bytes <= flags.max_bytes; bytes *= flags.factor) {
     const size_t count = bytes / 4;
@@ -160,25 +175,32 @@ int RunRank(Communicator& comm, const Flags& flags) {
       staged_call();
     }
     std::vector<double> host_times, staged_times;
+    size_t staged_calls = 0;
+    const double dma_before = fake.copy_cpu_seconds();
+    auto counted_call = [&] {
+      staged_call();
+      ++staged_calls;
+    };
     for (int r = 0; r < flags.rounds; ++r) {
       // Alternating, and which goes first alternates too.
       if (r % 2 == 0) {
         host_times.push_back(Timed(comm, flags.min_ms, host_call));
-        staged_times.push_back(Timed(comm, flags.min_ms, staged_call));
+        staged_times.push_back(Timed(comm, flags.min_ms, counted_call));
       } else {
-        staged_times.push_back(Timed(comm, flags.min_ms, staged_call));
+        staged_times.push_back(Timed(comm, flags.min_ms, counted_call));
         host_times.push_back(Timed(comm, flags.min_ms, host_call));
       }
     }
     fake.Synchronize(nullptr);
+    const double dma = (fake.copy_cpu_seconds() - dma_before) / std::max<size_t>(staged_calls, 1);
     fake.FreeDevice(device);
     if (printer) {
       const double h = Median(host_times);
       const double s = Median(staged_times);
       const double bus = n > 1 ? 2.0 * (n - 1) / n : 0.0;
-      std::printf(" %11zu %12zu %6s %6s  %9.1f %7.2f %7.2f  %9.1f %7.2f %7.2f  %+7.1f\n", bytes,
-                  count, "float", "sum", h * 1e6, bytes / h / 1e9, bytes / h / 1e9 * bus, s * 1e6,
-                  bytes / s / 1e9, bytes / s / 1e9 * bus, (s / h - 1) * 100);
+      std::printf(" %11zu %12zu %6s %6s  %9.1f %7.2f %7.2f  %9.1f %7.2f %7.2f  %+7.1f %7.1f\n",
+                  bytes, count, "float", "sum", h * 1e6, bytes / h / 1e9, bytes / h / 1e9 * bus,
+                  s * 1e6, bytes / s / 1e9, bytes / s / 1e9 * bus, (s / h - 1) * 100, dma * 1e6);
       std::fflush(stdout);
     }
   }

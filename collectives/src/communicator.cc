@@ -504,6 +504,57 @@ class Communicator::Impl {
     if (traced) timeline_->Record(call, set_name_, start, agreed, internal::Timeline::Now());
   }
 
+  // RunAllreduceCopies is RunAllreduceChecked of a buffer reached through `copies`, where the
+  // transport takes it (Transport::CanAllreduceCopies); false, having done nothing, where not.
+  bool RunAllreduceCopies(const internal::CallRecord& call, BufferCopies& copies, size_t count,
+                          DataType type, ReduceOp op) {
+    if (!transport_->CanAllreduceCopies(count, type, op)) return false;
+    auto run = [&](internal::AlgorithmContext& ctx) {
+      TRAINRUN_ENFORCE(ctx.transport.TryAllreduceCopies(copies, count, type, op),
+                       "the transport refused an allreduce through copies it said it takes");
+    };
+    if (!check_calls_ || info_.size == 1) {
+      Run(call, run);
+      return true;
+    }
+    const bool traced = timeline_->enabled();
+    const int64_t start = traced ? internal::Timeline::Now() : 0;
+    int64_t agreed = start;
+    const internal::CallRecord& mine = Sampled(call);
+    Guard(internal::KindName(call.kind), call.name, count * ElementSize(type),
+          [&](internal::AlgorithmContext& ctx) {
+            std::vector<internal::CallRecord>& records = records_;
+            records.resize(info_.size);
+            bool unanimous = false;
+            auto joined = [&] {
+              return std::any_of(records.begin(), records.end(),
+                                 [](const internal::CallRecord& r) { return r.kind == kJoinKind; });
+            };
+            const bool folded = ctx.transport.TryCheckedAllreduceCopies(
+                copies, count, type, op, &mine, sizeof(mine), records.data(), [&](bool same) {
+                  unanimous = same ? mine.kind != kJoinKind
+                                   : internal::Unanimous(records.data(), records.size());
+                  if (same && !unanimous) records.assign(records.size(), mine);
+                  if (&mine == &sampled_) {
+                    attribution_->Observe(same ? &mine : records.data(), same ? 1 : records.size(),
+                                          info_.rank);
+                  }
+                  return unanimous ||
+                         (!joined() && internal::Disagreement(records, set_name_).empty());
+                });
+            if (!folded) {
+              records = internal::ExchangeRecords(ctx, mine);
+              if (&mine == &sampled_)
+                attribution_->Observe(records.data(), records.size(), info_.rank);
+            }
+            if (!unanimous) internal::CheckAgreement(records, set_name_);
+            if (traced) agreed = internal::Timeline::Now();
+            if (!folded || (!unanimous && joined())) run(ctx);
+          });
+    if (traced) timeline_->Record(call, set_name_, start, agreed, internal::Timeline::Now());
+    return true;
+  }
+
   internal::Timeline& timeline() { return *timeline_; }
 
   // Refuse stands in for a `kind` collective this rank refused for its arguments
@@ -844,6 +895,14 @@ void Communicator::Allreduce(const void* input, void* output, size_t count, Data
   });
   auto call = DescribeCall(CollectiveKind::kAllreduce, type, count, static_cast<int>(op), check);
   impl_->RunAllreduceChecked(call, input, output, count, type, op);
+}
+
+bool Communicator::TryAllreduceCopies(BufferCopies& copies, size_t count, DataType type,
+                                      ReduceOp op, const CallCheck& check) {
+  CheckType(type);
+  CheckOp(op, type, /*allreduce=*/true);
+  auto call = DescribeCall(CollectiveKind::kAllreduce, type, count, static_cast<int>(op), check);
+  return impl_->RunAllreduceCopies(call, copies, count, type, op);
 }
 
 void Communicator::GroupedAllreduce(const std::vector<Buffer>& buffers, DataType type, ReduceOp op,

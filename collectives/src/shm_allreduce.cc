@@ -285,6 +285,36 @@ struct ShmTransport::Pieces {
   }
 };
 
+bool ShmTransport::CanAllreduceCopies(size_t count, DataType type, ReduceOp op) const {
+  // As TryAllreduce's choice of the chunked path, so that a rank whose buffer is in host memory
+  // takes the same steps.
+  return size_ > 1 && op != ReduceOp::kAdasum &&
+         count * ElementSize(type) > std::min(options_.small_bytes, options_.chunk_bytes);
+}
+
+bool ShmTransport::TryAllreduceCopies(BufferCopies& copies, size_t count, DataType type,
+                                      ReduceOp op) {
+  if (!CanAllreduceCopies(count, type, op)) return false;
+  copies.UseHostMemory(segment_.data(), segment_.bytes());
+  SetState(kWorking);
+  ChunkAllreduce(nullptr, nullptr, count, type, op, size_, nullptr, nullptr, nullptr, &copies);
+  SetState(kOutside);
+  return true;
+}
+
+bool ShmTransport::TryCheckedAllreduceCopies(BufferCopies& copies, size_t count, DataType type,
+                                             ReduceOp op, const void* record, size_t record_bytes,
+                                             void* records, FunctionRef<bool(bool)> reduce) {
+  // TryCheckedAllreduce takes its chunked path for every such count too.
+  if (!CanAllreduceCopies(count, type, op) || record_bytes > kChunkAt) return false;
+  const Check check{record, record_bytes, records, reduce};
+  copies.UseHostMemory(segment_.data(), segment_.bytes());
+  SetState(kWorking);
+  ChunkAllreduce(nullptr, nullptr, count, type, op, size_, nullptr, nullptr, &check, &copies);
+  SetState(kOutside);
+  return true;
+}
+
 bool ShmTransport::TryAllreducePieces(const std::vector<Piece>& pieces, size_t count, DataType type,
                                       ReduceOp op) {
   const size_t e = ElementSize(type);
@@ -302,7 +332,7 @@ bool ShmTransport::TryAllreducePieces(const std::vector<Piece>& pieces, size_t c
 // it, copy out the peers' parts.
 bool ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataType type,
                                   ReduceOp op, int divisor, const PartAllreduce* across,
-                                  const Pieces* pieces, const Check* check) {
+                                  const Pieces* pieces, const Check* check, BufferCopies* copies) {
   const size_t e = ElementSize(type);
   const size_t n = static_cast<size_t>(size_);
   // Parts of a chunk are whole cache lines where possible, so ranks do not share lines.
@@ -323,7 +353,13 @@ bool ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataT
     auto [own_begin, own_length] = part(rank_);
     const size_t after = own_begin + own_length;
     // Copy in everything but this rank's own part, which only this rank reads (from the input).
-    if (pieces != nullptr) {
+    if (copies != nullptr) {
+      // Through copies the CPU cannot read the input: the whole chunk, own part included, lands in
+      // the slot and is reduced there. The Wait also covers the previous chunk's copies out of
+      // the slots, which must be over before the step below lets a peer write them again.
+      copies->In(mine, begin, length);
+      copies->Wait();
+    } else if (pieces != nullptr) {
       pieces->Gather(mine, begin, own_begin);
       pieces->Gather(mine + after * e, begin + after, length - after);
     } else {
@@ -348,13 +384,16 @@ bool ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataT
                elements);
         first = false;
       }
-      if (first) std::memcpy(result, own, elements * e);  // no peers
+      if (first && result != own) std::memcpy(result, own, elements * e);  // no peers
       if (across != nullptr) (*across)(result, elements);
       if (op == ReduceOp::kAverage) Divide(type, result, elements, divisor);
     };
     if (own_length > 0) {
       char* result = mine + own_begin * e;
-      if (pieces != nullptr) {
+      if (copies != nullptr) {
+        reduce_own(result, result, 0, own_length);
+        copies->Out(result, begin + own_begin, own_length);
+      } else if (pieces != nullptr) {
         // Piece by piece, straight from the pieces and back into them while in cache: no gather
         // of this rank's part into its slot first (a copy of 1/n of the data, which the
         // contiguous path does not make either).
@@ -373,13 +412,17 @@ bool ShmTransport::ChunkAllreduce(const char* in, char* out, size_t count, DataT
       if (p == rank_) continue;
       auto [b, l] = part(p);
       if (l == 0) continue;
-      if (pieces != nullptr) {
+      if (copies != nullptr) {
+        copies->Out(chunk_at(p, g) + b * e, begin + b, l);
+      } else if (pieces != nullptr) {
         pieces->Scatter(chunk_at(p, g) + b * e, begin + b, l);
       } else {
         std::memcpy(out + (begin + b) * e, chunk_at(p, g) + b * e, l * e);
       }
     }
   }
+  // The copies out read the last chunk's slots, which the next collective may write.
+  if (copies != nullptr) copies->Wait();
   return true;
 }
 

@@ -143,6 +143,14 @@ class ShmTransport : public Transport {
   bool TryCheckedAllreduce(const void* input, void* output, size_t count, DataType type,
                            ReduceOp op, const void* record, size_t record_bytes, void* records,
                            FunctionRef<bool(bool)> reduce) override;
+  // An allreduce above ShmOptions::small_bytes of a buffer reached through copies (a GPU buffer):
+  // each chunk is copied from it straight into this rank's slot and the results straight from the
+  // slots back into it, the chunked allreduce's steps unchanged; no host copy of the whole buffer.
+  bool CanAllreduceCopies(size_t count, DataType type, ReduceOp op) const override;
+  bool TryAllreduceCopies(BufferCopies& copies, size_t count, DataType type, ReduceOp op) override;
+  bool TryCheckedAllreduceCopies(BufferCopies& copies, size_t count, DataType type, ReduceOp op,
+                                 const void* record, size_t record_bytes, void* records,
+                                 FunctionRef<bool(bool)> reduce) override;
   void Finished() override;
   const char* name() const override { return "shm"; }
 
@@ -226,10 +234,11 @@ class ShmTransport : public Transport {
     void* records;
     FunctionRef<bool(bool)> reduce;
   };
-  // ChunkAllreduce returns false when `check` said not to reduce (after its first step).
+  // ChunkAllreduce returns false when `check` said not to reduce (after its first step). With
+  // `copies`, the buffer is reached through them (in place; `in`, `out` and `pieces` unused).
   bool ChunkAllreduce(const char* in, char* out, size_t count, DataType type, ReduceOp op,
                       int divisor, const PartAllreduce* across, const Pieces* pieces = nullptr,
-                      const Check* check = nullptr);
+                      const Check* check = nullptr, BufferCopies* copies = nullptr);
   // CompareRecords compares every rank's record of `generation` with this rank's `record`; when
   // one differs, copies them all to `records`. Returns whether all were the same.
   bool CompareRecords(uint32_t generation, const void* record, size_t record_bytes,

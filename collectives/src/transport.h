@@ -99,6 +99,28 @@ class Transport {
                                    FunctionRef<bool(bool)> /*reduce*/) {
     return false;
   }
+  // CanAllreduceCopies says whether TryAllreduceCopies and TryCheckedAllreduceCopies take an
+  // in-place allreduce of `count` elements of a buffer reached through copies (BufferCopies, a GPU
+  // buffer) straight through the transport's own memory (every rank decides alike). Where it says
+  // yes, a rank with the buffer in host memory running TryAllreduce or TryCheckedAllreduce of the
+  // same count takes the same steps, so the two kinds mix in one collective.
+  virtual bool CanAllreduceCopies(size_t /*count*/, DataType /*type*/, ReduceOp /*op*/) const {
+    return false;
+  }
+  // TryAllreduceCopies is TryAllreduce (in place) of the buffer `copies` reaches; every copy it
+  // enqueues has completed when it returns. False, having done nothing, where CanAllreduceCopies
+  // says no.
+  virtual bool TryAllreduceCopies(BufferCopies& /*copies*/, size_t /*count*/, DataType /*type*/,
+                                  ReduceOp /*op*/) {
+    return false;
+  }
+  // TryCheckedAllreduceCopies is TryCheckedAllreduce (in place) of the buffer `copies` reaches.
+  virtual bool TryCheckedAllreduceCopies(BufferCopies& /*copies*/, size_t /*count*/,
+                                         DataType /*type*/, ReduceOp /*op*/, const void* /*record*/,
+                                         size_t /*record_bytes*/, void* /*records*/,
+                                         FunctionRef<bool(bool)> /*reduce*/) {
+    return false;
+  }
   // Finished says a collective is over: until the next one this rank computes, so a peer's
   // shared-memory waiter must not spin on it (Send/Recv/Wait leave it marked as working, since an
   // algorithm's next step follows at once).

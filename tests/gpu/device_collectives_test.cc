@@ -20,6 +20,7 @@
 #include "fake_gpu_runtime.h"
 #include "trainrun/collectives/communicator.h"
 #include "trainrun/collectives/testing/elements.h"
+#include "trainrun/rendezvous/environment.h"
 #include "trainrun/rendezvous/memory_store.h"
 
 namespace trainrun::collectives::gpu {
@@ -626,8 +627,8 @@ struct Ones {
 };
 
 TEST_CASE(
-    "staged: the allreduce is cut into chunks of at least min_chunk_bytes, at most "
-    "max_chunks, one copy down and one back each",
+    "staged through the staging buffer (TCP's way): the allreduce is cut into chunks of at "
+    "least min_chunk_bytes, at most max_chunks, one copy down and one back each",
     "[gpu_fake]") {
   struct Case {
     size_t bytes;
@@ -647,6 +648,7 @@ TEST_CASE(
     DeviceOptions options;
     options.max_chunks = c.max_chunks;
     options.min_chunk_bytes = c.min_chunk_bytes;
+    options.copy_through_transport = false;  // over shared memory it would skip the pipeline
     Ranks(
         2, fake,
         [&](Rank& rank) {
@@ -665,67 +667,188 @@ TEST_CASE(
 
 TEST_CASE(
     "staged: chunks keep stream order: a delayed kernel writes 4 MiB, the allreduce "
-    "follows it, a kernel after it reads every chunk reduced (1 and 2 copy engines)",
+    "follows it, a kernel after it reads every chunk reduced (1 and 2 copy engines, "
+    "through the transport and through the staging buffer)",
     "[gpu_fake]") {
   for (int engines : {1, 2}) {
-    FakeGpuRuntime fake(2, engines);
-    Ranks(2, fake, [&](Rank& rank) {
-      const int me = rank.comm.rank();
-      const size_t count = size_t{1} << 20;
-      Stream stream = fake.NewStream(me);
-      auto* data = static_cast<float*>(fake.AllocDevice(count * 4, me));
-      std::fill(data, data + count, -1.0f);
-      fake.Launch(stream, [=] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(150));
-        for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>((me + 1) * (i % 1000));
-      });
-      // Two allreduces in a row on the stream, no synchronize: the second reads the first's result.
-      std::shared_ptr<DeviceWork> first = rank.gpu.Start(SumOn(data, count, stream));
-      std::shared_ptr<DeviceWork> second = rank.gpu.Start(SumOn(data, count, stream));
-      std::thread comm_thread([&] {
-        first->Run();
-        second->Run();
-      });
-      comm_thread.join();
-      first->Wait();
-      second->Wait();
-      std::vector<float> seen(count);
-      fake.Launch(stream, [&] { std::memcpy(seen.data(), data, count * 4); });
-      fake.Synchronize(stream);
-      for (size_t i = 0; i < count; ++i) REQUIRE(seen[i] == static_cast<float>(6 * (i % 1000)));
-      fake.FreeDevice(data);
-      fake.DeleteStream(stream);
-    });
+    for (bool through : {true, false}) {
+      FakeGpuRuntime fake(2, engines);
+      DeviceOptions options;
+      options.copy_through_transport = through;
+      INFO(engines << " copy engines, through the transport: " << through);
+      Ranks(
+          2, fake,
+          [&](Rank& rank) {
+            const int me = rank.comm.rank();
+            const size_t count = size_t{1} << 20;
+            Stream stream = fake.NewStream(me);
+            auto* data = static_cast<float*>(fake.AllocDevice(count * 4, me));
+            std::fill(data, data + count, -1.0f);
+            fake.Launch(stream, [=] {
+              std::this_thread::sleep_for(std::chrono::milliseconds(150));
+              for (size_t i = 0; i < count; ++i)
+                data[i] = static_cast<float>((me + 1) * (i % 1000));
+            });
+            // Two allreduces in a row on the stream, no synchronize: the second reads the first's
+            // result.
+            std::shared_ptr<DeviceWork> first = rank.gpu.Start(SumOn(data, count, stream));
+            std::shared_ptr<DeviceWork> second = rank.gpu.Start(SumOn(data, count, stream));
+            std::thread comm_thread([&] {
+              first->Run();
+              second->Run();
+            });
+            comm_thread.join();
+            first->Wait();
+            second->Wait();
+            std::vector<float> seen(count);
+            fake.Launch(stream, [&] { std::memcpy(seen.data(), data, count * 4); });
+            fake.Synchronize(stream);
+            for (size_t i = 0; i < count; ++i)
+              REQUIRE(seen[i] == static_cast<float>(6 * (i % 1000)));
+            fake.FreeDevice(data);
+            fake.DeleteStream(stream);
+          },
+          options);
+    }
   }
 }
 
 TEST_CASE(
-    "staged: a collective is done (poll) only once its copy back has landed (1 and 2 "
-    "copy engines)",
+    "staged through the staging buffer: a collective is done (poll) only once its copy back "
+    "has landed (1 and 2 copy engines)",
     "[gpu_fake]") {
+  // Through the transport the copies back land before Run returns (the next test): the slots they
+  // read are the transport's. Through the staging buffer they may land later.
+  DeviceOptions options;
+  options.copy_through_transport = false;
   for (int engines : {1, 2}) {
     FakeGpuRuntime fake(2, engines);
-    Ranks(2, fake, [&](Rank& rank) {
-      const int me = rank.comm.rank();
-      Ones ones(fake, size_t{3} << 18, me, 1.0f);  // 3 MiB: chunked
-      std::shared_ptr<DeviceWork> work = rank.gpu.Start(ones.Call());
-      REQUIRE_FALSE(work->Done());  // not run yet
-      fake.HoldCopiesToDevice(true);
-      work->Run();  // the host allreduce is over; the copies back wait
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      REQUIRE_FALSE(work->Done());
-      REQUIRE(ones.data()[0] == 1.0f);
-      rank.comm.Barrier();  // both ranks have seen it not done before either releases
-      fake.HoldCopiesToDevice(false);
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-      while (!work->Done() && std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      REQUIRE(work->Done());
-      REQUIRE(ones.data()[(size_t{3} << 18) - 1] == 2.0f);
-      work->Wait();
-    });
+    Ranks(
+        2, fake,
+        [&](Rank& rank) {
+          const int me = rank.comm.rank();
+          Ones ones(fake, size_t{3} << 18, me, 1.0f);  // 3 MiB: chunked
+          std::shared_ptr<DeviceWork> work = rank.gpu.Start(ones.Call());
+          REQUIRE_FALSE(work->Done());  // not run yet
+          fake.HoldCopiesToDevice(true);
+          work->Run();  // the host allreduce is over; the copies back wait
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          REQUIRE_FALSE(work->Done());
+          REQUIRE(ones.data()[0] == 1.0f);
+          rank.comm.Barrier();  // both ranks have seen it not done before either releases
+          fake.HoldCopiesToDevice(false);
+          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+          while (!work->Done() && std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+          REQUIRE(work->Done());
+          REQUIRE(ones.data()[(size_t{3} << 18) - 1] == 2.0f);
+          work->Wait();
+        },
+        options);
   }
+}
+
+TEST_CASE(
+    "staged over shared memory: the allreduce goes from the device straight into the "
+    "transport's memory and back (no pinned buffer, one copy in and n out per chunk of the "
+    "transport), done when Run returns",
+    "[gpu_fake]") {
+  for (int size : {2, 3}) {
+    FakeGpuRuntime fake(size);
+    // The transport's chunk (TRAINRUN_SHM_CHUNK_BYTES) in whole cache lines per rank (16 floats).
+    const auto lines = static_cast<size_t>(16 * size);
+    const size_t chunk = static_cast<size_t>(env::kShmChunkBytes.Get()) / 4 / lines * lines;
+    const size_t count = 3 * chunk + 3;  // 4 chunks, the last of 3 elements: one rank's part
+    std::atomic<size_t> copies{0};
+    Ranks(size, fake, [&](Rank& rank) {
+      const int me = rank.comm.rank();
+      Ones ones(fake, count, me, static_cast<float>(me + 1));
+      std::shared_ptr<DeviceWork> work = rank.gpu.Start(ones.Call());
+      work->Run();
+      REQUIRE(work->Done());
+      const float sum = static_cast<float>(size * (size + 1) / 2);
+      for (size_t i = 0; i < count; i += 997) REQUIRE(ones.data()[i] == sum);
+      REQUIRE(ones.data()[count - 1] == sum);
+      work->Wait();
+      REQUIRE(rank.gpu.pinned().allocations() == 0);
+      rank.comm.Barrier();
+      if (me == 0) copies = fake.host_device_copies();
+      rank.comm.Barrier();  // read before any rank copies again
+      // The transport's segment is page-locked once per rank, not once per call.
+      Execute(rank.gpu, ones.Call());
+      rank.comm.Barrier();
+      REQUIRE(fake.host_registrations() == static_cast<size_t>(size));
+      rank.comm.Barrier();
+    });
+    INFO(size << " ranks");
+    REQUIRE(fake.pinned_allocations() == 0);
+    REQUIRE(fake.host_registrations() == 0);  // each rank's segment once, undone at its end
+    // Per rank and chunk one copy in (the whole chunk) and one out per rank's part that is not
+    // empty: the last chunk, of 3 elements, has one part only.
+    REQUIRE(copies == static_cast<size_t>(size) * (3 * (1 + size) + (1 + 1)));
+  }
+}
+
+TEST_CASE(
+    "staged with the fake's copies run by the caller on an idle stream (staged_perf "
+    "--inline-copies): every element right, through the transport and the staging buffer",
+    "[gpu_fake]") {
+  for (bool through : {true, false}) {
+    FakeGpuRuntime fake(2);
+    fake.RunIdleCopiesHere(true);
+    DeviceOptions options;
+    options.copy_through_transport = through;
+    INFO("through the transport: " << through);
+    Ranks(
+        2, fake,
+        [&](Rank& rank) {
+          const int me = rank.comm.rank();
+          for (size_t count : {size_t{10}, size_t{5000}, (size_t{5} << 18) + 7}) {
+            Ones ones(fake, count, me, static_cast<float>(me + 1));
+            Execute(rank.gpu, ones.Call());
+            for (size_t i = 0; i < count; i += 101) REQUIRE(ones.data()[i] == 3.0f);
+            REQUIRE(ones.data()[count - 1] == 3.0f);
+          }
+        },
+        options);
+    REQUIRE(fake.copy_cpu_seconds() > 0);
+  }
+}
+
+TEST_CASE(
+    "staged over shared memory: a rank with a device buffer and one with a host buffer take "
+    "part in one allreduce, and a mismatch raises on both",
+    "[gpu_fake]") {
+  FakeGpuRuntime fake(2);
+  const size_t count = (size_t{5} << 18) + 17;
+  Ranks(2, fake, [&](Rank& rank) {
+    const int me = rank.comm.rank();
+    Ones first(fake, 10, me, 1.0f);
+    Execute(rank.gpu, first.Call());  // every rank takes part in the choice of the path
+    std::vector<float> host(count, 2.0f);
+    if (me == 0) {
+      Ones ones(fake, count, me, 1.0f);
+      DeviceCall call = ones.Call();
+      call.reduce = ReduceOp::kAverage;
+      Execute(rank.gpu, call);
+      REQUIRE(ones.data()[0] == 1.5f);
+      REQUIRE(ones.data()[count - 1] == 1.5f);
+      // The other rank calls with a count small enough for the one-step path.
+      Ones other(fake, count - 1, me, 1.0f);
+      REQUIRE_THROWS_AS(Execute(rank.gpu, other.Call()), MismatchError);
+    } else {
+      rank.comm.Allreduce(host.data(), count, DataType::kFloat32, ReduceOp::kAverage);
+      REQUIRE(host[0] == 1.5f);
+      REQUIRE(host[count - 1] == 1.5f);
+      REQUIRE_THROWS_AS(rank.comm.Allreduce(host.data(), 100, DataType::kFloat32, ReduceOp::kSum),
+                        MismatchError);
+    }
+    // Still usable after the mismatch.
+    std::vector<float> one(count, static_cast<float>(me));
+    rank.comm.Allreduce(one.data(), count, DataType::kFloat32, ReduceOp::kSum);
+    REQUIRE(one[count / 2] == 1.0f);
+  });
 }
 
 // RunAll runs `works` as the communication thread would: RunFused from the first not yet run

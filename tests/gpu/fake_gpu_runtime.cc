@@ -3,12 +3,19 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 #include "trainrun/collectives/errors.h"
 
 namespace trainrun::collectives::gpu::testing {
 namespace {
 thread_local int current_device = 0;
+
+uint64_t ThreadCpuNanoseconds() {
+  timespec now{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<uint64_t>(now.tv_sec) * 1000000000u + static_cast<uint64_t>(now.tv_nsec);
+}
 }  // namespace
 
 struct FakeGpuRuntime::FakeStream {
@@ -158,12 +165,27 @@ void FakeGpuRuntime::Copy(void* destination, const void* source, size_t bytes, S
   ++copies_;
   const bool to_device = DeviceOf(destination) >= 0;
   if (to_device != (DeviceOf(source) >= 0)) ++host_device_copies_;
+  if (copies_here_) {
+    bool held = false;
+    if (to_device) {
+      std::lock_guard<std::mutex> lock(hold_mutex_);
+      held = hold_;
+    }
+    auto copy = [&] {
+      const uint64_t before = ThreadCpuNanoseconds();
+      std::memcpy(destination, source, bytes);
+      copy_cpu_nanoseconds_ += ThreadCpuNanoseconds() - before;
+    };
+    if (!held && Resolve(stream).RunIfIdle(copy)) return;
+  }
   Resolve(stream).Enqueue([=] {
     if (to_device) {
       std::unique_lock<std::mutex> lock(hold_mutex_);
       released_.wait(lock, [&] { return !hold_; });
     }
+    const uint64_t before = ThreadCpuNanoseconds();
     std::memcpy(destination, source, bytes);
+    copy_cpu_nanoseconds_ += ThreadCpuNanoseconds() - before;
   });
 }
 
@@ -175,6 +197,14 @@ void* FakeGpuRuntime::AllocPinned(size_t bytes) {
 }
 
 void FakeGpuRuntime::FreePinned(void* pointer) noexcept { std::free(pointer); }
+
+bool FakeGpuRuntime::RegisterHost(void* memory, size_t bytes) {
+  if (memory == nullptr || bytes == 0) throw InvalidArgumentError("fake: RegisterHost of nothing");
+  ++host_registrations_;
+  return true;
+}
+
+void FakeGpuRuntime::UnregisterHost(void*) noexcept { --host_registrations_; }
 
 void* FakeGpuRuntime::AllocDevice(size_t bytes, int device) {
   void* p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);

@@ -56,6 +56,9 @@ class FakeGpuRuntime final : public GpuRuntime {
   void Copy(void* destination, const void* source, size_t bytes, Stream stream) override;
   void* AllocPinned(size_t bytes) override;
   void FreePinned(void* pointer) noexcept override;
+  // RegisterHost counts (host_registrations) and says yes; host memory is what the fake copies.
+  bool RegisterHost(void* memory, size_t bytes) override;
+  void UnregisterHost(void* memory) noexcept override;
   void* AllocDevice(size_t bytes, int device) override;
   void FreeDevice(void* pointer) noexcept override;
 
@@ -68,6 +71,17 @@ class FakeGpuRuntime final : public GpuRuntime {
   size_t pinned_allocations() const { return pinned_allocations_.load(); }
   size_t copies() const { return copies_.load(); }
   size_t host_device_copies() const { return host_device_copies_.load(); }
+  // copy_cpu_seconds: CPU time the stream threads spent in the copies' memcpy so far, the CPU a
+  // GPU's copy engines would not take (the fake's "DMA" runs on the cores the ranks reduce on).
+  // host_registrations: RegisterHost calls not undone by UnregisterHost.
+  size_t host_registrations() const { return host_registrations_.load(); }
+  double copy_cpu_seconds() const { return copy_cpu_nanoseconds_.load() * 1e-9; }
+  // RunIdleCopiesHere(true) runs a copy enqueued on an idle stream at once on the calling thread
+  // (as a GPU's idle copy engine starts it at once), instead of handing it to the stream's thread
+  // and waking that: a benchmark's second model of the copies (staged_perf --inline-copies), with
+  // no thread switch per copy but the memcpy on the caller's CPU. Copies into device memory are
+  // always handed over while HoldCopiesToDevice holds them.
+  void RunIdleCopiesHere(bool here) { copies_here_ = here; }
   // HoldCopiesToDevice(true) makes every copy into device memory wait, on its stream, until
   // HoldCopiesToDevice(false): a copy back that has not landed yet, for as long as a test likes.
   void HoldCopiesToDevice(bool hold);
@@ -90,9 +104,12 @@ class FakeGpuRuntime final : public GpuRuntime {
   std::atomic<size_t> pinned_allocations_{0};
   std::atomic<size_t> copies_{0};
   std::atomic<size_t> host_device_copies_{0};
+  std::atomic<uint64_t> copy_cpu_nanoseconds_{0};
+  std::atomic<size_t> host_registrations_{0};
   std::mutex hold_mutex_;
   std::condition_variable released_;
   bool hold_ = false;
+  std::atomic<bool> copies_here_{false};
 };
 
 }  // namespace trainrun::collectives::gpu::testing

@@ -17,7 +17,8 @@ constexpr int kSuccess = 0;
 constexpr int kNotReady = 600;              // cudaErrorNotReady
 constexpr unsigned kStreamNonBlocking = 1;  // cudaStreamNonBlocking
 constexpr unsigned kEventDisableTiming = 2;
-constexpr int kMemcpyDefault = 4;  // cudaMemcpyDefault: direction from the pointers
+constexpr int kMemcpyDefault = 4;              // cudaMemcpyDefault: direction from the pointers
+constexpr unsigned kHostRegisterPortable = 1;  // cudaHostRegisterPortable: for every device
 constexpr int kMemoryTypeDevice = 2;
 constexpr int kMemoryTypeManaged = 3;
 constexpr int kDevAttrAsyncEngineCount = 40;  // cudaDevAttrAsyncEngineCount
@@ -46,6 +47,8 @@ struct CudaApi {
   int (*event_query)(void*);
   int (*memcpy_async)(void*, const void*, size_t, int, void*);
   int (*host_alloc)(void**, size_t, unsigned);
+  int (*host_register)(void*, size_t, unsigned);
+  int (*host_unregister)(void*);
   int (*free_host)(void*);
   int (*malloc)(void**, size_t);
   int (*free)(void*);
@@ -142,6 +145,14 @@ class Cuda final : public GpuRuntime {
     return pointer;
   }
   void FreePinned(void* pointer) noexcept override { api_.free_host(pointer); }
+  bool RegisterHost(void* memory, size_t bytes) override {
+    if (api_.host_register(memory, bytes, kHostRegisterPortable) == kSuccess) return true;
+    api_.get_last_error();  // copies to unregistered memory still work
+    return false;
+  }
+  void UnregisterHost(void* memory) noexcept override {
+    if (api_.host_unregister(memory) != kSuccess) api_.get_last_error();
+  }
   void* AllocDevice(size_t bytes, int device) override {
     Guard guard(*this, device);
     void* pointer = nullptr;
@@ -216,6 +227,8 @@ RuntimeLoad LoadCuda() {
   Resolve(h, "cudaMemcpyAsync", api.memcpy_async, missing);
   Resolve(h, "cudaHostAlloc", api.host_alloc, missing);
   Resolve(h, "cudaFreeHost", api.free_host, missing);
+  Resolve(h, "cudaHostRegister", api.host_register, missing);
+  Resolve(h, "cudaHostUnregister", api.host_unregister, missing);
   Resolve(h, "cudaMalloc", api.malloc, missing);
   Resolve(h, "cudaFree", api.free, missing);
   Resolve(h, "cudaGetErrorString", api.error_string, missing);

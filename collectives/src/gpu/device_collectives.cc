@@ -326,6 +326,9 @@ DeviceCollectives::~DeviceCollectives() {
     if (nccl_->stream != nullptr) runtime_.DeleteStream(nccl_->stream);
   }
   if (up_tail_ != nullptr) runtime_.WaitHost(up_tail_, Clock::now() + timeout_);
+  for (const auto& [memory, ok] : registered_) {
+    if (ok) runtime_.UnregisterHost(memory);
+  }
   if (fusion_ != nullptr) runtime_.FreeDevice(fusion_);
   if (staging_ != nullptr) runtime_.FreePinned(staging_);
   if (up_stream_ != nullptr && up_stream_ != stage_stream_) runtime_.DeleteStream(up_stream_);
@@ -653,12 +656,65 @@ void DeviceCollectives::RunNccl(DeviceWork& work) {
   runtime_.Record(work.done_, stream);
 }
 
+// DeviceCopies: a device buffer as the transport reaches it (BufferCopies), every copy on one
+// stream, so that a Wait for the latest covers all before it.
+class DeviceCollectives::DeviceCopies final : public BufferCopies {
+ public:
+  DeviceCopies(DeviceCollectives& owner, const void* input, void* output, size_t element,
+               Stream stream)
+      : owner_(owner),
+        input_(static_cast<const char*>(input)),
+        output_(static_cast<char*>(output)),
+        element_(element),
+        stream_(stream) {}
+  ~DeviceCopies() { owner_.GiveEvent(landed_); }
+  DeviceCopies(const DeviceCopies&) = delete;
+  DeviceCopies& operator=(const DeviceCopies&) = delete;
+
+  void In(void* to, size_t begin, size_t count) override {
+    if (count > 0) owner_.runtime_.Copy(to, input_ + begin * element_, count * element_, stream_);
+  }
+  void Out(const void* from, size_t begin, size_t count) override {
+    if (count > 0)
+      owner_.runtime_.Copy(output_ + begin * element_, from, count * element_, stream_);
+  }
+  void Wait() override {
+    if (landed_ == nullptr) landed_ = owner_.TakeEvent();  // none where the transport declines
+    owner_.runtime_.Record(landed_, stream_);
+    owner_.WaitCopied(landed_);
+  }
+  void UseHostMemory(void* memory, size_t bytes) override {
+    for (const auto& [registered, ok] : owner_.registered_) {
+      if (registered == memory) return;
+    }
+    owner_.registered_.emplace_back(memory, owner_.runtime_.RegisterHost(memory, bytes));
+  }
+
+ private:
+  DeviceCollectives& owner_;
+  const char* input_;
+  char* output_;
+  size_t element_;
+  Stream stream_;
+  Event landed_ = nullptr;
+};
+
 void DeviceCollectives::StagedAllreduce(DeviceWork& work) {
   const DeviceCall& call = work.call_;
   const size_t element = ElementSize(call.type);
   const size_t count = call.input_counts[0];
   Stream down = DownStream({&work});
   Stream up = UpStream();
+  if (options_.copy_through_transport) {
+    // Straight between the device and the transport's memory, on the stream of the copies down;
+    // every copy has landed when it returns, so the end is reached on that stream at once.
+    DeviceCopies copies(*this, call.inputs[0], call.outputs[0], element, down);
+    if (comm_.TryAllreduceCopies(copies, count, call.type, call.reduce, call.check)) {
+      runtime_.Record(up_tail_, down);
+      runtime_.Record(work.done_, down);
+      return;
+    }
+  }
   char* host = Staging(count * element);
   // Chunks are cut alike on every rank (from the count and the options alone), each its own host
   // allreduce: the copy down of chunk c + 1 and the copy back of chunk c - 1 (another stream, so
@@ -886,7 +942,7 @@ void DeviceCollectives::WaitCopied(Event event) {
   if (runtime_.WaitHost(event, Clock::now() + timeout_)) return;
   throw TimeoutError(internal::MakeMessage(
       "rank ", comm_.rank(), " waited ", timeout_.count(),
-      " ms for the copy of a GPU buffer into pinned host memory; the work on the buffer's stream "
+      " ms for the copy of a GPU buffer to host memory; the work on the buffer's stream "
       "before the collective did not finish (raise TRAINRUN_TIMEOUT if it is just slow)"));
 }
 

@@ -128,6 +128,16 @@ class Communicator {
     Allreduce(data, data, count, type, op, check);
   }
 
+  // TryAllreduceCopies allreduces in place a buffer the CPU reaches by copies only (a GPU buffer):
+  // over shared memory, each piece is copied from it straight into the transport's memory and the
+  // results straight back, without a host copy of the whole buffer; every copy has completed when
+  // it returns. Returns false, having done nothing, where the transport has no such path (TCP, one
+  // rank, Adasum, an allreduce small enough to go in one step): every rank decides alike from the
+  // count, type and op, and the caller then copies the buffer to host memory and calls Allreduce.
+  // A rank that calls Allreduce of a host buffer instead takes part as in any allreduce.
+  bool TryAllreduceCopies(BufferCopies& copies, size_t count, DataType type, ReduceOp op,
+                          const CallCheck& check = {});
+
   // GroupedAllreduce reduces every buffer of `buffers` in place, as one allreduce of their
   // elements one after another (Horovod's grouped allreduce: one collective, one call record with
   // the total count), without copying them into one buffer first where the transport can (shared

@@ -52,4 +52,26 @@ const char* DataTypeName(DataType type);
 // ReduceOpName returns a short name ("sum", "avg", ...) for messages and benchmarks.
 const char* ReduceOpName(ReduceOp op);
 
+// BufferCopies is an allreduce's buffer that the CPU reaches by copies only (a GPU buffer, through
+// its copy engines): Communicator::TryAllreduceCopies moves it piece by piece straight between it
+// and the transport's own memory. Counts are elements from the buffer's start.
+class BufferCopies {
+ public:
+  // In enqueues a copy of elements [begin, begin + count) of the input into host memory `to`.
+  virtual void In(void* to, size_t begin, size_t count) = 0;
+  // Out enqueues a copy of `count` elements at host memory `from` into elements [begin, begin +
+  // count) of the output. `from` stays unchanged until the next Wait returns.
+  virtual void Out(const void* from, size_t begin, size_t count) = 0;
+  // Wait blocks until every copy enqueued so far has completed, in the order enqueued; throws
+  // (TimeoutError) when they do not within the caller's own bound.
+  virtual void Wait() = 0;
+  // UseHostMemory tells, before the first copy, the host memory every copy goes to or from (the
+  // transport's segment), so that a GPU runtime can page-lock it once (cudaHostRegister) and copy
+  // it by DMA. The memory stays mapped while the communicator lives.
+  virtual void UseHostMemory(void* /*memory*/, size_t /*bytes*/) {}
+
+ protected:
+  ~BufferCopies() = default;
+};
+
 }  // namespace trainrun::collectives

@@ -10,9 +10,13 @@
 //    call to call (an allreduce's: one staging buffer per communicator, grown to the largest;
 //    other collectives': PinnedPool), the host Communicator's collective runs on them, and the
 //    results are copied back (on a second stream where the device has two copy engines); the
-//    caller's stream waits on the copy back. An allreduce of at least 2 MiB goes in chunks
-//    (DeviceOptions::max_chunks of at least min_chunk_bytes), so the copy down of chunk i + 1
-//    overlaps the host reduction of chunk i and the copy back of chunk i the reduction of i + 1.
+//    caller's stream waits on the copy back. An allreduce over shared memory larger than the
+//    transport's one-step size skips the staging buffer: the transport copies each chunk from the
+//    device straight into its own memory and the results straight back
+//    (Communicator::TryAllreduceCopies, all on the stream of the copies down), so the CPU moves no
+//    more bytes than for a host buffer. Elsewhere (TCP), an allreduce of at least 2 MiB goes in
+//    chunks (DeviceOptions::max_chunks of at least min_chunk_bytes), so the copy down of chunk i +
+//    1 overlaps the host reduction of chunk i and the copy back of chunk i the reduction of i + 1.
 //    In-place allreduces queued one after another run as one staged collective (RunFused:
 //    gathered into a fusion buffer on the device, one copy down, one host allreduce, one copy
 //    back, scattered on the device).
@@ -126,6 +130,11 @@ struct DeviceOptions {
   // (the chunks are separate host allreduces). docs/performance.md has the measurements.
   size_t min_chunk_bytes = size_t{1} << 20;
   int max_chunks = 4;
+  // An allreduce the communicator takes through copies (Communicator::TryAllreduceCopies: shared
+  // memory, above its one-step size) skips the staging buffer and the pipeline above: each piece
+  // goes from the device straight into the transport's memory and back. false: always staged
+  // (every rank must use the same).
+  bool copy_through_transport = true;
   // The most bytes RunFused gathers (the communication thread's fusion cap; 0: none). The staging
   // buffers are made at least that large at once, so a loop whose fused groups vary from step to
   // step (they depend on timing) allocates at its start only.
@@ -204,6 +213,7 @@ class DeviceCollectives {
  private:
   friend class DeviceWork;
   struct Nccl;
+  class DeviceCopies;
 
   // Decide runs the exchange that picks the path (communication thread, first collective).
   void Decide(int device);
@@ -256,6 +266,9 @@ class DeviceCollectives {
   char* staging_ = nullptr;  // pinned
   size_t staging_bytes_ = 0;
   size_t fused_ = 0;
+  // Host memory the transport copies to and from (BufferCopies::UseHostMemory), and whether the
+  // runtime page-locked it; undone at the end (the communicator, which maps it, outlives this).
+  std::vector<std::pair<void*, bool>> registered_;
   std::unique_ptr<Nccl> nccl_;
   std::mutex events_mutex_;
   std::vector<Event> events_;

@@ -71,6 +71,12 @@ class GpuRuntime {
   // AllocPinned / FreePinned: page-locked host memory, which copies reach without staging.
   virtual void* AllocPinned(size_t bytes) = 0;
   virtual void FreePinned(void* pointer) noexcept = 0;
+  // RegisterHost page-locks host memory allocated elsewhere (cudaHostRegister; here: the
+  // shared-memory transport's segment) so that copies reach it by DMA; false where the runtime
+  // cannot (copies still work, staged by the runtime). UnregisterHost undoes it, before the memory
+  // is unmapped.
+  virtual bool RegisterHost(void* /*memory*/, size_t /*bytes*/) { return false; }
+  virtual void UnregisterHost(void* /*memory*/) noexcept {}
   // AllocDevice / FreeDevice: memory on `device`.
   virtual void* AllocDevice(size_t bytes, int device) = 0;
   virtual void FreeDevice(void* pointer) noexcept = 0;
