@@ -115,6 +115,23 @@ size_t SegmentElements(const AlgorithmContext& ctx, size_t element) {
   return std::max<size_t>(1, ctx.segment_bytes / element);
 }
 
+// A ring allreduce cuts each rank's block into at least this many segments (of at least
+// kMinRingSegmentBytes, at most the configured segment; a block of up to four of those stays
+// whole), so that a block of 512 KiB-2 MiB (an allreduce of 1-4 MiB at n = 2) still pipelines: with
+// two 256 KiB segments a block's first segment crossed alone before anything could be reduced and
+// passed on.
+constexpr size_t kRingSegmentsPerBlock = 16;
+constexpr size_t kMinRingSegmentBytes = 64 << 10;
+
+size_t AllreduceSegmentElements(const AlgorithmContext& ctx, size_t element, size_t per_block) {
+  const size_t configured = SegmentElements(ctx, element);
+  const size_t least = std::max<size_t>(1, kMinRingSegmentBytes / element);
+  // A block of up to four least segments stays whole: cut, it cost more steps than it gained
+  // (256 and 512 KiB at n = 2 beside a busy loop: 1.05-1.06).
+  if (per_block <= 4 * least) return configured;
+  return std::min(configured, std::max(least, per_block / kRingSegmentsPerBlock));
+}
+
 constexpr int kRingWindow = 4;
 // Segments by which step s+1 trails step s in RunRing's wire order.
 int RingLag() {
@@ -130,7 +147,8 @@ void AllreduceRing(AlgorithmContext& ctx, const void* input, void* output, size_
   const int n = t.size();
   const int r = t.rank();
   const size_t e = ElementSize(type);
-  const Blocks blocks(count, (count + n - 1) / n, SegmentElements(ctx, e));
+  const size_t per_block = (count + n - 1) / n;
+  const Blocks blocks(count, per_block, AllreduceSegmentElements(ctx, e, per_block));
   char* tmp = Scratch(ctx, kRingWindow * blocks.per_segment * e);
   char* in = Bytes(input);
   char* out = Bytes(output);

@@ -375,13 +375,16 @@ inline constexpr IntSetting kSocketBufferBytes{
     "socket send/receive buffer of data connections, bytes (0: the kernel's autotuning)"};
 
 // Ring algorithms move data in segments of this many bytes, so sending, receiving and reducing
-// overlap.
-inline constexpr IntSetting kRingSegmentBytes{"TRAINRUN_RING_SEGMENT_BYTES",
-                                              256 << 10,
-                                              4096,
-                                              kNoLimit,
-                                              Side::kRank,
-                                              "pipelining segment of ring algorithms, bytes"};
+// overlap. A ring allreduce's segments are smaller where a rank's block is mid-sized
+// (algorithms.cc: a block above 256 KiB in at least 16, of at least 64 KiB).
+inline constexpr IntSetting kRingSegmentBytes{
+    "TRAINRUN_RING_SEGMENT_BYTES",
+    256 << 10,
+    4096,
+    kNoLimit,
+    Side::kRank,
+    "pipelining segment of ring algorithms, bytes (an allreduce cuts a rank's block above 256 "
+    "KiB into 16, down to 64 KiB, where this is larger)"};
 
 // Ring algorithms send segment k of step s+1 this many segments after segment k of step s
 // arrived (a wavefront), so what was just reduced is still in cache when it leaves and the
