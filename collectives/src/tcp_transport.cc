@@ -149,22 +149,17 @@ TcpTransport::~TcpTransport() {
   }
 }
 
-void TcpTransport::SendAbort(int peer, const std::string& message) {
+void TcpTransport::Abort(int peer, const std::string& message) {
   std::string text = message.substr(0, 4000);
   std::string packet(1, kAbort);
   uint32_t fields[2] = {static_cast<uint32_t>(peer), static_cast<uint32_t>(text.size())};
   packet.append(reinterpret_cast<const char*>(fields), sizeof fields);
   packet += text;
   for (Control& control : controls_) {
-    if (control.fd.valid()) {
-      ::send(control.fd.get(), packet.data(), packet.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-    }
+    if (!control.fd.valid()) continue;
+    ::send(control.fd.get(), packet.data(), packet.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    control.fd.Reset();
   }
-}
-
-void TcpTransport::Abort(int peer, const std::string& message) {
-  SendAbort(peer, message);
-  for (Control& control : controls_) control.fd.Reset();
   for (Conn& conn : conns_) conn.fd.Reset();
 }
 
@@ -403,37 +398,10 @@ void TcpTransport::FailTimeout() {
   std::string names;
   for (int peer : blamed) names += MakeMessage(names.empty() ? "" : ", ", peer);
   failed_peer_ = blamed.empty() ? -1 : *blamed.begin();
-  const std::string message = MakeMessage(
-      "rank ", rank_, ": ", blamed.size() == 1 ? "rank " : "ranks ", names, " moved no data for ",
-      options_.timeout.count(),
-      " ms: stalled, or not calling the same collective (raise TRAINRUN_TIMEOUT if it is just "
-      "slow)");
-  // A peer this rank waits on may itself be alive and waiting on another rank (the frames'
-  // chains: in a pair folded into the doubling, the even rank waits on the odd one, which waits
-  // on its partner). Tell every peer now, keeping the connections open: the one blamed passes the
-  // blame on (ReadControl) and its abort, naming the rank it waits on, arrives within a moment;
-  // ReadControl throws on it, so that the blame goes past it.
-  SendAbort(failed_peer_, message);
-  const int grace_ms =
-      static_cast<int>(std::clamp<int64_t>(options_.timeout.count() / 10, kAbortGraceMs, 1000));
-  const auto grace_end = Clock::now() + std::chrono::milliseconds(grace_ms);
-  for (auto now = Clock::now(); now < grace_end; now = Clock::now()) {
-    std::vector<pollfd> fds;
-    std::vector<int> peers;
-    for (int peer : blamed) {
-      if (!controls_[peer].fd.valid()) continue;
-      fds.push_back(pollfd{controls_[peer].fd.get(), POLLIN, 0});
-      peers.push_back(peer);
-    }
-    if (fds.empty()) break;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(grace_end - now);
-    if (::poll(fds.data(), fds.size(), static_cast<int>(left.count()) + 1) <= 0) break;
-    for (size_t i = 0; i < fds.size(); ++i) {
-      if (fds[i].revents != 0) ReadControl(peers[i]);
-    }
-  }
-  failed_peer_ = blamed.empty() ? -1 : *blamed.begin();
-  throw TimeoutError(message);
+  throw TimeoutError(MakeMessage("rank ", rank_, ": ", blamed.size() == 1 ? "rank " : "ranks ",
+                                 names, " moved no data for ", options_.timeout.count(),
+                                 " ms: stalled, or not calling the same collective (raise "
+                                 "TRAINRUN_TIMEOUT if it is just slow)"));
 }
 
 void TcpTransport::Wait(Request request) {
@@ -484,138 +452,41 @@ void TcpTransport::WaitAll() {
   pending_requests_ = 0;
 }
 
-// --- Framed exchanges: records, and a small allreduce's data with them
-// ------------------------------------
+// --- Framed exchanges between two ranks
+// -----------------------------------------------------------
 
-void TcpTransport::SendFrame(int peer, const char* all, size_t record_bytes, int first, int end,
-                             const void* data, size_t bytes) {
-  length_out_ = bytes;
-  // Length, records and data leave in one sendmsg (ProgressSends), without a copy.
-  Send(peer, &length_out_, sizeof length_out_);
-  Send(peer, all + first * record_bytes, (end - first) * record_bytes);
+uint64_t TcpTransport::ExchangeFrames(const void* data, size_t bytes) {
+  const int peer = 1 - rank_;
+  const size_t head = frame_out_.size();
+  frame_in_.resize(head);
+  // The head and the data leave in one sendmsg (ProgressSends), without a copy.
+  Send(peer, frame_out_.data(), head);
   if (bytes > 0) Send(peer, data, bytes);
-}
-
-uint64_t TcpTransport::RecvHead(int peer, char* all, size_t record_bytes, int first, int end) {
+  Wait(Recv(peer, frame_in_.data(), head));
   uint64_t theirs = 0;
-  const size_t records = (end - first) * record_bytes;
-  frame_in_.resize(sizeof theirs + records);
-  Wait(Recv(peer, frame_in_.data(), frame_in_.size()));
   std::memcpy(&theirs, frame_in_.data(), sizeof theirs);
   if (theirs > kFoldBytes) {
+    failed_peer_ = peer;
     Fail(peer, MakeMessage("rank ", peer, " sent a frame announcing ", theirs,
                            " bytes of data, more than the ", kFoldBytes,
                            " any rank sends (a different trainrun build?)"));
   }
-  std::memcpy(all + first * record_bytes, frame_in_.data() + sizeof theirs, records);
+  payload_in_.resize(theirs);
+  if (theirs > 0) Recv(peer, payload_in_.data(), theirs);
+  WaitAll();
   return theirs;
 }
 
-void TcpTransport::RecvData(int peer, uint64_t theirs, char* into) {
-  if (into == nullptr) {
-    payload_in_.resize(std::max<size_t>(payload_in_.size(), theirs));
-    into = payload_in_.data();
-  }
-  if (theirs > 0) Recv(peer, into, theirs);
-  WaitAll();
-}
-
-void TcpTransport::FramedExchange(const char* input, char* output, size_t count, DataType type,
-                                  ReduceOp op, char* all, size_t record_bytes,
-                                  FunctionRef<bool(bool)>* reduce) {
-  const int n = size_;
-  const int r = rank_;
-  const size_t bytes = reduce != nullptr ? count * ElementSize(type) : 0;
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
-  const int extra = n - p;
-  // Virtual rank v of the doubling stands for ranks [First(v), End(v)): a folded pair or one rank.
-  auto first_of = [&](int v) { return v < extra ? 2 * v : v + extra; };
-  auto end_of = [&](int v) { return v < extra ? 2 * v + 2 : v + extra + 1; };
-  auto decide = [&] {
-    const char* mine = all + r * record_bytes;
-    bool same = true;
-    for (int q = 0; q < n && same; ++q) {
-      same = q == r || std::memcmp(all + q * record_bytes, mine, record_bytes) == 0;
-    }
-    return reduce != nullptr && (*reduce)(same);
-  };
-  // The reduction of the data of the ranks whose records this rank holds: `input` until it has
-  // reduced something, then sum_; `valid` false once a peer's frame lacked its data (a rank in a
-  // different call: the records will disagree and nothing is reduced into `output`).
-  const char* sum = input;
-  bool valid = bytes > 0;
-  if (bytes > 0 && sum_.size() < bytes) sum_.resize(bytes);
-  // Folded pairs: the even rank hands its record and data to the odd one, and waits for the end.
-  if (r < 2 * extra && r % 2 == 0) {
-    SendFrame(r + 1, all, record_bytes, r, r + 1, input, bytes);
-    WaitAll();
-    const uint64_t theirs = RecvHead(r + 1, all, record_bytes, 0, n);
-    const bool reduced = decide();
-    if (reduced) {
-      TRAINRUN_ENFORCE(theirs == bytes, "rank ", r + 1, " sent ", theirs,
-                       " bytes for an allreduce of ", bytes);
-    }
-    RecvData(r + 1, theirs, reduced ? output : nullptr);
-    return;
-  }
-  int v = r - extra;
-  if (r < 2 * extra) {
-    v = r / 2;
-    const uint64_t theirs = RecvHead(r - 1, all, record_bytes, r - 1, r);
-    RecvData(r - 1, theirs, nullptr);
-    if (valid && theirs == bytes) {
-      Reduce(type, op, sum_.data(), payload_in_.data(), input, count);  // the lower rank first
-      sum = sum_.data();
-    } else {
-      valid = false;
-    }
-  }
-  bool reduced = false;
-  for (int mask = 1; mask < p; mask <<= 1) {
-    const int pv = v ^ mask;
-    const int peer = first_of(pv) + (pv < extra ? 1 : 0);
-    const int mine = v & ~(mask - 1);
-    const int theirs_from = pv & ~(mask - 1);
-    SendFrame(peer, all, record_bytes, first_of(mine), end_of(mine + mask - 1), sum,
-              valid ? bytes : 0);
-    const uint64_t theirs =
-        RecvHead(peer, all, record_bytes, first_of(theirs_from), end_of(theirs_from + mask - 1));
-    const bool usable = valid && theirs == bytes;
-    const bool last = mask * 2 == p;
-    if (last) reduced = decide();  // every record is here now
-    RecvData(peer, theirs, nullptr);
-    if (!usable) {
-      valid = false;
-      if (reduced) {
-        TRAINRUN_ENFORCE(false, "rank ", peer, " sent ", theirs, " bytes for an allreduce of ",
-                         bytes);
-      }
-      continue;
-    }
-    // The lower ranks' sum first, on both sides, so that both compute the same bits.
-    const char* lower = (v & mask) != 0 ? payload_in_.data() : sum;
-    const char* upper = (v & mask) != 0 ? sum : payload_in_.data();
-    if (!last) {
-      Reduce(type, op, sum_.data(), lower, upper, count);
-      sum = sum_.data();
-    } else if (reduced) {
-      Reduce(type, op, output, lower, upper, count);
-      if (op == ReduceOp::kAverage) Divide(type, output, count, n);
-    }
-  }
-  if (r < 2 * extra) {  // the odd rank of a pair hands the result back
-    SendFrame(r - 1, all, record_bytes, 0, n, output, reduced ? bytes : 0);
-    WaitAll();
-  }
-}
-
 bool TcpTransport::TryAllgather(const void* input, void* output, size_t bytes) {
-  if (size_ < 2 || bytes == 0 || bytes > kFrameRecordBytes) return false;
-  char* all = static_cast<char*>(output);
-  if (input != all + rank_ * bytes) std::memmove(all + rank_ * bytes, input, bytes);
-  // A peer's allreduce data, if its frames carry any, is drained.
-  FramedExchange(nullptr, nullptr, 0, DataType::kUInt8, ReduceOp::kSum, all, bytes, nullptr);
+  if (size_ != 2 || bytes == 0 || bytes > kFrameRecordBytes) return false;
+  const uint64_t none = 0;
+  frame_out_.resize(sizeof none + bytes);
+  std::memcpy(frame_out_.data(), &none, sizeof none);
+  std::memcpy(frame_out_.data() + sizeof none, input, bytes);
+  ExchangeFrames(nullptr, 0);  // a peer's allreduce data, if its frame has any, is drained
+  char* out = static_cast<char*>(output);
+  std::memmove(out + rank_ * bytes, frame_out_.data() + sizeof none, bytes);
+  std::memcpy(out + (1 - rank_) * bytes, frame_in_.data() + sizeof none, bytes);
   return true;
 }
 
@@ -623,14 +494,33 @@ bool TcpTransport::TryCheckedAllreduce(const void* input, void* output, size_t c
                                        ReduceOp op, const void* record, size_t record_bytes,
                                        void* records, FunctionRef<bool(bool)> reduce) {
   const size_t bytes = count * ElementSize(type);
-  if (size_ < 2 || count == 0 || bytes > kFoldBytes || record_bytes > kFrameRecordBytes ||
+  if (size_ != 2 || count == 0 || bytes > kFoldBytes || record_bytes > kFrameRecordBytes ||
       op == ReduceOp::kAdasum) {
     return false;
   }
-  char* all = static_cast<char*>(records);
-  std::memcpy(all + rank_ * record_bytes, record, record_bytes);
-  FramedExchange(static_cast<const char*>(input), static_cast<char*>(output), count, type, op, all,
-                 record_bytes, &reduce);
+  const uint64_t length = bytes;
+  frame_out_.resize(sizeof length + record_bytes);
+  std::memcpy(frame_out_.data(), &length, sizeof length);
+  std::memcpy(frame_out_.data() + sizeof length, record, record_bytes);
+  // Both frames are whole once this returns: the input went out (output may be the input).
+  const uint64_t theirs = ExchangeFrames(input, bytes);
+  const char* their_record = frame_in_.data() + sizeof length;
+  const bool same = std::memcmp(their_record, record, record_bytes) == 0;
+  if (!same) {
+    char* all = static_cast<char*>(records);
+    std::memcpy(all + rank_ * record_bytes, record, record_bytes);
+    std::memcpy(all + (1 - rank_) * record_bytes, their_record, record_bytes);
+  }
+  if (reduce(same)) {
+    TRAINRUN_ENFORCE(theirs == bytes, "rank ", 1 - rank_, " sent ", theirs,
+                     " bytes for an allreduce of ", bytes);
+    // Rank 0's data first on both ranks, so that both compute the same bits.
+    const char* mine = static_cast<const char*>(input);
+    const char* first = rank_ == 0 ? mine : payload_in_.data();
+    const char* second = rank_ == 0 ? payload_in_.data() : mine;
+    Reduce(type, op, output, first, second, count);
+    if (op == ReduceOp::kAverage) Divide(type, output, count, 2);
+  }
   return true;
 }
 

@@ -176,10 +176,9 @@ TEST_CASE("a stalled peer makes the others time out naming it", "[failure]") {
       },
       options);
   CHECK((timed_out[0] != 0 || timed_out[1] != 0));
-  // The call records travel by recursive doubling with ranks 0 and 1 folded into one: rank 1 waits
-  // on the staller, rank 0 on rank 1, whose abort naming the staller it waits a moment for when it
-  // times out; rank 1's message depends on who times out first (rank 0's abort blaming rank 1
-  // makes it pass the blame on).
+  // Rank 0 waits on the staller directly and always names it; rank 1 waits on rank 0, so which
+  // rank it blames depends on who times out first (a stall, unlike a death, is seen by
+  // neighbours only).
   INFO("rank 0: " << messages[0] << "\nrank 1: " << messages[1]);
   CHECK(messages[0].find("rank 2") != std::string::npos);
   CHECK(!messages[1].empty());
