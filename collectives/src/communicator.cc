@@ -472,36 +472,45 @@ class Communicator::Impl {
             std::vector<internal::CallRecord>& records = records_;
             records.resize(info_.size);
             bool unanimous = false;
-            auto joined = [&] {
-              return std::any_of(records.begin(), records.end(),
-                                 [](const internal::CallRecord& r) { return r.kind == kJoinKind; });
-            };
             const bool folded = ctx.transport.TryCheckedAllreduce(
                 input, output, count, type, op, &mine, sizeof(mine), records.data(),
-                [&](bool same) {
-                  // Every record the same bytes as this rank's (no copies): unanimous unless a
-                  // join.
-                  unanimous = same ? mine.kind != kJoinKind
-                                   : internal::Unanimous(records.data(), records.size());
-                  if (same && !unanimous) records.assign(records.size(), mine);
-                  if (&mine == &sampled_) {
-                    attribution_->Observe(same ? &mine : records.data(), same ? 1 : records.size(),
-                                          info_.rank);
-                  }
-                  return unanimous ||
-                         (!joined() && internal::Disagreement(records, set_name_).empty());
-                });
-            if (!folded) {
-              records = internal::ExchangeRecords(ctx, mine);
-              if (&mine == &sampled_)
-                attribution_->Observe(records.data(), records.size(), info_.rank);
-            }
-            if (!unanimous) internal::CheckAgreement(records, set_name_);
+                [&](bool same) { return FoldedRecordsAgree(mine, same, unanimous); });
+            SettleRecords(ctx, mine, folded, unanimous);
             if (traced) agreed = internal::Timeline::Now();
-            if (!folded || (!unanimous && joined()))
+            if (!folded || (!unanimous && AnyJoined()))
               RunAllreduce(ctx, input, output, count, type, op);
           });
     if (traced) timeline_->Record(call, set_name_, start, agreed, internal::Timeline::Now());
+  }
+
+  // FoldedRecordsAgree is the decision a transport's checked allreduce asks for once every rank's
+  // record is in records_ (`same`: every record the same bytes as `mine`, and not copied): whether
+  // to reduce in that same step. Every rank the same call and none joined: yes (`unanimous`); a
+  // join or a disagreement: no.
+  bool FoldedRecordsAgree(const internal::CallRecord& mine, bool same, bool& unanimous) {
+    std::vector<internal::CallRecord>& records = records_;
+    unanimous = same ? mine.kind != kJoinKind : internal::Unanimous(records.data(), records.size());
+    if (same && !unanimous) records.assign(records.size(), mine);
+    if (&mine == &sampled_) {
+      attribution_->Observe(same ? &mine : records.data(), same ? 1 : records.size(), info_.rank);
+    }
+    return unanimous || (!AnyJoined() && internal::Disagreement(records, set_name_).empty());
+  }
+
+  // SettleRecords follows a checked allreduce: the records exchanged on their own where the
+  // transport could not fold them, then a mismatch thrown on every rank.
+  void SettleRecords(internal::AlgorithmContext& ctx, const internal::CallRecord& mine, bool folded,
+                     bool unanimous) {
+    if (!folded) {
+      records_ = internal::ExchangeRecords(ctx, mine);
+      if (&mine == &sampled_) attribution_->Observe(records_.data(), records_.size(), info_.rank);
+    }
+    if (!unanimous) internal::CheckAgreement(records_, set_name_);
+  }
+
+  bool AnyJoined() const {
+    return std::any_of(records_.begin(), records_.end(),
+                       [](const internal::CallRecord& r) { return r.kind == kJoinKind; });
   }
 
   // RunAllreduceCopies is RunAllreduceChecked of a buffer reached through `copies`, where the
@@ -526,30 +535,12 @@ class Communicator::Impl {
             std::vector<internal::CallRecord>& records = records_;
             records.resize(info_.size);
             bool unanimous = false;
-            auto joined = [&] {
-              return std::any_of(records.begin(), records.end(),
-                                 [](const internal::CallRecord& r) { return r.kind == kJoinKind; });
-            };
             const bool folded = ctx.transport.TryCheckedAllreduceCopies(
-                copies, count, type, op, &mine, sizeof(mine), records.data(), [&](bool same) {
-                  unanimous = same ? mine.kind != kJoinKind
-                                   : internal::Unanimous(records.data(), records.size());
-                  if (same && !unanimous) records.assign(records.size(), mine);
-                  if (&mine == &sampled_) {
-                    attribution_->Observe(same ? &mine : records.data(), same ? 1 : records.size(),
-                                          info_.rank);
-                  }
-                  return unanimous ||
-                         (!joined() && internal::Disagreement(records, set_name_).empty());
-                });
-            if (!folded) {
-              records = internal::ExchangeRecords(ctx, mine);
-              if (&mine == &sampled_)
-                attribution_->Observe(records.data(), records.size(), info_.rank);
-            }
-            if (!unanimous) internal::CheckAgreement(records, set_name_);
+                copies, count, type, op, &mine, sizeof(mine), records.data(),
+                [&](bool same) { return FoldedRecordsAgree(mine, same, unanimous); });
+            SettleRecords(ctx, mine, folded, unanimous);
             if (traced) agreed = internal::Timeline::Now();
-            if (!folded || (!unanimous && joined())) run(ctx);
+            if (!folded || (!unanimous && AnyJoined())) run(ctx);
           });
     if (traced) timeline_->Record(call, set_name_, start, agreed, internal::Timeline::Now());
     return true;
@@ -1048,12 +1039,13 @@ std::vector<uint64_t> Communicator::ExchangeKeys(const std::vector<uint64_t>& mi
 }
 
 void Communicator::Refuse(const std::string& collective, const CallCheck& check) {
-  static constexpr std::pair<const char*, CollectiveKind> kKinds[] = {
-      {"allreduce", CollectiveKind::kAllreduce}, {"broadcast", CollectiveKind::kBroadcast},
-      {"allgather", CollectiveKind::kAllgather}, {"reducescatter", CollectiveKind::kReduceScatter},
-      {"alltoall", CollectiveKind::kAlltoall},   {"barrier", CollectiveKind::kBarrier}};
-  for (const auto& [name, kind] : kKinds) {
-    if (collective == name) return impl_->Refuse(kind, check);
+  // By the kinds' own names (KindName), as the call records' messages spell them.
+  for (CollectiveKind kind :
+       {CollectiveKind::kAllreduce, CollectiveKind::kBroadcast, CollectiveKind::kAllgather,
+        CollectiveKind::kReduceScatter, CollectiveKind::kAlltoall, CollectiveKind::kBarrier}) {
+    if (collective == internal::KindName(static_cast<uint32_t>(kind))) {
+      return impl_->Refuse(kind, check);
+    }
   }
   throw InvalidArgumentError(MakeMessage("Refuse got collective '", collective,
                                          "'; it takes allreduce, broadcast, allgather, "

@@ -33,7 +33,8 @@
 // new comes; a rank pending for TRAINRUN_STALL_CHECK_TIME_SECONDS logs the names the others lack.
 // A rank in join() takes part in the others' negotiation with no keys of its own and is left out
 // of what must be common, so ranks that have not joined still match by name.
-// When every rank waits for its collectives and none is in common for 500 rounds,
+// When every rank waits for its collectives and none is in common for Negotiation::kStuckRounds
+// rounds (the library's src/negotiation.h),
 // nothing can come to resolve it: each rank's first pending collective fails with the
 // MismatchError naming what each called. A second pending collective with the same name on one
 // communicator throws InvalidArgumentError at the submit, on that rank only; a name is free
