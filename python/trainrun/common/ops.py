@@ -196,8 +196,8 @@ def grouped_allreduce_async(tensors, op=None, name=None, process_set=None, presc
                             postscale_factor=1.0):
     what = _what("grouped_allreduce", name)
     tensors = _group("allreduce", tensors, what)
-    copies = [_buffers.copy_of(_view_refused(t, what, False, process_set, "allreduce",
-                                             _grouped_first_name(tensors, name, what),
+    first = _grouped_first_name(tensors, name, what)  # once, not once per tensor
+    copies = [_buffers.copy_of(_view_refused(t, what, False, process_set, "allreduce", first,
                                              name or None)) for t in tensors]
     return grouped_allreduce_async_(copies, op, name, process_set, prescale_factor,
                                     postscale_factor)
