@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "shell_words.h"
 #include "trainrun/rendezvous/environment.h"
 #include "yaml-cpp/depthguard.h"
 #include "yaml-cpp/eventhandler.h"
@@ -301,36 +302,6 @@ std::optional<bool> ParseBool(const std::string& text) {
   return std::nullopt;
 }
 
-// Splits a command written as one string (or a block of lines), as a shell would split plain
-// words and quotes.
-std::vector<std::string> SplitCommand(const std::string& text) {
-  std::vector<std::string> words;
-  std::string word;
-  bool in_word = false;
-  char quote = 0;
-  for (char c : text) {
-    if (quote != 0) {
-      if (c == quote) {
-        quote = 0;
-      } else {
-        word += c;
-      }
-    } else if (c == '\'' || c == '"') {
-      quote = c;
-      in_word = true;
-    } else if (c == ' ' || c == '\t' || c == '\n') {
-      if (in_word) words.push_back(std::move(word));
-      word.clear();
-      in_word = false;
-    } else {
-      word += c;
-      in_word = true;
-    }
-  }
-  if (in_word) words.push_back(std::move(word));
-  return words;
-}
-
 }  // namespace
 
 absl::StatusOr<ConfigFile> ParseConfigFile(absl::string_view text, const std::string& path) {
@@ -383,7 +354,16 @@ absl::StatusOr<ConfigFile> ParseConfigFile(absl::string_view text, const std::st
       continue;
     }
     if (e.path == "command") {
-      config.command = e.scalar ? SplitCommand(*e.scalar) : e.list;
+      if (!e.scalar) {
+        config.command = e.list;
+        continue;
+      }
+      absl::StatusOr<std::vector<std::string>> words = SplitShellWords(*e.scalar);
+      if (!words.ok()) {
+        return reader.Error(e.line,
+                            absl::StrCat("command '", *e.scalar, "' ", words.status().message()));
+      }
+      config.command = *std::move(words);
       continue;
     }
     // A section's keys come as entries of their own; the section itself does nothing.

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "shell_words.h"
 #include "trainrun/hostfile/host_list.h"
 #include "trainrun/hostfile/hostfile.h"
 #include "trainrun/hostfile/slot_plan.h"
@@ -525,35 +526,12 @@ namespace {
 
 // SplitAgentCommand splits --rsh-agent's text into words at blanks, keeping quoted parts whole.
 absl::StatusOr<std::vector<std::string>> SplitAgentCommand(const std::string& text) {
-  std::vector<std::string> words;
-  std::string word;
-  bool in_word = false;
-  char quote = 0;
-  for (char c : text) {
-    if (quote != 0) {
-      if (c == quote) {
-        quote = 0;
-      } else {
-        word += c;
-      }
-    } else if (c == '\'' || c == '"') {
-      quote = c;
-      in_word = true;
-    } else if (c == ' ' || c == '\t' || c == '\n') {
-      if (in_word) words.push_back(std::move(word));
-      word.clear();
-      in_word = false;
-    } else {
-      word += c;
-      in_word = true;
-    }
-  }
-  if (quote != 0) {
+  absl::StatusOr<std::vector<std::string>> words = SplitShellWords(text);
+  if (!words.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--rsh-agent '", text, "' has an unclosed ", std::string(1, quote)));
+        absl::StrCat("--rsh-agent '", text, "' ", words.status().message()));
   }
-  if (in_word) words.push_back(std::move(word));
-  if (words.empty()) {
+  if (words->empty()) {
     return absl::InvalidArgumentError(
         "--rsh-agent is empty; give the remote shell's command, e.g. --rsh-agent 'qrsh -inherit'");
   }

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "trainrun/cli/config_file.h"
+#include "trainrun/cli/make_launch_spec.h"
 #include "trainrun/cli/run_options.h"
 
 namespace trainrun::cli {
@@ -244,6 +245,11 @@ TEST_CASE("config file: a bad YAML file is one sentence with its line", "[cli][c
         "value per item");
   CHECK(ParseConfigFile("- a\n- b\n", "f.yaml").status().message() ==
         "f.yaml line 1: the file is a list; write `key: value` lines");
+  // A command written as one string is split as a shell would; a quote left open is named, not
+  // swallowed into the last word.
+  CHECK(ParseConfigFile("num_proc: 2\ncommand: python3 train.py --tag 'a b\n", "f.yaml")
+            .status()
+            .message() == "f.yaml line 2: command 'python3 train.py --tag 'a b' has an unclosed '");
   CHECK(ParseConfigFile("num_proc: 1\n---\nnum_proc: 2\n", "f.yaml").status().message() ==
         "f.yaml line 2: a second YAML document (after ---); a config file holds one");
   // yaml-cpp 0.7 alone would read documents after a stray ',' for ever.
@@ -256,6 +262,32 @@ TEST_CASE("config file: a bad YAML file is one sentence with its line", "[cli][c
   std::string deep(3000, '[');
   CHECK(ParseConfigFile("hosts: " + deep + "\n", "f.yaml").status().message() ==
         "f.yaml line 2: the YAML nests too deep (over 2000 levels)");
+}
+
+}  // namespace
+}  // namespace trainrun::cli
+
+namespace trainrun::cli {
+namespace {
+
+// The launch spec's error for `args`, which must fail.
+std::string SpecError(const std::vector<std::string>& args) {
+  CLI::App app;
+  RunOptions options;
+  SetupRunOptions(app, options);
+  auto outcome = ParseRunArgs(app, args, options);
+  REQUIRE(outcome.ok());
+  auto spec = MakeLaunchSpec(options, [](const std::string&) { return std::nullopt; });
+  REQUIRE_FALSE(spec.ok());
+  CHECK(spec.status().code() == absl::StatusCode::kInvalidArgument);
+  return std::string(spec.status().message());
+}
+
+TEST_CASE("--rsh-agent: an empty command or an open quote is one sentence naming it", "[cli]") {
+  CHECK(SpecError({"-H", "a:1", "--rsh-agent", "ssh -o 'ProxyCommand=x", "true"}) ==
+        "--rsh-agent 'ssh -o 'ProxyCommand=x' has an unclosed '");
+  CHECK(SpecError({"-H", "a:1", "--rsh-agent", " ", "true"}) ==
+        "--rsh-agent is empty; give the remote shell's command, e.g. --rsh-agent 'qrsh -inherit'");
 }
 
 }  // namespace
