@@ -392,6 +392,11 @@ gpu::Path Runtime::GpuPath(int set, std::string* why) {
   return it->second->path();
 }
 
+size_t Runtime::GpuFused(int set) {
+  auto it = device_.find(&Set(set));
+  return it == device_.end() ? 0 : it->second->fused();
+}
+
 gpu::DeviceCollectives& Runtime::Device(Communicator& comm) {
   std::unique_ptr<gpu::DeviceCollectives>& device = device_[&comm];
   if (!device) {

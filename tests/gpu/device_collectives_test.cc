@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "fake_gpu_runtime.h"
+#include "fake_nccl.h"
 #include "trainrun/collectives/communicator.h"
 #include "trainrun/collectives/testing/elements.h"
 #include "trainrun/rendezvous/environment.h"
@@ -27,6 +28,7 @@ namespace trainrun::collectives::gpu {
 namespace {
 
 using testing::FakeGpuRuntime;
+using testing::FakeNccl;
 using ::trainrun::collectives::testing::Get;
 using ::trainrun::collectives::testing::Put;
 
@@ -94,16 +96,17 @@ struct Rank {
   DeviceCollectives gpu;
 };
 
-// Ranks runs `fn` on `size` rank threads and rethrows the first failure.
-void Ranks(int size, GpuRuntime& runtime, const std::function<void(Rank&)>& fn,
-           DeviceOptions options = {}) {
+// RanksWith runs `fn` on `size` rank threads, rank r's GPU collectives with options_of(r), and
+// rethrows the first failure.
+void RanksWith(int size, GpuRuntime& runtime, const std::function<DeviceOptions(int)>& options_of,
+               const std::function<void(Rank&)>& fn) {
   auto store = std::make_shared<rendezvous::MemoryStore>();
   std::vector<std::exception_ptr> errors(size);
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
       try {
-        Rank rank(store, r, size, runtime, options);
+        Rank rank(store, r, size, runtime, options_of(r));
         fn(rank);
       } catch (...) {
         errors[r] = std::current_exception();
@@ -114,6 +117,13 @@ void Ranks(int size, GpuRuntime& runtime, const std::function<void(Rank&)>& fn,
   for (auto& e : errors) {
     if (e) std::rethrow_exception(e);
   }
+}
+
+// Ranks runs `fn` on `size` rank threads, every rank with `options`.
+void Ranks(int size, GpuRuntime& runtime, const std::function<void(Rank&)>& fn,
+           DeviceOptions options = {}) {
+  RanksWith(
+      size, runtime, [&](int) { return options; }, fn);
 }
 
 // Execute runs one collective through its three steps, Run on a thread of its own.
@@ -145,171 +155,191 @@ struct DeviceBuffer {
   char* data;
 };
 
-void CheckAll(int size) {
+// CheckAll runs every collective and type on `size` ranks, host-staged, or over the fake NCCL
+// (`nccl`) with fusion on (every allreduce exchanges first, NcclAgree).
+void CheckAll(int size, bool nccl = false) {
   FakeGpuRuntime fake(size);
-  Ranks(size, fake, [&](Rank& rank) {
-    const int me = rank.comm.rank();
-    const int n = rank.comm.size();
-    for (DataType type : kTypes) {
-      for (size_t count : {size_t{1}, size_t{1000}, size_t{70001}}) {
-        // allreduce: every op, in place and out of place.
-        for (ReduceOp op : kOps) {
-          if (type == DataType::kBool && op == ReduceOp::kAverage) continue;
-          for (bool in_place : {true, false}) {
-            DeviceBuffer in(fake, count, type, me);
-            DeviceBuffer out(fake, count, type, me);
-            for (size_t i = 0; i < count; ++i) Put(type, in.data, i, Value(type, op, me, i));
-            DeviceCall call;
-            call.op = DeviceOp::kAllreduce;
-            call.inputs = {in.data};
-            call.input_counts = {count};
-            call.outputs = {in_place ? in.data : out.data};
-            call.type = type;
-            call.reduce = op;
-            Execute(rank.gpu, call);
-            const char* result = in_place ? in.data : out.data;
-            for (size_t i = 0; i < count; ++i) {
-              const double want = Reduce(type, op, n, i);
-              const double got = Get(type, result, i);
-              if (std::abs(got - want) > Tolerance(type) * std::max(1.0, std::abs(want))) {
-                FAIL("allreduce " << DataTypeName(type) << " " << ReduceOpName(op) << " count "
-                                  << count << " rank " << me << "/" << n << " element " << i << ": "
-                                  << got << " != " << want);
+  FakeNccl fake_nccl(fake);
+  DeviceOptions options;
+  if (nccl) {
+    options.nccl_api_for_tests = fake_nccl.api();
+    options.fusion_bytes = size_t{64} << 20;
+  }
+  Ranks(
+      size, fake,
+      [&](Rank& rank) {
+        const int me = rank.comm.rank();
+        const int n = rank.comm.size();
+        for (DataType type : kTypes) {
+          for (size_t count : {size_t{1}, size_t{1000}, size_t{70001}}) {
+            // allreduce: every op, in place and out of place.
+            for (ReduceOp op : kOps) {
+              if (type == DataType::kBool && op == ReduceOp::kAverage) continue;
+              for (bool in_place : {true, false}) {
+                DeviceBuffer in(fake, count, type, me);
+                DeviceBuffer out(fake, count, type, me);
+                for (size_t i = 0; i < count; ++i) Put(type, in.data, i, Value(type, op, me, i));
+                DeviceCall call;
+                call.op = DeviceOp::kAllreduce;
+                call.inputs = {in.data};
+                call.input_counts = {count};
+                call.outputs = {in_place ? in.data : out.data};
+                call.type = type;
+                call.reduce = op;
+                Execute(rank.gpu, call);
+                const char* result = in_place ? in.data : out.data;
+                for (size_t i = 0; i < count; ++i) {
+                  const double want = Reduce(type, op, n, i);
+                  const double got = Get(type, result, i);
+                  if (std::abs(got - want) > Tolerance(type) * std::max(1.0, std::abs(want))) {
+                    FAIL("allreduce " << DataTypeName(type) << " " << ReduceOpName(op) << " count "
+                                      << count << " rank " << me << "/" << n << " element " << i
+                                      << ": " << got << " != " << want);
+                  }
+                }
+              }
+            }
+            // grouped allreduce of three buffers (sum).
+            {
+              std::vector<std::unique_ptr<DeviceBuffer>> parts;
+              DeviceCall call;
+              call.op = DeviceOp::kGroupedAllreduce;
+              call.type = type;
+              call.reduce = ReduceOp::kSum;
+              for (size_t k = 0; k < 3; ++k) {
+                parts.push_back(std::make_unique<DeviceBuffer>(fake, count + k, type, me));
+                for (size_t i = 0; i < count + k; ++i) {
+                  Put(type, parts.back()->data, i, Value(type, ReduceOp::kSum, me, i + k));
+                }
+                call.inputs.push_back(parts.back()->data);
+                call.input_counts.push_back(count + k);
+              }
+              Execute(rank.gpu, call);
+              for (size_t k = 0; k < 3; ++k) {
+                for (size_t i = 0; i < count + k; ++i) {
+                  REQUIRE(
+                      Get(type, parts[k]->data, i) ==
+                      Approx(Reduce(type, ReduceOp::kSum, n, i + k)).margin(Tolerance(type) * 16));
+                }
+              }
+            }
+            // broadcast from the last rank.
+            {
+              DeviceBuffer data(fake, count, type, me);
+              for (size_t i = 0; i < count; ++i)
+                Put(type, data.data, i, Value(type, ReduceOp::kMax, me, i));
+              DeviceCall call;
+              call.op = DeviceOp::kBroadcast;
+              call.inputs = {data.data};
+              call.input_counts = {count};
+              call.type = type;
+              call.root = n - 1;
+              Execute(rank.gpu, call);
+              for (size_t i = 0; i < count; ++i) {
+                REQUIRE(Get(type, data.data, i) == Value(type, ReduceOp::kMax, n - 1, i));
+              }
+            }
+            // allgatherv: rank r gives count + r elements.
+            {
+              std::vector<size_t> counts;
+              size_t total = 0;
+              for (int r = 0; r < n; ++r) {
+                counts.push_back(count + r);
+                total += count + r;
+              }
+              DeviceBuffer in(fake, counts[me], type, me);
+              DeviceBuffer out(fake, total, type, me);
+              for (size_t i = 0; i < counts[me]; ++i)
+                Put(type, in.data, i, Value(type, ReduceOp::kMax, me, i));
+              DeviceCall call;
+              call.op = DeviceOp::kAllgatherv;
+              call.inputs = {in.data};
+              call.input_counts = {counts[me]};
+              call.outputs = {out.data};
+              call.output_count = total;
+              call.counts = counts;
+              call.type = type;
+              Execute(rank.gpu, call);
+              size_t offset = 0;
+              for (int r = 0; r < n; ++r) {
+                for (size_t i = 0; i < counts[r]; ++i) {
+                  REQUIRE(Get(type, out.data, offset + i) == Value(type, ReduceOp::kMax, r, i));
+                }
+                offset += counts[r];
+              }
+            }
+            // reducescatter (sum): each rank keeps block rank of count elements.
+            if (type != DataType::kBool) {
+              DeviceBuffer in(fake, count * n, type, me);
+              DeviceBuffer out(fake, count, type, me);
+              for (size_t i = 0; i < count * n; ++i)
+                Put(type, in.data, i, Value(type, ReduceOp::kSum, me, i));
+              DeviceCall call;
+              call.op = DeviceOp::kReduceScatter;
+              call.inputs = {in.data};
+              call.input_counts = {count * n};
+              call.outputs = {out.data};
+              call.output_count = count;
+              call.type = type;
+              call.reduce = ReduceOp::kSum;
+              Execute(rank.gpu, call);
+              for (size_t i = 0; i < count; ++i) {
+                REQUIRE(Get(type, out.data, i) ==
+                        Approx(Reduce(type, ReduceOp::kSum, n, me * count + i))
+                            .margin(Tolerance(type) * 16));
+              }
+            }
+            // alltoallv: rank s sends s + d + 1 elements to rank d.
+            {
+              std::vector<size_t> sends, recvs;
+              for (int d = 0; d < n; ++d)
+                sends.push_back(static_cast<size_t>(me + d + 1) * (count % 7 + 1));
+              for (int s = 0; s < n; ++s)
+                recvs.push_back(static_cast<size_t>(s + me + 1) * (count % 7 + 1));
+              size_t sent = 0, received = 0;
+              for (size_t c : sends) sent += c;
+              for (size_t c : recvs) received += c;
+              DeviceBuffer in(fake, sent, type, me);
+              DeviceBuffer out(fake, received, type, me);
+              for (size_t i = 0; i < sent; ++i)
+                Put(type, in.data, i, Value(type, ReduceOp::kMax, me, i));
+              DeviceCall call;
+              call.op = DeviceOp::kAlltoallv;
+              call.inputs = {in.data};
+              call.input_counts = {sent};
+              call.outputs = {out.data};
+              call.output_count = received;
+              call.send_counts = sends;
+              call.counts = recvs;
+              call.type = type;
+              Execute(rank.gpu, call);
+              size_t offset = 0;
+              for (int s = 0; s < n; ++s) {
+                size_t from = 0;  // where rank s's block for me starts in its input
+                for (int d = 0; d < me; ++d)
+                  from += static_cast<size_t>(s + d + 1) * (count % 7 + 1);
+                for (size_t i = 0; i < recvs[s]; ++i) {
+                  REQUIRE(Get(type, out.data, offset + i) ==
+                          Value(type, ReduceOp::kMax, s, from + i));
+                }
+                offset += recvs[s];
               }
             }
           }
         }
-        // grouped allreduce of three buffers (sum).
-        {
-          std::vector<std::unique_ptr<DeviceBuffer>> parts;
-          DeviceCall call;
-          call.op = DeviceOp::kGroupedAllreduce;
-          call.type = type;
-          call.reduce = ReduceOp::kSum;
-          for (size_t k = 0; k < 3; ++k) {
-            parts.push_back(std::make_unique<DeviceBuffer>(fake, count + k, type, me));
-            for (size_t i = 0; i < count + k; ++i) {
-              Put(type, parts.back()->data, i, Value(type, ReduceOp::kSum, me, i + k));
-            }
-            call.inputs.push_back(parts.back()->data);
-            call.input_counts.push_back(count + k);
-          }
-          Execute(rank.gpu, call);
-          for (size_t k = 0; k < 3; ++k) {
-            for (size_t i = 0; i < count + k; ++i) {
-              REQUIRE(Get(type, parts[k]->data, i) ==
-                      Approx(Reduce(type, ReduceOp::kSum, n, i + k)).margin(Tolerance(type) * 16));
-            }
-          }
+        if (nccl) {
+          REQUIRE(rank.gpu.path() == Path::kNccl);
+          return;
         }
-        // broadcast from the last rank.
-        {
-          DeviceBuffer data(fake, count, type, me);
-          for (size_t i = 0; i < count; ++i)
-            Put(type, data.data, i, Value(type, ReduceOp::kMax, me, i));
-          DeviceCall call;
-          call.op = DeviceOp::kBroadcast;
-          call.inputs = {data.data};
-          call.input_counts = {count};
-          call.type = type;
-          call.root = n - 1;
-          Execute(rank.gpu, call);
-          for (size_t i = 0; i < count; ++i) {
-            REQUIRE(Get(type, data.data, i) == Value(type, ReduceOp::kMax, n - 1, i));
-          }
-        }
-        // allgatherv: rank r gives count + r elements.
-        {
-          std::vector<size_t> counts;
-          size_t total = 0;
-          for (int r = 0; r < n; ++r) {
-            counts.push_back(count + r);
-            total += count + r;
-          }
-          DeviceBuffer in(fake, counts[me], type, me);
-          DeviceBuffer out(fake, total, type, me);
-          for (size_t i = 0; i < counts[me]; ++i)
-            Put(type, in.data, i, Value(type, ReduceOp::kMax, me, i));
-          DeviceCall call;
-          call.op = DeviceOp::kAllgatherv;
-          call.inputs = {in.data};
-          call.input_counts = {counts[me]};
-          call.outputs = {out.data};
-          call.output_count = total;
-          call.counts = counts;
-          call.type = type;
-          Execute(rank.gpu, call);
-          size_t offset = 0;
-          for (int r = 0; r < n; ++r) {
-            for (size_t i = 0; i < counts[r]; ++i) {
-              REQUIRE(Get(type, out.data, offset + i) == Value(type, ReduceOp::kMax, r, i));
-            }
-            offset += counts[r];
-          }
-        }
-        // reducescatter (sum): each rank keeps block rank of count elements.
-        if (type != DataType::kBool) {
-          DeviceBuffer in(fake, count * n, type, me);
-          DeviceBuffer out(fake, count, type, me);
-          for (size_t i = 0; i < count * n; ++i)
-            Put(type, in.data, i, Value(type, ReduceOp::kSum, me, i));
-          DeviceCall call;
-          call.op = DeviceOp::kReduceScatter;
-          call.inputs = {in.data};
-          call.input_counts = {count * n};
-          call.outputs = {out.data};
-          call.output_count = count;
-          call.type = type;
-          call.reduce = ReduceOp::kSum;
-          Execute(rank.gpu, call);
-          for (size_t i = 0; i < count; ++i) {
-            REQUIRE(Get(type, out.data, i) ==
-                    Approx(Reduce(type, ReduceOp::kSum, n, me * count + i))
-                        .margin(Tolerance(type) * 16));
-          }
-        }
-        // alltoallv: rank s sends s + d + 1 elements to rank d.
-        {
-          std::vector<size_t> sends, recvs;
-          for (int d = 0; d < n; ++d)
-            sends.push_back(static_cast<size_t>(me + d + 1) * (count % 7 + 1));
-          for (int s = 0; s < n; ++s)
-            recvs.push_back(static_cast<size_t>(s + me + 1) * (count % 7 + 1));
-          size_t sent = 0, received = 0;
-          for (size_t c : sends) sent += c;
-          for (size_t c : recvs) received += c;
-          DeviceBuffer in(fake, sent, type, me);
-          DeviceBuffer out(fake, received, type, me);
-          for (size_t i = 0; i < sent; ++i)
-            Put(type, in.data, i, Value(type, ReduceOp::kMax, me, i));
-          DeviceCall call;
-          call.op = DeviceOp::kAlltoallv;
-          call.inputs = {in.data};
-          call.input_counts = {sent};
-          call.outputs = {out.data};
-          call.output_count = received;
-          call.send_counts = sends;
-          call.counts = recvs;
-          call.type = type;
-          Execute(rank.gpu, call);
-          size_t offset = 0;
-          for (int s = 0; s < n; ++s) {
-            size_t from = 0;  // where rank s's block for me starts in its input
-            for (int d = 0; d < me; ++d) from += static_cast<size_t>(s + d + 1) * (count % 7 + 1);
-            for (size_t i = 0; i < recvs[s]; ++i) {
-              REQUIRE(Get(type, out.data, offset + i) == Value(type, ReduceOp::kMax, s, from + i));
-            }
-            offset += recvs[s];
-          }
-        }
-      }
-    }
-    REQUIRE(rank.gpu.path() == Path::kStaged);
-    // The rank that lacks NCCL names its reason, the others name that rank.
-    REQUIRE_THAT(rank.gpu.why(),
-                 Catch::Contains(me == 0 ? "the GPU runtime is the tests' CPU fake"
-                                         : "rank 0 of the communicator has no NCCL"));
-  });
+        REQUIRE(rank.gpu.path() == Path::kStaged);
+        // The rank that lacks NCCL names its reason, the others name that rank.
+        REQUIRE_THAT(rank.gpu.why(),
+                     Catch::Contains(me == 0 ? "the GPU runtime is the tests' CPU fake"
+                                             : "rank 0 of the communicator has no NCCL"));
+      },
+      options);
+  REQUIRE(fake_nccl.failures().empty());
+  REQUIRE((fake_nccl.allreduces() > 0) == nccl);
 }
 
 TEST_CASE("staged: every collective and type on device buffers at 1 rank", "[gpu_fake]") {
@@ -320,6 +350,15 @@ TEST_CASE("staged: every collective and type on device buffers at 2 ranks", "[gp
 }
 TEST_CASE("staged: every collective and type on device buffers at 3 ranks", "[gpu_fake]") {
   CheckAll(3);
+}
+TEST_CASE("nccl (fake): every collective and type on device buffers at 1 rank", "[gpu_fake]") {
+  CheckAll(1, /*nccl=*/true);
+}
+TEST_CASE("nccl (fake): every collective and type on device buffers at 2 ranks", "[gpu_fake]") {
+  CheckAll(2, /*nccl=*/true);
+}
+TEST_CASE("nccl (fake): every collective and type on device buffers at 3 ranks", "[gpu_fake]") {
+  CheckAll(3, /*nccl=*/true);
 }
 
 // A float32 allreduce (sum) of `count` elements, in place, ordered on `stream`.
@@ -975,6 +1014,376 @@ TEST_CASE(
     last[me] = rank.comm.Join();
   });
   REQUIRE(last == std::array<int, 3>{1, 1, 1});
+}
+
+// --- The NCCL path, over the fake NCCL (fake_nccl.h)
+// ----------------------------------------------
+
+// NcclOptions: over `nccl`, fusion on (every NCCL allreduce agrees first, NcclAgree).
+DeviceOptions NcclOptions(const FakeNccl& nccl, size_t fusion_bytes = size_t{1} << 20) {
+  DeviceOptions options;
+  options.nccl_api_for_tests = nccl.api();
+  options.fusion_bytes = fusion_bytes;
+  return options;
+}
+
+// Agreed: the groups RunFused makes when rank r offers its queue of n in slices of slices[r]
+// (as a communication thread that found that many queued each time): each runs the fewest any
+// rank still has in its slice.
+std::vector<size_t> Agreed(const std::vector<size_t>& slices, size_t n) {
+  std::vector<size_t> groups;
+  for (size_t done = 0; done < n;) {
+    size_t k = n - done;
+    for (size_t slice : slices) k = std::min(k, std::min(n, (done / slice + 1) * slice) - done);
+    groups.push_back(k);
+    done += k;
+  }
+  return groups;
+}
+
+TEST_CASE(
+    "nccl (fake): in-place allreduces queued together fuse into one NCCL allreduce of a device "
+    "fusion buffer, as many as every rank has queued (1, 2 and 3 ranks, queues that differ per "
+    "rank), after a delayed kernel, every element right",
+    "[gpu_fake]") {
+  for (int size : {1, 2, 3}) {
+    FakeGpuRuntime fake(size);
+    FakeNccl nccl(fake);
+    constexpr size_t kTensors = 12;
+    const std::vector<size_t> slices = std::vector<size_t>{kTensors, 5, 3};
+    std::vector<std::vector<size_t>> groups(size);
+    std::vector<size_t> wrong(size, 0);
+    std::vector<size_t> fused(size, 0);
+    std::vector<Path> paths(size);
+    Ranks(
+        size, fake,
+        [&](Rank& rank) {
+          const int me = rank.comm.rank();
+          Stream stream = fake.NewStream(me);
+          std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+          std::vector<std::shared_ptr<DeviceWork>> works;
+          for (size_t k = 0; k < kTensors; ++k) {
+            const size_t count = 1 + k * 7;
+            buffers.push_back(std::make_unique<DeviceBuffer>(fake, count, DataType::kFloat32, me));
+            auto* data = reinterpret_cast<float*>(buffers.back()->data);
+            // Written by a kernel on the stream (the last one late): the gather must wait for it.
+            fake.Launch(stream, [=] {
+              if (k == kTensors - 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+              for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(k + me + i % 3);
+            });
+            DeviceCall call = SumOn(data, count, stream);
+            call.check.name = "nccl." + std::to_string(k);
+            works.push_back(rank.gpu.Start(call));
+          }
+          for (size_t first = 0; first < kTensors; first += slices[me]) {
+            const size_t last = std::min(kTensors, first + slices[me]);
+            for (size_t k : RunAll({works.begin() + first, works.begin() + last})) {
+              groups[me].push_back(k);
+            }
+          }
+          for (auto& work : works) work->Wait();
+          const double ranks_sum = size * (size - 1) / 2.0;
+          for (size_t k = 0; k < kTensors; ++k) {
+            std::vector<float> seen(1 + k * 7);
+            const char* data = buffers[k]->data;
+            // A kernel after the allreduce reads it; the test waits for its own kernel.
+            fake.Launch(stream, [&] { std::memcpy(seen.data(), data, seen.size() * 4); });
+            fake.Synchronize(stream);
+            for (size_t i = 0; i < seen.size(); ++i) {
+              wrong[me] +=
+                  seen[i] != static_cast<float>(size * static_cast<double>(k + i % 3) + ranks_sum);
+            }
+          }
+          fused[me] = rank.gpu.fused();
+          paths[me] = rank.gpu.path();
+          fake.DeleteStream(stream);
+        },
+        NcclOptions(nccl));
+    INFO(size << " ranks");
+    const std::vector<size_t> want = Agreed({slices.begin(), slices.begin() + size}, kTensors);
+    for (int r = 0; r < size; ++r) {
+      INFO("rank " << r);
+      CHECK(paths[r] == Path::kNccl);
+      CHECK(groups[r] == want);
+      CHECK(wrong[r] == 0);
+      size_t in_batches = 0;
+      for (size_t k : want) in_batches += k > 1 ? k : 0;
+      CHECK(fused[r] == in_batches);
+    }
+    // One NCCL allreduce per group, of the group's elements together.
+    std::vector<size_t> counts;
+    for (size_t k = 0, done = 0; k < want.size(); done += want[k++]) {
+      size_t count = 0;
+      for (size_t t = done; t < done + want[k]; ++t) count += 1 + t * 7;
+      counts.push_back(count);
+    }
+    CHECK(nccl.allreduce_counts() == counts);
+    CHECK(nccl.failures().empty());
+  }
+  // The groups of 3 ranks (slices 12, 5 and 3), worked out by hand.
+  REQUIRE(Agreed({12, 5, 3}, 12) == std::vector<size_t>{3, 2, 1, 3, 1, 2});
+}
+
+TEST_CASE(
+    "nccl (fake): fused allreduces keep stream order without synchronize: a delayed kernel "
+    "writes, the fused allreduce reads after it, a kernel after it reads every result",
+    "[gpu_fake]") {
+  FakeGpuRuntime fake(2);
+  FakeNccl nccl(fake);
+  std::array<size_t, 2> wrong{};
+  std::array<bool, 2> prompt{};
+  Ranks(
+      2, fake,
+      [&](Rank& rank) {
+        const int me = rank.comm.rank();
+        const size_t count = 4096;
+        Stream stream = fake.NewStream(me);
+        DeviceBuffer a(fake, count, DataType::kFloat32, me);
+        DeviceBuffer b(fake, count, DataType::kFloat32, me);
+        auto* x = reinterpret_cast<float*>(a.data);
+        auto* y = reinterpret_cast<float*>(b.data);
+        std::fill(x, x + count, -1.0f);
+        std::fill(y, y + count, -1.0f);
+        fake.Launch(stream, [=] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          for (size_t i = 0; i < count; ++i) {
+            x[i] = static_cast<float>((me + 1) * i);
+            y[i] = static_cast<float>(me + 1);
+          }
+        });
+        const auto before = std::chrono::steady_clock::now();
+        std::vector<std::shared_ptr<DeviceWork>> works = {rank.gpu.Start(SumOn(x, count, stream)),
+                                                          rank.gpu.Start(SumOn(y, count, stream))};
+        std::vector<size_t> groups;
+        std::thread comm_thread([&] { groups = RunAll(works); });
+        comm_thread.join();
+        // Start and Run enqueue: the kernel's 200 ms are the stream's, not the CPU's.
+        prompt[me] = std::chrono::steady_clock::now() - before < std::chrono::milliseconds(150) &&
+                     groups == std::vector<size_t>{2};
+        for (auto& work : works) work->Wait();
+        std::vector<float> seen(2 * count);
+        fake.Launch(stream, [&] {
+          std::memcpy(seen.data(), x, count * 4);
+          std::memcpy(seen.data() + count, y, count * 4);
+        });
+        fake.Synchronize(stream);  // the test observing its kernel, not the code under test
+        for (size_t i = 0; i < count; ++i) {
+          wrong[me] += seen[i] != static_cast<float>(3 * i);
+          wrong[me] += seen[count + i] != 3.0f;
+        }
+        fake.DeleteStream(stream);
+      },
+      NcclOptions(nccl));
+  // Neither Start nor Run waited for the kernel on the CPU (the fused batch waits on the stream).
+  CHECK(prompt == std::array<bool, 2>{true, true});
+  CHECK(wrong == std::array<size_t, 2>{0, 0});
+  CHECK(nccl.allreduce_counts() == std::vector<size_t>{2 * 4096});
+  CHECK(nccl.failures().empty());
+}
+
+TEST_CASE(
+    "nccl (fake): the device fusion buffer is reused (device allocations flat after warm-up, "
+    "groups of varying sizes under the cap)",
+    "[gpu_fake]") {
+  FakeGpuRuntime fake(2);
+  FakeNccl nccl(fake);
+  std::array<size_t, 2> wrong{};
+  size_t warm = 0;
+  size_t later = 0;
+  Ranks(
+      2, fake,
+      [&](Rank& rank) {
+        const int me = rank.comm.rank();
+        std::vector<std::unique_ptr<Ones>> ones;
+        for (size_t k = 0; k < 6; ++k) {
+          ones.push_back(std::make_unique<Ones>(fake, (size_t{1} << 14) * (k + 1), me, 1.0f));
+        }
+        auto step = [&](size_t n) {
+          std::vector<std::shared_ptr<DeviceWork>> works;
+          for (size_t k = 0; k < n; ++k) {
+            std::fill(ones[k]->data(), ones[k]->data() + (size_t{1} << 14) * (k + 1), 1.0f);
+            works.push_back(rank.gpu.Start(ones[k]->Call()));
+          }
+          RunAll(works);
+          for (auto& work : works) work->Wait();
+          for (size_t k = 0; k < n; ++k) wrong[me] += ones[k]->data()[(size_t{1} << 14) * k] != 2;
+        };
+        for (size_t n : {2, 6, 3}) step(n);
+        rank.comm.Barrier();  // the fake's count is both ranks'
+        if (me == 0) warm = fake.device_allocations();
+        rank.comm.Barrier();
+        for (int i = 0; i < 30; ++i) step(2 + i % 5);
+        rank.comm.Barrier();
+        if (me == 0) later = fake.device_allocations();
+      },
+      NcclOptions(nccl, size_t{4} << 20));  // 2.6 MiB at most together
+  CHECK(wrong == std::array<size_t, 2>{0, 0});
+  CHECK(later == warm);
+  CHECK(nccl.allreduces() == 3 + 30);
+  CHECK(nccl.failures().empty());
+}
+
+TEST_CASE(
+    "nccl (fake): what does not fuse: another op or type ends the batch, types and ops NCCL "
+    "lacks go staged (int16, Adasum), an out-of-place allreduce runs alone, every result right",
+    "[gpu_fake]") {
+  FakeGpuRuntime fake(2);
+  FakeNccl nccl(fake);
+  std::array<std::vector<size_t>, 2> groups;
+  std::array<size_t, 2> wrong{};
+  Ranks(
+      2, fake,
+      [&](Rank& rank) {
+        const int me = rank.comm.rank();
+        struct Entry {
+          DataType type;
+          ReduceOp op;
+          bool in_place;
+        };
+        // a, b fuse; c (max) runs alone; d, e (int16) go staged, one by one (a queue of mixed
+        // kinds is staged-fused only whole); f (Adasum) staged; g out of place over NCCL.
+        const std::vector<Entry> entries = {
+            {DataType::kFloat32, ReduceOp::kSum, true},
+            {DataType::kFloat32, ReduceOp::kSum, true},
+            {DataType::kFloat32, ReduceOp::kMax, true},
+            {DataType::kInt16, ReduceOp::kSum, true},
+            {DataType::kInt16, ReduceOp::kSum, true},
+            {DataType::kFloat32, ReduceOp::kAdasum, true},
+            {DataType::kFloat32, ReduceOp::kSum, false},
+        };
+        const size_t count = 100;
+        std::vector<std::unique_ptr<DeviceBuffer>> ins, outs;
+        std::vector<std::shared_ptr<DeviceWork>> works;
+        for (const Entry& e : entries) {
+          ins.push_back(std::make_unique<DeviceBuffer>(fake, count, e.type, me));
+          outs.push_back(std::make_unique<DeviceBuffer>(fake, count, e.type, me));
+          for (size_t i = 0; i < count; ++i) {
+            // Adasum of equal vectors is their value: each rank the same.
+            Put(e.type, ins.back()->data, i, e.op == ReduceOp::kAdasum ? 1.0 + i % 4 : me + i % 5);
+          }
+          DeviceCall call;
+          call.op = DeviceOp::kAllreduce;
+          call.inputs = {ins.back()->data};
+          call.input_counts = {count};
+          call.outputs = {e.in_place ? ins.back()->data : outs.back()->data};
+          call.type = e.type;
+          call.reduce = e.op;
+          works.push_back(rank.gpu.Start(call));
+        }
+        groups[me] = RunAll(works);
+        for (auto& work : works) work->Wait();
+        for (size_t k = 0; k < entries.size(); ++k) {
+          const Entry& e = entries[k];
+          const char* result = e.in_place ? ins[k]->data : outs[k]->data;
+          for (size_t i = 0; i < count; ++i) {
+            const double want = e.op == ReduceOp::kAdasum ? 1.0 + i % 4
+                                : e.op == ReduceOp::kMax  ? 1.0 + i % 5
+                                                          : 1.0 + 2 * (i % 5);
+            wrong[me] += Get(e.type, result, i) != want;
+          }
+        }
+      },
+      NcclOptions(nccl));
+  CHECK(groups[0] == std::vector<size_t>{2, 1, 1, 1, 1, 1});
+  CHECK(groups[1] == groups[0]);
+  CHECK(wrong == std::array<size_t, 2>{0, 0});
+  // NCCL ran a and b together, c, and g; the int16 and Adasum ones went through the host.
+  CHECK(nccl.allreduce_counts() == std::vector<size_t>{200, 100, 100});
+  CHECK(nccl.failures().empty());
+}
+
+TEST_CASE(
+    "nccl (fake): fusion runs only where every rank fuses: with one rank's fusion off, no rank "
+    "exchanges and every allreduce goes alone",
+    "[gpu_fake]") {
+  FakeGpuRuntime fake(2);
+  FakeNccl nccl(fake);
+  std::array<std::vector<size_t>, 2> groups;
+  std::array<size_t, 2> wrong{};
+  RanksWith(
+      2, fake, [&](int r) { return NcclOptions(nccl, r == 0 ? 0 : size_t{1} << 20); },
+      [&](Rank& rank) {
+        const int me = rank.comm.rank();
+        std::vector<std::unique_ptr<Ones>> ones;
+        std::vector<std::shared_ptr<DeviceWork>> works;
+        for (int k = 0; k < 4; ++k) {
+          ones.push_back(std::make_unique<Ones>(fake, 10 + k, me, static_cast<float>(k)));
+          works.push_back(rank.gpu.Start(ones.back()->Call()));
+        }
+        groups[me] = RunAll(works);
+        for (auto& work : works) work->Wait();
+        for (int k = 0; k < 4; ++k) wrong[me] += ones[k]->data()[9 + k] != 2.0f * k;
+      });
+  CHECK(groups[0] == std::vector<size_t>{1, 1, 1, 1});
+  CHECK(groups[1] == groups[0]);
+  CHECK(wrong == std::array<size_t, 2>{0, 0});
+  CHECK(nccl.allreduce_counts() == std::vector<size_t>{10, 11, 12, 13});
+  CHECK(nccl.failures().empty());
+}
+
+TEST_CASE(
+    "nccl (fake): ranks whose NCCL calls differ fail loudly on every rank, not hang: with fusion "
+    "off the fake NCCL says what each posted, with fusion on the exchange refuses it first",
+    "[gpu_fake]") {
+  for (bool fusion : {false, true}) {
+    FakeGpuRuntime fake(2);
+    FakeNccl nccl(fake);
+    std::array<std::string, 2> errors;
+    INFO("fusion " << fusion);
+    Ranks(
+        2, fake,
+        [&](Rank& rank) {
+          const int me = rank.comm.rank();
+          Ones first(fake, 10, me, 1.0f);
+          Execute(rank.gpu, first.Call());  // both take part in the choice of the path
+          // As if rank 1 had fused one more allreduce than rank 0.
+          Ones ones(fake, me == 0 ? 30 : 40, me, 1.0f);
+          try {
+            Execute(rank.gpu, ones.Call());
+          } catch (const std::exception& e) {
+            errors[me] = e.what();
+          }
+        },
+        NcclOptions(nccl, fusion ? size_t{1} << 20 : 0));
+    for (const std::string& error : errors) {
+      if (fusion) {
+        CHECK_THAT(error, Catch::Contains("mismatched GPU allreduces") &&
+                              (Catch::Contains("reduces 30 float32") ||
+                               Catch::Contains("reduces 40 float32")));
+      } else {
+        CHECK_THAT(error, Catch::Contains("fake NCCL") &&
+                              Catch::Contains("rank 0 posted [allreduce of 30 float32") &&
+                              Catch::Contains("rank 1 posted [allreduce of 40 float32"));
+      }
+    }
+    CHECK(nccl.failures().size() == (fusion ? 0u : 2u));
+  }
+}
+
+TEST_CASE("nccl (fake): a rank whose peer never makes the call fails within the fake's timeout",
+          "[gpu_fake]") {
+  FakeGpuRuntime fake(2);
+  FakeNccl nccl(fake, std::chrono::milliseconds(300));
+  std::string error;
+  Ranks(
+      2, fake,
+      [&](Rank& rank) {
+        const int me = rank.comm.rank();
+        Ones first(fake, 10, me, 1.0f);
+        Execute(rank.gpu, first.Call());
+        if (me == 0) {
+          Ones alone(fake, 10, me, 1.0f);
+          try {
+            Execute(rank.gpu, alone.Call());
+          } catch (const InvalidArgumentError& e) {
+            error = e.what();
+          }
+        }
+        rank.comm.Barrier();  // rank 1's communicator outlives rank 0's wait
+      },
+      NcclOptions(nccl, 0));
+  CHECK_THAT(error, Catch::Contains("met nothing from rank(s) 1 within 300 ms"));
+  CHECK(nccl.failures().size() == 1);
 }
 
 }  // namespace

@@ -248,6 +248,7 @@ def test_small_gpu_arrays_are_fused():
     arrays[0].to_host()  # the writes are done: only the collectives' copies are counted below
     trainrun.barrier()
     before = _fake_gpu.host_device_copies()
+    fused_before = trainrun.gpu_info()["fused"]
     handles = [trainrun.allreduce_async_(a, op=trainrun.Sum, name=f"fuse.{k}")
                for k, a in enumerate(arrays)]
     for h in handles:
@@ -257,6 +258,7 @@ def test_small_gpu_arrays_are_fused():
         numpy.testing.assert_array_equal(a.to_host(), numpy.full(10 + k, size * k +
                                                                  size * (size - 1) / 2))
     assert crossings <= 64, crossings  # unfused: 128
+    assert trainrun.gpu_info()["fused"] > fused_before
 
 
 def test_join_with_gpu_arrays():

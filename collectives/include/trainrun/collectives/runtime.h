@@ -185,6 +185,9 @@ class Runtime {
   // GpuPath: the path process set `set`'s GPU collectives take (kUndecided before its first one
   // ran), and why, a phrase.
   gpu::Path GpuPath(int set, std::string* why = nullptr);
+  // GpuFused: how many of process set `set`'s GPU allreduces ran fused with others so far
+  // (gpu::DeviceCollectives::fused).
+  size_t GpuFused(int set);
 
  private:
   // HostBuffer returns `ref`'s host address, checked (null with a count, a device buffer).
