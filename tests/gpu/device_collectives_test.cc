@@ -1386,5 +1386,78 @@ TEST_CASE("nccl (fake): a rank whose peer never makes the call fails within the 
   CHECK(nccl.failures().size() == 1);
 }
 
+TEST_CASE(
+    "prescale and postscale of arrays that cannot scale themselves: over NCCL a float sum or "
+    "average is one PreMulSum allreduce, every other type and op (and the staged path) scales "
+    "in host memory, every element against a float64 reference (2 and 3 ranks)",
+    "[gpu_fake]") {
+  const double pre = 0.5;
+  const double post = 3.0;
+  for (bool over_nccl : {true, false}) {
+    for (int size : {2, 3}) {
+      FakeGpuRuntime fake(size);
+      FakeNccl nccl(fake);
+      DeviceOptions options = NcclOptions(nccl);
+      if (!over_nccl) options = {};
+      std::vector<size_t> wrong(size, 0);
+      std::vector<std::string> first_wrong(size);
+      size_t float_sums = 0;  // calls NCCL can take as PreMulSum
+      Ranks(
+          size, fake,
+          [&](Rank& rank) {
+            const int me = rank.comm.rank();
+            for (DataType type : kTypes) {
+              if (type == DataType::kBool) continue;  // scaling a bool is not a thing
+              for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+                if (me == 0 && IsFloatingPoint(type) && op != ReduceOp::kMax) ++float_sums;
+                for (size_t count : {size_t{1}, size_t{1000}, size_t{70001}}) {
+                  DeviceBuffer data(fake, count, type, me);
+                  for (size_t i = 0; i < count; ++i)
+                    Put(type, data.data, i, Value(type, op, me, i));
+                  DeviceCall call;
+                  call.op = DeviceOp::kAllreduce;
+                  call.inputs = {data.data};
+                  call.input_counts = {count};
+                  call.outputs = {data.data};
+                  call.type = type;
+                  call.reduce = op;
+                  call.prescale = pre;
+                  call.postscale = post;
+                  Execute(rank.gpu, call);
+                  const bool real = IsFloatingPoint(type);
+                  auto cut = [&](double v) { return real ? v : std::trunc(v); };
+                  for (size_t i = 0; i < count; ++i) {
+                    double acc = cut(Value(type, op, 0, i) * pre);
+                    for (int r = 1; r < size; ++r) {
+                      const double v = cut(Value(type, op, r, i) * pre);
+                      acc = op == ReduceOp::kMax ? std::max(acc, v) : acc + v;
+                    }
+                    if (op == ReduceOp::kAverage) acc = cut(acc / size);
+                    const double want = cut(acc * post);
+                    const double got = Get(type, data.data, i);
+                    if (std::abs(got - want) >
+                        Tolerance(type) * 4 * std::max(1.0, std::abs(want))) {
+                      if (wrong[me]++ == 0) {
+                        first_wrong[me] = std::string(DataTypeName(type)) + " " + ReduceOpName(op) +
+                                          " count " + std::to_string(count) + " element " +
+                                          std::to_string(i) + ": " + std::to_string(got) +
+                                          " != " + std::to_string(want);
+                      }
+                    }
+                  }
+                }
+              }
+            }
+          },
+          options);
+      INFO((over_nccl ? "NCCL" : "staged") << ", " << size << " ranks");
+      for (int r = 0; r < size; ++r) CHECK(first_wrong[r] == "");
+      CHECK(nccl.failures().empty());
+      // Over NCCL: the float sums and averages (3 counts each) as PreMulSum, the rest staged.
+      CHECK(nccl.pre_mul_sums() == (over_nccl ? 3 * float_sums : 0));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace trainrun::collectives::gpu

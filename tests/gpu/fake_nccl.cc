@@ -36,7 +36,11 @@ const char* KindName(Kind kind) {
   return "?";
 }
 
-// One NCCL call as a rank posted it. `peer`: broadcast's root, send's and recv's other rank.
+// NCCL's first op number past its own (ncclNumOps): where ncclRedOpCreatePreMulSum's start.
+constexpr int kFirstCustomOp = 5;
+
+// One NCCL call as a rank posted it. `peer`: broadcast's root, send's and recv's other rank;
+// `scalar`: a PreMulSum op's (each input is multiplied by it, then summed).
 struct Post {
   Kind kind;
   const void* send;
@@ -45,6 +49,7 @@ struct Post {
   int type;
   int op;
   int peer;
+  double scalar = 1.0;
 };
 
 bool P2p(const Post& p) { return p.kind == Kind::kSend || p.kind == Kind::kRecv; }
@@ -87,7 +92,11 @@ std::string Describe(const Post& p) {
   TypeOf(p.type, &type);
   std::ostringstream out;
   out << KindName(p.kind) << " of " << p.count << " " << DataTypeName(type);
-  if (p.kind == Kind::kAllReduce || p.kind == Kind::kReduceScatter) out << " (op " << p.op << ")";
+  if (p.kind == Kind::kAllReduce || p.kind == Kind::kReduceScatter) {
+    out << " (op " << p.op;
+    if (p.op >= kFirstCustomOp) out << ": PreMulSum by " << p.scalar;
+    out << ")";
+  }
   if (p.kind == Kind::kBroadcast) out << " from root " << p.peer;
   if (p.kind == Kind::kSend) out << " to rank " << p.peer;
   if (p.kind == Kind::kRecv) out << " from rank " << p.peer;
@@ -102,7 +111,7 @@ std::string Describe(const std::vector<Post>& posts) {
 
 bool Same(const Post& a, const Post& b) {
   return a.kind == b.kind && a.count == b.count && a.type == b.type && a.op == b.op &&
-         a.peer == b.peer;
+         a.peer == b.peer && a.scalar == b.scalar;
 }
 
 struct World;
@@ -114,7 +123,9 @@ struct Comm {
   // Under the world's mutex:
   int error = kNcclSuccess;
   std::string last_error;
-  bool released = false;  // destroyed or aborted: a failed call's hold ends
+  bool released = false;      // destroyed or aborted: a failed call's hold ends
+  std::map<int, double> ops;  // PreMulSum ops not destroyed yet, with their scalars
+  int next_op = kFirstCustomOp;
 };
 
 struct Meeting {
@@ -208,9 +219,9 @@ std::vector<Result> Compute(const std::vector<std::vector<Post>>& posts, int ran
     DataType type = DataType::kUInt8;
     TypeOf(mine.type, &type);
     for (size_t e = 0; e < mine.count; ++e) {
-      double acc = Get(type, collectives[0][i]->send, offset + e);
+      double acc = Get(type, collectives[0][i]->send, offset + e) * mine.scalar;
       for (int r = 1; r < size; ++r) {
-        acc = Combine(mine.op, acc, Get(type, collectives[r][i]->send, offset + e));
+        acc = Combine(mine.op, acc, Get(type, collectives[r][i]->send, offset + e) * mine.scalar);
       }
       if (mine.op == kNcclAvg) acc /= size;
       Put(type, out.data(), e, acc);
@@ -288,6 +299,7 @@ struct FakeNccl::State {
   std::vector<std::unique_ptr<Comm>> comms;  // kept to the end: a stream may still hold one
   uint64_t next_world = 1;
   size_t meetings = 0;
+  size_t pre_mul_sums = 0;
   std::vector<size_t> allreduce_counts;
   std::vector<std::string> failures;
 
@@ -359,6 +371,7 @@ struct FakeNccl::State {
       ++meetings;
       for (const Post& p : mine) {
         if (p.kind == Kind::kAllReduce) allreduce_counts.push_back(p.count);
+        if (p.op >= kFirstCustomOp) ++pre_mul_sums;
       }
     }
     if (++meeting.left == world.size) world.meetings.erase(seq);
@@ -376,6 +389,12 @@ struct FakeNccl::State {
     DataType type = DataType::kUInt8;
     if (handle == nullptr || !TypeOf(post.type, &type)) return kNcclInvalidArgument;
     auto* comm = static_cast<Comm*>(handle);
+    if (post.op >= kFirstCustomOp) {
+      std::lock_guard<std::mutex> lock(comm->world->mutex);
+      auto op = comm->ops.find(post.op);
+      if (op == comm->ops.end()) return kNcclInvalidArgument;
+      post.scalar = op->second;
+    }
     if (group.depth > 0) {
       if (group.comm != nullptr && group.comm != comm) return kNcclInvalidUsage;  // not needed
       group.comm = comm;
@@ -494,6 +513,24 @@ int Recv(void* recv, size_t count, int type, int peer, void* comm, void* stream)
   return Active().Submit(comm, stream, {Kind::kRecv, nullptr, recv, count, type, -1, peer});
 }
 
+int RedOpCreatePreMulSum(int* op, void* scalar, int nccl_type, int residence, void* handle) {
+  DataType type = DataType::kUInt8;
+  if (handle == nullptr || !TypeOf(nccl_type, &type) || residence != kNcclScalarHostImmediate) {
+    return kNcclInvalidArgument;
+  }
+  auto* comm = static_cast<Comm*>(handle);
+  std::lock_guard<std::mutex> lock(comm->world->mutex);
+  *op = comm->next_op++;
+  comm->ops[*op] = Get(type, scalar, 0);
+  return kNcclSuccess;
+}
+
+int RedOpDestroy(int op, void* handle) {
+  auto* comm = static_cast<Comm*>(handle);
+  std::lock_guard<std::mutex> lock(comm->world->mutex);
+  return comm->ops.erase(op) == 1 ? kNcclSuccess : kNcclInvalidArgument;
+}
+
 int GroupStart() {
   ++group.depth;
   return kNcclSuccess;
@@ -532,6 +569,8 @@ FakeNccl::FakeNccl(FakeGpuRuntime& runtime, std::chrono::milliseconds meet_timeo
   t.recv = Recv;
   t.group_start = GroupStart;
   t.group_end = GroupEnd;
+  t.red_op_create_pre_mul_sum = RedOpCreatePreMulSum;
+  t.red_op_destroy = RedOpDestroy;
 }
 
 FakeNccl::~FakeNccl() {
@@ -549,6 +588,11 @@ size_t FakeNccl::allreduces() const {
 std::vector<size_t> FakeNccl::allreduce_counts() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->allreduce_counts;
+}
+
+size_t FakeNccl::pre_mul_sums() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->pre_mul_sums;
 }
 
 size_t FakeNccl::meetings() const {

@@ -54,6 +54,8 @@ class FakeNccl {
   size_t allreduces() const;
   std::vector<size_t> allreduce_counts() const;
   size_t meetings() const;
+  // pre_mul_sums: ncclAllReduce calls with a ncclRedOpCreatePreMulSum op, counted so.
+  size_t pre_mul_sums() const;
   // failures: the sentence of every call that failed (one per rank that came).
   std::vector<std::string> failures() const;
 

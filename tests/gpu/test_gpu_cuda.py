@@ -210,6 +210,11 @@ def test_cupy_arrays():
         assert float(out[0]) == size * (size + 1) / 2
         trainrun.allreduce_(a, op=trainrun.Max)
         assert float(a[0]) == size
+        # Scaled by trainrun, not by CuPy: over NCCL one PreMulSum allreduce, staged in host memory.
+        for op, want in ((trainrun.Sum, size * 1.5), (trainrun.Average, 1.5)):
+            b = cupy.full(1000, 1, dtype=cupy.float32)
+            trainrun.allreduce_(b, op=op, prescale_factor=0.5, postscale_factor=3.0)
+            assert float(b[0]) == want and float(b[-1]) == want
 
 
 def test_jax_arrays():

@@ -72,6 +72,83 @@ int NcclOpOf(ReduceOp op, DataType type) {
   return kNcclSum;
 }
 
+// float16 and bfloat16 as ScaleHost and the PreMulSum scalar handle them (as src/reduce.cc's
+// element_codec.h does; not included here, where its namespace would hide trainrun::internal).
+#if defined(__aarch64__) || defined(__arm__)
+using Half = __fp16;
+#else
+using Half = _Float16;
+#endif
+
+float BFloat16ToFloat(uint16_t value) {
+  const uint32_t bits = static_cast<uint32_t>(value) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
+uint16_t FloatToBFloat16(float value) {  // to nearest even (NaN stays a NaN)
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const bool is_nan = (bits & 0x7fffffffu) > 0x7f800000u;
+  return static_cast<uint16_t>(is_nan ? ((bits >> 16) | 0x40u) : rounded);
+}
+
+bool Scaled(const DeviceCall& call) { return call.prescale != 1.0 || call.postscale != 1.0; }
+
+// ScaleHost multiplies `count` elements of `type` at `data` (host memory) by `factor`: floats in
+// their own precision (16-bit ones through float32), integers through float64, truncated toward
+// zero, bool as whether the product is non-zero (as trainrun's Python scales host arrays).
+void ScaleHost(DataType type, void* data, size_t count, double factor) {
+  if (factor == 1.0) return;
+  auto each = [&](auto* elements, auto scale) {
+    for (size_t i = 0; i < count; ++i) elements[i] = scale(elements[i]);
+  };
+  switch (type) {
+    case DataType::kFloat32:
+      each(static_cast<float*>(data), [f = static_cast<float>(factor)](float v) { return v * f; });
+      return;
+    case DataType::kFloat64:
+      each(static_cast<double*>(data), [&](double v) { return v * factor; });
+      return;
+    case DataType::kFloat16:
+      each(static_cast<Half*>(data), [f = static_cast<float>(factor)](Half v) {
+        return static_cast<Half>(static_cast<float>(v) * f);
+      });
+      return;
+    case DataType::kBFloat16:
+      each(static_cast<uint16_t*>(data), [f = static_cast<float>(factor)](uint16_t v) {
+        return FloatToBFloat16(BFloat16ToFloat(v) * f);
+      });
+      return;
+    case DataType::kInt32:
+      each(static_cast<int32_t*>(data),
+           [&](int32_t v) { return static_cast<int32_t>(static_cast<double>(v) * factor); });
+      return;
+    case DataType::kInt64:
+      each(static_cast<int64_t*>(data),
+           [&](int64_t v) { return static_cast<int64_t>(static_cast<double>(v) * factor); });
+      return;
+    case DataType::kInt16:
+      each(static_cast<int16_t*>(data),
+           [&](int16_t v) { return static_cast<int16_t>(static_cast<double>(v) * factor); });
+      return;
+    case DataType::kInt8:
+      each(static_cast<int8_t*>(data),
+           [&](int8_t v) { return static_cast<int8_t>(static_cast<double>(v) * factor); });
+      return;
+    case DataType::kUInt8:
+      each(static_cast<uint8_t*>(data),
+           [&](uint8_t v) { return static_cast<uint8_t>(static_cast<double>(v) * factor); });
+      return;
+    case DataType::kBool:
+      each(static_cast<uint8_t*>(data),
+           [&](uint8_t v) { return static_cast<uint8_t>(static_cast<double>(v) * factor != 0); });
+      return;
+  }
+}
+
 // HostId: the same number on every process of one machine (its name and boot), so ranks can tell
 // which of them share a host and so a GPU.
 int64_t HostId() {
@@ -134,6 +211,8 @@ const NcclApi* LoadNcclApi(std::string* why_not) {
     resolve("ncclRecv", table.recv);
     resolve("ncclGroupStart", table.group_start);
     resolve("ncclGroupEnd", table.group_end);
+    resolve("ncclRedOpCreatePreMulSum", table.red_op_create_pre_mul_sum);
+    resolve("ncclRedOpDestroy", table.red_op_destroy);
     if (!missing.empty()) {
       why = internal::MakeMessage(library.path, " lacks ", missing, " (NCCL 2.12 or later needed)");
       return nullptr;
@@ -532,6 +611,11 @@ bool DeviceCollectives::NcclCan(const DeviceCall& call) const {
   if (NcclTypeOf(call.type) < 0) return false;
   // Adasum is not element-wise: the host's algorithm (adasum.cc) runs it.
   if (call.reduce == ReduceOp::kAdasum) return false;
+  // Scaled: one PreMulSum op, a float sum (an average divides the scalar by the size).
+  if (call.op == DeviceOp::kAllreduce && Scaled(call)) {
+    return IsFloat(call.type) &&
+           (call.reduce == ReduceOp::kSum || call.reduce == ReduceOp::kAverage);
+  }
   // NCCL's average of integers is not trainrun's truncating division on every version.
   if (call.reduce == ReduceOp::kAverage && !IsFloat(call.type)) return false;
   return true;
@@ -636,11 +720,47 @@ void DeviceCollectives::RunNccl(DeviceWork& work) {
       internal::MakeMessage("rank ", rank, " enqueueing a ", DataTypeName(call.type), " collective",
                             call.check.name.empty() ? std::string() : " '" + call.check.name + "'");
   switch (call.op) {
-    case DeviceOp::kAllreduce:
-      nccl.Check(api.all_reduce(call.inputs[0], call.outputs[0], call.input_counts[0], type, op,
-                                comm, stream),
+    case DeviceOp::kAllreduce: {
+      if (!Scaled(call)) {
+        nccl.Check(api.all_reduce(call.inputs[0], call.outputs[0], call.input_counts[0], type, op,
+                                  comm, stream),
+                   what);
+        break;
+      }
+      // Each input times pre * post (over the size for an average), summed: no kernel of ours.
+      const double scalar = call.prescale * call.postscale /
+                            (call.reduce == ReduceOp::kAverage ? static_cast<double>(size) : 1.0);
+      std::array<char, 8> value{};
+      switch (call.type) {
+        case DataType::kFloat64:
+          std::memcpy(value.data(), &scalar, sizeof(double));
+          break;
+        case DataType::kFloat16: {
+          const auto half = static_cast<Half>(static_cast<float>(scalar));
+          std::memcpy(value.data(), &half, sizeof(half));
+          break;
+        }
+        case DataType::kBFloat16: {
+          const uint16_t bits = FloatToBFloat16(static_cast<float>(scalar));
+          std::memcpy(value.data(), &bits, sizeof(bits));
+          break;
+        }
+        default: {  // float32 (NcclCan lets floats only through)
+          const auto single = static_cast<float>(scalar);
+          std::memcpy(value.data(), &single, sizeof(single));
+          break;
+        }
+      }
+      int scaled_sum = 0;
+      nccl.Check(api.red_op_create_pre_mul_sum(&scaled_sum, value.data(), type,
+                                               kNcclScalarHostImmediate, comm),
                  what);
+      const int result = api.all_reduce(call.inputs[0], call.outputs[0], call.input_counts[0], type,
+                                        scaled_sum, comm, stream);
+      api.red_op_destroy(scaled_sum, comm);  // allowed once the call using it has returned
+      nccl.Check(result, what);
       break;
+    }
     case DeviceOp::kGroupedAllreduce:
       nccl.Check(api.group_start(), what);
       for (size_t i = 0; i < call.inputs.size(); ++i) {
@@ -756,7 +876,8 @@ void DeviceCollectives::StagedAllreduce(DeviceWork& work) {
   const size_t count = call.input_counts[0];
   Stream down = DownStream({&work});
   Stream up = UpStream();
-  if (options_.copy_through_transport) {
+  const bool scaled = Scaled(call);
+  if (options_.copy_through_transport && !scaled) {
     // Straight between the device and the transport's memory, on the stream of the copies down;
     // every copy has landed when it returns, so the end is reached on that stream at once.
     DeviceCopies copies(*this, call.inputs[0], call.outputs[0], element, down);
@@ -801,7 +922,9 @@ void DeviceCollectives::StagedAllreduce(DeviceWork& work) {
   for (size_t c = 0, begin = 0; begin < count; ++c, begin += per_chunk) {
     const size_t n = std::min(per_chunk, count - begin);
     WaitCopied(copied[c]);
+    if (scaled) ScaleHost(call.type, host + begin * element, n, call.prescale);
     comm_.Allreduce(host + begin * element, n, call.type, call.reduce, call.check);
+    if (scaled) ScaleHost(call.type, host + begin * element, n, call.postscale);
     runtime_.Copy(out + begin * element, host + begin * element, n * element, up);
   }
   FinishStaged({&work});
@@ -1025,7 +1148,7 @@ void DeviceWork::Run() {
 
 bool DeviceWork::fusable() const {
   // Adasum's dot products are each tensor's own: fused, they would be the buffer's.
-  return call_.op == DeviceOp::kAllreduce && call_.reduce != ReduceOp::kAdasum &&
+  return call_.op == DeviceOp::kAllreduce && call_.reduce != ReduceOp::kAdasum && !Scaled(call_) &&
          call_.inputs.size() == 1 && call_.outputs.size() == 1 &&
          call_.inputs[0] == call_.outputs[0];
 }

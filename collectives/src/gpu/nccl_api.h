@@ -60,6 +60,10 @@ struct NcclApi {
   int (*recv)(void*, size_t, int, int, void*, void*);
   int (*group_start)();
   int (*group_end)();
+  // ncclRedOpCreatePreMulSum(op, scalar, datatype, residence, comm): a sum of each input
+  // multiplied by *scalar (of `datatype`) first; ncclRedOpDestroy(op, comm).
+  int (*red_op_create_pre_mul_sum)(int*, void*, int, int, void*);
+  int (*red_op_destroy)(int, void*);
 };
 
 // LoadNcclApi returns the table resolved from the NCCL library loader.h's OpenNccl found (once

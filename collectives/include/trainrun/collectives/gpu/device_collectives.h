@@ -109,6 +109,12 @@ struct DeviceCall {
   DataType type = DataType::kFloat32;
   ReduceOp reduce = ReduceOp::kSum;
   int root = 0;
+  // kAllreduce: each rank's input is multiplied by `prescale` before the reduction and the result
+  // by `postscale` after (Horovod's prescale_factor and postscale_factor), for arrays that cannot
+  // scale themselves: over NCCL a float sum or average as one ncclRedOpCreatePreMulSum op, else
+  // staged and scaled in pinned host memory (integers through float64, truncated, as Python's).
+  double prescale = 1.0;
+  double postscale = 1.0;
   CallCheck check;
   // The device the buffers are on (-1: ask the runtime), and the stream their producers and
   // consumers are ordered on (has_stream false: the data is ready now, nothing to order after).
@@ -172,7 +178,7 @@ class DeviceWork {
   Path path() const { return path_; }
   // owner: the DeviceCollectives that started it.
   const DeviceCollectives& owner() const { return owner_; }
-  // fusable: an in-place allreduce, which RunFused may fuse with its neighbours.
+  // fusable: an in-place allreduce without scaling, which RunFused may fuse with its neighbours.
   bool fusable() const;
 
   // RunFused runs `works` (in-place allreduces queued one after another on one DeviceCollectives,
