@@ -1125,6 +1125,76 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "nccl (fake): fused allreduces of every type NCCL has and every op match a float64 "
+    "reference (2 and 3 ranks, queues that differ per rank)",
+    "[gpu_fake]") {
+  const std::vector<DataType> nccl_types = {
+      DataType::kFloat32,  DataType::kFloat64, DataType::kFloat16,
+      DataType::kBFloat16, DataType::kInt32,   DataType::kInt64,
+      DataType::kUInt8,    DataType::kInt8,    DataType::kBool};
+  for (int size : {2, 3}) {
+    FakeGpuRuntime fake(size);
+    FakeNccl nccl(fake);
+    constexpr size_t kTensors = 5;
+    std::vector<std::string> first_wrong(size);
+    std::vector<size_t> fused(size, 0);
+    Ranks(
+        size, fake,
+        [&](Rank& rank) {
+          const int me = rank.comm.rank();
+          const size_t slice = me == 0 ? kTensors : static_cast<size_t>(me + 1);  // 5, 2, 3
+          for (DataType type : nccl_types) {
+            for (ReduceOp op : kOps) {
+              if (op == ReduceOp::kAverage && !IsFloatingPoint(type)) continue;  // staged
+              std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+              std::vector<std::shared_ptr<DeviceWork>> works;
+              for (size_t k = 0; k < kTensors; ++k) {
+                const size_t count = 1 + k * 333;
+                buffers.push_back(std::make_unique<DeviceBuffer>(fake, count, type, me));
+                for (size_t i = 0; i < count; ++i) {
+                  Put(type, buffers.back()->data, i, Value(type, op, me, i + k));
+                }
+                DeviceCall call;
+                call.op = DeviceOp::kAllreduce;
+                call.inputs = {buffers.back()->data};
+                call.input_counts = {count};
+                call.outputs = {buffers.back()->data};
+                call.type = type;
+                call.reduce = op;
+                works.push_back(rank.gpu.Start(call));
+              }
+              for (size_t first = 0; first < kTensors; first += slice) {
+                RunAll({works.begin() + first, works.begin() + std::min(kTensors, first + slice)});
+              }
+              for (auto& work : works) work->Wait();
+              for (size_t k = 0; k < kTensors && first_wrong[me].empty(); ++k) {
+                for (size_t i = 0; i < 1 + k * 333; ++i) {
+                  const double want = Reduce(type, op, size, i + k);
+                  const double got = Get(type, buffers[k]->data, i);
+                  if (std::abs(got - want) > Tolerance(type) * std::max(1.0, std::abs(want))) {
+                    first_wrong[me] = std::string(DataTypeName(type)) + " " + ReduceOpName(op) +
+                                      " tensor " + std::to_string(k) + " element " +
+                                      std::to_string(i) + ": " + std::to_string(got) +
+                                      " != " + std::to_string(want);
+                    break;
+                  }
+                }
+              }
+            }
+          }
+          fused[me] = rank.gpu.fused();
+        },
+        NcclOptions(nccl));
+    INFO(size << " ranks");
+    for (int r = 0; r < size; ++r) CHECK(first_wrong[r] == "");
+    // Slices 5, 2 (, 3): batches of 2, 2, 1 at 2 ranks and 2, 1, 1, 1 at 3 ranks, per type and op.
+    const size_t cases = 4 * 5 + 5 * 4;
+    for (int r = 0; r < size; ++r) CHECK(fused[r] == cases * (size == 2 ? 4 : 2));
+    CHECK(nccl.failures().empty());
+  }
+}
+
+TEST_CASE(
     "nccl (fake): fused allreduces keep stream order without synchronize: a delayed kernel "
     "writes, the fused allreduce reads after it, a kernel after it reads every result",
     "[gpu_fake]") {

@@ -17,7 +17,6 @@ namespace trainrun::collectives::gpu {
 
 constexpr int kNcclSuccess = 0;
 constexpr int kNcclSystemError = 2;
-constexpr int kNcclInternalError = 3;
 constexpr int kNcclInvalidArgument = 4;
 constexpr int kNcclInvalidUsage = 5;
 constexpr int kNcclRemoteError = 6;
