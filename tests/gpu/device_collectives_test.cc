@@ -1430,6 +1430,37 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "nccl (fake): a rank that joined after the path was chosen makes the others' fused-path "
+    "exchange fail on every rank saying it joined (no NCCL hang), and join() still ends",
+    "[gpu_fake]") {
+  FakeGpuRuntime fake(3);
+  FakeNccl nccl(fake);
+  std::array<std::string, 3> errors;
+  std::array<int, 3> last{};
+  Ranks(
+      3, fake,
+      [&](Rank& rank) {
+        const int me = rank.comm.rank();
+        Ones first(fake, 10, me, 1.0f);
+        Execute(rank.gpu, first.Call());  // NCCL is chosen: nobody has joined yet
+        if (me != 2) {
+          Ones ones(fake, 10, me, 1.0f);
+          try {
+            Execute(rank.gpu, ones.Call());
+          } catch (const MismatchError& e) {
+            errors[me] = e.what();
+          }
+        }
+        last[me] = rank.comm.Join();
+      },
+      NcclOptions(nccl));
+  for (int r = 0; r < 2; ++r) CHECK_THAT(errors[r], Catch::Contains("rank 2 has joined"));
+  CHECK(last == std::array<int, 3>{1, 1, 1});
+  CHECK(nccl.allreduce_counts() == std::vector<size_t>{10});
+  CHECK(nccl.failures().empty());
+}
+
 TEST_CASE("nccl (fake): a rank whose peer never makes the call fails within the fake's timeout",
           "[gpu_fake]") {
   FakeGpuRuntime fake(2);
