@@ -294,10 +294,12 @@ struct FakeNccl::State {
   FakeGpuRuntime& runtime;
   std::chrono::milliseconds timeout;
   NcclApi table{};
-  mutable std::mutex mutex;  // what follows
+  // Locks are taken in one order: mutex, then a world's; a world's, then stats_mutex.
+  std::mutex mutex;  // worlds, comms, next_world
   std::map<uint64_t, std::unique_ptr<World>> worlds;
   std::vector<std::unique_ptr<Comm>> comms;  // kept to the end: a stream may still hold one
   uint64_t next_world = 1;
+  mutable std::mutex stats_mutex;  // what follows
   size_t meetings = 0;
   size_t pre_mul_sums = 0;
   std::vector<size_t> allreduce_counts;
@@ -314,7 +316,7 @@ struct FakeNccl::State {
     comm.error = kNcclInvalidUsage;
     comm.last_error = "fake NCCL: rank " + std::to_string(comm.rank) + ": " + why;
     {
-      std::lock_guard<std::mutex> guard(mutex);
+      std::lock_guard<std::mutex> guard(stats_mutex);
       failures.push_back(comm.last_error);
     }
     comm.world->changed.wait(lock, [&] { return comm.released; });
@@ -367,7 +369,7 @@ struct FakeNccl::State {
     }
     lock.lock();
     if (comm.rank == 0) {
-      std::lock_guard<std::mutex> guard(mutex);
+      std::lock_guard<std::mutex> guard(stats_mutex);
       ++meetings;
       for (const Post& p : mine) {
         if (p.kind == Kind::kAllReduce) allreduce_counts.push_back(p.count);
@@ -581,27 +583,27 @@ FakeNccl::~FakeNccl() {
 const NcclApi* FakeNccl::api() const { return &state_->table; }
 
 size_t FakeNccl::allreduces() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
+  std::lock_guard<std::mutex> lock(state_->stats_mutex);
   return state_->allreduce_counts.size();
 }
 
 std::vector<size_t> FakeNccl::allreduce_counts() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
+  std::lock_guard<std::mutex> lock(state_->stats_mutex);
   return state_->allreduce_counts;
 }
 
 size_t FakeNccl::pre_mul_sums() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
+  std::lock_guard<std::mutex> lock(state_->stats_mutex);
   return state_->pre_mul_sums;
 }
 
 size_t FakeNccl::meetings() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
+  std::lock_guard<std::mutex> lock(state_->stats_mutex);
   return state_->meetings;
 }
 
 std::vector<std::string> FakeNccl::failures() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
+  std::lock_guard<std::mutex> lock(state_->stats_mutex);
   return state_->failures;
 }
 
