@@ -1,8 +1,10 @@
-// DeviceCollectives over the CPU fake of a GPU runtime: every collective and type on "device"
-// buffers at 1, 2 and 3 ranks against a float64 reference, the stream-order protocol with delayed
-// "kernels" and no synchronize, 200 collectives in flight collected in any order, and pinned
-// buffers reused. Ranks are threads over the in-memory store; each runs its collectives' Run on a
-// thread of its own, as the Python bindings' communication thread does.
+// DeviceCollectives over the CPU fake of a GPU runtime, on both paths (host-staged, and NCCL over
+// the fake NCCL of fake_nccl.h): every collective and type on "device" buffers at 1, 2 and 3 ranks
+// against a float64 reference, the stream-order protocol with delayed "kernels" and no
+// synchronize, 200 collectives in flight collected in any order, pinned and fusion buffers reused,
+// tensor fusion where the ranks' queues differ, prescale and postscale, and ranks whose calls
+// differ failing loudly. Ranks are threads over the in-memory store; each runs its collectives'
+// Run on a thread of its own, as the Python bindings' communication thread does.
 #include "trainrun/collectives/gpu/device_collectives.h"
 
 #include <algorithm>
