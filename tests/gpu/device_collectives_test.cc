@@ -167,179 +167,174 @@ void CheckAll(int size, bool nccl = false) {
     options.nccl_api_for_tests = fake_nccl.api();
     options.fusion_bytes = size_t{64} << 20;
   }
-  Ranks(
-      size, fake,
-      [&](Rank& rank) {
-        const int me = rank.comm.rank();
-        const int n = rank.comm.size();
-        for (DataType type : kTypes) {
-          for (size_t count : {size_t{1}, size_t{1000}, size_t{70001}}) {
-            // allreduce: every op, in place and out of place.
-            for (ReduceOp op : kOps) {
-              if (type == DataType::kBool && op == ReduceOp::kAverage) continue;
-              for (bool in_place : {true, false}) {
-                DeviceBuffer in(fake, count, type, me);
-                DeviceBuffer out(fake, count, type, me);
-                for (size_t i = 0; i < count; ++i) Put(type, in.data, i, Value(type, op, me, i));
-                DeviceCall call;
-                call.op = DeviceOp::kAllreduce;
-                call.inputs = {in.data};
-                call.input_counts = {count};
-                call.outputs = {in_place ? in.data : out.data};
-                call.type = type;
-                call.reduce = op;
-                Execute(rank.gpu, call);
-                const char* result = in_place ? in.data : out.data;
-                for (size_t i = 0; i < count; ++i) {
-                  const double want = Reduce(type, op, n, i);
-                  const double got = Get(type, result, i);
-                  if (std::abs(got - want) > Tolerance(type) * std::max(1.0, std::abs(want))) {
-                    FAIL("allreduce " << DataTypeName(type) << " " << ReduceOpName(op) << " count "
-                                      << count << " rank " << me << "/" << n << " element " << i
-                                      << ": " << got << " != " << want);
-                  }
-                }
-              }
-            }
-            // grouped allreduce of three buffers (sum).
-            {
-              std::vector<std::unique_ptr<DeviceBuffer>> parts;
-              DeviceCall call;
-              call.op = DeviceOp::kGroupedAllreduce;
-              call.type = type;
-              call.reduce = ReduceOp::kSum;
-              for (size_t k = 0; k < 3; ++k) {
-                parts.push_back(std::make_unique<DeviceBuffer>(fake, count + k, type, me));
-                for (size_t i = 0; i < count + k; ++i) {
-                  Put(type, parts.back()->data, i, Value(type, ReduceOp::kSum, me, i + k));
-                }
-                call.inputs.push_back(parts.back()->data);
-                call.input_counts.push_back(count + k);
-              }
-              Execute(rank.gpu, call);
-              for (size_t k = 0; k < 3; ++k) {
-                for (size_t i = 0; i < count + k; ++i) {
-                  REQUIRE(
-                      Get(type, parts[k]->data, i) ==
-                      Approx(Reduce(type, ReduceOp::kSum, n, i + k)).margin(Tolerance(type) * 16));
-                }
-              }
-            }
-            // broadcast from the last rank.
-            {
-              DeviceBuffer data(fake, count, type, me);
-              for (size_t i = 0; i < count; ++i)
-                Put(type, data.data, i, Value(type, ReduceOp::kMax, me, i));
-              DeviceCall call;
-              call.op = DeviceOp::kBroadcast;
-              call.inputs = {data.data};
-              call.input_counts = {count};
-              call.type = type;
-              call.root = n - 1;
-              Execute(rank.gpu, call);
-              for (size_t i = 0; i < count; ++i) {
-                REQUIRE(Get(type, data.data, i) == Value(type, ReduceOp::kMax, n - 1, i));
-              }
-            }
-            // allgatherv: rank r gives count + r elements.
-            {
-              std::vector<size_t> counts;
-              size_t total = 0;
-              for (int r = 0; r < n; ++r) {
-                counts.push_back(count + r);
-                total += count + r;
-              }
-              DeviceBuffer in(fake, counts[me], type, me);
-              DeviceBuffer out(fake, total, type, me);
-              for (size_t i = 0; i < counts[me]; ++i)
-                Put(type, in.data, i, Value(type, ReduceOp::kMax, me, i));
-              DeviceCall call;
-              call.op = DeviceOp::kAllgatherv;
-              call.inputs = {in.data};
-              call.input_counts = {counts[me]};
-              call.outputs = {out.data};
-              call.output_count = total;
-              call.counts = counts;
-              call.type = type;
-              Execute(rank.gpu, call);
-              size_t offset = 0;
-              for (int r = 0; r < n; ++r) {
-                for (size_t i = 0; i < counts[r]; ++i) {
-                  REQUIRE(Get(type, out.data, offset + i) == Value(type, ReduceOp::kMax, r, i));
-                }
-                offset += counts[r];
-              }
-            }
-            // reducescatter (sum): each rank keeps block rank of count elements.
-            if (type != DataType::kBool) {
-              DeviceBuffer in(fake, count * n, type, me);
-              DeviceBuffer out(fake, count, type, me);
-              for (size_t i = 0; i < count * n; ++i)
-                Put(type, in.data, i, Value(type, ReduceOp::kSum, me, i));
-              DeviceCall call;
-              call.op = DeviceOp::kReduceScatter;
-              call.inputs = {in.data};
-              call.input_counts = {count * n};
-              call.outputs = {out.data};
-              call.output_count = count;
-              call.type = type;
-              call.reduce = ReduceOp::kSum;
-              Execute(rank.gpu, call);
-              for (size_t i = 0; i < count; ++i) {
-                REQUIRE(Get(type, out.data, i) ==
-                        Approx(Reduce(type, ReduceOp::kSum, n, me * count + i))
-                            .margin(Tolerance(type) * 16));
-              }
-            }
-            // alltoallv: rank s sends s + d + 1 elements to rank d.
-            {
-              std::vector<size_t> sends, recvs;
-              for (int d = 0; d < n; ++d)
-                sends.push_back(static_cast<size_t>(me + d + 1) * (count % 7 + 1));
-              for (int s = 0; s < n; ++s)
-                recvs.push_back(static_cast<size_t>(s + me + 1) * (count % 7 + 1));
-              size_t sent = 0, received = 0;
-              for (size_t c : sends) sent += c;
-              for (size_t c : recvs) received += c;
-              DeviceBuffer in(fake, sent, type, me);
-              DeviceBuffer out(fake, received, type, me);
-              for (size_t i = 0; i < sent; ++i)
-                Put(type, in.data, i, Value(type, ReduceOp::kMax, me, i));
-              DeviceCall call;
-              call.op = DeviceOp::kAlltoallv;
-              call.inputs = {in.data};
-              call.input_counts = {sent};
-              call.outputs = {out.data};
-              call.output_count = received;
-              call.send_counts = sends;
-              call.counts = recvs;
-              call.type = type;
-              Execute(rank.gpu, call);
-              size_t offset = 0;
-              for (int s = 0; s < n; ++s) {
-                size_t from = 0;  // where rank s's block for me starts in its input
-                for (int d = 0; d < me; ++d)
-                  from += static_cast<size_t>(s + d + 1) * (count % 7 + 1);
-                for (size_t i = 0; i < recvs[s]; ++i) {
-                  REQUIRE(Get(type, out.data, offset + i) ==
-                          Value(type, ReduceOp::kMax, s, from + i));
-                }
-                offset += recvs[s];
+  const auto check = [&](Rank& rank) {
+    const int me = rank.comm.rank();
+    const int n = rank.comm.size();
+    for (DataType type : kTypes) {
+      for (size_t count : {size_t{1}, size_t{1000}, size_t{70001}}) {
+        // allreduce: every op, in place and out of place.
+        for (ReduceOp op : kOps) {
+          if (type == DataType::kBool && op == ReduceOp::kAverage) continue;
+          for (bool in_place : {true, false}) {
+            DeviceBuffer in(fake, count, type, me);
+            DeviceBuffer out(fake, count, type, me);
+            for (size_t i = 0; i < count; ++i) Put(type, in.data, i, Value(type, op, me, i));
+            DeviceCall call;
+            call.op = DeviceOp::kAllreduce;
+            call.inputs = {in.data};
+            call.input_counts = {count};
+            call.outputs = {in_place ? in.data : out.data};
+            call.type = type;
+            call.reduce = op;
+            Execute(rank.gpu, call);
+            const char* result = in_place ? in.data : out.data;
+            for (size_t i = 0; i < count; ++i) {
+              const double want = Reduce(type, op, n, i);
+              const double got = Get(type, result, i);
+              if (std::abs(got - want) > Tolerance(type) * std::max(1.0, std::abs(want))) {
+                FAIL("allreduce " << DataTypeName(type) << " " << ReduceOpName(op) << " count "
+                                  << count << " rank " << me << "/" << n << " element " << i << ": "
+                                  << got << " != " << want);
               }
             }
           }
         }
-        if (nccl) {
-          REQUIRE(rank.gpu.path() == Path::kNccl);
-          return;
+        // grouped allreduce of three buffers (sum).
+        {
+          std::vector<std::unique_ptr<DeviceBuffer>> parts;
+          DeviceCall call;
+          call.op = DeviceOp::kGroupedAllreduce;
+          call.type = type;
+          call.reduce = ReduceOp::kSum;
+          for (size_t k = 0; k < 3; ++k) {
+            parts.push_back(std::make_unique<DeviceBuffer>(fake, count + k, type, me));
+            for (size_t i = 0; i < count + k; ++i) {
+              Put(type, parts.back()->data, i, Value(type, ReduceOp::kSum, me, i + k));
+            }
+            call.inputs.push_back(parts.back()->data);
+            call.input_counts.push_back(count + k);
+          }
+          Execute(rank.gpu, call);
+          for (size_t k = 0; k < 3; ++k) {
+            for (size_t i = 0; i < count + k; ++i) {
+              REQUIRE(Get(type, parts[k]->data, i) ==
+                      Approx(Reduce(type, ReduceOp::kSum, n, i + k)).margin(Tolerance(type) * 16));
+            }
+          }
         }
-        REQUIRE(rank.gpu.path() == Path::kStaged);
-        // The rank that lacks NCCL names its reason, the others name that rank.
-        REQUIRE_THAT(rank.gpu.why(),
-                     Catch::Contains(me == 0 ? "the GPU runtime is the tests' CPU fake"
-                                             : "rank 0 of the communicator has no NCCL"));
-      },
-      options);
+        // broadcast from the last rank.
+        {
+          DeviceBuffer data(fake, count, type, me);
+          for (size_t i = 0; i < count; ++i)
+            Put(type, data.data, i, Value(type, ReduceOp::kMax, me, i));
+          DeviceCall call;
+          call.op = DeviceOp::kBroadcast;
+          call.inputs = {data.data};
+          call.input_counts = {count};
+          call.type = type;
+          call.root = n - 1;
+          Execute(rank.gpu, call);
+          for (size_t i = 0; i < count; ++i) {
+            REQUIRE(Get(type, data.data, i) == Value(type, ReduceOp::kMax, n - 1, i));
+          }
+        }
+        // allgatherv: rank r gives count + r elements.
+        {
+          std::vector<size_t> counts;
+          size_t total = 0;
+          for (int r = 0; r < n; ++r) {
+            counts.push_back(count + r);
+            total += count + r;
+          }
+          DeviceBuffer in(fake, counts[me], type, me);
+          DeviceBuffer out(fake, total, type, me);
+          for (size_t i = 0; i < counts[me]; ++i)
+            Put(type, in.data, i, Value(type, ReduceOp::kMax, me, i));
+          DeviceCall call;
+          call.op = DeviceOp::kAllgatherv;
+          call.inputs = {in.data};
+          call.input_counts = {counts[me]};
+          call.outputs = {out.data};
+          call.output_count = total;
+          call.counts = counts;
+          call.type = type;
+          Execute(rank.gpu, call);
+          size_t offset = 0;
+          for (int r = 0; r < n; ++r) {
+            for (size_t i = 0; i < counts[r]; ++i) {
+              REQUIRE(Get(type, out.data, offset + i) == Value(type, ReduceOp::kMax, r, i));
+            }
+            offset += counts[r];
+          }
+        }
+        // reducescatter (sum): each rank keeps block rank of count elements.
+        if (type != DataType::kBool) {
+          DeviceBuffer in(fake, count * n, type, me);
+          DeviceBuffer out(fake, count, type, me);
+          for (size_t i = 0; i < count * n; ++i)
+            Put(type, in.data, i, Value(type, ReduceOp::kSum, me, i));
+          DeviceCall call;
+          call.op = DeviceOp::kReduceScatter;
+          call.inputs = {in.data};
+          call.input_counts = {count * n};
+          call.outputs = {out.data};
+          call.output_count = count;
+          call.type = type;
+          call.reduce = ReduceOp::kSum;
+          Execute(rank.gpu, call);
+          for (size_t i = 0; i < count; ++i) {
+            REQUIRE(Get(type, out.data, i) ==
+                    Approx(Reduce(type, ReduceOp::kSum, n, me * count + i))
+                        .margin(Tolerance(type) * 16));
+          }
+        }
+        // alltoallv: rank s sends s + d + 1 elements to rank d.
+        {
+          std::vector<size_t> sends, recvs;
+          for (int d = 0; d < n; ++d)
+            sends.push_back(static_cast<size_t>(me + d + 1) * (count % 7 + 1));
+          for (int s = 0; s < n; ++s)
+            recvs.push_back(static_cast<size_t>(s + me + 1) * (count % 7 + 1));
+          size_t sent = 0, received = 0;
+          for (size_t c : sends) sent += c;
+          for (size_t c : recvs) received += c;
+          DeviceBuffer in(fake, sent, type, me);
+          DeviceBuffer out(fake, received, type, me);
+          for (size_t i = 0; i < sent; ++i)
+            Put(type, in.data, i, Value(type, ReduceOp::kMax, me, i));
+          DeviceCall call;
+          call.op = DeviceOp::kAlltoallv;
+          call.inputs = {in.data};
+          call.input_counts = {sent};
+          call.outputs = {out.data};
+          call.output_count = received;
+          call.send_counts = sends;
+          call.counts = recvs;
+          call.type = type;
+          Execute(rank.gpu, call);
+          size_t offset = 0;
+          for (int s = 0; s < n; ++s) {
+            size_t from = 0;  // where rank s's block for me starts in its input
+            for (int d = 0; d < me; ++d) from += static_cast<size_t>(s + d + 1) * (count % 7 + 1);
+            for (size_t i = 0; i < recvs[s]; ++i) {
+              REQUIRE(Get(type, out.data, offset + i) == Value(type, ReduceOp::kMax, s, from + i));
+            }
+            offset += recvs[s];
+          }
+        }
+      }
+    }
+    if (nccl) {
+      REQUIRE(rank.gpu.path() == Path::kNccl);
+      return;
+    }
+    REQUIRE(rank.gpu.path() == Path::kStaged);
+    // The rank that lacks NCCL names its reason, the others name that rank.
+    REQUIRE_THAT(rank.gpu.why(),
+                 Catch::Contains(me == 0 ? "the GPU runtime is the tests' CPU fake"
+                                         : "rank 0 of the communicator has no NCCL"));
+  };
+  Ranks(size, fake, check, options);
   REQUIRE(fake_nccl.failures().empty());
   REQUIRE((fake_nccl.allreduces() > 0) == nccl);
 }
