@@ -199,10 +199,13 @@ Runtime::Handle Runtime::SubmitNamed(int set, const std::string& name,
 }
 
 Runtime::Handle Runtime::Allreduce(const TensorRef& input, const TensorRef& output, ReduceOp op,
-                                   int set, CallCheck check, bool prompt) {
+                                   int set, CallCheck check, bool prompt, double prescale,
+                                   double postscale) {
   if (OnGpu({&input, &output})) {
     gpu::DeviceCall call = DeviceCallOf(gpu::DeviceOp::kAllreduce, {input}, {output}, check);
     call.reduce = op;
+    call.prescale = prescale;
+    call.postscale = postscale;
     if (input.data != output.data) return SubmitDevice(set, std::move(call));
     // In place: may be fused with the GPU allreduces queued next to it.
     Communicator* comm = &Set(set);
@@ -214,6 +217,11 @@ Runtime::Handle Runtime::Allreduce(const TensorRef& input, const TensorRef& outp
   }
   const void* in = HostBuffer(input);
   void* out = HostBuffer(output);
+  if (prescale != 1.0 || postscale != 1.0) {
+    throw InvalidArgumentError(
+        "an allreduce of a host buffer got prescale or postscale factors; they are for GPU "
+        "buffers, and the caller scales a host buffer itself");
+  }
   const size_t count = output.count;
   const DataType type = output.type;
   if (in == out) {  // in place: may be fused with the allreduces queued next to it
@@ -390,6 +398,11 @@ gpu::Path Runtime::GpuPath(int set, std::string* why) {
   if (it == device_.end()) return gpu::Path::kUndecided;
   if (why != nullptr) *why = it->second->why();
   return it->second->path();
+}
+
+size_t Runtime::GpuFused(int set) {
+  auto it = device_.find(&Set(set));
+  return it == device_.end() ? 0 : it->second->fused();
 }
 
 gpu::DeviceCollectives& Runtime::Device(Communicator& comm) {

@@ -140,9 +140,11 @@ py::dict GpuInfo(collectives::Runtime& runtime) {
     const gpu::Path path = runtime.GpuPath(0, &why);
     info["path"] = gpu::PathName(path);
     info["path_why"] = why;
+    info["fused"] = runtime.GpuFused(0);
   } else {
     info["path"] = "undecided";
     info["path_why"] = "";
+    info["fused"] = 0;
   }
   return info;
 }

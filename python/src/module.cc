@@ -347,14 +347,15 @@ PYBIND11_MODULE(_core, m) {
       "allreduce_async",
       [](uintptr_t input, uintptr_t output, size_t count, int dtype, ReduceOp op, int set,
          std::string name, std::optional<std::vector<int64_t>> shape, bool prompt, int device,
-         uintptr_t stream) {
-        return TheRuntime().Allreduce(Ref(input, count, dtype, device, stream),
-                                      Ref(output, count, dtype, device, stream), op, set,
-                                      MakeCheck(std::move(name), std::move(shape)), prompt);
+         uintptr_t stream, double prescale, double postscale) {
+        return TheRuntime().Allreduce(
+            Ref(input, count, dtype, device, stream), Ref(output, count, dtype, device, stream), op,
+            set, MakeCheck(std::move(name), std::move(shape)), prompt, prescale, postscale);
       },
       py::arg("input"), py::arg("output"), py::arg("count"), py::arg("dtype"), py::arg("op"),
       py::arg("set") = 0, py::arg("name") = "", py::arg("shape") = py::none(),
-      py::arg("prompt") = false, py::arg("device") = -1, py::arg("stream") = 0);
+      py::arg("prompt") = false, py::arg("device") = -1, py::arg("stream") = 0,
+      py::arg("prescale") = 1.0, py::arg("postscale") = 1.0);
   // One allreduce of several buffers of one type, in place, without concatenating them where the
   // transport can (grouped_allreduce).
   m.def(

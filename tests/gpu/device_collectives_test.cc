@@ -1,8 +1,10 @@
-// DeviceCollectives over the CPU fake of a GPU runtime: every collective and type on "device"
-// buffers at 1, 2 and 3 ranks against a float64 reference, the stream-order protocol with delayed
-// "kernels" and no synchronize, 200 collectives in flight collected in any order, and pinned
-// buffers reused. Ranks are threads over the in-memory store; each runs its collectives' Run on a
-// thread of its own, as the Python bindings' communication thread does.
+// DeviceCollectives over the CPU fake of a GPU runtime, on both paths (host-staged, and NCCL over
+// the fake NCCL of fake_nccl.h): every collective and type on "device" buffers at 1, 2 and 3 ranks
+// against a float64 reference, the stream-order protocol with delayed "kernels" and no
+// synchronize, 200 collectives in flight collected in any order, pinned and fusion buffers reused,
+// tensor fusion where the ranks' queues differ, prescale and postscale, and ranks whose calls
+// differ failing loudly. Ranks are threads over the in-memory store; each runs its collectives'
+// Run on a thread of its own, as the Python bindings' communication thread does.
 #include "trainrun/collectives/gpu/device_collectives.h"
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "fake_gpu_runtime.h"
+#include "fake_nccl.h"
 #include "trainrun/collectives/communicator.h"
 #include "trainrun/collectives/testing/elements.h"
 #include "trainrun/rendezvous/environment.h"
@@ -27,6 +30,7 @@ namespace trainrun::collectives::gpu {
 namespace {
 
 using testing::FakeGpuRuntime;
+using testing::FakeNccl;
 using ::trainrun::collectives::testing::Get;
 using ::trainrun::collectives::testing::Put;
 
@@ -94,16 +98,17 @@ struct Rank {
   DeviceCollectives gpu;
 };
 
-// Ranks runs `fn` on `size` rank threads and rethrows the first failure.
-void Ranks(int size, GpuRuntime& runtime, const std::function<void(Rank&)>& fn,
-           DeviceOptions options = {}) {
+// RanksWith runs `fn` on `size` rank threads, rank r's GPU collectives with options_of(r), and
+// rethrows the first failure.
+void RanksWith(int size, GpuRuntime& runtime, const std::function<DeviceOptions(int)>& options_of,
+               const std::function<void(Rank&)>& fn) {
   auto store = std::make_shared<rendezvous::MemoryStore>();
   std::vector<std::exception_ptr> errors(size);
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
       try {
-        Rank rank(store, r, size, runtime, options);
+        Rank rank(store, r, size, runtime, options_of(r));
         fn(rank);
       } catch (...) {
         errors[r] = std::current_exception();
@@ -114,6 +119,13 @@ void Ranks(int size, GpuRuntime& runtime, const std::function<void(Rank&)>& fn,
   for (auto& e : errors) {
     if (e) std::rethrow_exception(e);
   }
+}
+
+// Ranks runs `fn` on `size` rank threads, every rank with `options`.
+void Ranks(int size, GpuRuntime& runtime, const std::function<void(Rank&)>& fn,
+           DeviceOptions options = {}) {
+  RanksWith(
+      size, runtime, [&](int) { return options; }, fn);
 }
 
 // Execute runs one collective through its three steps, Run on a thread of its own.
@@ -145,9 +157,17 @@ struct DeviceBuffer {
   char* data;
 };
 
-void CheckAll(int size) {
+// CheckAll runs every collective and type on `size` ranks, host-staged, or over the fake NCCL
+// (`nccl`) with fusion on (every allreduce exchanges first, NcclAgree).
+void CheckAll(int size, bool nccl = false) {
   FakeGpuRuntime fake(size);
-  Ranks(size, fake, [&](Rank& rank) {
+  FakeNccl fake_nccl(fake);
+  DeviceOptions options;
+  if (nccl) {
+    options.nccl_api_for_tests = fake_nccl.api();
+    options.fusion_bytes = size_t{64} << 20;
+  }
+  const auto check = [&](Rank& rank) {
     const int me = rank.comm.rank();
     const int n = rank.comm.size();
     for (DataType type : kTypes) {
@@ -304,12 +324,19 @@ void CheckAll(int size) {
         }
       }
     }
+    if (nccl) {
+      REQUIRE(rank.gpu.path() == Path::kNccl);
+      return;
+    }
     REQUIRE(rank.gpu.path() == Path::kStaged);
     // The rank that lacks NCCL names its reason, the others name that rank.
     REQUIRE_THAT(rank.gpu.why(),
                  Catch::Contains(me == 0 ? "the GPU runtime is the tests' CPU fake"
                                          : "rank 0 of the communicator has no NCCL"));
-  });
+  };
+  Ranks(size, fake, check, options);
+  REQUIRE(fake_nccl.failures().empty());
+  REQUIRE((fake_nccl.allreduces() > 0) == nccl);
 }
 
 TEST_CASE("staged: every collective and type on device buffers at 1 rank", "[gpu_fake]") {
@@ -320,6 +347,15 @@ TEST_CASE("staged: every collective and type on device buffers at 2 ranks", "[gp
 }
 TEST_CASE("staged: every collective and type on device buffers at 3 ranks", "[gpu_fake]") {
   CheckAll(3);
+}
+TEST_CASE("nccl (fake): every collective and type on device buffers at 1 rank", "[gpu_fake]") {
+  CheckAll(1, /*nccl=*/true);
+}
+TEST_CASE("nccl (fake): every collective and type on device buffers at 2 ranks", "[gpu_fake]") {
+  CheckAll(2, /*nccl=*/true);
+}
+TEST_CASE("nccl (fake): every collective and type on device buffers at 3 ranks", "[gpu_fake]") {
+  CheckAll(3, /*nccl=*/true);
 }
 
 // A float32 allreduce (sum) of `count` elements, in place, ordered on `stream`.
@@ -975,6 +1011,550 @@ TEST_CASE(
     last[me] = rank.comm.Join();
   });
   REQUIRE(last == std::array<int, 3>{1, 1, 1});
+}
+
+// --- The NCCL path, over the fake NCCL (fake_nccl.h)
+// ----------------------------------------------
+
+// NcclOptions: over `nccl`, fusion on (every NCCL allreduce agrees first, NcclAgree).
+DeviceOptions NcclOptions(const FakeNccl& nccl, size_t fusion_bytes = size_t{1} << 20) {
+  DeviceOptions options;
+  options.nccl_api_for_tests = nccl.api();
+  options.fusion_bytes = fusion_bytes;
+  return options;
+}
+
+// Agreed: the groups RunFused makes when rank r offers its queue of n in slices of slices[r]
+// (as a communication thread that found that many queued each time): each runs the fewest any
+// rank still has in its slice.
+std::vector<size_t> Agreed(const std::vector<size_t>& slices, size_t n) {
+  std::vector<size_t> groups;
+  for (size_t done = 0; done < n;) {
+    size_t k = n - done;
+    for (size_t slice : slices) k = std::min(k, std::min(n, (done / slice + 1) * slice) - done);
+    groups.push_back(k);
+    done += k;
+  }
+  return groups;
+}
+
+TEST_CASE(
+    "nccl (fake): in-place allreduces queued together fuse into one NCCL allreduce of a device "
+    "fusion buffer, as many as every rank has queued (1, 2 and 3 ranks, queues that differ per "
+    "rank), after a delayed kernel, every element right",
+    "[gpu_fake]") {
+  for (int size : {1, 2, 3}) {
+    FakeGpuRuntime fake(size);
+    FakeNccl nccl(fake);
+    constexpr size_t kTensors = 12;
+    const std::vector<size_t> slices = std::vector<size_t>{kTensors, 5, 3};
+    std::vector<std::vector<size_t>> groups(size);
+    std::vector<size_t> wrong(size, 0);
+    std::vector<size_t> fused(size, 0);
+    std::vector<Path> paths(size);
+    Ranks(
+        size, fake,
+        [&](Rank& rank) {
+          const int me = rank.comm.rank();
+          Stream stream = fake.NewStream(me);
+          std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+          std::vector<std::shared_ptr<DeviceWork>> works;
+          for (size_t k = 0; k < kTensors; ++k) {
+            const size_t count = 1 + k * 7;
+            buffers.push_back(std::make_unique<DeviceBuffer>(fake, count, DataType::kFloat32, me));
+            auto* data = reinterpret_cast<float*>(buffers.back()->data);
+            // Written by a kernel on the stream (the last one late): the gather must wait for it.
+            fake.Launch(stream, [=] {
+              if (k == kTensors - 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+              for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(k + me + i % 3);
+            });
+            DeviceCall call = SumOn(data, count, stream);
+            call.check.name = "nccl." + std::to_string(k);
+            works.push_back(rank.gpu.Start(call));
+          }
+          for (size_t first = 0; first < kTensors; first += slices[me]) {
+            const size_t last = std::min(kTensors, first + slices[me]);
+            for (size_t k : RunAll({works.begin() + first, works.begin() + last})) {
+              groups[me].push_back(k);
+            }
+          }
+          for (auto& work : works) work->Wait();
+          const double ranks_sum = size * (size - 1) / 2.0;
+          for (size_t k = 0; k < kTensors; ++k) {
+            std::vector<float> seen(1 + k * 7);
+            const char* data = buffers[k]->data;
+            // A kernel after the allreduce reads it; the test waits for its own kernel.
+            fake.Launch(stream, [&] { std::memcpy(seen.data(), data, seen.size() * 4); });
+            fake.Synchronize(stream);
+            for (size_t i = 0; i < seen.size(); ++i) {
+              wrong[me] +=
+                  seen[i] != static_cast<float>(size * static_cast<double>(k + i % 3) + ranks_sum);
+            }
+          }
+          fused[me] = rank.gpu.fused();
+          paths[me] = rank.gpu.path();
+          fake.DeleteStream(stream);
+        },
+        NcclOptions(nccl));
+    INFO(size << " ranks");
+    const std::vector<size_t> want = Agreed({slices.begin(), slices.begin() + size}, kTensors);
+    for (int r = 0; r < size; ++r) {
+      INFO("rank " << r);
+      CHECK(paths[r] == Path::kNccl);
+      CHECK(groups[r] == want);
+      CHECK(wrong[r] == 0);
+      size_t in_batches = 0;
+      for (size_t k : want) in_batches += k > 1 ? k : 0;
+      CHECK(fused[r] == in_batches);
+    }
+    // One NCCL allreduce per group, of the group's elements together.
+    std::vector<size_t> counts;
+    for (size_t k = 0, done = 0; k < want.size(); done += want[k++]) {
+      size_t count = 0;
+      for (size_t t = done; t < done + want[k]; ++t) count += 1 + t * 7;
+      counts.push_back(count);
+    }
+    CHECK(nccl.allreduce_counts() == counts);
+    CHECK(nccl.failures().empty());
+  }
+  // The groups of 3 ranks (slices 12, 5 and 3), worked out by hand.
+  REQUIRE(Agreed({12, 5, 3}, 12) == std::vector<size_t>{3, 2, 1, 3, 1, 2});
+}
+
+TEST_CASE(
+    "nccl (fake): fused allreduces of every type NCCL has and every op match a float64 "
+    "reference (2 and 3 ranks, queues that differ per rank)",
+    "[gpu_fake]") {
+  const std::vector<DataType> nccl_types = {
+      DataType::kFloat32,  DataType::kFloat64, DataType::kFloat16,
+      DataType::kBFloat16, DataType::kInt32,   DataType::kInt64,
+      DataType::kUInt8,    DataType::kInt8,    DataType::kBool};
+  for (int size : {2, 3}) {
+    FakeGpuRuntime fake(size);
+    FakeNccl nccl(fake);
+    constexpr size_t kTensors = 5;
+    std::vector<std::string> first_wrong(size);
+    std::vector<size_t> fused(size, 0);
+    Ranks(
+        size, fake,
+        [&](Rank& rank) {
+          const int me = rank.comm.rank();
+          const size_t slice = me == 0 ? kTensors : static_cast<size_t>(me + 1);  // 5, 2, 3
+          for (DataType type : nccl_types) {
+            for (ReduceOp op : kOps) {
+              if (op == ReduceOp::kAverage && !IsFloatingPoint(type)) continue;  // staged
+              std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+              std::vector<std::shared_ptr<DeviceWork>> works;
+              for (size_t k = 0; k < kTensors; ++k) {
+                const size_t count = 1 + k * 333;
+                buffers.push_back(std::make_unique<DeviceBuffer>(fake, count, type, me));
+                for (size_t i = 0; i < count; ++i) {
+                  Put(type, buffers.back()->data, i, Value(type, op, me, i + k));
+                }
+                DeviceCall call;
+                call.op = DeviceOp::kAllreduce;
+                call.inputs = {buffers.back()->data};
+                call.input_counts = {count};
+                call.outputs = {buffers.back()->data};
+                call.type = type;
+                call.reduce = op;
+                works.push_back(rank.gpu.Start(call));
+              }
+              for (size_t first = 0; first < kTensors; first += slice) {
+                RunAll({works.begin() + first, works.begin() + std::min(kTensors, first + slice)});
+              }
+              for (auto& work : works) work->Wait();
+              for (size_t k = 0; k < kTensors && first_wrong[me].empty(); ++k) {
+                for (size_t i = 0; i < 1 + k * 333; ++i) {
+                  const double want = Reduce(type, op, size, i + k);
+                  const double got = Get(type, buffers[k]->data, i);
+                  if (std::abs(got - want) > Tolerance(type) * std::max(1.0, std::abs(want))) {
+                    first_wrong[me] = std::string(DataTypeName(type)) + " " + ReduceOpName(op) +
+                                      " tensor " + std::to_string(k) + " element " +
+                                      std::to_string(i) + ": " + std::to_string(got) +
+                                      " != " + std::to_string(want);
+                    break;
+                  }
+                }
+              }
+            }
+          }
+          fused[me] = rank.gpu.fused();
+        },
+        NcclOptions(nccl));
+    INFO(size << " ranks");
+    for (int r = 0; r < size; ++r) CHECK(first_wrong[r] == "");
+    // Slices 5, 2 (, 3): batches of 2, 2, 1 at 2 ranks and 2, 1, 1, 1 at 3 ranks, per type and op.
+    const size_t cases = 4 * 5 + 5 * 4;
+    for (int r = 0; r < size; ++r) CHECK(fused[r] == cases * (size == 2 ? 4 : 2));
+    CHECK(nccl.failures().empty());
+  }
+}
+
+TEST_CASE(
+    "nccl (fake): fused allreduces keep stream order without synchronize: a delayed kernel "
+    "writes, the fused allreduce reads after it, a kernel after it reads every result",
+    "[gpu_fake]") {
+  FakeGpuRuntime fake(2);
+  FakeNccl nccl(fake);
+  std::array<size_t, 2> wrong{};
+  std::array<bool, 2> prompt{};
+  Ranks(
+      2, fake,
+      [&](Rank& rank) {
+        const int me = rank.comm.rank();
+        const size_t count = 4096;
+        Stream stream = fake.NewStream(me);
+        DeviceBuffer a(fake, count, DataType::kFloat32, me);
+        DeviceBuffer b(fake, count, DataType::kFloat32, me);
+        auto* x = reinterpret_cast<float*>(a.data);
+        auto* y = reinterpret_cast<float*>(b.data);
+        std::fill(x, x + count, -1.0f);
+        std::fill(y, y + count, -1.0f);
+        fake.Launch(stream, [=] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          for (size_t i = 0; i < count; ++i) {
+            x[i] = static_cast<float>((me + 1) * i);
+            y[i] = static_cast<float>(me + 1);
+          }
+        });
+        const auto before = std::chrono::steady_clock::now();
+        std::vector<std::shared_ptr<DeviceWork>> works = {rank.gpu.Start(SumOn(x, count, stream)),
+                                                          rank.gpu.Start(SumOn(y, count, stream))};
+        std::vector<size_t> groups;
+        std::thread comm_thread([&] { groups = RunAll(works); });
+        comm_thread.join();
+        // Start and Run enqueue: the kernel's 200 ms are the stream's, not the CPU's.
+        prompt[me] = std::chrono::steady_clock::now() - before < std::chrono::milliseconds(150) &&
+                     groups == std::vector<size_t>{2};
+        for (auto& work : works) work->Wait();
+        std::vector<float> seen(2 * count);
+        fake.Launch(stream, [&] {
+          std::memcpy(seen.data(), x, count * 4);
+          std::memcpy(seen.data() + count, y, count * 4);
+        });
+        fake.Synchronize(stream);  // the test observing its kernel, not the code under test
+        for (size_t i = 0; i < count; ++i) {
+          wrong[me] += seen[i] != static_cast<float>(3 * i);
+          wrong[me] += seen[count + i] != 3.0f;
+        }
+        fake.DeleteStream(stream);
+      },
+      NcclOptions(nccl));
+  // Neither Start nor Run waited for the kernel on the CPU (the fused batch waits on the stream).
+  CHECK(prompt == std::array<bool, 2>{true, true});
+  CHECK(wrong == std::array<size_t, 2>{0, 0});
+  CHECK(nccl.allreduce_counts() == std::vector<size_t>{2 * 4096});
+  CHECK(nccl.failures().empty());
+}
+
+TEST_CASE(
+    "nccl (fake): the device fusion buffer is reused (device allocations flat after warm-up, "
+    "groups of varying sizes under the cap)",
+    "[gpu_fake]") {
+  FakeGpuRuntime fake(2);
+  FakeNccl nccl(fake);
+  std::array<size_t, 2> wrong{};
+  size_t warm = 0;
+  size_t later = 0;
+  Ranks(
+      2, fake,
+      [&](Rank& rank) {
+        const int me = rank.comm.rank();
+        std::vector<std::unique_ptr<Ones>> ones;
+        for (size_t k = 0; k < 6; ++k) {
+          ones.push_back(std::make_unique<Ones>(fake, (size_t{1} << 14) * (k + 1), me, 1.0f));
+        }
+        auto step = [&](size_t n) {
+          std::vector<std::shared_ptr<DeviceWork>> works;
+          for (size_t k = 0; k < n; ++k) {
+            std::fill(ones[k]->data(), ones[k]->data() + (size_t{1} << 14) * (k + 1), 1.0f);
+            works.push_back(rank.gpu.Start(ones[k]->Call()));
+          }
+          RunAll(works);
+          for (auto& work : works) work->Wait();
+          for (size_t k = 0; k < n; ++k) wrong[me] += ones[k]->data()[(size_t{1} << 14) * k] != 2;
+        };
+        for (size_t n : {2, 6, 3}) step(n);
+        rank.comm.Barrier();  // the fake's count is both ranks'
+        if (me == 0) warm = fake.device_allocations();
+        rank.comm.Barrier();
+        for (int i = 0; i < 30; ++i) step(2 + i % 5);
+        rank.comm.Barrier();
+        if (me == 0) later = fake.device_allocations();
+      },
+      NcclOptions(nccl, size_t{4} << 20));  // 2.6 MiB at most together
+  CHECK(wrong == std::array<size_t, 2>{0, 0});
+  CHECK(later == warm);
+  CHECK(nccl.allreduces() == 3 + 30);
+  CHECK(nccl.failures().empty());
+}
+
+TEST_CASE(
+    "nccl (fake): what does not fuse: another op or type ends the batch, types and ops NCCL "
+    "lacks go staged (int16, Adasum), an out-of-place allreduce runs alone, every result right",
+    "[gpu_fake]") {
+  FakeGpuRuntime fake(2);
+  FakeNccl nccl(fake);
+  std::array<std::vector<size_t>, 2> groups;
+  std::array<size_t, 2> wrong{};
+  Ranks(
+      2, fake,
+      [&](Rank& rank) {
+        const int me = rank.comm.rank();
+        struct Entry {
+          DataType type;
+          ReduceOp op;
+          bool in_place;
+        };
+        // a, b fuse; c (max) runs alone; d, e (int16) go staged, one by one (a queue of mixed
+        // kinds is staged-fused only whole); f (Adasum) staged; g out of place over NCCL.
+        const std::vector<Entry> entries = {
+            {DataType::kFloat32, ReduceOp::kSum, true},
+            {DataType::kFloat32, ReduceOp::kSum, true},
+            {DataType::kFloat32, ReduceOp::kMax, true},
+            {DataType::kInt16, ReduceOp::kSum, true},
+            {DataType::kInt16, ReduceOp::kSum, true},
+            {DataType::kFloat32, ReduceOp::kAdasum, true},
+            {DataType::kFloat32, ReduceOp::kSum, false},
+        };
+        const size_t count = 100;
+        std::vector<std::unique_ptr<DeviceBuffer>> ins, outs;
+        std::vector<std::shared_ptr<DeviceWork>> works;
+        for (const Entry& e : entries) {
+          ins.push_back(std::make_unique<DeviceBuffer>(fake, count, e.type, me));
+          outs.push_back(std::make_unique<DeviceBuffer>(fake, count, e.type, me));
+          for (size_t i = 0; i < count; ++i) {
+            // Adasum of equal vectors is their value: each rank the same.
+            Put(e.type, ins.back()->data, i, e.op == ReduceOp::kAdasum ? 1.0 + i % 4 : me + i % 5);
+          }
+          DeviceCall call;
+          call.op = DeviceOp::kAllreduce;
+          call.inputs = {ins.back()->data};
+          call.input_counts = {count};
+          call.outputs = {e.in_place ? ins.back()->data : outs.back()->data};
+          call.type = e.type;
+          call.reduce = e.op;
+          works.push_back(rank.gpu.Start(call));
+        }
+        groups[me] = RunAll(works);
+        for (auto& work : works) work->Wait();
+        for (size_t k = 0; k < entries.size(); ++k) {
+          const Entry& e = entries[k];
+          const char* result = e.in_place ? ins[k]->data : outs[k]->data;
+          for (size_t i = 0; i < count; ++i) {
+            const double want = e.op == ReduceOp::kAdasum ? 1.0 + i % 4
+                                : e.op == ReduceOp::kMax  ? 1.0 + i % 5
+                                                          : 1.0 + 2 * (i % 5);
+            wrong[me] += Get(e.type, result, i) != want;
+          }
+        }
+      },
+      NcclOptions(nccl));
+  CHECK(groups[0] == std::vector<size_t>{2, 1, 1, 1, 1, 1});
+  CHECK(groups[1] == groups[0]);
+  CHECK(wrong == std::array<size_t, 2>{0, 0});
+  // NCCL ran a and b together, c, and g; the int16 and Adasum ones went through the host.
+  CHECK(nccl.allreduce_counts() == std::vector<size_t>{200, 100, 100});
+  CHECK(nccl.failures().empty());
+}
+
+TEST_CASE(
+    "nccl (fake): fusion runs only where every rank fuses: with one rank's fusion off, no rank "
+    "exchanges and every allreduce goes alone",
+    "[gpu_fake]") {
+  FakeGpuRuntime fake(2);
+  FakeNccl nccl(fake);
+  std::array<std::vector<size_t>, 2> groups;
+  std::array<size_t, 2> wrong{};
+  RanksWith(
+      2, fake, [&](int r) { return NcclOptions(nccl, r == 0 ? 0 : size_t{1} << 20); },
+      [&](Rank& rank) {
+        const int me = rank.comm.rank();
+        std::vector<std::unique_ptr<Ones>> ones;
+        std::vector<std::shared_ptr<DeviceWork>> works;
+        for (int k = 0; k < 4; ++k) {
+          ones.push_back(std::make_unique<Ones>(fake, 10 + k, me, static_cast<float>(k)));
+          works.push_back(rank.gpu.Start(ones.back()->Call()));
+        }
+        groups[me] = RunAll(works);
+        for (auto& work : works) work->Wait();
+        for (int k = 0; k < 4; ++k) wrong[me] += ones[k]->data()[9 + k] != 2.0f * k;
+      });
+  CHECK(groups[0] == std::vector<size_t>{1, 1, 1, 1});
+  CHECK(groups[1] == groups[0]);
+  CHECK(wrong == std::array<size_t, 2>{0, 0});
+  CHECK(nccl.allreduce_counts() == std::vector<size_t>{10, 11, 12, 13});
+  CHECK(nccl.failures().empty());
+}
+
+TEST_CASE(
+    "nccl (fake): ranks whose NCCL calls differ fail loudly on every rank, not hang: with fusion "
+    "off the fake NCCL says what each posted, with fusion on the exchange refuses it first",
+    "[gpu_fake]") {
+  for (bool fusion : {false, true}) {
+    FakeGpuRuntime fake(2);
+    FakeNccl nccl(fake);
+    std::array<std::string, 2> errors;
+    INFO("fusion " << fusion);
+    Ranks(
+        2, fake,
+        [&](Rank& rank) {
+          const int me = rank.comm.rank();
+          Ones first(fake, 10, me, 1.0f);
+          Execute(rank.gpu, first.Call());  // both take part in the choice of the path
+          // As if rank 1 had fused one more allreduce than rank 0.
+          Ones ones(fake, me == 0 ? 30 : 40, me, 1.0f);
+          try {
+            Execute(rank.gpu, ones.Call());
+          } catch (const std::exception& e) {
+            errors[me] = e.what();
+          }
+        },
+        NcclOptions(nccl, fusion ? size_t{1} << 20 : 0));
+    for (const std::string& error : errors) {
+      if (fusion) {
+        CHECK_THAT(error, Catch::Contains("mismatched GPU allreduces") &&
+                              (Catch::Contains("reduces 30 float32") ||
+                               Catch::Contains("reduces 40 float32")));
+      } else {
+        CHECK_THAT(error, Catch::Contains("fake NCCL") &&
+                              Catch::Contains("rank 0 posted [allreduce of 30 float32") &&
+                              Catch::Contains("rank 1 posted [allreduce of 40 float32"));
+      }
+    }
+    CHECK(nccl.failures().size() == (fusion ? 0u : 2u));
+  }
+}
+
+TEST_CASE(
+    "nccl (fake): a rank that joined after the path was chosen makes the others' fused-path "
+    "exchange fail on every rank saying it joined (no NCCL hang), and join() still ends",
+    "[gpu_fake]") {
+  FakeGpuRuntime fake(3);
+  FakeNccl nccl(fake);
+  std::array<std::string, 3> errors;
+  std::array<int, 3> last{};
+  Ranks(
+      3, fake,
+      [&](Rank& rank) {
+        const int me = rank.comm.rank();
+        Ones first(fake, 10, me, 1.0f);
+        Execute(rank.gpu, first.Call());  // NCCL is chosen: nobody has joined yet
+        if (me != 2) {
+          Ones ones(fake, 10, me, 1.0f);
+          try {
+            Execute(rank.gpu, ones.Call());
+          } catch (const MismatchError& e) {
+            errors[me] = e.what();
+          }
+        }
+        last[me] = rank.comm.Join();
+      },
+      NcclOptions(nccl));
+  for (int r = 0; r < 2; ++r) CHECK_THAT(errors[r], Catch::Contains("rank 2 has joined"));
+  CHECK(last == std::array<int, 3>{1, 1, 1});
+  CHECK(nccl.allreduce_counts() == std::vector<size_t>{10});
+  CHECK(nccl.failures().empty());
+}
+
+TEST_CASE("nccl (fake): a rank whose peer never makes the call fails within the fake's timeout",
+          "[gpu_fake]") {
+  FakeGpuRuntime fake(2);
+  FakeNccl nccl(fake, std::chrono::milliseconds(300));
+  std::string error;
+  Ranks(
+      2, fake,
+      [&](Rank& rank) {
+        const int me = rank.comm.rank();
+        Ones first(fake, 10, me, 1.0f);
+        Execute(rank.gpu, first.Call());
+        if (me == 0) {
+          Ones alone(fake, 10, me, 1.0f);
+          try {
+            Execute(rank.gpu, alone.Call());
+          } catch (const InvalidArgumentError& e) {
+            error = e.what();
+          }
+        }
+        rank.comm.Barrier();  // rank 1's communicator outlives rank 0's wait
+      },
+      NcclOptions(nccl, 0));
+  CHECK_THAT(error, Catch::Contains("met nothing from rank(s) 1 within 300 ms"));
+  CHECK(nccl.failures().size() == 1);
+}
+
+TEST_CASE(
+    "prescale and postscale of arrays that cannot scale themselves: over NCCL a float sum or "
+    "average is one PreMulSum allreduce, every other type and op (and the staged path) scales "
+    "in host memory, every element against a float64 reference (2 and 3 ranks)",
+    "[gpu_fake]") {
+  const double pre = 0.5;
+  const double post = 3.0;
+  for (bool over_nccl : {true, false}) {
+    for (int size : {2, 3}) {
+      FakeGpuRuntime fake(size);
+      FakeNccl nccl(fake);
+      DeviceOptions options = NcclOptions(nccl);
+      if (!over_nccl) options = {};
+      std::vector<size_t> wrong(size, 0);
+      std::vector<std::string> first_wrong(size);
+      size_t float_sums = 0;  // calls NCCL can take as PreMulSum
+      Ranks(
+          size, fake,
+          [&](Rank& rank) {
+            const int me = rank.comm.rank();
+            for (DataType type : kTypes) {
+              if (type == DataType::kBool) continue;  // scaling a bool is not a thing
+              for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+                if (me == 0 && IsFloatingPoint(type) && op != ReduceOp::kMax) ++float_sums;
+                for (size_t count : {size_t{1}, size_t{1000}, size_t{70001}}) {
+                  DeviceBuffer data(fake, count, type, me);
+                  for (size_t i = 0; i < count; ++i)
+                    Put(type, data.data, i, Value(type, op, me, i));
+                  DeviceCall call;
+                  call.op = DeviceOp::kAllreduce;
+                  call.inputs = {data.data};
+                  call.input_counts = {count};
+                  call.outputs = {data.data};
+                  call.type = type;
+                  call.reduce = op;
+                  call.prescale = pre;
+                  call.postscale = post;
+                  Execute(rank.gpu, call);
+                  const bool real = IsFloatingPoint(type);
+                  auto cut = [&](double v) { return real ? v : std::trunc(v); };
+                  for (size_t i = 0; i < count; ++i) {
+                    double acc = cut(Value(type, op, 0, i) * pre);
+                    for (int r = 1; r < size; ++r) {
+                      const double v = cut(Value(type, op, r, i) * pre);
+                      acc = op == ReduceOp::kMax ? std::max(acc, v) : acc + v;
+                    }
+                    if (op == ReduceOp::kAverage) acc = cut(acc / size);
+                    const double want = cut(acc * post);
+                    const double got = Get(type, data.data, i);
+                    if (std::abs(got - want) >
+                        Tolerance(type) * 4 * std::max(1.0, std::abs(want))) {
+                      if (wrong[me]++ == 0) {
+                        first_wrong[me] = std::string(DataTypeName(type)) + " " + ReduceOpName(op) +
+                                          " count " + std::to_string(count) + " element " +
+                                          std::to_string(i) + ": " + std::to_string(got) +
+                                          " != " + std::to_string(want);
+                      }
+                    }
+                  }
+                }
+              }
+            }
+          },
+          options);
+      INFO((over_nccl ? "NCCL" : "staged") << ", " << size << " ranks");
+      for (int r = 0; r < size; ++r) CHECK(first_wrong[r] == "");
+      CHECK(nccl.failures().empty());
+      // Over NCCL: the float sums and averages (3 counts each) as PreMulSum, the rest staged.
+      CHECK(nccl.pre_mul_sums() == (over_nccl ? 3 * float_sums : 0));
+    }
+  }
 }
 
 }  // namespace

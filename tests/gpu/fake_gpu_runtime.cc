@@ -64,6 +64,7 @@ struct FakeGpuRuntime::FakeStream {
   std::deque<std::function<void()>> tasks;
   bool running = false;
   bool stopping = false;
+  std::atomic<bool> failed{false};  // FailStream
   std::thread thread;
 };
 
@@ -176,9 +177,11 @@ void FakeGpuRuntime::Copy(void* destination, const void* source, size_t bytes, S
       std::memcpy(destination, source, bytes);
       copy_cpu_nanoseconds_ += ThreadCpuNanoseconds() - before;
     };
-    if (!held && Resolve(stream).RunIfIdle(copy)) return;
+    if (!held && !Resolve(stream).failed && Resolve(stream).RunIfIdle(copy)) return;
   }
-  Resolve(stream).Enqueue([=] {
+  FakeStream* on = &Resolve(stream);
+  on->Enqueue([=] {
+    if (on->failed) return;
     if (to_device) {
       std::unique_lock<std::mutex> lock(hold_mutex_);
       released_.wait(lock, [&] { return !hold_; });
@@ -207,6 +210,7 @@ bool FakeGpuRuntime::RegisterHost(void* memory, size_t bytes) {
 void FakeGpuRuntime::UnregisterHost(void*) noexcept { --host_registrations_; }
 
 void* FakeGpuRuntime::AllocDevice(size_t bytes, int device) {
+  ++device_allocations_;
   void* p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
   if (p == nullptr) throw Error("fake: out of device memory");
   std::lock_guard<std::mutex> lock(mutex_);
@@ -223,8 +227,13 @@ void FakeGpuRuntime::FreeDevice(void* pointer) noexcept {
 }
 
 void FakeGpuRuntime::Launch(Stream stream, std::function<void()> kernel) {
-  Resolve(stream).Enqueue(std::move(kernel));
+  FakeStream* on = &Resolve(stream);
+  on->Enqueue([on, kernel = std::move(kernel)] {
+    if (!on->failed) kernel();
+  });
 }
+
+void FakeGpuRuntime::FailStream(Stream stream) { Resolve(stream).failed = true; }
 
 void FakeGpuRuntime::Synchronize(Stream stream) {
   std::mutex mutex;

@@ -64,12 +64,18 @@ class FakeGpuRuntime final : public GpuRuntime {
 
   // Launch enqueues `kernel` on `stream`.
   void Launch(Stream stream, std::function<void()> kernel);
+  // FailStream marks `stream` as failed, as a GPU's stream after a faulting kernel: copies and
+  // kernels that run on it from now on do nothing; event records still complete (the fake NCCL's
+  // failed call, so that a failing test ends instead of writing into buffers it freed).
+  void FailStream(Stream stream);
   // Synchronize waits until everything enqueued on `stream` so far has run.
   void Synchronize(Stream stream);
   // pinned_allocations: AllocPinned calls so far; copies: Copy calls so far; host_device_copies:
   // those between host and device memory (what crosses PCIe on a GPU host).
   size_t pinned_allocations() const { return pinned_allocations_.load(); }
   size_t copies() const { return copies_.load(); }
+  // device_allocations: AllocDevice calls so far.
+  size_t device_allocations() const { return device_allocations_.load(); }
   size_t host_device_copies() const { return host_device_copies_.load(); }
   // copy_cpu_seconds: CPU time the stream threads spent in the copies' memcpy so far, the CPU a
   // GPU's copy engines would not take (the fake's "DMA" runs on the cores the ranks reduce on).
@@ -103,6 +109,7 @@ class FakeGpuRuntime final : public GpuRuntime {
   std::map<const char*, std::pair<size_t, int>> device_memory_;  // start -> (bytes, device)
   std::atomic<size_t> pinned_allocations_{0};
   std::atomic<size_t> copies_{0};
+  std::atomic<size_t> device_allocations_{0};
   std::atomic<size_t> host_device_copies_{0};
   std::atomic<uint64_t> copy_cpu_nanoseconds_{0};
   std::atomic<size_t> host_registrations_{0};

@@ -143,6 +143,21 @@ def test_200_async_in_flight():
         assert bool((x == size * k + size * (size - 1) / 2).all().item())
 
 
+def test_queued_allreduces_fuse():
+    """64 small in-place allreduces queued at once run fused (over NCCL: gathered into a device
+    fusion buffer, one NCCL allreduce per batch, the ranks agreeing on how many by a host
+    exchange; host-staged: one copy down and back per batch); every element right."""
+    size, rank = hvd.size(), hvd.rank()
+    before = trainrun.gpu_info()["fused"]
+    xs = [torch.full((k + 1,), float(rank + k), device=device()) for k in range(64)]
+    handles = [hvd.allreduce_async_(x, op=hvd.Sum, name=f"fuse{k}") for k, x in enumerate(xs)]
+    for h in handles:
+        hvd.synchronize(h)
+    for k, x in enumerate(xs):
+        assert bool((x == size * k + size * (size - 1) / 2).all().item()), k
+    assert trainrun.gpu_info()["fused"] > before
+
+
 def test_chunked_allreduce_poll_and_join():
     """A 24 MiB allreduce (staged: 4 pipelined chunks) and a kernel after it; poll() turns True
     only with the result in place; then the last rank joins and the others reduce with its
@@ -195,6 +210,11 @@ def test_cupy_arrays():
         assert float(out[0]) == size * (size + 1) / 2
         trainrun.allreduce_(a, op=trainrun.Max)
         assert float(a[0]) == size
+        # Scaled by trainrun, not by CuPy: over NCCL one PreMulSum allreduce, staged in host memory.
+        for op, want in ((trainrun.Sum, size * 1.5), (trainrun.Average, 1.5)):
+            b = cupy.full(1000, 1, dtype=cupy.float32)
+            trainrun.allreduce_(b, op=op, prescale_factor=0.5, postscale_factor=3.0)
+            assert float(b[0]) == want and float(b[-1]) == want
 
 
 def test_jax_arrays():

@@ -92,6 +92,41 @@ def test_prescale_postscale(dtype):
         close(out.to_host(), reference(dtype, op, 64, size) * 1.5, dtype)
 
 
+class BareArray:
+    """A GPU array with the CUDA Array Interface and nothing else: no arithmetic to scale itself
+    with (as JAX's arrays, or a library's own buffers)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    @property
+    def __cuda_array_interface__(self):
+        return self.inner.__cuda_array_interface__
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32", "uint8"])
+def test_prescale_postscale_of_an_array_that_cannot_scale_itself(dtype):
+    """The core scales it (staged here: in pinned host memory, integers through float64 and
+    truncated, as trainrun scales host arrays)."""
+    size, rank = trainrun.size(), trainrun.rank()
+    real = dtype.startswith("float")
+    cut = (lambda v: v) if real else numpy.trunc
+    for op in (trainrun.Sum, trainrun.Average, trainrun.Max):
+        x = fake_cuda.from_host(values(dtype, op, rank, 1000))
+        bare = BareArray(x)
+        with pytest.raises(TypeError):
+            bare *= 2.0
+        h = trainrun.allreduce_async_(bare, op=op, prescale_factor=0.5, postscale_factor=3.0,
+                                      name=f"bare.{dtype}.{op}")
+        assert trainrun.synchronize(h) is bare
+        stack = numpy.stack([cut(values(dtype, op, r, 1000).astype(numpy.float64) * 0.5)
+                             for r in range(size)])
+        want = stack.max(0) if op == trainrun.Max else stack.sum(0)
+        if op == trainrun.Average:
+            want = cut(want / size)
+        close(x.to_host(), cut(want * 3.0), dtype)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_grouped_allreduce(dtype):
     size, rank = trainrun.size(), trainrun.rank()
@@ -248,6 +283,7 @@ def test_small_gpu_arrays_are_fused():
     arrays[0].to_host()  # the writes are done: only the collectives' copies are counted below
     trainrun.barrier()
     before = _fake_gpu.host_device_copies()
+    fused_before = trainrun.gpu_info()["fused"]
     handles = [trainrun.allreduce_async_(a, op=trainrun.Sum, name=f"fuse.{k}")
                for k, a in enumerate(arrays)]
     for h in handles:
@@ -257,6 +293,7 @@ def test_small_gpu_arrays_are_fused():
         numpy.testing.assert_array_equal(a.to_host(), numpy.full(10 + k, size * k +
                                                                  size * (size - 1) / 2))
     assert crossings <= 64, crossings  # unfused: 128
+    assert trainrun.gpu_info()["fused"] > fused_before
 
 
 def test_join_with_gpu_arrays():

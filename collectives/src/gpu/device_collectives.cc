@@ -11,6 +11,7 @@
 #include <iostream>
 #include <thread>
 
+#include "nccl_api.h"
 #include "trainrun/collectives/errors.h"
 #include "trainrun/collectives/gpu/loader.h"
 #include "trainrun/rendezvous/environment.h"
@@ -19,91 +20,6 @@ namespace trainrun::collectives::gpu {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// NCCL's entry points, resolved from the library OpenNccl found. Types are NCCL's (nccl.h) with the
-// communicator as void*, enums as int, and ncclUniqueId as 128 bytes, which NCCL has kept since
-// 2.0; the enum values used below are stable across NCCL 2 releases.
-constexpr int kNcclSuccess = 0;
-constexpr int kNcclSystemError = 2;
-constexpr int kNcclInvalidArgument = 4;
-constexpr int kNcclInvalidUsage = 5;
-constexpr int kNcclRemoteError = 6;
-constexpr int kNcclInProgress = 7;
-constexpr size_t kNcclUniqueIdBytes = 128;
-enum NcclType {
-  kNcclInt8 = 0,
-  kNcclUint8 = 1,
-  kNcclInt32 = 2,
-  kNcclInt64 = 4,
-  kNcclFloat16 = 6,
-  kNcclFloat32 = 7,
-  kNcclFloat64 = 8,
-  kNcclBfloat16 = 9
-};
-enum NcclOp { kNcclSum = 0, kNcclProd = 1, kNcclMax = 2, kNcclMin = 3, kNcclAvg = 4 };
-struct NcclUniqueId {
-  char internal[kNcclUniqueIdBytes];
-};
-
-struct NcclApi {
-  int (*get_version)(int*);
-  int (*get_unique_id)(NcclUniqueId*);
-  int (*comm_init_rank)(void**, int, NcclUniqueId, int);
-  int (*comm_destroy)(void*);
-  int (*comm_abort)(void*);
-  int (*comm_get_async_error)(void*, int*);
-  const char* (*get_error_string)(int);
-  const char* (*get_last_error)(void*);
-  int (*all_reduce)(const void*, void*, size_t, int, int, void*, void*);
-  int (*broadcast)(const void*, void*, size_t, int, int, void*, void*);
-  int (*all_gather)(const void*, void*, size_t, int, void*, void*);
-  int (*reduce_scatter)(const void*, void*, size_t, int, int, void*, void*);
-  int (*send)(const void*, size_t, int, int, void*, void*);
-  int (*recv)(void*, size_t, int, int, void*, void*);
-  int (*group_start)();
-  int (*group_end)();
-};
-
-// LoadNcclApi returns the resolved table, or null with *why_not set.
-const NcclApi* LoadNcclApi(std::string* why_not) {
-  static std::string why;
-  static const NcclApi* api = [&]() -> const NcclApi* {
-    const LibraryLoad& library = OpenNccl();
-    if (library.handle == nullptr) {
-      why = library.why_not;
-      return nullptr;
-    }
-    static NcclApi table{};
-    std::string missing;
-    auto resolve = [&](const char* name, auto& fn) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(library.handle, name));
-      if (fn == nullptr && missing.empty()) missing = name;
-    };
-    resolve("ncclGetVersion", table.get_version);
-    resolve("ncclGetUniqueId", table.get_unique_id);
-    resolve("ncclCommInitRank", table.comm_init_rank);
-    resolve("ncclCommDestroy", table.comm_destroy);
-    resolve("ncclCommAbort", table.comm_abort);
-    resolve("ncclCommGetAsyncError", table.comm_get_async_error);
-    resolve("ncclGetErrorString", table.get_error_string);
-    resolve("ncclGetLastError", table.get_last_error);
-    resolve("ncclAllReduce", table.all_reduce);
-    resolve("ncclBroadcast", table.broadcast);
-    resolve("ncclAllGather", table.all_gather);
-    resolve("ncclReduceScatter", table.reduce_scatter);
-    resolve("ncclSend", table.send);
-    resolve("ncclRecv", table.recv);
-    resolve("ncclGroupStart", table.group_start);
-    resolve("ncclGroupEnd", table.group_end);
-    if (!missing.empty()) {
-      why = internal::MakeMessage(library.path, " lacks ", missing, " (NCCL 2.12 or later needed)");
-      return nullptr;
-    }
-    return &table;
-  }();
-  if (api == nullptr && why_not != nullptr) *why_not = why;
-  return api;
-}
 
 int NcclTypeOf(DataType type) {
   switch (type) {
@@ -150,8 +66,87 @@ int NcclOpOf(ReduceOp op, DataType type) {
       return kNcclMax;
     case ReduceOp::kProduct:
       return kNcclProd;
+    case ReduceOp::kAdasum:  // not element-wise: NcclCan keeps it off NCCL
+      break;
   }
   return kNcclSum;
+}
+
+// float16 and bfloat16 as ScaleHost and the PreMulSum scalar handle them (as src/reduce.cc's
+// element_codec.h does; not included here, where its namespace would hide trainrun::internal).
+#if defined(__aarch64__) || defined(__arm__)
+using Half = __fp16;
+#else
+using Half = _Float16;
+#endif
+
+float BFloat16ToFloat(uint16_t value) {
+  const uint32_t bits = static_cast<uint32_t>(value) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
+uint16_t FloatToBFloat16(float value) {  // to nearest even (NaN stays a NaN)
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const bool is_nan = (bits & 0x7fffffffu) > 0x7f800000u;
+  return static_cast<uint16_t>(is_nan ? ((bits >> 16) | 0x40u) : rounded);
+}
+
+bool Scaled(const DeviceCall& call) { return call.prescale != 1.0 || call.postscale != 1.0; }
+
+// ScaleHost multiplies `count` elements of `type` at `data` (host memory) by `factor`: floats in
+// their own precision (16-bit ones through float32), integers through float64, truncated toward
+// zero, bool as whether the product is non-zero (as trainrun's Python scales host arrays).
+void ScaleHost(DataType type, void* data, size_t count, double factor) {
+  if (factor == 1.0) return;
+  auto each = [&](auto* elements, auto scale) {
+    for (size_t i = 0; i < count; ++i) elements[i] = scale(elements[i]);
+  };
+  switch (type) {
+    case DataType::kFloat32:
+      each(static_cast<float*>(data), [f = static_cast<float>(factor)](float v) { return v * f; });
+      return;
+    case DataType::kFloat64:
+      each(static_cast<double*>(data), [&](double v) { return v * factor; });
+      return;
+    case DataType::kFloat16:
+      each(static_cast<Half*>(data), [f = static_cast<float>(factor)](Half v) {
+        return static_cast<Half>(static_cast<float>(v) * f);
+      });
+      return;
+    case DataType::kBFloat16:
+      each(static_cast<uint16_t*>(data), [f = static_cast<float>(factor)](uint16_t v) {
+        return FloatToBFloat16(BFloat16ToFloat(v) * f);
+      });
+      return;
+    case DataType::kInt32:
+      each(static_cast<int32_t*>(data),
+           [&](int32_t v) { return static_cast<int32_t>(static_cast<double>(v) * factor); });
+      return;
+    case DataType::kInt64:
+      each(static_cast<int64_t*>(data),
+           [&](int64_t v) { return static_cast<int64_t>(static_cast<double>(v) * factor); });
+      return;
+    case DataType::kInt16:
+      each(static_cast<int16_t*>(data),
+           [&](int16_t v) { return static_cast<int16_t>(static_cast<double>(v) * factor); });
+      return;
+    case DataType::kInt8:
+      each(static_cast<int8_t*>(data),
+           [&](int8_t v) { return static_cast<int8_t>(static_cast<double>(v) * factor); });
+      return;
+    case DataType::kUInt8:
+      each(static_cast<uint8_t*>(data),
+           [&](uint8_t v) { return static_cast<uint8_t>(static_cast<double>(v) * factor); });
+      return;
+    case DataType::kBool:
+      each(static_cast<uint8_t*>(data),
+           [&](uint8_t v) { return static_cast<uint8_t>(static_cast<double>(v) * factor != 0); });
+      return;
+  }
 }
 
 // HostId: the same number on every process of one machine (its name and boot), so ranks can tell
@@ -185,6 +180,48 @@ void Poll(Done done, Check check) {
 struct Late {};
 
 }  // namespace
+
+const NcclApi* LoadNcclApi(std::string* why_not) {
+  static std::string why;
+  static const NcclApi* api = [&]() -> const NcclApi* {
+    const LibraryLoad& library = OpenNccl();
+    if (library.handle == nullptr) {
+      why = library.why_not;
+      return nullptr;
+    }
+    static NcclApi table{};
+    std::string missing;
+    auto resolve = [&](const char* name, auto& fn) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(library.handle, name));
+      if (fn == nullptr && missing.empty()) missing = name;
+    };
+    resolve("ncclGetVersion", table.get_version);
+    resolve("ncclGetUniqueId", table.get_unique_id);
+    resolve("ncclCommInitRank", table.comm_init_rank);
+    resolve("ncclCommDestroy", table.comm_destroy);
+    resolve("ncclCommAbort", table.comm_abort);
+    resolve("ncclCommGetAsyncError", table.comm_get_async_error);
+    resolve("ncclGetErrorString", table.get_error_string);
+    resolve("ncclGetLastError", table.get_last_error);
+    resolve("ncclAllReduce", table.all_reduce);
+    resolve("ncclBroadcast", table.broadcast);
+    resolve("ncclAllGather", table.all_gather);
+    resolve("ncclReduceScatter", table.reduce_scatter);
+    resolve("ncclSend", table.send);
+    resolve("ncclRecv", table.recv);
+    resolve("ncclGroupStart", table.group_start);
+    resolve("ncclGroupEnd", table.group_end);
+    resolve("ncclRedOpCreatePreMulSum", table.red_op_create_pre_mul_sum);
+    resolve("ncclRedOpDestroy", table.red_op_destroy);
+    if (!missing.empty()) {
+      why = internal::MakeMessage(library.path, " lacks ", missing, " (NCCL 2.12 or later needed)");
+      return nullptr;
+    }
+    return &table;
+  }();
+  if (api == nullptr && why_not != nullptr) *why_not = why;
+  return api;
+}
 
 bool GpuRuntime::WaitHost(Event event, Clock::time_point deadline) {
   try {
@@ -268,6 +305,7 @@ struct DeviceCollectives::Nccl {
   const NcclApi* api = nullptr;
   void* comm = nullptr;
   Stream stream = nullptr;
+  Event tail = nullptr;  // recorded after the last fused batch's copies out of the fusion buffer
   int version = 0;
   bool aborted = false;
 
@@ -324,6 +362,7 @@ DeviceCollectives::~DeviceCollectives() {
       }
     }
     if (nccl_->stream != nullptr) runtime_.DeleteStream(nccl_->stream);
+    if (nccl_->tail != nullptr) runtime_.DeleteEvent(nccl_->tail);
   }
   if (up_tail_ != nullptr) runtime_.WaitHost(up_tail_, Clock::now() + timeout_);
   for (const auto& [memory, ok] : registered_) {
@@ -391,6 +430,7 @@ char* DeviceCollectives::Grow(char** buffer, size_t* capacity, size_t bytes, All
   if (*buffer != nullptr) {
     // The copies back of the last collective may still read it.
     WaitCopied(up_tail_);
+    if (nccl_ && nccl_->tail != nullptr) WaitCopied(nccl_->tail);
     free(*buffer);
     *buffer = nullptr;
     *capacity = 0;
@@ -455,15 +495,22 @@ std::shared_ptr<DeviceWork> DeviceCollectives::Start(DeviceCall call) {
 
 void DeviceCollectives::Decide(int device) {
   std::string nccl_why;
-  const bool nccl_loads = runtime_.RealDevices() && LoadNcclApi(&nccl_why) != nullptr;
-  if (!runtime_.RealDevices()) nccl_why = "the GPU runtime is the tests' CPU fake";
+  const NcclApi* fake = options_.nccl_api_for_tests;
+  const bool nccl_loads =
+      fake != nullptr || (runtime_.RealDevices() && LoadNcclApi(&nccl_why) != nullptr);
+  if (!nccl_loads && !runtime_.RealDevices()) nccl_why = "the GPU runtime is the tests' CPU fake";
   const int64_t forced = options_.path == "nccl" ? 1 : options_.path == "staged" ? 2 : 0;
   const int size = comm_.size();
   // An allgather made of a sum (each rank fills its own row of zeros), so that a rank that has
   // called join() takes part with zeros, as it does in allreduces: its row says "joined".
-  std::vector<int64_t> all(4 * static_cast<size_t>(size), 0);
-  const std::array<int64_t, 4> mine = {HostId() | 1, device, nccl_loads ? 1 : 0, forced};
-  std::copy(mine.begin(), mine.end(), all.begin() + 4 * static_cast<ptrdiff_t>(comm_.rank()));
+  // The last column: this rank's communication thread fuses (on the NCCL path every rank must
+  // then exchange before each allreduce, NcclAgree).
+  constexpr size_t kColumns = 5;
+  std::vector<int64_t> all(kColumns * static_cast<size_t>(size), 0);
+  const std::array<int64_t, kColumns> mine = {HostId() | 1, device, nccl_loads ? 1 : 0, forced,
+                                              options_.fusion_bytes > 0 ? 1 : 0};
+  std::copy(mine.begin(), mine.end(),
+            all.begin() + kColumns * static_cast<ptrdiff_t>(comm_.rank()));
   CallCheck check;
   check.name = "choosing the GPU path";
   comm_.Allreduce(all.data(), all.size(), DataType::kInt64, ReduceOp::kSum, check);
@@ -474,14 +521,16 @@ void DeviceCollectives::Decide(int device) {
   int shared_b = -1;
   bool want_nccl = false;
   bool want_staged = false;
+  bool every_rank_fuses = true;
   for (int r = 0; r < size; ++r) {
-    const int64_t* p = &all[4 * static_cast<size_t>(r)];
+    const int64_t* p = &all[kColumns * static_cast<size_t>(r)];
     if (p[0] == 0 && joined < 0) joined = r;
     if (p[2] == 0 && without_nccl < 0) without_nccl = r;
     want_nccl |= p[3] == 1;
     want_staged |= p[3] == 2;
+    every_rank_fuses = every_rank_fuses && p[4] == 1;
     for (int q = 0; q < r && shared_a < 0; ++q) {
-      const int64_t* o = &all[4 * static_cast<size_t>(q)];
+      const int64_t* o = &all[kColumns * static_cast<size_t>(q)];
       if (o[0] == p[0] && o[1] == p[1]) {
         shared_a = q;
         shared_b = r;
@@ -500,7 +549,7 @@ void DeviceCollectives::Decide(int device) {
               : internal::MakeMessage("rank ", without_nccl, " of the communicator has no NCCL");
   } else if (shared_a >= 0) {
     why = internal::MakeMessage("ranks ", shared_a, " and ", shared_b,
-                                " share cuda:", all[4 * static_cast<size_t>(shared_b) + 1],
+                                " share cuda:", all[kColumns * static_cast<size_t>(shared_b) + 1],
                                 " of one host");
   }
   if (!why.empty() && want_nccl) {
@@ -510,7 +559,7 @@ void DeviceCollectives::Decide(int device) {
   runtime_.SetDevice(device);
   if (why.empty()) {
     nccl_ = std::make_unique<Nccl>();
-    nccl_->api = LoadNcclApi(nullptr);
+    nccl_->api = fake != nullptr ? fake : LoadNcclApi(nullptr);
     nccl_->api->get_version(&nccl_->version);
     // Rank 0 makes the ID; it travels with a status byte, so a failure there fails every rank.
     std::vector<uint8_t> id(kNcclUniqueIdBytes + 1, 0);
@@ -538,6 +587,8 @@ void DeviceCollectives::Decide(int device) {
                  internal::MakeMessage("rank ", comm_.rank(), " joining NCCL over ", size,
                                        " ranks on cuda:", device));
     nccl_->stream = runtime_.NewStream(device);
+    nccl_->tail = runtime_.NewEvent(device);
+    nccl_fuse_ = every_rank_fuses;
     path_ = Path::kNccl;
     why_ = "every rank has a GPU of its own and NCCL loads";
   } else {
@@ -558,9 +609,93 @@ bool DeviceCollectives::NcclCan(const DeviceCall& call) const {
                        call.op == DeviceOp::kReduceScatter;
   if (!reduces) return true;  // moves bytes: any type
   if (NcclTypeOf(call.type) < 0) return false;
+  // Adasum is not element-wise: the host's algorithm (adasum.cc) runs it.
+  if (call.reduce == ReduceOp::kAdasum) return false;
+  // Scaled: one PreMulSum op, a float sum (an average divides the scalar by the size).
+  if (call.op == DeviceOp::kAllreduce && Scaled(call)) {
+    return IsFloat(call.type) &&
+           (call.reduce == ReduceOp::kSum || call.reduce == ReduceOp::kAverage);
+  }
   // NCCL's average of integers is not trainrun's truncating division on every version.
   if (call.reduce == ReduceOp::kAverage && !IsFloat(call.type)) return false;
   return true;
+}
+
+bool DeviceCollectives::NcclAgrees(const DeviceCall& call) const {
+  return nccl_fuse_ && call.op == DeviceOp::kAllreduce;
+}
+
+size_t DeviceCollectives::NcclAgree(const DeviceCall& head, size_t offered) {
+  // What must be alike on every rank about the first allreduce, as a positive number, so that
+  // the min of it and of its negation show whether every rank has the same.
+  uint64_t h = 1469598103934665603ull;
+  for (uint64_t word : {static_cast<uint64_t>(head.input_counts[0]),
+                        static_cast<uint64_t>(head.type), static_cast<uint64_t>(head.reduce)}) {
+    h = (h ^ word) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+  }
+  const auto described = static_cast<int64_t>((h >> 2) | 1);
+  std::array<int64_t, 3> words = {static_cast<int64_t>(offered), described, -described};
+  // Named as the allreduce (its shape left out: the record's count is these three words), so
+  // that ranks whose next collectives differ by name get an OrderError and negotiate. A rank
+  // that has joined meets a min, which join() refuses: a MismatchError saying it joined.
+  CallCheck check;
+  check.name = head.check.name;
+  comm_.Allreduce(words.data(), words.size(), DataType::kInt64, ReduceOp::kMin, check);
+  if (words[1] != described || -words[2] != described) {
+    throw MismatchError(internal::MakeMessage(
+        "mismatched GPU allreduces",
+        head.check.name.empty() ? std::string() : " '" + head.check.name + "'", ": rank ",
+        comm_.rank(), " reduces ", head.input_counts[0], " ", DataTypeName(head.type), " (op ",
+        ReduceOpName(head.reduce),
+        ") but another rank a different count, element type or op; every rank must call the "
+        "same collectives in the same order (this call did nothing)"));
+  }
+  return static_cast<size_t>(std::clamp<int64_t>(words[0], 1, static_cast<int64_t>(offered)));
+}
+
+void DeviceCollectives::NcclFused(const std::vector<DeviceWork*>& works, size_t k) {
+  Nccl& nccl = *nccl_;
+  void* comm = nccl.Live();
+  const DeviceCall& head = works[0]->call_;
+  const size_t element = ElementSize(head.type);
+  std::vector<size_t> offsets;  // in bytes, into the fusion buffer
+  size_t total = 0;
+  for (size_t i = 0; i < k; ++i) {
+    offsets.push_back(total);
+    total += works[i]->call_.input_counts[0] * element;
+  }
+  offsets.push_back(total);
+  char* fusion = FusionBuffer(total);  // before anything is enqueued: it may wait for the stream
+  Stream stream = nccl.stream;
+  for (size_t i = 0; i < k; ++i) {
+    if (works[i]->call_.has_stream) runtime_.WaitEvent(stream, works[i]->ready_);
+  }
+  // A staged fused batch's copies out of the fusion buffer (another stream) come first.
+  if (up_tail_ != nullptr) runtime_.WaitEvent(stream, up_tail_);
+  // Gathered and scattered on NCCL's stream: in order with the allreduce, and the next batch's
+  // gather comes after this one's scatter, so one fusion buffer serves every batch.
+  for (size_t i = 0; i < k; ++i) {
+    const size_t bytes = offsets[i + 1] - offsets[i];
+    if (bytes > 0) runtime_.Copy(fusion + offsets[i], works[i]->call_.inputs[0], bytes, stream);
+  }
+  const std::string what = internal::MakeMessage(
+      "rank ", comm_.rank(), " enqueueing ", k, " fused ", DataTypeName(head.type), " allreduces",
+      head.check.name.empty() ? std::string() : " from '" + head.check.name + "'");
+  for (size_t i = 0; i < k; ++i) {
+    works[i]->path_ = Path::kNccl;
+    works[i]->ran_ = true;
+  }
+  nccl.Check(nccl.api->all_reduce(fusion, fusion, total / element, NcclTypeOf(head.type),
+                                  NcclOpOf(head.reduce, head.type), comm, stream),
+             what);
+  for (size_t i = 0; i < k; ++i) {
+    const size_t bytes = offsets[i + 1] - offsets[i];
+    if (bytes > 0) runtime_.Copy(works[i]->call_.outputs[0], fusion + offsets[i], bytes, stream);
+  }
+  runtime_.Record(nccl.tail, stream);
+  for (size_t i = 0; i < k; ++i) runtime_.Record(works[i]->done_, stream);
+  fused_ += k;
 }
 
 void DeviceCollectives::RunNccl(DeviceWork& work) {
@@ -585,11 +720,47 @@ void DeviceCollectives::RunNccl(DeviceWork& work) {
       internal::MakeMessage("rank ", rank, " enqueueing a ", DataTypeName(call.type), " collective",
                             call.check.name.empty() ? std::string() : " '" + call.check.name + "'");
   switch (call.op) {
-    case DeviceOp::kAllreduce:
-      nccl.Check(api.all_reduce(call.inputs[0], call.outputs[0], call.input_counts[0], type, op,
-                                comm, stream),
+    case DeviceOp::kAllreduce: {
+      if (!Scaled(call)) {
+        nccl.Check(api.all_reduce(call.inputs[0], call.outputs[0], call.input_counts[0], type, op,
+                                  comm, stream),
+                   what);
+        break;
+      }
+      // Each input times pre * post (over the size for an average), summed: no kernel of ours.
+      const double scalar = call.prescale * call.postscale /
+                            (call.reduce == ReduceOp::kAverage ? static_cast<double>(size) : 1.0);
+      std::array<char, 8> value{};
+      switch (call.type) {
+        case DataType::kFloat64:
+          std::memcpy(value.data(), &scalar, sizeof(double));
+          break;
+        case DataType::kFloat16: {
+          const auto half = static_cast<Half>(static_cast<float>(scalar));
+          std::memcpy(value.data(), &half, sizeof(half));
+          break;
+        }
+        case DataType::kBFloat16: {
+          const uint16_t bits = FloatToBFloat16(static_cast<float>(scalar));
+          std::memcpy(value.data(), &bits, sizeof(bits));
+          break;
+        }
+        default: {  // float32 (NcclCan lets floats only through)
+          const auto single = static_cast<float>(scalar);
+          std::memcpy(value.data(), &single, sizeof(single));
+          break;
+        }
+      }
+      int scaled_sum = 0;
+      nccl.Check(api.red_op_create_pre_mul_sum(&scaled_sum, value.data(), type,
+                                               kNcclScalarHostImmediate, comm),
                  what);
+      const int result = api.all_reduce(call.inputs[0], call.outputs[0], call.input_counts[0], type,
+                                        scaled_sum, comm, stream);
+      api.red_op_destroy(scaled_sum, comm);  // allowed once the call using it has returned
+      nccl.Check(result, what);
       break;
+    }
     case DeviceOp::kGroupedAllreduce:
       nccl.Check(api.group_start(), what);
       for (size_t i = 0; i < call.inputs.size(); ++i) {
@@ -705,7 +876,8 @@ void DeviceCollectives::StagedAllreduce(DeviceWork& work) {
   const size_t count = call.input_counts[0];
   Stream down = DownStream({&work});
   Stream up = UpStream();
-  if (options_.copy_through_transport) {
+  const bool scaled = Scaled(call);
+  if (options_.copy_through_transport && !scaled) {
     // Straight between the device and the transport's memory, on the stream of the copies down;
     // every copy has landed when it returns, so the end is reached on that stream at once.
     DeviceCopies copies(*this, call.inputs[0], call.outputs[0], element, down);
@@ -750,7 +922,9 @@ void DeviceCollectives::StagedAllreduce(DeviceWork& work) {
   for (size_t c = 0, begin = 0; begin < count; ++c, begin += per_chunk) {
     const size_t n = std::min(per_chunk, count - begin);
     WaitCopied(copied[c]);
+    if (scaled) ScaleHost(call.type, host + begin * element, n, call.prescale);
     comm_.Allreduce(host + begin * element, n, call.type, call.reduce, call.check);
+    if (scaled) ScaleHost(call.type, host + begin * element, n, call.postscale);
     runtime_.Copy(out + begin * element, host + begin * element, n * element, up);
   }
   FinishStaged({&work});
@@ -867,6 +1041,9 @@ size_t DeviceCollectives::StagedFused(const std::vector<DeviceWork*>& works,
   }
   offsets.push_back(total);
   Stream down = DownStream(works);
+  // On a NCCL communicator (here with a type NCCL lacks), its fused batches' copies out of the
+  // fusion buffer come first.
+  if (nccl_ && nccl_->tail != nullptr) runtime_.WaitEvent(down, nccl_->tail);
   char* fusion = FusionBuffer(total);
   // Gathered on the device, then one copy down: a copy over PCIe costs ~10 us before its first
   // byte, a copy within the device far less.
@@ -962,6 +1139,7 @@ void DeviceWork::Run() {
   path_ = owner_.path_ == Path::kNccl && owner_.NcclCan(call_) ? Path::kNccl : Path::kStaged;
   ran_ = true;
   if (path_ == Path::kNccl) {
+    if (owner_.NcclAgrees(call_)) owner_.NcclAgree(call_, 1);  // alone: 1 whatever the others
     owner_.RunNccl(*this);
   } else {
     owner_.RunStaged(*this);
@@ -970,7 +1148,7 @@ void DeviceWork::Run() {
 
 bool DeviceWork::fusable() const {
   // Adasum's dot products are each tensor's own: fused, they would be the buffer's.
-  return call_.op == DeviceOp::kAllreduce && call_.reduce != ReduceOp::kAdasum &&
+  return call_.op == DeviceOp::kAllreduce && call_.reduce != ReduceOp::kAdasum && !Scaled(call_) &&
          call_.inputs.size() == 1 && call_.outputs.size() == 1 &&
          call_.inputs[0] == call_.outputs[0];
 }
@@ -979,14 +1157,35 @@ size_t DeviceWork::RunFused(const std::vector<DeviceWork*>& works, std::exceptio
   TRAINRUN_ENFORCE(!works.empty(), "DeviceWork::RunFused of nothing");
   DeviceWork& head = *works[0];
   DeviceCollectives& owner = head.owner_;
+  size_t alike = 0;  // how many from the head may run together
   try {
     if (owner.path_ == Path::kUndecided) owner.Decide(head.call_.device);
-    bool together = works.size() > 1 && owner.path_ == Path::kStaged;
     for (DeviceWork* work : works) {
-      together = together && &work->owner_ == &owner && work->fusable() &&
-                 work->call_.type == head.call_.type && work->call_.reduce == head.call_.reduce;
+      if (&work->owner_ != &owner || !work->fusable() || work->call_.type != head.call_.type ||
+          work->call_.reduce != head.call_.reduce) {
+        break;
+      }
+      ++alike;
     }
-    if (!together) {
+    const bool nccl = owner.path_ == Path::kNccl && owner.NcclCan(head.call_);
+    if (nccl && alike > 0 && owner.NcclAgrees(head.call_)) {
+      // Every rank exchanges here, however many it has queued: the one decision they all make.
+      const size_t k = owner.NcclAgree(head.call_, alike);
+      if (k == 1) {
+        head.path_ = Path::kNccl;
+        head.ran_ = true;
+        owner.RunNccl(head);
+        return 1;
+      }
+      try {
+        owner.NcclFused(works, k);
+      } catch (...) {  // the k agreed on fail together, as on the staged path
+        for (size_t i = 0; i < k; ++i) works[i]->ran_ = true;
+        *error = std::current_exception();
+      }
+      return k;
+    }
+    if (nccl || alike != works.size() || works.size() == 1) {
       head.Run();
       return 1;
     }

@@ -25,8 +25,9 @@ supported_dtypes = _buffers.supported_dtypes
 def gpu_info():
     """What GPU support loaded in this process, and why not: a dict with `cuda` (CUDA's runtime
     loaded), `cuda_runtime`, `cuda_why_not`, `devices`, `nccl` (libnccl.so.2 loaded),
-    `nccl_version`, `nccl_path`, `nccl_why_not`, and `path`/`path_why`: how the job's GPU
-    collectives go ("nccl", "staged", or "undecided" before the first one)."""
+    `nccl_version`, `nccl_path`, `nccl_why_not`, `path`/`path_why`: how the job's GPU
+    collectives go ("nccl", "staged", or "undecided" before the first one), and `fused`: how many
+    of its GPU allreduces have run fused with others so far."""
     return _core.gpu_info()
 
 

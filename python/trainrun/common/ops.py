@@ -79,12 +79,21 @@ def _allreduce_start(tensor, op, name, process_set, prescale_factor, postscale_f
         _refuse(e, set_id, "allreduce", name)
         raise
     key = _claim_name(set_id, name, what)
+    # A GPU array other than a torch tensor (CuPy's, JAX's, any __cuda_array_interface__ object)
+    # is scaled by the core, in stream order: over NCCL within the allreduce (PreMulSum), else
+    # in pinned host memory; such an array may have no arithmetic of its own.
+    core_scale = buf.is_gpu_array
+    if core_scale:
+        pre, post = float(prescale_factor), float(postscale_factor)
+        prescale_factor = postscale_factor = 1.0
+    else:
+        pre = post = 1.0
     if prescale_factor != 1.0:
         _buffers.scale_(tensor, prescale_factor)
     try:
         # In place: the core may fuse it with the allreduces queued next to it (tensor fusion).
         h = _core.allreduce_async(buf.ptr, buf.ptr, buf.count, buf.dtype, op, set_id, name or "",
-                                  buf.shape, awaited, buf.device, buf.stream)
+                                  buf.shape, awaited, buf.device, buf.stream, pre, post)
     except Exception:
         _names_in_flight.discard(key)
         raise

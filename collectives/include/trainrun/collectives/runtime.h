@@ -137,8 +137,11 @@ class Runtime {
   // A buffer on a device this build cannot reduce throws InvalidArgumentError at the call.
   // Allreduce in place (input.data == output.data) may be fused with its neighbours (comm_thread.h;
   // `prompt`: run without waiting for more to fuse).
+  // `prescale` and `postscale` (GPU buffers only: host ones the caller scales) multiply each
+  // rank's input before the reduction and the result after (gpu::DeviceCall).
   Handle Allreduce(const TensorRef& input, const TensorRef& output, ReduceOp op, int set,
-                   CallCheck check, bool prompt = false);
+                   CallCheck check, bool prompt = false, double prescale = 1.0,
+                   double postscale = 1.0);
   // GroupedAllreduce: one allreduce of `buffers` (each of element type `type`), in place.
   // `match`: the name it is matched (and refused as a duplicate) by, when not check.name (a
   // grouped call's first part goes by the call's name, its messages by the part's).
@@ -185,6 +188,9 @@ class Runtime {
   // GpuPath: the path process set `set`'s GPU collectives take (kUndecided before its first one
   // ran), and why, a phrase.
   gpu::Path GpuPath(int set, std::string* why = nullptr);
+  // GpuFused: how many of process set `set`'s GPU allreduces ran fused with others so far
+  // (gpu::DeviceCollectives::fused).
+  size_t GpuFused(int set);
 
  private:
   // HostBuffer returns `ref`'s host address, checked (null with a count, a device buffer).

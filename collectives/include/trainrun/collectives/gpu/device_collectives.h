@@ -4,7 +4,9 @@
 //  - NCCL, when every rank has a GPU of its own (no two ranks of a host on one device) and NCCL
 //    loads on every rank (loader.h). Each collective is enqueued on the communicator's own stream
 //    after an event recorded on the buffer's stream at the call; the caller's stream then waits on
-//    the collective's completion event (Wait), as PyTorch's NCCL process group does.
+//    the collective's completion event (Wait), as PyTorch's NCCL process group does. In-place
+//    allreduces queued together run as one NCCL allreduce of a device fusion buffer, as many as
+//    every rank has queued (RunFused; NcclAgree exchanges the counts over the host communicator).
 //  - host-staged otherwise (no NCCL, ranks sharing a GPU, or TRAINRUN_GPU_PATH=staged): the
 //    buffers are copied, in the same stream order, into pinned host buffers that are reused from
 //    call to call (an allreduce's: one staging buffer per communicator, grown to the largest;
@@ -107,6 +109,12 @@ struct DeviceCall {
   DataType type = DataType::kFloat32;
   ReduceOp reduce = ReduceOp::kSum;
   int root = 0;
+  // kAllreduce: each rank's input is multiplied by `prescale` before the reduction and the result
+  // by `postscale` after (Horovod's prescale_factor and postscale_factor), for arrays that cannot
+  // scale themselves: over NCCL a float sum or average as one ncclRedOpCreatePreMulSum op, else
+  // staged and scaled in pinned host memory (integers through float64, truncated, as Python's).
+  double prescale = 1.0;
+  double postscale = 1.0;
   CallCheck check;
   // The device the buffers are on (-1: ask the runtime), and the stream their producers and
   // consumers are ordered on (has_stream false: the data is ready now, nothing to order after).
@@ -116,6 +124,7 @@ struct DeviceCall {
 };
 
 class DeviceCollectives;
+struct NcclApi;  // src/gpu/nccl_api.h
 
 // DeviceOptions tunes a DeviceCollectives.
 struct DeviceOptions {
@@ -135,10 +144,17 @@ struct DeviceOptions {
   // goes from the device straight into the transport's memory and back. false: always staged
   // (every rank must use the same).
   bool copy_through_transport = true;
-  // The most bytes RunFused gathers (the communication thread's fusion cap; 0: none). The staging
-  // buffers are made at least that large at once, so a loop whose fused groups vary from step to
-  // step (they depend on timing) allocates at its start only.
+  // The most bytes RunFused gathers (the communication thread's fusion cap; 0: the thread fuses
+  // nothing). The staging and fusion buffers are made at least that large at once, so a loop
+  // whose fused groups vary from step to step (they depend on timing) allocates at its start
+  // only. On the NCCL path, fusion runs only where every rank's cap is above 0 (agreed with the
+  // path): each NCCL allreduce then costs a host exchange first (RunFused).
   size_t fusion_bytes = 0;
+  // For C++ tests only: the NCCL to use instead of libnccl (tests/gpu/fake_nccl.h), whose
+  // presence also lets the NCCL path serve the runtime's devices although RealDevices() is false
+  // (the tests' fake). Neither the Runtime nor the Python binding sets it, so a job never runs
+  // the fake.
+  const NcclApi* nccl_api_for_tests = nullptr;
 };
 
 // DeviceWork: one collective in flight (see the file comment for its three steps).
@@ -162,15 +178,16 @@ class DeviceWork {
   Path path() const { return path_; }
   // owner: the DeviceCollectives that started it.
   const DeviceCollectives& owner() const { return owner_; }
-  // fusable: an in-place allreduce, which RunFused may fuse with its neighbours.
+  // fusable: an in-place allreduce without scaling, which RunFused may fuse with its neighbours.
   bool fusable() const;
 
   // RunFused runs `works` (in-place allreduces queued one after another on one DeviceCollectives,
   // of one element type and op, buffers apart; each Start-ed, none Run yet) on the communication
-  // thread, as many together as every rank has queued (Communicator::AllreduceReady), and returns
-  // how many ran, from the first (at least one); the others stay to be run later. What those that
-  // ran failed with goes to `*error`. On the staged path they go as one staged collective; on the
-  // NCCL path the first runs alone.
+  // thread, as many together as every rank has queued, and returns how many ran, from the first
+  // (at least one); the others stay to be run later. What those that ran failed with goes to
+  // `*error`. On the staged path they go as one staged collective (Communicator::AllreduceReady
+  // agrees on how many); on the NCCL path a host allreduce of three words agrees on how many
+  // (NcclAgree), and they go as one NCCL allreduce of a device fusion buffer.
   static size_t RunFused(const std::vector<DeviceWork*>& works, std::exception_ptr* error);
 
  private:
@@ -207,8 +224,9 @@ class DeviceCollectives {
   int device() const { return device_; }
   PinnedPool& pinned() { return pinned_; }
   GpuRuntime& runtime() { return runtime_; }
-  // fused: how many collectives ran fused with others (RunFused), for tests and the timeline.
-  size_t fused() const { return fused_; }
+  // fused: how many collectives ran fused with others (RunFused), for tests, the timeline and
+  // trainrun.gpu_info(); read from any thread.
+  size_t fused() const { return fused_.load(std::memory_order_relaxed); }
 
  private:
   friend class DeviceWork;
@@ -225,6 +243,17 @@ class DeviceCollectives {
   void RunNccl(DeviceWork& work);
   // NcclCan: whether NCCL can run `call` itself (types and ops it has); else it is staged.
   bool NcclCan(const DeviceCall& call) const;
+  // NcclAgrees: an allreduce that runs over NCCL exchanges with NcclAgree first (fusion is on
+  // on every rank), whether fused or alone, so that every rank makes the same host exchanges.
+  bool NcclAgrees(const DeviceCall& call) const;
+  // NcclAgree returns how many of the `offered` (at least 1) allreduces at the head of this
+  // rank's queue, the first being `head`, run fused: the fewest any rank offers. One host
+  // allreduce (min) of three words, named as `head` (so ranks whose next collectives have other
+  // names negotiate their order, as on the staged path); it also checks that every rank's `head`
+  // has the same element count, type and op (MismatchError on every rank otherwise).
+  size_t NcclAgree(const DeviceCall& head, size_t offered);
+  // NcclFused: RunFused's NCCL case, for the first k of `works` (k > 1).
+  void NcclFused(const std::vector<DeviceWork*>& works, size_t k);
   void WaitDone(DeviceWork& work);
   // WaitEvent waits on the CPU for `event` (of `work`), within the timeout.
   void WaitEvent(DeviceWork& work, Event event);
@@ -246,7 +275,8 @@ class DeviceCollectives {
   // (DownStream), so the next never overwrites what is still being copied back.
   char* Staging(size_t bytes);
   // Grow replaces `*buffer` (`*capacity` bytes) with one of at least `bytes` (and of the fusion
-  // cap), once the copies back that may read it are done; `allocate` and `free` are the runtime's.
+  // cap), once the copies back that may read it are done (up_tail_, and the NCCL stream's last
+  // fused batch); `allocate` and `free` are the runtime's.
   template <typename Allocate, typename Free>
   char* Grow(char** buffer, size_t* capacity, size_t bytes, Allocate allocate, Free free);
 
@@ -265,7 +295,8 @@ class DeviceCollectives {
   size_t fusion_bytes_ = 0;
   char* staging_ = nullptr;  // pinned
   size_t staging_bytes_ = 0;
-  size_t fused_ = 0;
+  std::atomic<size_t> fused_{0};
+  bool nccl_fuse_ = false;  // NCCL allreduces agree with NcclAgree (every rank fuses)
   // Host memory the transport copies to and from (BufferCopies::UseHostMemory), and whether the
   // runtime page-locked it; undone at the end (the communicator, which maps it, outlives this).
   std::vector<std::pair<void*, bool>> registered_;
