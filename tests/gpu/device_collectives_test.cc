@@ -903,6 +903,51 @@ std::vector<size_t> RunAll(const std::vector<std::shared_ptr<DeviceWork>>& works
   return groups;
 }
 
+// DelayedSums starts `tensors` in-place float32 sum allreduces on `rank`, tensor k of 1 + k * step
+// elements, element i being k + rank + i % 3, named prefix + k. A kernel on `stream` writes each
+// before its allreduce starts, the last one late: whatever gathers them must wait for it.
+struct DelayedSums {
+  std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+  std::vector<std::shared_ptr<DeviceWork>> works;
+  size_t step;
+
+  DelayedSums(FakeGpuRuntime& fake, Rank& rank, Stream stream, size_t tensors, size_t step_,
+              const std::string& prefix)
+      : step(step_) {
+    const int me = rank.comm.rank();
+    for (size_t k = 0; k < tensors; ++k) {
+      const size_t count = 1 + k * step;
+      buffers.push_back(std::make_unique<DeviceBuffer>(fake, count, DataType::kFloat32, me));
+      auto* data = reinterpret_cast<float*>(buffers.back()->data);
+      fake.Launch(stream, [=] {
+        if (k == tensors - 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(k + me + i % 3);
+      });
+      DeviceCall call = SumOn(data, count, stream);
+      call.check.name = prefix + std::to_string(k);
+      works.push_back(rank.gpu.Start(call));
+    }
+  }
+
+  // Wrong waits for every allreduce, reads each tensor by a kernel on `stream` after it, and
+  // counts the elements that are not the sum over `size` ranks.
+  size_t Wrong(FakeGpuRuntime& fake, Stream stream, int size) const {
+    for (auto& work : works) work->Wait();
+    const double ranks_sum = size * (size - 1) / 2.0;
+    size_t wrong = 0;
+    for (size_t k = 0; k < buffers.size(); ++k) {
+      std::vector<float> seen(1 + k * step);
+      const char* data = buffers[k]->data;
+      fake.Launch(stream, [&] { std::memcpy(seen.data(), data, seen.size() * 4); });
+      fake.Synchronize(stream);
+      for (size_t i = 0; i < seen.size(); ++i) {
+        wrong += seen[i] != static_cast<float>(size * static_cast<double>(k + i % 3) + ranks_sum);
+      }
+    }
+    return wrong;
+  }
+};
+
 TEST_CASE("staged: small allreduces queued together are fused: one copy down, one back",
           "[gpu_fake]") {
   for (int size : {1, 2, 3}) {
@@ -910,43 +955,18 @@ TEST_CASE("staged: small allreduces queued together are fused: one copy down, on
     Ranks(size, fake, [&](Rank& rank) {
       const int me = rank.comm.rank();
       Stream stream = fake.NewStream(me);
-      constexpr int kTensors = 40;
-      std::vector<std::unique_ptr<DeviceBuffer>> buffers;
-      std::vector<std::shared_ptr<DeviceWork>> works;
-      for (int k = 0; k < kTensors; ++k) {
-        const size_t count = 1 + static_cast<size_t>(k) * 13;
-        buffers.push_back(std::make_unique<DeviceBuffer>(fake, count, DataType::kFloat32, me));
-        auto* data = reinterpret_cast<float*>(buffers.back()->data);
-        // Written by a delayed kernel on the stream: the fused copy must wait for it.
-        fake.Launch(stream, [=] {
-          if (k == kTensors - 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-          for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(k + me + i % 3);
-        });
-        DeviceCall call = SumOn(data, count, stream);
-        call.check.name = "fused." + std::to_string(k);
-        works.push_back(rank.gpu.Start(call));
-      }
+      constexpr size_t kTensors = 40;
+      const DelayedSums sums(fake, rank, stream, kTensors, 13, "fused.");
       rank.comm.Barrier();
       const size_t before = fake.host_device_copies();
       rank.comm.Barrier();
-      const std::vector<size_t> groups = RunAll(works);
+      const std::vector<size_t> groups = RunAll(sums.works);
       rank.comm.Barrier();
       // Every rank had all 40 ready: one fused collective (2 ranks' copies, one down, one back).
       REQUIRE(groups == std::vector<size_t>{kTensors});
       REQUIRE(fake.host_device_copies() - before == 2 * static_cast<size_t>(size));
       REQUIRE(rank.gpu.fused() == kTensors);
-      for (auto& work : works) work->Wait();
-      const double ranks_sum = size * (size - 1) / 2.0;
-      for (int k = 0; k < kTensors; ++k) {
-        std::vector<float> seen(1 + static_cast<size_t>(k) * 13);
-        const char* data = buffers[k]->data;
-        fake.Launch(stream, [&] { std::memcpy(seen.data(), data, seen.size() * 4); });
-        fake.Synchronize(stream);
-        for (size_t i = 0; i < seen.size(); ++i) {
-          REQUIRE(seen[i] ==
-                  static_cast<float>(size * (k + static_cast<double>(i % 3)) + ranks_sum));
-        }
-      }
+      REQUIRE(sums.Wrong(fake, stream, size) == 0);
       fake.DeleteStream(stream);
     });
   }
@@ -1057,40 +1077,14 @@ TEST_CASE(
         [&](Rank& rank) {
           const int me = rank.comm.rank();
           Stream stream = fake.NewStream(me);
-          std::vector<std::unique_ptr<DeviceBuffer>> buffers;
-          std::vector<std::shared_ptr<DeviceWork>> works;
-          for (size_t k = 0; k < kTensors; ++k) {
-            const size_t count = 1 + k * 7;
-            buffers.push_back(std::make_unique<DeviceBuffer>(fake, count, DataType::kFloat32, me));
-            auto* data = reinterpret_cast<float*>(buffers.back()->data);
-            // Written by a kernel on the stream (the last one late): the gather must wait for it.
-            fake.Launch(stream, [=] {
-              if (k == kTensors - 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-              for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(k + me + i % 3);
-            });
-            DeviceCall call = SumOn(data, count, stream);
-            call.check.name = "nccl." + std::to_string(k);
-            works.push_back(rank.gpu.Start(call));
-          }
+          const DelayedSums sums(fake, rank, stream, kTensors, 7, "nccl.");
           for (size_t first = 0; first < kTensors; first += slices[me]) {
             const size_t last = std::min(kTensors, first + slices[me]);
-            for (size_t k : RunAll({works.begin() + first, works.begin() + last})) {
+            for (size_t k : RunAll({sums.works.begin() + first, sums.works.begin() + last})) {
               groups[me].push_back(k);
             }
           }
-          for (auto& work : works) work->Wait();
-          const double ranks_sum = size * (size - 1) / 2.0;
-          for (size_t k = 0; k < kTensors; ++k) {
-            std::vector<float> seen(1 + k * 7);
-            const char* data = buffers[k]->data;
-            // A kernel after the allreduce reads it; the test waits for its own kernel.
-            fake.Launch(stream, [&] { std::memcpy(seen.data(), data, seen.size() * 4); });
-            fake.Synchronize(stream);
-            for (size_t i = 0; i < seen.size(); ++i) {
-              wrong[me] +=
-                  seen[i] != static_cast<float>(size * static_cast<double>(k + i % 3) + ranks_sum);
-            }
-          }
+          wrong[me] = sums.Wrong(fake, stream, size);
           fused[me] = rank.gpu.fused();
           paths[me] = rank.gpu.path();
           fake.DeleteStream(stream);
