@@ -408,9 +408,14 @@ void TcpTransport::ReadControl(int peer) {
     if (culprit < 0 || culprit >= size_) culprit = peer;
     if (culprit == rank_) {
       // A peer that timed out waiting on this rank blames it (it got no answer in time), but this
-      // rank is alive and waiting too: pass the blame on to whoever this rank waits on. While
-      // this rank works that out already (FailTimeout), the peer's word adds nothing.
-      if (resolving_) continue;
+      // rank is alive and waiting too: pass the blame on to whoever this rank waits on. The peer
+      // closed its connections after its abort: it waits on nobody now and is not the one to
+      // blame (FailTimeout must neither wait for its answer nor read its closed connection as a
+      // death). While this rank works that out already, the peer's word adds nothing more.
+      control.answered = true;
+      control.waits.clear();
+      control.fd.Reset();
+      if (resolving_) return;
       FailTimeout();
     }
     Fail(culprit, MakeMessage("rank ", culprit, " failed, as rank ", peer, " reports: ", text));
