@@ -34,6 +34,9 @@ constexpr size_t kMaxSendBytes = 256 << 10;
 constexpr size_t kMaxSendParts = 8;
 constexpr char kBye = 'B';
 constexpr char kAbort = 'A';
+// FailTimeout's question to every peer (whom it waits on), and the answer: [u32 count][u32 ranks].
+constexpr char kQuery = 'Q';
+constexpr char kWaits = 'W';
 // How long a lost data connection waits for the abort its peer may have sent just before.
 constexpr int kAbortGraceMs = 50;
 
@@ -359,12 +362,40 @@ void TcpTransport::ReadControl(int peer) {
   }
   control.received.append(buffer, static_cast<size_t>(n));
   while (!control.received.empty()) {
-    if (control.received[0] == kBye) {
+    const char kind = control.received[0];
+    if (kind == kBye) {
       control.said_bye = true;
       control.received.erase(0, 1);
       continue;
     }
-    if (control.received[0] != kAbort) {
+    if (kind == kQuery) {  // a peer timed out and asks whom this rank waits on
+      control.received.erase(0, 1);
+      AnswerQuery(peer);
+      continue;
+    }
+    if (kind == kWaits) {  // the answer to this rank's query (FailTimeout)
+      uint32_t count = 0;
+      if (control.received.size() < 1 + sizeof count) return;
+      std::memcpy(&count, control.received.data() + 1, sizeof count);
+      if (count > static_cast<uint32_t>(size_)) {
+        Fail(peer, MakeMessage("rank ", peer, " answered that it waits on ", count,
+                               " ranks, more than the ", size_,
+                               " there are (a different trainrun build?)"));
+      }
+      const size_t length = 1 + sizeof count + count * sizeof(uint32_t);
+      if (control.received.size() < length) return;
+      control.waits.resize(count);
+      for (uint32_t i = 0; i < count; ++i) {
+        uint32_t word = 0;
+        std::memcpy(&word, control.received.data() + 1 + sizeof count + i * sizeof word,
+                    sizeof word);
+        control.waits[i] = static_cast<int>(word);
+      }
+      control.answered = true;
+      control.received.erase(0, length);
+      continue;
+    }
+    if (kind != kAbort) {
       Fail(peer, MakeMessage("rank ", peer, " sent garbage on its control connection"));
     }
     uint32_t fields[2];
@@ -372,11 +403,21 @@ void TcpTransport::ReadControl(int peer) {
     std::memcpy(fields, control.received.data() + 1, sizeof fields);
     if (control.received.size() < 1 + sizeof fields + fields[1]) return;
     std::string text = control.received.substr(1 + sizeof fields, fields[1]);
+    control.received.erase(0, 1 + sizeof fields + fields[1]);
     int culprit = static_cast<int>(fields[0]);
     if (culprit < 0 || culprit >= size_) culprit = peer;
-    // A peer that timed out waiting on this rank blames it, but this rank is alive and waiting
-    // too: pass the blame on to whoever this rank waits on.
-    if (culprit == rank_) FailTimeout();
+    if (culprit == rank_) {
+      // A peer that timed out waiting on this rank blames it (it got no answer in time), but this
+      // rank is alive and waiting too: pass the blame on to whoever this rank waits on. The peer
+      // closed its connections after its abort: it waits on nobody now and is not the one to
+      // blame (FailTimeout must neither wait for its answer nor read its closed connection as a
+      // death). While this rank works that out already, the peer's word adds nothing more.
+      control.answered = true;
+      control.waits.clear();
+      control.fd.Reset();
+      if (resolving_) return;
+      FailTimeout();
+    }
     Fail(culprit, MakeMessage("rank ", culprit, " failed, as rank ", peer, " reports: ", text));
   }
 }
@@ -386,22 +427,120 @@ void TcpTransport::Fail(int peer, const std::string& message) {
   throw IoError(MakeMessage("rank ", rank_, ": ", message));
 }
 
-void TcpTransport::FailTimeout() {
-  // Blame the peers this rank waits to hear from; only when it waits on none, those it cannot send
-  // to.
+std::vector<int> TcpTransport::WaitedOn() const {
+  // The peers this rank waits to hear from; only when it waits on none, those it cannot send to.
   std::set<int> receiving, sending;
   for (const Conn& conn : conns_) {
     if (!conn.recvs.empty()) receiving.insert(conn.peer);
     if (!conn.sends.empty()) sending.insert(conn.peer);
   }
-  const std::set<int>& blamed = receiving.empty() ? sending : receiving;
+  const std::set<int>& waited = receiving.empty() ? sending : receiving;
+  return std::vector<int>(waited.begin(), waited.end());
+}
+
+void TcpTransport::AnswerQuery(int peer) {
+  const std::vector<int> waited = WaitedOn();
+  const uint32_t count = static_cast<uint32_t>(waited.size());
+  std::string packet(1, kWaits);
+  packet.append(reinterpret_cast<const char*>(&count), sizeof count);
+  for (int rank : waited) {
+    const uint32_t word = static_cast<uint32_t>(rank);
+    packet.append(reinterpret_cast<const char*>(&word), sizeof word);
+  }
+  ::send(controls_[peer].fd.get(), packet.data(), packet.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+void TcpTransport::AskWhomPeersWait() {
+  const char query = kQuery;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_ || !controls_[peer].fd.valid()) continue;
+    ::send(controls_[peer].fd.get(), &query, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  }
+  // Every peer inside a collective reads its control connection while it waits (PollOnce) and
+  // answers at once; a tenth of the timeout (50 ms to 1 s) leaves room for a loaded machine.
+  const int grace_ms =
+      static_cast<int>(std::clamp<int64_t>(options_.timeout.count() / 10, kAbortGraceMs, 1000));
+  const auto grace_end = Clock::now() + std::chrono::milliseconds(grace_ms);
+  for (auto now = Clock::now(); now < grace_end; now = Clock::now()) {
+    std::vector<pollfd> fds;
+    std::vector<int> peers;
+    bool all_answered = true;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_ || !controls_[peer].fd.valid()) continue;
+      all_answered &= controls_[peer].answered;
+      // Every peer's connection is read, the answered ones too: a peer that times out meanwhile
+      // asks this rank in turn, and an abort naming the rank that failed ends the wait (throws).
+      fds.push_back(pollfd{controls_[peer].fd.get(), POLLIN, 0});
+      peers.push_back(peer);
+    }
+    if (all_answered) break;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(grace_end - now);
+    const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(left.count()) + 1);
+    if (ready < 0 && errno != EINTR) break;
+    for (size_t i = 0; ready > 0 && i < fds.size(); ++i) {
+      if (fds[i].revents != 0 && controls_[peers[i]].fd.valid()) ReadControl(peers[i]);
+    }
+  }
+}
+
+void TcpTransport::FailTimeout() {
+  const std::vector<int> waited = WaitedOn();
+  // A peer this rank waits on may be alive and itself waiting inside the collective on another
+  // rank (recursive doubling's second step waits on a partner that waits on the first step's;
+  // a ring's neighbour on its own): naming it would blame a rank that only passed the stall on.
+  // So every peer is asked whom it waits on, and the waits are followed from the peers this rank
+  // waits on to a rank that did not answer: one in no collective (stopped, or stuck outside the
+  // collectives), the rank the others wait for.
+  resolving_ = true;
+  AskWhomPeersWait();
+  std::vector<int> from(size_, -2);  // the rank whose wait led to each rank; -2: not reached
+  std::vector<int> queue;
+  for (int peer : waited) {
+    from[peer] = -1;
+    queue.push_back(peer);
+  }
+  from[rank_] = rank_;  // this rank's own waits are `waited`
+  std::vector<int> culprits;
+  for (size_t i = 0; i < queue.size(); ++i) {
+    const int q = queue[i];
+    if (!controls_[q].answered) {
+      culprits.push_back(q);
+      continue;
+    }
+    for (int next : controls_[q].waits) {
+      if (next < 0 || next >= size_ || from[next] != -2) continue;
+      from[next] = q;
+      queue.push_back(next);
+    }
+  }
+  std::sort(culprits.begin(), culprits.end());
+  std::string how, chain_text;
+  if (culprits.empty()) {
+    // Every rank waited on answered from inside a collective: they wait on each other (calls
+    // that do not match, or a rank in another collective).
+    culprits = waited;
+    how = "stalled, or not calling the same collective";
+  } else {
+    how = MakeMessage(culprits.size() == 1 ? "it is" : "they are",
+                      " in no collective (no answer from one): stalled, or stuck outside the "
+                      "collectives");
+    // The chain of waits from this rank to the first culprit, when it passes through others.
+    std::vector<int> chain;
+    for (int q = culprits.front(); q >= 0; q = from[q]) chain.push_back(q);
+    std::reverse(chain.begin(), chain.end());
+    if (chain.size() > 1) {
+      chain_text = MakeMessage("; rank ", rank_, " waited on rank ", chain[0]);
+      for (size_t i = 1; i < chain.size(); ++i) {
+        chain_text += MakeMessage(", which waits in the collective for rank ", chain[i]);
+      }
+    }
+  }
   std::string names;
-  for (int peer : blamed) names += MakeMessage(names.empty() ? "" : ", ", peer);
-  failed_peer_ = blamed.empty() ? -1 : *blamed.begin();
-  throw TimeoutError(MakeMessage("rank ", rank_, ": ", blamed.size() == 1 ? "rank " : "ranks ",
-                                 names, " moved no data for ", options_.timeout.count(),
-                                 " ms: stalled, or not calling the same collective (raise "
-                                 "TRAINRUN_TIMEOUT if it is just slow)"));
+  for (int peer : culprits) names += MakeMessage(names.empty() ? "" : ", ", peer);
+  failed_peer_ = culprits.empty() ? -1 : culprits.front();
+  throw TimeoutError(MakeMessage("rank ", rank_, ": ", culprits.size() == 1 ? "rank " : "ranks ",
+                                 names, " moved no data for ", options_.timeout.count(), " ms: ",
+                                 how, " (raise TRAINRUN_TIMEOUT if it is just slow)", chain_text));
 }
 
 void TcpTransport::Wait(Request request) {
@@ -452,8 +591,131 @@ void TcpTransport::WaitAll() {
   pending_requests_ = 0;
 }
 
-// --- Framed exchanges between two ranks
-// -----------------------------------------------------------
+// --- Framed exchanges: records, and a small allreduce's data with them
+// ------------------------------------
+
+void TcpTransport::SendFrame(int peer, const char* all, size_t record_bytes, int first, int end,
+                             const void* data, size_t bytes) {
+  length_out_ = bytes;
+  // Length, records and data leave in one sendmsg (ProgressSends), without a copy.
+  Send(peer, &length_out_, sizeof length_out_);
+  Send(peer, all + first * record_bytes, (end - first) * record_bytes);
+  if (bytes > 0) Send(peer, data, bytes);
+}
+
+uint64_t TcpTransport::RecvHead(int peer, char* all, size_t record_bytes, int first, int end) {
+  uint64_t theirs = 0;
+  const size_t records = (end - first) * record_bytes;
+  frame_in_.resize(sizeof theirs + records);
+  Wait(Recv(peer, frame_in_.data(), frame_in_.size()));
+  std::memcpy(&theirs, frame_in_.data(), sizeof theirs);
+  if (theirs > kFoldBytes) {
+    Fail(peer, MakeMessage("rank ", peer, " sent a frame announcing ", theirs,
+                           " bytes of data, more than the ", kFoldBytes,
+                           " any rank sends (a different trainrun build?)"));
+  }
+  std::memcpy(all + first * record_bytes, frame_in_.data() + sizeof theirs, records);
+  return theirs;
+}
+
+void TcpTransport::RecvData(int peer, uint64_t theirs, char* into) {
+  if (into == nullptr) {
+    payload_in_.resize(std::max<size_t>(payload_in_.size(), theirs));
+    into = payload_in_.data();
+  }
+  if (theirs > 0) Recv(peer, into, theirs);
+  WaitAll();
+}
+
+void TcpTransport::FramedExchange(const char* input, char* output, size_t count, DataType type,
+                                  ReduceOp op, char* all, size_t record_bytes,
+                                  FunctionRef<bool(bool)>* reduce) {
+  const int n = size_;
+  const int r = rank_;
+  const size_t bytes = reduce != nullptr ? count * ElementSize(type) : 0;
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  const int extra = n - p;
+  // Virtual rank v of the doubling stands for ranks [First(v), End(v)): a folded pair or one rank.
+  auto first_of = [&](int v) { return v < extra ? 2 * v : v + extra; };
+  auto end_of = [&](int v) { return v < extra ? 2 * v + 2 : v + extra + 1; };
+  auto decide = [&] {
+    const char* mine = all + r * record_bytes;
+    bool same = true;
+    for (int q = 0; q < n && same; ++q) {
+      same = q == r || std::memcmp(all + q * record_bytes, mine, record_bytes) == 0;
+    }
+    return reduce != nullptr && (*reduce)(same);
+  };
+  // The reduction of the data of the ranks whose records this rank holds: `input` until it has
+  // reduced something, then sum_; `valid` false once a peer's frame lacked its data (a rank in a
+  // different call: the records will disagree and nothing is reduced into `output`).
+  const char* sum = input;
+  bool valid = bytes > 0;
+  if (bytes > 0 && sum_.size() < bytes) sum_.resize(bytes);
+  // Folded pairs: the even rank hands its record and data to the odd one, and waits for the end.
+  if (r < 2 * extra && r % 2 == 0) {
+    SendFrame(r + 1, all, record_bytes, r, r + 1, input, bytes);
+    WaitAll();
+    const uint64_t theirs = RecvHead(r + 1, all, record_bytes, 0, n);
+    const bool reduced = decide();
+    if (reduced) {
+      TRAINRUN_ENFORCE(theirs == bytes, "rank ", r + 1, " sent ", theirs,
+                       " bytes for an allreduce of ", bytes);
+    }
+    RecvData(r + 1, theirs, reduced ? output : nullptr);
+    return;
+  }
+  int v = r - extra;
+  if (r < 2 * extra) {
+    v = r / 2;
+    const uint64_t theirs = RecvHead(r - 1, all, record_bytes, r - 1, r);
+    RecvData(r - 1, theirs, nullptr);
+    if (valid && theirs == bytes) {
+      Reduce(type, op, sum_.data(), payload_in_.data(), input, count);  // the lower rank first
+      sum = sum_.data();
+    } else {
+      valid = false;
+    }
+  }
+  bool reduced = false;
+  for (int mask = 1; mask < p; mask <<= 1) {
+    const int pv = v ^ mask;
+    const int peer = first_of(pv) + (pv < extra ? 1 : 0);
+    const int mine = v & ~(mask - 1);
+    const int theirs_from = pv & ~(mask - 1);
+    SendFrame(peer, all, record_bytes, first_of(mine), end_of(mine + mask - 1), sum,
+              valid ? bytes : 0);
+    const uint64_t theirs =
+        RecvHead(peer, all, record_bytes, first_of(theirs_from), end_of(theirs_from + mask - 1));
+    const bool usable = valid && theirs == bytes;
+    const bool last = mask * 2 == p;
+    if (last) reduced = decide();  // every record is here now
+    RecvData(peer, theirs, nullptr);
+    if (!usable) {
+      valid = false;
+      if (reduced) {
+        TRAINRUN_ENFORCE(false, "rank ", peer, " sent ", theirs, " bytes for an allreduce of ",
+                         bytes);
+      }
+      continue;
+    }
+    // The lower ranks' sum first, on both sides, so that both compute the same bits.
+    const char* lower = (v & mask) != 0 ? payload_in_.data() : sum;
+    const char* upper = (v & mask) != 0 ? sum : payload_in_.data();
+    if (!last) {
+      Reduce(type, op, sum_.data(), lower, upper, count);
+      sum = sum_.data();
+    } else if (reduced) {
+      Reduce(type, op, output, lower, upper, count);
+      if (op == ReduceOp::kAverage) Divide(type, output, count, n);
+    }
+  }
+  if (r < 2 * extra) {  // the odd rank of a pair hands the result back
+    SendFrame(r - 1, all, record_bytes, 0, n, output, reduced ? bytes : 0);
+    WaitAll();
+  }
+}
 
 uint64_t TcpTransport::ExchangeFrames(const void* data, size_t bytes) {
   const int peer = 1 - rank_;
@@ -466,7 +728,6 @@ uint64_t TcpTransport::ExchangeFrames(const void* data, size_t bytes) {
   uint64_t theirs = 0;
   std::memcpy(&theirs, frame_in_.data(), sizeof theirs);
   if (theirs > kFoldBytes) {
-    failed_peer_ = peer;
     Fail(peer, MakeMessage("rank ", peer, " sent a frame announcing ", theirs,
                            " bytes of data, more than the ", kFoldBytes,
                            " any rank sends (a different trainrun build?)"));
@@ -478,15 +739,21 @@ uint64_t TcpTransport::ExchangeFrames(const void* data, size_t bytes) {
 }
 
 bool TcpTransport::TryAllgather(const void* input, void* output, size_t bytes) {
-  if (size_ != 2 || bytes == 0 || bytes > kFrameRecordBytes) return false;
-  const uint64_t none = 0;
-  frame_out_.resize(sizeof none + bytes);
-  std::memcpy(frame_out_.data(), &none, sizeof none);
-  std::memcpy(frame_out_.data() + sizeof none, input, bytes);
-  ExchangeFrames(nullptr, 0);  // a peer's allreduce data, if its frame has any, is drained
-  char* out = static_cast<char*>(output);
-  std::memmove(out + rank_ * bytes, frame_out_.data() + sizeof none, bytes);
-  std::memcpy(out + (1 - rank_) * bytes, frame_in_.data() + sizeof none, bytes);
+  if (size_ < 2 || bytes == 0 || bytes > kFrameRecordBytes) return false;
+  char* all = static_cast<char*>(output);
+  if (size_ == 2) {
+    const uint64_t none = 0;
+    frame_out_.resize(sizeof none + bytes);
+    std::memcpy(frame_out_.data(), &none, sizeof none);
+    std::memcpy(frame_out_.data() + sizeof none, input, bytes);
+    ExchangeFrames(nullptr, 0);  // a peer's allreduce data, if its frame has any, is drained
+    std::memmove(all + rank_ * bytes, frame_out_.data() + sizeof none, bytes);
+    std::memcpy(all + (1 - rank_) * bytes, frame_in_.data() + sizeof none, bytes);
+    return true;
+  }
+  if (input != all + rank_ * bytes) std::memmove(all + rank_ * bytes, input, bytes);
+  // A peer's allreduce data, if its frames carry any, is drained.
+  FramedExchange(nullptr, nullptr, 0, DataType::kUInt8, ReduceOp::kSum, all, bytes, nullptr);
   return true;
 }
 
@@ -494,9 +761,16 @@ bool TcpTransport::TryCheckedAllreduce(const void* input, void* output, size_t c
                                        ReduceOp op, const void* record, size_t record_bytes,
                                        void* records, FunctionRef<bool(bool)> reduce) {
   const size_t bytes = count * ElementSize(type);
-  if (size_ != 2 || count == 0 || bytes > kFoldBytes || record_bytes > kFrameRecordBytes ||
+  if (size_ < 2 || count == 0 || bytes > kFoldBytes || record_bytes > kFrameRecordBytes ||
       op == ReduceOp::kAdasum) {
     return false;
+  }
+  char* all = static_cast<char*>(records);
+  if (size_ > 2) {
+    std::memcpy(all + rank_ * record_bytes, record, record_bytes);
+    FramedExchange(static_cast<const char*>(input), static_cast<char*>(output), count, type, op,
+                   all, record_bytes, &reduce);
+    return true;
   }
   const uint64_t length = bytes;
   frame_out_.resize(sizeof length + record_bytes);
@@ -507,7 +781,6 @@ bool TcpTransport::TryCheckedAllreduce(const void* input, void* output, size_t c
   const char* their_record = frame_in_.data() + sizeof length;
   const bool same = std::memcmp(their_record, record, record_bytes) == 0;
   if (!same) {
-    char* all = static_cast<char*>(records);
     std::memcpy(all + rank_ * record_bytes, record, record_bytes);
     std::memcpy(all + (1 - rank_) * record_bytes, their_record, record_bytes);
   }

@@ -3,10 +3,11 @@
 // fight for them.
 //
 // Between each pair of ranks there are `sockets_per_peer` data connections (a large message is
-// striped across them) and one control connection. The control connection carries only "bye"
-// (a clean close) and "abort" (this rank failed because of rank P), so that when one rank dies
-// every other rank learns it at once and names the rank that died, even one that was not talking to
-// it.
+// striped across them) and one control connection. The control connection carries "bye" (a clean
+// close) and "abort" (this rank failed because of rank P), so that when one rank dies every other
+// rank learns it at once and names the rank that died, even one that was not talking to it; and,
+// when a rank times out, its question "whom do you wait on?" and the answers of the peers that
+// wait inside a collective, so that the timeout names the rank in none (FailTimeout).
 #pragma once
 
 #include <chrono>
@@ -59,13 +60,20 @@ class TcpTransport : public Transport {
   void Abort(int peer, const std::string& message) override;
   const char* name() const override { return "tcp"; }
 
-  // Between two ranks, a record exchange and a small allreduce travel as one frame each way:
-  // [8-byte length of the data that follows the record][record][data]. TryCheckedAllreduce sends
-  // its record and data at once, so the call check costs no round trip of its own (an allreduce of
-  // 4-64 KiB took two before); TryAllgather (the ordinary record exchange, at most
-  // kFrameRecordBytes) sends a length of 0 and drains whatever data the peer's frame carries, so a
-  // rank that takes either meets the other's record first and both raise a mismatch, with the
-  // streams in step. Above two ranks, or above kFoldBytes of data, neither applies (false).
+  // A record exchange and a small allreduce travel in the same frames, so that the call check
+  // costs no synchronisation of its own: recursive doubling (the pairs beyond a power of two folded
+  // in first and unfolded last, as algorithms.cc's), each step's frame being
+  //   [8-byte length of the data that follows the records][the records the sender knows][data],
+  // the records of a contiguous range of ranks that doubles every step, so that after log2(n)
+  // steps every rank holds every rank's record. TryCheckedAllreduce sends its data in the same
+  // frames and reduces into a buffer of its own; only once every record is known (the last step's
+  // head) does it decide, through `reduce`, whether the result goes into `output`: a mismatched
+  // call leaves the output as it was. TryAllgather (the ordinary record exchange, at most
+  // kFrameRecordBytes a rank) sends lengths of 0 and drains whatever data a peer's frames carry, so
+  // a rank that takes either meets the others' records in the same frames and every rank raises a
+  // mismatch, with the streams in step. At n = 2 this is one frame each way, built by
+  // ExchangeFrames (the head whole in one buffer: fewer instructions than the general path). Above
+  // kFoldBytes of data neither applies (false).
   static constexpr size_t kFrameRecordBytes = 4096;
   static constexpr size_t kFoldBytes = 64 << 10;
   bool TryAllgather(const void* input, void* output, size_t bytes) override;
@@ -91,6 +99,9 @@ class TcpTransport : public Transport {
     Fd fd;
     std::string received;  // bytes of a message not yet complete
     bool said_bye = false;
+    // The peer's answer to FailTimeout's question (kWaits): the ranks it waits on.
+    bool answered = false;
+    std::vector<int> waits;
   };
 
   void Establish(rendezvous::Store& store);
@@ -109,11 +120,42 @@ class TcpTransport : public Transport {
   // FailLost fails for a data connection to `peer` that broke, unless `peer`'s control connection
   // holds (or brings within a moment) an abort that names the rank that failed first.
   [[noreturn]] void FailLost(int peer, const std::string& message);
+  // FailTimeout throws TimeoutError naming the rank this rank's wait is stuck behind: it asks every
+  // peer whom it waits on (AskWhomPeersWait) and follows the waits from the peers this rank waits
+  // on (WaitedOn) to the ranks that did not answer, those in no collective; when every rank so
+  // reached answered (they wait on each other: calls that do not match), it names the peers this
+  // rank waits on.
   [[noreturn]] void FailTimeout();
-  // ExchangeFrames sends frame_out_ (the head: length and record) with `bytes` of `data` after it
-  // to the other rank, and receives its frame's head (of the same size) into frame_in_ and the
-  // data that head announces into payload_in_; returns that data's length. Two ranks only.
+  // WaitedOn: the peers this rank waits to receive from; when none, those it waits to send to.
+  std::vector<int> WaitedOn() const;
+  // AnswerQuery tells `peer`, which asked (kQuery), whom this rank waits on (kWaits: WaitedOn).
+  void AnswerQuery(int peer);
+  // AskWhomPeersWait asks every peer whom it waits on and reads the control connections until
+  // each has answered (Control::answered) or a tenth of the timeout (50 ms to 1 s) has passed,
+  // answering the peers' own questions meanwhile. Throws, as ReadControl does, on an abort that
+  // names another rank or a connection that closed.
+  void AskWhomPeersWait();
+  // FramedExchange at n = 2: ExchangeFrames sends frame_out_ (the head: length and record) with
+  // `bytes` of `data` after it to the other rank, and receives its frame's head (of the same size)
+  // into frame_in_ and the data that head announces into payload_in_; returns that data's length.
   uint64_t ExchangeFrames(const void* data, size_t bytes);
+  // FramedExchange runs the frames above: `all` holds this rank's record (`record_bytes`) at its
+  // place and gets every rank's. With `reduce` (TryCheckedAllreduce), `count` elements of `type`
+  // at `input` travel with the records and, when reduce(same) says so once every record is known,
+  // their reduction by `op` lands in `output`; `same`: every record is the same bytes as this
+  // rank's.
+  void FramedExchange(const char* input, char* output, size_t count, DataType type, ReduceOp op,
+                      char* all, size_t record_bytes, FunctionRef<bool(bool)>* reduce);
+  // SendFrame queues a frame to `peer`: the records of ranks [first, end) from `all`, then
+  // `bytes` of `data`.
+  void SendFrame(int peer, const char* all, size_t record_bytes, int first, int end,
+                 const void* data, size_t bytes);
+  // RecvHead receives a frame's head from `peer`, its records (ranks [first, end)) into `all`, and
+  // returns the length of the data that follows (not yet received).
+  uint64_t RecvHead(int peer, char* all, size_t record_bytes, int first, int end);
+  // RecvData receives the `theirs` bytes of data a head announced: into `into` when it is not
+  // null (`theirs` is then what was expected), else into payload_in_. Waits for everything queued.
+  void RecvData(int peer, uint64_t theirs, char* into);
 
   int rank_;
   int size_;
@@ -124,7 +166,10 @@ class TcpTransport : public Transport {
   std::vector<uint32_t> remaining_;  // parts still pending, per request since the last WaitAll
   size_t pending_requests_ = 0;
   int failed_peer_ = -1;
-  std::vector<char> frame_out_, frame_in_, payload_in_;  // ExchangeFrames
+  // The frames' buffers: a head going out (n = 2) and one coming in, a peer's data, a sum.
+  std::vector<char> frame_out_, frame_in_, payload_in_, sum_;
+  uint64_t length_out_ = 0;  // the length word of the frame being sent (n > 2)
+  bool resolving_ = false;   // FailTimeout is asking the peers whom they wait on
   // Adaptive spinning (Wait): spinning pays only while the peer runs on another CPU. When the two
   // ranks share one (the scheduler often wakes a sleeper on its waker's CPU, and on a loaded
   // machine they stay together), every spin runs out its TRAINRUN_SPIN_MICROSECONDS while the peer

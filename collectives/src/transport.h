@@ -86,7 +86,7 @@ class Transport {
   // the same step, so that a small allreduce synchronises the ranks once instead of twice: every
   // rank publishes `record` (`record_bytes`) with its input, and the reduction into `output`
   // happens only when `reduce(same)` returns true. `same` true says every rank's record is the
-  // same bytes as `record` (and `records` was left as it was); false, that the records of all
+  // same bytes as `record` (`records` may or may not hold them); false, that the records of all
   // ranks were copied to `records` (rank order, `record_bytes` apart) for `reduce` to read. The
   // common case so costs a comparison per peer, no copies. Returns false, having done nothing, when
   // the transport has no such path for this count. A rank that takes the path and one that
