@@ -164,7 +164,7 @@ absl::StatusOr<std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor>> 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientCredentials(
     const std::string& token) {
   // One credentials object per token and process: it holds gRPC's TLS context (OpenSSL's
-  // SSL_CTX, the parsed root certificate), which every channel of a relay, or of the ranks run
+  // SSL_CTX, the parsed key and certificates), which every channel of a relay, or of the ranks run
   // as threads, then shares instead of building its own (milliseconds each with OpenSSL 3).
   static std::mutex mutex;
   static auto* made = new std::map<std::string, std::shared_ptr<grpc::ChannelCredentials>>;
@@ -176,6 +176,10 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientCredentials(
   if (!cert.ok()) return cert.status();
   grpc::SslCredentialsOptions options;
   options.pem_root_certs = cert->cert_pem;
+  // Shown only to a server that asks for it: a launcher of an earlier release (mutual TLS) does,
+  // this one does not (its handshake stays as short as a server-only one).
+  options.pem_private_key = cert->key_pem;
+  options.pem_cert_chain = cert->cert_pem;
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::SslCredentials(options);
   std::lock_guard<std::mutex> lock(mutex);
   return made->emplace(token, std::move(credentials)).first->second;

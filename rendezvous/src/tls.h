@@ -64,7 +64,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
 absl::StatusOr<std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor>> AddTlsAcceptor(
     grpc::ServerBuilder& builder, const std::string& token);
 // ClientCredentials: TLS accepting only the job's certificate from the server (with the target
-// name kTlsServerName); the token itself goes in each call's metadata.
+// name kTlsServerName); the token itself goes in each call's metadata. It presents the job's
+// certificate to a server that asks for one (a launcher of an earlier release, which required it).
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientCredentials(
     const std::string& token);
 
