@@ -25,8 +25,8 @@
 // channel, the start-up's Join, Allgather and Barrier batched into one call per host. Relays run
 // in the process of their host's workers, started before the clock (an agent starts its relay
 // before its ranks), and connect to the server as they start, as an agent's does while its ranks
-// start: the workers are released once their relays are connected (the server's CPU column counts
-// those connections and their TLS handshakes; the time does not).
+// start: the workers are released once their relays are connected and have proved the token (the
+// server's CPU column counts those connections and their TLS handshakes; the time does not).
 //
 //   build/bin/rendezvous_bench --runs 1 --processes 16 --relay -v 8192
 //
@@ -282,10 +282,11 @@ bool ReadBytes(int fd, std::string& out, size_t count) {
 }
 
 // RunProcesses times one handshake of n workers spread over `processes` worker processes, and
-// says in `last` when the last worker ended each phase.
+// says in `last` when the last worker ended each phase, in `timed_cpu_ms` the workers' CPU from
+// their release and in `server_cpu_ms` this process's (the server's) over the same time.
 double RunProcesses(const rdv::Server& server, const std::string& token, int n, int processes,
                     bool per_key, bool relay, Clock::time_point& start, Phases& last,
-                    double& timed_cpu_ms) {
+                    double& timed_cpu_ms, double& server_cpu_ms) {
   int go[2], status[2];
   if (pipe2(go, O_CLOEXEC) != 0 || pipe2(status, O_CLOEXEC) != 0) return -1;
   std::vector<pid_t> pids;
@@ -322,11 +323,13 @@ double RunProcesses(const rdv::Server& server, const std::string& token, int n, 
   double seconds = -1;
   if (static_cast<int>(pids.size()) == processes && ReadBytes(status[0], ready, processes)) {
     start = Clock::now();
+    const double server_cpu_at_start = CpuMs(RUSAGE_SELF);
     const std::string release(processes, 'g');
     bool passed =
         write(go[1], release.data(), release.size()) == static_cast<ssize_t>(release.size()) &&
         ReadBytes(status[0], done, processes * sizeof(Record));
     const Clock::time_point end = Clock::now();
+    server_cpu_ms = CpuMs(RUSAGE_SELF) - server_cpu_at_start;
     last.fill(start);
     for (int p = 0; passed && p < processes; ++p) {
       Record record;
@@ -367,9 +370,10 @@ double RunOnce(int n, int processes, bool per_key, bool relay, bool verbose) {
   Phases last;
   double seconds = -1;
   double timed_cpu_ms = 0;
+  double server_cpu_ms = 0;
   if (processes > 0) {
     seconds = RunProcesses(**server, options.token, n, processes, per_key, relay, start, last,
-                           timed_cpu_ms);
+                           timed_cpu_ms, server_cpu_ms);
   } else {
     std::vector<Phases> phases;
     Clock::time_point end;
@@ -387,8 +391,12 @@ double RunOnce(int n, int processes, bool per_key, bool relay, bool verbose) {
                   std::chrono::duration<double, std::milli>(last[p] - start).count());
     }
     // The workers' CPU between their release and their last worker's end, without starting
-    // the processes and threads (what "workers cpu" below also counts).
-    if (processes > 0) std::printf(" workers' cpu from release %.0f ms;", timed_cpu_ms);
+    // the processes and threads (what "workers cpu" below also counts), and the server's over the
+    // same time (without its share of the relays' connections, which "server cpu" counts).
+    if (processes > 0) {
+      std::printf(" workers' cpu from release %.0f ms; server's %.0f ms;", timed_cpu_ms,
+                  server_cpu_ms);
+    }
     std::printf("\n");
   }
   return seconds;

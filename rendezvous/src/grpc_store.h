@@ -29,7 +29,7 @@ void PrepareContext(grpc::ClientContext& context, const ClientOptions& options,
                     std::chrono::milliseconds timeout);
 
 // IsTlsRefusal: the call failed because the TLS handshake did: the server's certificate is not
-// the one this worker's token makes, or the server refused this worker's (another job's token).
+// the one this worker's token makes (the server is another job's).
 bool IsTlsRefusal(const grpc::Status& status);
 
 // ClientError turns a failed call into a status a person can act on: the server's own message

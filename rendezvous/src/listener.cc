@@ -279,21 +279,6 @@ void Listener::Sweep(bool all) {
     unproven_by_peer_.erase(it->second.peer);
     it = unproven_.erase(it);
   }
-  if (tls_mode_) {
-    // gRPC closes a connection whose TLS handshake has not ended within kTlsHandshakeTimeout of
-    // its hand-over, and the handshake is the proof (tls.h): one still open at the deadline has
-    // proved the token, even if it has made no call yet (a relay connects ahead of its ranks).
-    for (auto it = unproven_.begin(); it != unproven_.end();) {
-      if (now - it->second.accepted < admission_.limits().deadline) {
-        ++it;
-        continue;
-      }
-      admission_.Proven(it->first);
-      unproven_by_peer_.erase(it->second.peer);
-      proven_.push_back(std::move(it->second));
-      it = unproven_.erase(it);
-    }
-  }
   for (uint64_t late : admission_.Expired(now)) CloseUnproven(late);
   if (!all) return;
   std::vector<std::string> gone;

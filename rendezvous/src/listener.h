@@ -11,8 +11,10 @@
 // Before authentication it applies the job's Admission (admission.h): a connection must prove the
 // token (the server calls Proven() at its first authenticated call) within the deadline from its
 // accept, and unproven connections are capped per peer address and in all, the oldest closed
-// first. With TLS (tls.h) the proof is already the handshake, so gRPC reads no request of a
-// stranger's; the deadline and caps bound what such connections hold meanwhile.
+// first. With TLS or without, the proof is a call that carries the token (a host's relay makes
+// one, Hello, as soon as it connects); with TLS (tls.h) gRPC refuses a stranger's calls as their
+// headers arrive, before reading their messages, and the deadline and caps bound what such
+// connections hold meanwhile.
 //
 //   auto listener = Listener::Bind("127.0.0.1", 0);       // before the server is built
 //   auto tls = builder.experimental().AddExternalConnectionAcceptor(FROM_FD, creds);  // or null
@@ -66,8 +68,8 @@ class Listener {
   static Admission::Limits AdmissionFor(size_t ranks);
 
   // gRPC ends a TLS handshake that has not finished by then (set on the server by its builder's
-  // GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS); shorter than the admission's deadline, which then finds
-  // only connections that have finished it.
+  // GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS); shorter than the admission's deadline, so a connection
+  // that never finishes one is gRPC's to close.
   static constexpr std::chrono::milliseconds kTlsHandshakeTimeout{4000};
 
   // Bind listens on host:port (port 0: the kernel chooses). Fails with UNAVAILABLE.

@@ -53,6 +53,10 @@ constexpr char kJoinBatch[] = "/trainrun.rendezvous.proto.Rendezvous/JoinBatch";
 constexpr char kAllgatherBatch[] = "/trainrun.rendezvous.proto.Rendezvous/AllgatherBatch";
 constexpr char kBarrierBatch[] = "/trainrun.rendezvous.proto.Rendezvous/BarrierBatch";
 constexpr char kSetBatch[] = "/trainrun.rendezvous.proto.Rendezvous/SetBatch";
+constexpr char kHello[] = "/trainrun.rendezvous.proto.Rendezvous/Hello";
+// How long the relay's Hello waits for the server (wait_for_ready: the launcher's server may still
+// be starting). Should it fail, the ranks' first call connects anew and proves the token itself.
+constexpr std::chrono::seconds kHelloTimeout{60};
 
 // IsReport says whether a Set's body is a rank's monitor report, which the relay batches.
 bool IsReport(const std::string& body, proto::SetRequest& request) {
@@ -105,7 +109,9 @@ class Relay::Impl {
   const std::string& socket() const { return options_.socket; }
   int64_t upstream_calls() const { return upstream_calls_.load(); }
   bool WaitConnected(std::chrono::milliseconds timeout) {
-    return channel_->WaitForConnected(std::chrono::system_clock::now() + timeout);
+    std::unique_lock<std::mutex> lock(mutex_);
+    hello_done_.wait_for(lock, timeout, [this] { return hello_answered_; });
+    return hello_answered_ && hello_ != nullptr && hello_->status.ok();
   }
 
  private:
@@ -153,6 +159,9 @@ class Relay::Impl {
   void FlushDue(bool all);
   void Flush(RelayMethod method, const BatchKey* key, Batch& batch);
   void Send(std::string method, grpc::ByteBuffer request, std::vector<Call> members);
+  // SayHello sends the Hello that proves the relay's connection (tls.h, listener.h) as soon as it
+  // is up, so the server keeps it while the agent starts the ranks.
+  void SayHello();
   void Finish(Upstream* upstream);
   void FinishJoins(Upstream& upstream);
   void FinishGather(Upstream& upstream);
@@ -184,6 +193,10 @@ class Relay::Impl {
   std::condition_variable idle_;
   std::vector<Upstream*> in_flight_;
   std::vector<Upstream*> finished_;
+  // The Hello (in in_flight_ until answered; not counted in upstream_calls_), and its answer.
+  std::unique_ptr<Upstream> hello_;
+  bool hello_answered_ = false;
+  std::condition_variable hello_done_;
 };
 
 absl::Status Relay::Impl::Listen() {
@@ -215,10 +228,11 @@ absl::Status Relay::Impl::Listen() {
       internal::NewChannel(options_.server_address, options_.token, options_.tls);
   if (!channel.ok()) return channel.status();
   channel_ = *std::move(channel);
-  // Connect now, while the agent starts its ranks, not on their first call: the TCP and HTTP/2
-  // handshakes (about a third of the relay's work at start-up) then leave the ranks' path.
-  channel_->GetState(/*try_to_connect=*/true);
   stub_ = std::make_unique<grpc::GenericStub>(channel_);
+  // Connect and prove the token now, while the agent starts its ranks, not on their first call:
+  // the TCP, TLS and HTTP/2 handshakes (about a third of the relay's work at start-up) then leave
+  // the ranks' path, and the server keeps a connection that has proved the token.
+  SayHello();
   thread_ = std::thread([this] { Run(); });
   // So that `top -H`, `ps -L` and profiles tell the relay from the agent's other threads.
   pthread_setname_np(thread_.native_handle(), "trainrun-relay");
@@ -598,6 +612,30 @@ void Relay::Impl::Send(std::string method, grpc::ByteBuffer request, std::vector
                      if (wake_fd_ >= 0 && ::write(wake_fd_, &one, sizeof(one)) < 0) {
                        // The loop is stopping; Stop frees what finished.
                      }
+                     if (in_flight_.empty()) idle_.notify_all();
+                   });
+}
+
+void Relay::Impl::SayHello() {
+  hello_ = std::make_unique<Upstream>();
+  Upstream* upstream = hello_.get();
+  upstream->method = kHello;
+  upstream->request = ToBuffer(proto::HelloRequest().SerializeAsString());
+  upstream->context.AddMetadata(internal::kTokenMetadata, options_.token);
+  upstream->context.AddMetadata(internal::kJobIdMetadata, options_.job_id);
+  upstream->context.set_deadline(std::chrono::system_clock::now() + kHelloTimeout);
+  upstream->context.set_wait_for_ready(true);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    in_flight_.push_back(upstream);
+  }
+  stub_->UnaryCall(&upstream->context, upstream->method, grpc::StubOptions(), &upstream->request,
+                   &upstream->response, [this, upstream](grpc::Status status) {
+                     std::lock_guard<std::mutex> lock(mutex_);
+                     upstream->status = std::move(status);
+                     in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), upstream));
+                     hello_answered_ = true;
+                     hello_done_.notify_all();
                      if (in_flight_.empty()) idle_.notify_all();
                    });
 }

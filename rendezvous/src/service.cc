@@ -85,6 +85,12 @@ grpc::Status Service::Authenticate(grpc::CallbackServerContext* context) const {
   return grpc::Status::OK;
 }
 
+grpc::ServerUnaryReactor* Service::Hello(grpc::CallbackServerContext* context,
+                                         const proto::HelloRequest* /*request*/,
+                                         proto::HelloResponse* /*response*/) {
+  return FinishNow(context, Authenticate(context));
+}
+
 // --- Membership ----------------------------------------------------------------------------------
 
 absl::StatusOr<Placement> Service::JoinOne(const proto::JoinRequest& request,

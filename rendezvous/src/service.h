@@ -75,6 +75,9 @@ class Service final : public proto::Rendezvous::WithRawCallbackMethod_Allgather<
   grpc::ServerUnaryReactor* SetBatch(grpc::CallbackServerContext* context,
                                      const proto::SetBatchRequest* request,
                                      proto::SetBatchResponse* response) override;
+  grpc::ServerUnaryReactor* Hello(grpc::CallbackServerContext* context,
+                                  const proto::HelloRequest* request,
+                                  proto::HelloResponse* response) override;
 
   // JoinOne joins one worker, filling its place (and host_names, for a worker that did not ask
   // for the host table) into `response`; the caller adds the runs, table and job id.

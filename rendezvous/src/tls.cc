@@ -1,5 +1,6 @@
 #include "tls.h"
 
+#include <grpcpp/security/auth_metadata_processor.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
@@ -14,6 +15,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "wire.h"
 
 namespace trainrun::rendezvous::internal {
 namespace {
@@ -101,6 +103,32 @@ absl::StatusOr<JobCertificate> Make(const std::string& token) {
   return JobCertificate{BioText(key_bio.get()), BioText(cert_bio.get())};
 }
 
+// TokenCheck refuses a call whose metadata lacks the job's token. gRPC runs it as the call's
+// headers arrive, before the server reads the call's message; the service checks the token again
+// (service.cc), as it must over plain text.
+class TokenCheck final : public grpc::AuthMetadataProcessor {
+ public:
+  explicit TokenCheck(std::string token) : token_(std::move(token)) {}
+
+  // Cheap, so gRPC runs it inline rather than handing it to a thread of its own.
+  bool IsBlocking() const override { return false; }
+
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* /*context*/,
+                       OutputMetadata* /*consumed*/, OutputMetadata* /*response*/) override {
+    auto token = metadata.find(kTokenMetadata);
+    if (token != metadata.end() &&
+        ConstantTimeEquals(token_, std::string_view(token->second.data(), token->second.size()))) {
+      return grpc::Status::OK;
+    }
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "the rendezvous refused a call without this job's token "
+                        "(TRAINRUN_JOB_TOKEN); is the worker from another job?");
+  }
+
+ private:
+  const std::string token_;
+};
+
 }  // namespace
 
 absl::StatusOr<JobCertificate> MakeJobCertificate(const std::string& token) {
@@ -118,11 +146,11 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
     const std::string& token) {
   absl::StatusOr<JobCertificate> cert = MakeJobCertificate(token);
   if (!cert.ok()) return cert.status();
-  grpc::SslServerCredentialsOptions options(
-      GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  options.pem_root_certs = cert->cert_pem;
+  grpc::SslServerCredentialsOptions options(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   options.pem_key_cert_pairs.push_back({cert->key_pem, cert->cert_pem});
-  return grpc::SslServerCredentials(options);
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::SslServerCredentials(options);
+  credentials->SetAuthMetadataProcessor(std::make_shared<TokenCheck>(token));
+  return credentials;
 }
 
 absl::StatusOr<std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor>> AddTlsAcceptor(
@@ -148,6 +176,8 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientCredentials(
   if (!cert.ok()) return cert.status();
   grpc::SslCredentialsOptions options;
   options.pem_root_certs = cert->cert_pem;
+  // Shown only to a server that asks for it: a launcher of an earlier release (mutual TLS) does,
+  // this one does not (its handshake stays as short as a server-only one).
   options.pem_private_key = cert->key_pem;
   options.pem_cert_chain = cert->cert_pem;
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::SslCredentials(options);

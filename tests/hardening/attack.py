@@ -7,6 +7,7 @@ the "large call" is written out by hand.
 
 import resource
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -85,12 +86,22 @@ def open_many(host, port, count, first_bytes=b"", rate=None):
     return attack
 
 
-def large_call(sock, path, size, stop):
-    """Sends one gRPC call of a `size`-byte message on `sock` (plain HTTP/2, no token), obeying
-    the server's flow control; returns the bytes of the message sent before the end."""
+def tls_wrap(sock):
+    """Completes a TLS handshake on `sock` as a stranger can (HTTP/2 by ALPN), trusting whatever
+    certificate the server shows; returns the TLS socket."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    return context.wrap_socket(sock, server_hostname="trainrun-rendezvous")
+
+
+def large_call(sock, path, size, stop, scheme="http"):
+    """Sends one gRPC call of a `size`-byte message on `sock` (HTTP/2, no token), obeying the
+    server's flow control; returns the bytes of the message sent before the end."""
     sock.settimeout(5)
     sock.sendall(PREFACE + frame(0x4, 0, 0))  # SETTINGS, empty
-    headers = (literal(":method", "POST") + literal(":scheme", "http") + literal(":path", path) +
+    headers = (literal(":method", "POST") + literal(":scheme", scheme) + literal(":path", path) +
                literal(":authority", "trainrun") + literal("content-type", "application/grpc") +
                literal("te", "trailers"))
     sock.sendall(frame(0x1, 0x4, 1, headers))
@@ -105,8 +116,10 @@ def large_call(sock, path, size, stop):
         sock.settimeout(5 if block else 0.0001)
         try:
             data = sock.recv(65536)
-        except (BlockingIOError, socket.timeout):
+        except (BlockingIOError, socket.timeout, ssl.SSLWantReadError):
             return True
+        except OSError:
+            return False
         if not data:
             return False
         pending += data
@@ -156,17 +169,45 @@ def large_call(sock, path, size, stop):
     return sent
 
 
-def large_calls(host, port, count, size, path="/trainrun.rendezvous.proto.Rendezvous/Set"):
-    """`count` connections, each sending one `size`-byte call without a token, concurrently."""
+def wait_closed(sock, seconds):
+    """Reads and drops what `sock` receives until the peer closes it (True) or `seconds` pass."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sock.settimeout(max(0.01, end - time.monotonic()))
+        try:
+            if not sock.recv(65536):
+                return True
+        except (socket.timeout, ssl.SSLWantReadError):
+            continue
+        except OSError:
+            return True
+    return False
+
+
+def large_calls(host, port, count, size, path="/trainrun.rendezvous.proto.Rendezvous/Set",
+                tls=False):
+    """`count` connections, each sending one `size`-byte call without a token, concurrently. With
+    `tls`, each first completes a TLS handshake (tls_wrap), then waits, after its call, for the
+    server to close the connection: attack.closed_after[i] is the seconds from connecting to that
+    close (None: not within 30 s)."""
     attack = Attack()
     attack.sent = [0] * count
+    attack.handshakes = 0
+    attack.closed_after = [None] * count
 
     def one(i):
         try:
+            t0 = time.monotonic()
             s = socket.create_connection((host, port), timeout=5)
+            if tls:
+                s = tls_wrap(s)
+                attack.handshakes += 1
             attack.sockets.append(s)
             attack.opened += 1
-            attack.sent[i] = large_call(s, path, size, attack._stop)
+            attack.sent[i] = large_call(s, path, size, attack._stop,
+                                        scheme="https" if tls else "http")
+            if tls and wait_closed(s, 30):
+                attack.closed_after[i] = time.monotonic() - t0
         except OSError:
             pass
 

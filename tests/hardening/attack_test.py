@@ -28,6 +28,11 @@ SKIP = 77
 # How much later than without the attack a job may end (the issue's bar).
 SLACK_S = 1.0
 ROUNDS = 2  # attacked and plain runs each, alternating
+# The admission deadline (Admission::kDefaultDeadline): a connection that has proved nothing by
+# then is closed.
+DEADLINE_S = 5.0
+# HTTP/2's initial flow-control window, which gRPC's server keeps for a stream it has not read.
+FLOW_CONTROL_WINDOW = 65535
 # Prefixed to a rank's shell command: it then dials the rendezvous' TCP port (with TLS), as a
 # remote host's ranks do, rather than the local socket trainrun gives the ranks on its machine.
 TCP_RANKS = "unset TRAINRUN_RENDEZVOUS_SOCKET;"
@@ -191,6 +196,45 @@ def large_calls_case(args):
           f"{idle / 1024:.1f} MiB idle, {peak / 1024:.1f} MiB at most")
     if rc != 0:
         fail(f"the job exited {rc}:\n{run.text()}")
+    if peak - idle >= 50 * 1024:
+        fail(f"trainrun grew by {(peak - idle) / 1024:.1f} MiB (bar: under 50 MiB)")
+
+
+def large_calls_tls_case(args):
+    """A stranger that completes the TLS handshake (the server asks no certificate of a client)
+    and then sends calls of 60 MiB without the token: each is refused as its headers arrive, so the
+    server accepts at most one flow-control window of its message, and the connection is closed
+    within the admission deadline of its accept."""
+    port = free_port()
+    run = Run([args.trainrun, "-np", "2", "--rendezvous-port", str(port), "sh", "-c",
+               'sleep 9; exec "$0"', args.worker])
+    if not attack.wait_listening("127.0.0.1", port):
+        fail("the rendezvous never listened")
+    time.sleep(0.5)
+    idle = max(rss_kib(run.proc.pid) or 0 for _ in range(5))
+    calls = attack.large_calls("127.0.0.1", port, 16, 60 << 20, tls=True)
+    peak = idle
+    end = time.monotonic() + 8
+    while time.monotonic() < end and any(t.is_alive() for t in calls.threads):
+        peak = max(peak, rss_kib(run.proc.pid) or 0)
+        time.sleep(0.02)
+    calls.stop()
+    rc = run.wait()
+    print(f"16 calls of 60 MiB without the token after a completed TLS handshake "
+          f"({calls.handshakes} handshakes): accepted {min(calls.sent)}-{max(calls.sent)} bytes "
+          f"each; connections closed after {calls.closed_after} s; trainrun "
+          f"{idle / 1024:.1f} MiB idle, {peak / 1024:.1f} MiB at most")
+    if rc != 0:
+        fail(f"the job exited {rc}:\n{run.text()}")
+    if calls.handshakes != 16:
+        fail(f"only {calls.handshakes} of 16 TLS handshakes completed: the case tests nothing")
+    if max(calls.sent) > FLOW_CONTROL_WINDOW:
+        fail(f"the server accepted {max(calls.sent)} bytes of a call without the token (bar: one "
+             f"flow-control window, {FLOW_CONTROL_WINDOW} bytes)")
+    late = [t for t in calls.closed_after if t is None or t > DEADLINE_S + SLACK_S]
+    if late:
+        fail(f"{len(late)} connections without the token were not closed within "
+             f"{DEADLINE_S + SLACK_S} s: {calls.closed_after}")
     if peak - idle >= 50 * 1024:
         fail(f"trainrun grew by {(peak - idle) / 1024:.1f} MiB (bar: under 50 MiB)")
 
@@ -455,6 +499,7 @@ CASES = {
     "rendezvous-onebyte-4200": lambda a: rendezvous_case(a, "onebyte", 4200),
     "rendezvous-preface-200": lambda a: rendezvous_case(a, "preface", 200),
     "rendezvous-large-calls": large_calls_case,
+    "rendezvous-large-calls-tls": large_calls_tls_case,
     "join-idle-20": lambda a: join_case(a, "idle", 20),
     "join-idle-200": lambda a: join_case(a, "idle", 200),
     "join-onebyte-4200": lambda a: join_case(a, "onebyte", 4200),

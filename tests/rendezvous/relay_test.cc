@@ -12,6 +12,8 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -435,6 +437,36 @@ TEST_CASE("relay: a connection that never says the token is closed at the admiss
   ::close(fd);
   // And it still serves its ranks.
   CHECK(Join(Through(job, *relay, 0), seconds(10)).ok());
+}
+
+TEST_CASE("relay: its connection stays the server's while its ranks take longer than the deadline",
+          "[rendezvous][relay]") {
+  Job job = StartJob(TwoHosts());
+  std::unique_ptr<Relay> relay = StartRelay(job, "a", 4);
+  // The server says on stderr when it closes connections that proved nothing: capture it while
+  // the relay's ranks "start" for longer than the admission deadline.
+  char path[] = "/tmp/trainrun-relay-test-XXXXXX";
+  const int capture = mkstemp(path);
+  REQUIRE(capture >= 0);
+  unlink(path);
+  std::fflush(stderr);
+  const int saved = dup(STDERR_FILENO);
+  dup2(capture, STDERR_FILENO);
+  const bool connected = relay->WaitConnected(seconds(10));
+  std::this_thread::sleep_for(Admission::kDefaultDeadline + milliseconds(600));  // sweeps: 100 ms
+  std::fflush(stderr);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  std::string said(1 << 16, '\0');
+  const ssize_t length = pread(capture, said.data(), said.size(), 0);
+  close(capture);
+  said.resize(length > 0 ? static_cast<size_t>(length) : 0);
+  CHECK(connected);
+  CHECK(said.find("did not prove") == std::string::npos);
+  std::vector<absl::Status> statuses =
+      OnThreads(4, [&](int r) { return Join(Through(job, *relay, r), seconds(10)).status(); });
+  for (const absl::Status& status : statuses) CHECK(status.ok());
+  CHECK(relay->upstream_calls() == 1);  // the host's JoinBatch (the Hello is not counted)
 }
 
 TEST_CASE("relay: when the relay goes away, its ranks' calls fail naming it",

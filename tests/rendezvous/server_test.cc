@@ -30,6 +30,8 @@
 #include "rank_threads.h"
 #include "skip_test.h"
 #include "test_job.h"
+#include "tls.h"
+#include "trainrun/rendezvous/admission.h"
 #include "trainrun/rendezvous/client.h"
 #include "trainrun/rendezvous/generation.h"
 #include "wire.h"
@@ -259,6 +261,59 @@ TEST_CASE("A wrong or missing token is refused and changes nothing", "[rendezvou
   // A barrier of one passes at once: the refused calls did not enter it.
   CHECK(good.store->Barrier("b", 2, milliseconds(50)).code() ==
         absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("A client that finishes the TLS handshake without the token is refused and cut off",
+          "[rendezvous]") {
+  Job job = StartJob(OneHostPlan(1));
+  // The server asks no certificate of a client, so anyone can finish a handshake; this stranger
+  // even trusts the job's certificate, but it has no token to send.
+  absl::StatusOr<internal::JobCertificate> cert = internal::MakeJobCertificate(job.options.token);
+  REQUIRE(cert.ok());
+  grpc::SslCredentialsOptions tls;
+  tls.pem_root_certs = cert->cert_pem;
+  grpc::ChannelArguments args;
+  args.SetSslTargetNameOverride(internal::kTlsServerName);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetMaxSendMessageSize(-1);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(job.server->address(), grpc::SslCredentials(tls), args);
+  auto stub = proto::Rendezvous::NewStub(channel);
+  const Clock::time_point dialed = Clock::now();
+  for (const char* token : {"", "wrong"}) {
+    grpc::ClientContext context;
+    if (*token != '\0') context.AddMetadata(internal::kTokenMetadata, token);
+    context.set_deadline(std::chrono::system_clock::now() + seconds(5));
+    proto::HelloResponse answer;
+    CHECK(stub->Hello(&context, proto::HelloRequest(), &answer).error_code() ==
+          grpc::StatusCode::UNAUTHENTICATED);
+  }
+  REQUIRE(channel->GetState(false) == GRPC_CHANNEL_READY);  // the handshake itself passed
+  {
+    // A message larger than the server takes at all: it is refused for the token, as its headers
+    // arrive, not for its size, which the server would learn only by reading it.
+    proto::SetRequest large;
+    large.set_key("k");
+    large.set_value(std::string(60 << 20, 'x'));
+    grpc::ClientContext context;
+    context.AddMetadata(internal::kTokenMetadata, "wrong");
+    context.set_deadline(std::chrono::system_clock::now() + seconds(5));
+    proto::SetResponse answer;
+    grpc::Status status = stub->Set(&context, large, &answer);
+    CHECK(status.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    CHECK(status.error_message().find("token") != std::string::npos);
+  }
+  // Nothing proved the token on this connection: the server closes it at the admission deadline
+  // from its accept (the listener looks every 100 ms).
+  const Clock::time_point bar = dialed + Admission::kDefaultDeadline + seconds(1);
+  while (channel->GetState(false) == GRPC_CHANNEL_READY && Clock::now() < bar) {
+    channel->WaitForStateChange(GRPC_CHANNEL_READY,
+                                std::chrono::system_clock::now() + milliseconds(100));
+  }
+  CHECK(channel->GetState(false) != GRPC_CHANNEL_READY);
+  // The job goes on.
+  WorkerSession good = job.JoinAs(0);
+  CHECK(good.store->Set("k", "v").ok());
 }
 
 TEST_CASE("Put, get, add and barrier across ranks", "[rendezvous]") {

@@ -37,8 +37,9 @@ class Admission {
   using Clock = std::chrono::steady_clock;
 
   static constexpr std::chrono::milliseconds kDefaultDeadline{5000};
-  // A few KiB: a join line, or TLS's client hello, certificate and finish with the first call's
-  // headers, all fit; a large message does not.
+  // A few KiB: a join line or a rank's handshake fits; a large message does not. (The rendezvous'
+  // TCP port cannot count bytes inside TLS: there gRPC refuses a call without the token before it
+  // reads the call's message, rendezvous/src/tls.h.)
   static constexpr size_t kDefaultMaxBytesBeforeProof = 16 * 1024;
   static constexpr std::chrono::seconds kReportPeriod{60};
 

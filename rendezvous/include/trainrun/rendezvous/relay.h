@@ -60,10 +60,10 @@ class Relay {
   // and the bench.
   int64_t upstream_calls() const;
 
-  // WaitConnected waits until the relay's connection to the server is up (TCP, TLS and HTTP/2
-  // handshakes done), at most `timeout`; false if it is not. The relay connects by itself as it
-  // starts; the bench waits for it to time the ranks' start-up as an agent's ranks meet it, after
-  // their own start.
+  // WaitConnected waits until the relay's connection to the server is up and has proved the token
+  // (TCP, TLS and HTTP/2 handshakes done, the relay's Hello answered), at most `timeout`; false if
+  // it is not. The relay connects by itself as it starts; the bench waits for it to time the ranks'
+  // start-up as an agent's ranks meet it, after their own start.
   bool WaitConnected(std::chrono::milliseconds timeout);
 
   class Impl;
