@@ -204,7 +204,11 @@ bool ShmTransport::TryCheckedAllreduce(const void* input, void* output, size_t c
   const size_t e = ElementSize(type);
   const size_t data_at = RoundUp(record_bytes, 64);
   if (size_ == 1 || count == 0 || op == ReduceOp::kAdasum) return false;
-  if (data_at + count * e > std::min(options_.small_bytes, options_.chunk_bytes)) {
+  // One step where the data alone would take it (as TryAllreduce and CanAllreduceCopies choose):
+  // the record sits in the slot's head, kChunkAt bytes that the one-step size does not count, so
+  // a call record does not push a 16 KiB allreduce onto the chunked path's two steps.
+  const size_t one_step = std::min(options_.small_bytes, options_.chunk_bytes);
+  if (count * e > one_step || data_at + count * e > kChunkAt + one_step) {
     if (record_bytes > kChunkAt) return false;
     const Check check{record, record_bytes, records, reduce};
     SetState(kWorking);

@@ -135,11 +135,11 @@ class ShmTransport : public Transport {
   // ring over Send/Recv takes n-1 (each a sleep and a wake-up when ranks share cores).
   bool TryAllgather(const void* input, void* output, size_t bytes) override;
   // The record always goes at the slot's start, where TryAllgather puts it. An allreduce whose
-  // record and input fit ShmOptions::small_bytes together: the input one cache line further, one
-  // synchronisation in all. A larger one (record of at most kChunkAt bytes): the chunked allreduce,
-  // whose first step carries the record beside the first chunk, so the records cost no step of
-  // their own either; when `reduce(same)` says no, it stops after that step, before anything is
-  // written to `output`.
+  // input fits ShmOptions::small_bytes (as TryAllreduce's one step; the record takes the slot's
+  // head beside it): the input one cache line further, one synchronisation in all. A larger one
+  // (record of at most kChunkAt bytes): the chunked allreduce, whose first step carries the record
+  // beside the first chunk, so the records cost no step of their own either; when `reduce(same)`
+  // says no, it stops after that step, before anything is written to `output`.
   bool TryCheckedAllreduce(const void* input, void* output, size_t count, DataType type,
                            ReduceOp op, const void* record, size_t record_bytes, void* records,
                            FunctionRef<bool(bool)> reduce) override;
