@@ -283,7 +283,7 @@ std::string SpecError(const std::vector<std::string>& args) {
   return std::string(spec.status().message());
 }
 
-TEST_CASE("--rsh-agent: an empty command or an open quote is one sentence naming it", "[cli]") {
+TEST_CASE("an empty --rsh-agent or one with an open quote is one sentence naming it", "[cli]") {
   CHECK(SpecError({"-H", "a:1", "--rsh-agent", "ssh -o 'ProxyCommand=x", "true"}) ==
         "--rsh-agent 'ssh -o 'ProxyCommand=x' has an unclosed '");
   CHECK(SpecError({"-H", "a:1", "--rsh-agent", " ", "true"}) ==
