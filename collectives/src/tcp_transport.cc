@@ -604,17 +604,22 @@ void TcpTransport::SendFrame(int peer, const char* all, size_t record_bytes, int
 }
 
 uint64_t TcpTransport::RecvHead(int peer, char* all, size_t record_bytes, int first, int end) {
-  uint64_t theirs = 0;
   const size_t records = (end - first) * record_bytes;
-  frame_in_.resize(sizeof theirs + records);
+  frame_in_.resize(sizeof(uint64_t) + records);
   Wait(Recv(peer, frame_in_.data(), frame_in_.size()));
+  const uint64_t theirs = AnnouncedBytes(peer);
+  std::memcpy(all + first * record_bytes, frame_in_.data() + sizeof theirs, records);
+  return theirs;
+}
+
+uint64_t TcpTransport::AnnouncedBytes(int peer) {
+  uint64_t theirs = 0;
   std::memcpy(&theirs, frame_in_.data(), sizeof theirs);
   if (theirs > kFoldBytes) {
     Fail(peer, MakeMessage("rank ", peer, " sent a frame announcing ", theirs,
                            " bytes of data, more than the ", kFoldBytes,
                            " any rank sends (a different trainrun build?)"));
   }
-  std::memcpy(all + first * record_bytes, frame_in_.data() + sizeof theirs, records);
   return theirs;
 }
 
@@ -725,13 +730,7 @@ uint64_t TcpTransport::ExchangeFrames(const void* data, size_t bytes) {
   Send(peer, frame_out_.data(), head);
   if (bytes > 0) Send(peer, data, bytes);
   Wait(Recv(peer, frame_in_.data(), head));
-  uint64_t theirs = 0;
-  std::memcpy(&theirs, frame_in_.data(), sizeof theirs);
-  if (theirs > kFoldBytes) {
-    Fail(peer, MakeMessage("rank ", peer, " sent a frame announcing ", theirs,
-                           " bytes of data, more than the ", kFoldBytes,
-                           " any rank sends (a different trainrun build?)"));
-  }
+  const uint64_t theirs = AnnouncedBytes(peer);
   payload_in_.resize(theirs);
   if (theirs > 0) Recv(peer, payload_in_.data(), theirs);
   WaitAll();

@@ -139,6 +139,9 @@ class TcpTransport : public Transport {
   // `bytes` of `data` after it to the other rank, and receives its frame's head (of the same size)
   // into frame_in_ and the data that head announces into payload_in_; returns that data's length.
   uint64_t ExchangeFrames(const void* data, size_t bytes);
+  // AnnouncedBytes: the data length in the head just received into frame_in_ from `peer`; fails
+  // (IoError naming the peer) when it is more than any rank sends (kFoldBytes).
+  uint64_t AnnouncedBytes(int peer);
   // FramedExchange runs the frames above: `all` holds this rank's record (`record_bytes`) at its
   // place and gets every rank's. With `reduce` (TryCheckedAllreduce), `count` elements of `type`
   // at `input` travel with the records and, when reduce(same) says so once every record is known,
