@@ -11,6 +11,7 @@
 #include <iostream>
 #include <thread>
 
+#include "element_codec.h"
 #include "nccl_api.h"
 #include "trainrun/collectives/errors.h"
 #include "trainrun/collectives/gpu/loader.h"
@@ -19,6 +20,7 @@
 namespace trainrun::collectives::gpu {
 namespace {
 
+using ::trainrun::internal::MakeMessage;
 using Clock = std::chrono::steady_clock;
 
 int NcclTypeOf(DataType type) {
@@ -72,28 +74,11 @@ int NcclOpOf(ReduceOp op, DataType type) {
   return kNcclSum;
 }
 
-// float16 and bfloat16 as ScaleHost and the PreMulSum scalar handle them (as src/reduce.cc's
-// element_codec.h does; not included here, where its namespace would hide trainrun::internal).
-#if defined(__aarch64__) || defined(__arm__)
-using Half = __fp16;
-#else
-using Half = _Float16;
-#endif
-
-float BFloat16ToFloat(uint16_t value) {
-  const uint32_t bits = static_cast<uint32_t>(value) << 16;
-  float out;
-  std::memcpy(&out, &bits, sizeof out);
-  return out;
-}
-
-uint16_t FloatToBFloat16(float value) {  // to nearest even (NaN stays a NaN)
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  const bool is_nan = (bits & 0x7fffffffu) > 0x7f800000u;
-  return static_cast<uint16_t>(is_nan ? ((bits >> 16) | 0x40u) : rounded);
-}
+// float16 and bfloat16 as ScaleHost and the PreMulSum scalar handle them: as the reduction
+// kernels load and store them (element_codec.h).
+using internal::BFloat16ToFloat;
+using internal::FloatToBFloat16;
+using internal::Half;
 
 bool Scaled(const DeviceCall& call) { return call.prescale != 1.0 || call.postscale != 1.0; }
 
@@ -214,7 +199,7 @@ const NcclApi* LoadNcclApi(std::string* why_not) {
     resolve("ncclRedOpCreatePreMulSum", table.red_op_create_pre_mul_sum);
     resolve("ncclRedOpDestroy", table.red_op_destroy);
     if (!missing.empty()) {
-      why = internal::MakeMessage(library.path, " lacks ", missing, " (NCCL 2.12 or later needed)");
+      why = MakeMessage(library.path, " lacks ", missing, " (NCCL 2.12 or later needed)");
       return nullptr;
     }
     return &table;
@@ -314,8 +299,8 @@ struct DeviceCollectives::Nccl {
     if (result == kNcclSuccess) return;
     const char* last = api->get_last_error(comm);
     const std::string message =
-        internal::MakeMessage(what, " failed: NCCL: ", api->get_error_string(result),
-                              (last && *last) ? std::string(" (") + last + ")" : std::string());
+        MakeMessage(what, " failed: NCCL: ", api->get_error_string(result),
+                    (last && *last) ? std::string(" (") + last + ")" : std::string());
     if (result == kNcclRemoteError || result == kNcclSystemError) {
       Abort();
       throw IoError(message + "; the NCCL communicator was aborted, a peer rank may have failed");
@@ -464,24 +449,23 @@ std::shared_ptr<DeviceWork> DeviceCollectives::Start(DeviceCall call) {
     if (pointer == nullptr) continue;
     const int on = runtime_.DeviceOf(pointer);
     if (on < 0) {
-      throw InvalidArgumentError(internal::MakeMessage(
-          "a buffer of ", call.check.name.empty() ? "this collective" : call.check.name,
-          " is host memory, not on a GPU; pass it as a CPU array or tensor"));
+      throw InvalidArgumentError(
+          MakeMessage("a buffer of ", call.check.name.empty() ? "this collective" : call.check.name,
+                      " is host memory, not on a GPU; pass it as a CPU array or tensor"));
     }
     if (device < 0) device = on;
     if (on != device) {
-      throw InvalidArgumentError(
-          internal::MakeMessage("the buffers of one collective are on cuda:", device,
-                                " and cuda:", on, "; put them on one GPU"));
+      throw InvalidArgumentError(MakeMessage("the buffers of one collective are on cuda:", device,
+                                             " and cuda:", on, "; put them on one GPU"));
     }
   }
   if (device < 0) throw InvalidArgumentError("a GPU collective whose buffers are all empty");
   if (device_ < 0) device_ = device;
   if (device != device_) {
     throw InvalidArgumentError(
-        internal::MakeMessage("this buffer is on cuda:", device, " but rank ", comm_.rank(),
-                              "'s earlier GPU collectives on this communicator used cuda:", device_,
-                              "; a rank uses one GPU (torch.cuda.set_device(local_rank))"));
+        MakeMessage("this buffer is on cuda:", device, " but rank ", comm_.rank(),
+                    "'s earlier GPU collectives on this communicator used cuda:", device_,
+                    "; a rank uses one GPU (torch.cuda.set_device(local_rank))"));
   }
   call.device = device;
   auto work = std::shared_ptr<DeviceWork>(new DeviceWork(*this, std::move(call)));
@@ -538,23 +522,23 @@ void DeviceCollectives::Decide(int device) {
     }
   }
   if (want_staged) {
-    why = internal::MakeMessage(env::kGpuPath.name, "=staged");
+    why = MakeMessage(env::kGpuPath.name, "=staged");
   } else if (joined >= 0) {
-    why = internal::MakeMessage("rank ", joined,
-                                " had called join() when the communicator's first GPU collective "
-                                "ran, and NCCL needs every rank");
+    why = MakeMessage("rank ", joined,
+                      " had called join() when the communicator's first GPU collective "
+                      "ran, and NCCL needs every rank");
   } else if (without_nccl >= 0) {
     why = without_nccl == comm_.rank()
               ? nccl_why
-              : internal::MakeMessage("rank ", without_nccl, " of the communicator has no NCCL");
+              : MakeMessage("rank ", without_nccl, " of the communicator has no NCCL");
   } else if (shared_a >= 0) {
-    why = internal::MakeMessage("ranks ", shared_a, " and ", shared_b,
-                                " share cuda:", all[kColumns * static_cast<size_t>(shared_b) + 1],
-                                " of one host");
+    why = MakeMessage("ranks ", shared_a, " and ", shared_b,
+                      " share cuda:", all[kColumns * static_cast<size_t>(shared_b) + 1],
+                      " of one host");
   }
   if (!why.empty() && want_nccl) {
     throw InvalidArgumentError(
-        internal::MakeMessage(env::kGpuPath.name, "=nccl, but NCCL cannot serve: ", why));
+        MakeMessage(env::kGpuPath.name, "=nccl, but NCCL cannot serve: ", why));
   }
   runtime_.SetDevice(device);
   if (why.empty()) {
@@ -578,14 +562,14 @@ void DeviceCollectives::Decide(int device) {
     id_check.name = "NCCL unique ID";
     comm_.Broadcast(id.data(), id.size(), DataType::kUInt8, 0, id_check);
     if (id[0] != 1) {
-      throw Error(internal::MakeMessage("rank 0 could not create the NCCL unique ID",
-                                        root_error.empty() ? "" : ": " + root_error));
+      throw Error(MakeMessage("rank 0 could not create the NCCL unique ID",
+                              root_error.empty() ? "" : ": " + root_error));
     }
     NcclUniqueId unique{};
     std::memcpy(unique.internal, id.data() + 1, kNcclUniqueIdBytes);
-    nccl_->Check(nccl_->api->comm_init_rank(&nccl_->comm, size, unique, comm_.rank()),
-                 internal::MakeMessage("rank ", comm_.rank(), " joining NCCL over ", size,
-                                       " ranks on cuda:", device));
+    nccl_->Check(
+        nccl_->api->comm_init_rank(&nccl_->comm, size, unique, comm_.rank()),
+        MakeMessage("rank ", comm_.rank(), " joining NCCL over ", size, " ranks on cuda:", device));
     nccl_->stream = runtime_.NewStream(device);
     nccl_->tail = runtime_.NewEvent(device);
     nccl_fuse_ = every_rank_fuses;
@@ -643,7 +627,7 @@ size_t DeviceCollectives::NcclAgree(const DeviceCall& head, size_t offered) {
   check.name = head.check.name;
   comm_.Allreduce(words.data(), words.size(), DataType::kInt64, ReduceOp::kMin, check);
   if (words[1] != described || -words[2] != described) {
-    throw MismatchError(internal::MakeMessage(
+    throw MismatchError(MakeMessage(
         "mismatched GPU allreduces",
         head.check.name.empty() ? std::string() : " '" + head.check.name + "'", ": rank ",
         comm_.rank(), " reduces ", head.input_counts[0], " ", DataTypeName(head.type), " (op ",
@@ -654,18 +638,44 @@ size_t DeviceCollectives::NcclAgree(const DeviceCall& head, size_t offered) {
   return static_cast<size_t>(std::clamp<int64_t>(words[0], 1, static_cast<int64_t>(offered)));
 }
 
-void DeviceCollectives::NcclFused(const std::vector<DeviceWork*>& works, size_t k) {
-  Nccl& nccl = *nccl_;
-  void* comm = nccl.Live();
-  const DeviceCall& head = works[0]->call_;
-  const size_t element = ElementSize(head.type);
-  std::vector<size_t> offsets;  // in bytes, into the fusion buffer
+std::vector<size_t> DeviceCollectives::FusionOffsets(const std::vector<DeviceWork*>& works,
+                                                     size_t k) {
+  const size_t element = ElementSize(works[0]->call_.type);
+  std::vector<size_t> offsets;
   size_t total = 0;
   for (size_t i = 0; i < k; ++i) {
     offsets.push_back(total);
     total += works[i]->call_.input_counts[0] * element;
   }
   offsets.push_back(total);
+  return offsets;
+}
+
+void DeviceCollectives::GatherFused(const std::vector<DeviceWork*>& works,
+                                    const std::vector<size_t>& offsets, char* fusion,
+                                    Stream stream) {
+  for (size_t i = 0; i + 1 < offsets.size(); ++i) {
+    const size_t bytes = offsets[i + 1] - offsets[i];
+    if (bytes > 0) runtime_.Copy(fusion + offsets[i], works[i]->call_.inputs[0], bytes, stream);
+  }
+}
+
+void DeviceCollectives::ScatterFused(const std::vector<DeviceWork*>& works,
+                                     const std::vector<size_t>& offsets, const char* fusion,
+                                     Stream stream) {
+  for (size_t i = 0; i + 1 < offsets.size(); ++i) {
+    const size_t bytes = offsets[i + 1] - offsets[i];
+    if (bytes > 0) runtime_.Copy(works[i]->call_.outputs[0], fusion + offsets[i], bytes, stream);
+  }
+}
+
+void DeviceCollectives::NcclFused(const std::vector<DeviceWork*>& works, size_t k) {
+  Nccl& nccl = *nccl_;
+  void* comm = nccl.Live();
+  const DeviceCall& head = works[0]->call_;
+  const size_t element = ElementSize(head.type);
+  const std::vector<size_t> offsets = FusionOffsets(works, k);
+  const size_t total = offsets.back();
   char* fusion = FusionBuffer(total);  // before anything is enqueued: it may wait for the stream
   Stream stream = nccl.stream;
   for (size_t i = 0; i < k; ++i) {
@@ -675,11 +685,8 @@ void DeviceCollectives::NcclFused(const std::vector<DeviceWork*>& works, size_t 
   if (up_tail_ != nullptr) runtime_.WaitEvent(stream, up_tail_);
   // Gathered and scattered on NCCL's stream: in order with the allreduce, and the next batch's
   // gather comes after this one's scatter, so one fusion buffer serves every batch.
-  for (size_t i = 0; i < k; ++i) {
-    const size_t bytes = offsets[i + 1] - offsets[i];
-    if (bytes > 0) runtime_.Copy(fusion + offsets[i], works[i]->call_.inputs[0], bytes, stream);
-  }
-  const std::string what = internal::MakeMessage(
+  GatherFused(works, offsets, fusion, stream);
+  const std::string what = MakeMessage(
       "rank ", comm_.rank(), " enqueueing ", k, " fused ", DataTypeName(head.type), " allreduces",
       head.check.name.empty() ? std::string() : " from '" + head.check.name + "'");
   for (size_t i = 0; i < k; ++i) {
@@ -689,10 +696,7 @@ void DeviceCollectives::NcclFused(const std::vector<DeviceWork*>& works, size_t 
   nccl.Check(nccl.api->all_reduce(fusion, fusion, total / element, NcclTypeOf(head.type),
                                   NcclOpOf(head.reduce, head.type), comm, stream),
              what);
-  for (size_t i = 0; i < k; ++i) {
-    const size_t bytes = offsets[i + 1] - offsets[i];
-    if (bytes > 0) runtime_.Copy(works[i]->call_.outputs[0], fusion + offsets[i], bytes, stream);
-  }
+  ScatterFused(works, offsets, fusion, stream);
   runtime_.Record(nccl.tail, stream);
   for (size_t i = 0; i < k; ++i) runtime_.Record(works[i]->done_, stream);
   fused_ += k;
@@ -717,8 +721,8 @@ void DeviceCollectives::RunNccl(DeviceWork& work) {
   const int size = comm_.size();
   const int rank = comm_.rank();
   const std::string what =
-      internal::MakeMessage("rank ", rank, " enqueueing a ", DataTypeName(call.type), " collective",
-                            call.check.name.empty() ? std::string() : " '" + call.check.name + "'");
+      MakeMessage("rank ", rank, " enqueueing a ", DataTypeName(call.type), " collective",
+                  call.check.name.empty() ? std::string() : " '" + call.check.name + "'");
   switch (call.op) {
     case DeviceOp::kAllreduce: {
       if (!Scaled(call)) {
@@ -1031,15 +1035,10 @@ void DeviceCollectives::RunStaged(DeviceWork& work) {
 size_t DeviceCollectives::StagedFused(const std::vector<DeviceWork*>& works,
                                       std::exception_ptr* error) {
   const DeviceCall& head = works[0]->call_;
-  const size_t element = ElementSize(head.type);
-  std::vector<size_t> offsets;  // in bytes, into the fusion buffer and the pinned one
-  size_t total = 0;
-  for (DeviceWork* work : works) {
-    work->path_ = Path::kStaged;
-    offsets.push_back(total);
-    total += work->call_.input_counts[0] * element;
-  }
-  offsets.push_back(total);
+  for (DeviceWork* work : works) work->path_ = Path::kStaged;
+  // In bytes, into the fusion buffer and the pinned one.
+  const std::vector<size_t> offsets = FusionOffsets(works, works.size());
+  const size_t total = offsets.back();
   Stream down = DownStream(works);
   // On a NCCL communicator (here with a type NCCL lacks), its fused batches' copies out of the
   // fusion buffer come first.
@@ -1047,10 +1046,7 @@ size_t DeviceCollectives::StagedFused(const std::vector<DeviceWork*>& works,
   char* fusion = FusionBuffer(total);
   // Gathered on the device, then one copy down: a copy over PCIe costs ~10 us before its first
   // byte, a copy within the device far less.
-  for (size_t i = 0; i < works.size(); ++i) {
-    const size_t bytes = offsets[i + 1] - offsets[i];
-    if (bytes > 0) runtime_.Copy(fusion + offsets[i], works[i]->call_.inputs[0], bytes, down);
-  }
+  GatherFused(works, offsets, fusion, down);
   char* host = Staging(total);
   if (total > 0) runtime_.Copy(host, fusion, total, down);
   Event copied = TakeEvent();
@@ -1073,10 +1069,8 @@ size_t DeviceCollectives::StagedFused(const std::vector<DeviceWork*>& works,
   // The k that ran: one copy back of their prefix, then scattered on the device.
   Stream up = UpStream();
   if (offsets[k] > 0) runtime_.Copy(fusion, host, offsets[k], up);
-  for (size_t i = 0; i < k; ++i) {
-    const size_t bytes = offsets[i + 1] - offsets[i];
-    if (bytes > 0) runtime_.Copy(works[i]->call_.outputs[0], fusion + offsets[i], bytes, up);
-  }
+  ScatterFused(works, {offsets.begin(), offsets.begin() + static_cast<std::ptrdiff_t>(k) + 1},
+               fusion, up);
   std::vector<DeviceWork*> ran(works.begin(), works.begin() + static_cast<std::ptrdiff_t>(k));
   FinishStaged(ran);
   if (k > 1) fused_ += k;
@@ -1090,7 +1084,7 @@ void DeviceCollectives::WaitEvent(DeviceWork& work, Event event) {
   Nccl* nccl = work.path_ == Path::kNccl ? nccl_.get() : nullptr;
   auto late = [&] {
     if (nccl != nullptr) nccl->Abort();
-    return TimeoutError(internal::MakeMessage(
+    return TimeoutError(MakeMessage(
         "rank ", comm_.rank(), " waited ", timeout_.count(), " ms for a GPU collective (",
         PathName(work.path_), " path) that did not finish",
         nccl != nullptr ? "; the NCCL communicator was aborted" : "",
@@ -1107,8 +1101,8 @@ void DeviceCollectives::WaitEvent(DeviceWork& work, Event event) {
            int state = kNcclSuccess;
            nccl->api->comm_get_async_error(nccl->comm, &state);
            if (state != kNcclSuccess && state != kNcclInProgress) {
-             nccl->Check(state, internal::MakeMessage("rank ", comm_.rank(),
-                                                      " waiting for an NCCL collective"));
+             nccl->Check(state,
+                         MakeMessage("rank ", comm_.rank(), " waiting for an NCCL collective"));
            }
          }
          if (Clock::now() >= deadline) throw late();
@@ -1117,7 +1111,7 @@ void DeviceCollectives::WaitEvent(DeviceWork& work, Event event) {
 
 void DeviceCollectives::WaitCopied(Event event) {
   if (runtime_.WaitHost(event, Clock::now() + timeout_)) return;
-  throw TimeoutError(internal::MakeMessage(
+  throw TimeoutError(MakeMessage(
       "rank ", comm_.rank(), " waited ", timeout_.count(),
       " ms for the copy of a GPU buffer to host memory; the work on the buffer's stream "
       "before the collective did not finish (raise TRAINRUN_TIMEOUT if it is just slow)"));

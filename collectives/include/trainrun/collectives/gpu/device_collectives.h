@@ -270,6 +270,15 @@ class DeviceCollectives {
   void FinishStaged(const std::vector<DeviceWork*>& works);
   // FusionBuffer: the device buffer RunFused gathers into, of at least `bytes` bytes.
   char* FusionBuffer(size_t bytes);
+  // FusionOffsets: where each of the first `k` works' buffers (in-place allreduces of one type)
+  // starts in a fusion buffer, in bytes, then where the last ends (k + 1 values).
+  static std::vector<size_t> FusionOffsets(const std::vector<DeviceWork*>& works, size_t k);
+  // GatherFused enqueues on `stream` the copies of the works' buffers into `fusion` at `offsets`
+  // (as many works as offsets has ends); ScatterFused the copies back out of it.
+  void GatherFused(const std::vector<DeviceWork*>& works, const std::vector<size_t>& offsets,
+                   char* fusion, Stream stream);
+  void ScatterFused(const std::vector<DeviceWork*>& works, const std::vector<size_t>& offsets,
+                    const char* fusion, Stream stream);
   // Staging: the pinned buffer allreduces are staged in, of at least `bytes` bytes. One suffices:
   // collectives run one after another, and a copy down waits for the copies back before it
   // (DownStream), so the next never overwrites what is still being copied back.
