@@ -175,27 +175,36 @@ def rss_kib(pid):
     return None
 
 
-def large_calls_case(args):
+def large_calls_against_job(args, job_sleep_s, watch_s, tls=False):
+    """Starts a 2-rank job whose ranks wait job_sleep_s before they start, sends 16 calls of 60 MiB
+    without the token to its rendezvous (over TLS when `tls`), and samples trainrun's resident
+    memory for up to watch_s while they last. Returns the calls, trainrun's idle and peak RSS in
+    KiB, and the job's exit status and output."""
     port = free_port()
     run = Run([args.trainrun, "-np", "2", "--rendezvous-port", str(port), "sh", "-c",
-               'sleep 8; exec "$0"', args.worker])
+               f'sleep {job_sleep_s}; exec "$0"', args.worker])
     if not attack.wait_listening("127.0.0.1", port):
         fail("the rendezvous never listened")
     time.sleep(0.5)
     idle = max(rss_kib(run.proc.pid) or 0 for _ in range(5))
-    calls = attack.large_calls("127.0.0.1", port, 16, 60 << 20)
+    calls = attack.large_calls("127.0.0.1", port, 16, 60 << 20, tls=tls)
     peak = idle
-    end = time.monotonic() + 6
+    end = time.monotonic() + watch_s
     while time.monotonic() < end and any(t.is_alive() for t in calls.threads):
         peak = max(peak, rss_kib(run.proc.pid) or 0)
         time.sleep(0.02)
     calls.stop()
     rc = run.wait()
+    return calls, idle, peak, rc, run.text()
+
+
+def large_calls_case(args):
+    calls, idle, peak, rc, text = large_calls_against_job(args, 8, 6)
     sent = sum(calls.sent)
     print(f"16 calls of 60 MiB without the token: {sent / 2**20:.1f} MiB sent in all; trainrun "
           f"{idle / 1024:.1f} MiB idle, {peak / 1024:.1f} MiB at most")
     if rc != 0:
-        fail(f"the job exited {rc}:\n{run.text()}")
+        fail(f"the job exited {rc}:\n{text}")
     if peak - idle >= 50 * 1024:
         fail(f"trainrun grew by {(peak - idle) / 1024:.1f} MiB (bar: under 50 MiB)")
 
@@ -205,27 +214,13 @@ def large_calls_tls_case(args):
     and then sends calls of 60 MiB without the token: each is refused as its headers arrive, so the
     server accepts at most one flow-control window of its message, and the connection is closed
     within the admission deadline of its accept."""
-    port = free_port()
-    run = Run([args.trainrun, "-np", "2", "--rendezvous-port", str(port), "sh", "-c",
-               'sleep 9; exec "$0"', args.worker])
-    if not attack.wait_listening("127.0.0.1", port):
-        fail("the rendezvous never listened")
-    time.sleep(0.5)
-    idle = max(rss_kib(run.proc.pid) or 0 for _ in range(5))
-    calls = attack.large_calls("127.0.0.1", port, 16, 60 << 20, tls=True)
-    peak = idle
-    end = time.monotonic() + 8
-    while time.monotonic() < end and any(t.is_alive() for t in calls.threads):
-        peak = max(peak, rss_kib(run.proc.pid) or 0)
-        time.sleep(0.02)
-    calls.stop()
-    rc = run.wait()
+    calls, idle, peak, rc, text = large_calls_against_job(args, 9, 8, tls=True)
     print(f"16 calls of 60 MiB without the token after a completed TLS handshake "
           f"({calls.handshakes} handshakes): accepted {min(calls.sent)}-{max(calls.sent)} bytes "
           f"each; connections closed after {calls.closed_after} s; trainrun "
           f"{idle / 1024:.1f} MiB idle, {peak / 1024:.1f} MiB at most")
     if rc != 0:
-        fail(f"the job exited {rc}:\n{run.text()}")
+        fail(f"the job exited {rc}:\n{text}")
     if calls.handshakes != 16:
         fail(f"only {calls.handshakes} of 16 TLS handshakes completed: the case tests nothing")
     if max(calls.sent) > FLOW_CONTROL_WINDOW:
