@@ -261,16 +261,34 @@ bool TcpTransport::ProgressSends(Conn& conn) {
 
 bool TcpTransport::ProgressRecvs(Conn& conn) {
   bool moved = false;
+  // Bytes a frame head's receive took past its frame come before the socket's.
+  while (!conn.recvs.empty() && conn.stash_from < conn.stash.size()) {
+    Op& op = conn.recvs.front();
+    const size_t k = std::min(op.left, conn.stash.size() - conn.stash_from);
+    std::memcpy(op.data, conn.stash.data() + conn.stash_from, k);
+    conn.stash_from += k;
+    op.data += k;
+    op.left -= k;
+    moved = true;
+    if (op.left == 0) {
+      conn.overread = 0;
+      CompletePart(op.request);
+      conn.recvs.pop_front();
+    }
+  }
   while (!conn.recvs.empty() && conn.maybe_readable) {
     Op& op = conn.recvs.front();
-    ssize_t n = ::recv(conn.fd.get(), op.data, op.left, MSG_DONTWAIT);
+    ssize_t n = ::recv(conn.fd.get(), op.data, op.left + op.extra, MSG_DONTWAIT);
     if (n > 0) {
       moved = true;
-      op.data += n;
-      op.left -= static_cast<size_t>(n);
-      if (op.left == 0) {
+      const auto got = static_cast<size_t>(n);
+      if (got >= op.left) {
+        conn.overread = got - op.left;
         CompletePart(op.request);
         conn.recvs.pop_front();
+      } else {
+        op.data += got;
+        op.left -= got;
       }
     } else if (n == 0) {
       FailLost(conn.peer, controls_[conn.peer].said_bye
@@ -300,8 +318,10 @@ bool TcpTransport::Progress() {
 }
 
 bool TcpTransport::PollOnce(int timeout_ms) {
-  std::vector<pollfd> fds;
-  std::vector<int> owner;  // index into conns_, or -(peer + 1) for a control connection
+  std::vector<pollfd>& fds = poll_fds_;
+  std::vector<int>& owner = poll_owner_;
+  fds.clear();
+  owner.clear();
   for (size_t i = 0; i < conns_.size(); ++i) {
     Conn& conn = conns_[i];
     short events = 0;
@@ -603,18 +623,41 @@ void TcpTransport::SendFrame(int peer, const char* all, size_t record_bytes, int
   if (bytes > 0) Send(peer, data, bytes);
 }
 
-uint64_t TcpTransport::RecvHead(int peer, char* all, size_t record_bytes, int first, int end) {
+uint64_t TcpTransport::RecvHead(int peer, char* all, size_t record_bytes, int first, int end,
+                                size_t expected) {
   const size_t records = (end - first) * record_bytes;
-  frame_in_.resize(sizeof(uint64_t) + records);
-  Wait(Recv(peer, frame_in_.data(), frame_in_.size()));
+  RecvFrameHead(peer, sizeof(uint64_t) + records, expected);
   const uint64_t theirs = AnnouncedBytes(peer);
-  std::memcpy(all + first * record_bytes, frame_in_.data() + sizeof theirs, records);
+  std::memcpy(all + first * record_bytes, FrameHead() + sizeof theirs, records);
   return theirs;
+}
+
+void TcpTransport::RecvFrameHead(int peer, size_t head, size_t expected) {
+  frame_at_ = (16 - head % 16) % 16;
+  frame_head_ = head;
+  frame_got_ = 0;
+  const int k = options_.sockets_per_peer;
+  Conn& conn = DataConn(peer, 0);
+  // Grown, never shrunk: a resize that grows value-initializes, and head + expected varies.
+  if (frame_in_.size() < frame_at_ + head + expected) frame_in_.resize(frame_at_ + head + expected);
+  char* into = frame_in_.data() + frame_at_;
+  // The head and the data after it arrive together (the peer sent them in one sendmsg), so one
+  // recv takes both when the data is as long as this rank's; when it is shorter, what the recv
+  // took of the peer's next frame goes back to the connection (RecvData).
+  if (expected > 0 && conn.recvs.empty() && (k == 1 || head + expected < k * kMinStripeBytes)) {
+    const Request request = NewRequest(1);
+    conn.recvs.push_back(Op{into, head, request, expected});
+    conn.overread = 0;
+    Wait(request);
+    frame_got_ = conn.overread;
+  } else {
+    Wait(Recv(peer, into, head));
+  }
 }
 
 uint64_t TcpTransport::AnnouncedBytes(int peer) {
   uint64_t theirs = 0;
-  std::memcpy(&theirs, frame_in_.data(), sizeof theirs);
+  std::memcpy(&theirs, FrameHead(), sizeof theirs);
   if (theirs > kFoldBytes) {
     Fail(peer, MakeMessage("rank ", peer, " sent a frame announcing ", theirs,
                            " bytes of data, more than the ", kFoldBytes,
@@ -624,11 +667,28 @@ uint64_t TcpTransport::AnnouncedBytes(int peer) {
 }
 
 void TcpTransport::RecvData(int peer, uint64_t theirs, char* into) {
-  if (into == nullptr) {
-    payload_in_.resize(std::max<size_t>(payload_in_.size(), theirs));
-    into = payload_in_.data();
+  const char* got = FrameHead() + frame_head_;
+  const size_t have = std::min<size_t>(frame_got_, theirs);
+  if (frame_got_ > theirs) {
+    Conn& conn = DataConn(peer, 0);
+    TRAINRUN_ENFORCE(conn.stash_from == conn.stash.size(), "rank ", rank_, ": bytes from rank ",
+                     peer, " left unread before a frame's");
+    conn.stash.assign(got + theirs, got + frame_got_);
+    conn.stash_from = 0;
   }
-  if (theirs > 0) Recv(peer, into, theirs);
+  frame_got_ = 0;
+  if (into != nullptr) {
+    std::memcpy(into, got, have);
+    if (theirs > have) Recv(peer, into + have, theirs - have);
+    payload_ = into;
+  } else if (have == theirs) {
+    payload_ = got;  // it all came with the head
+  } else {
+    payload_in_.resize(std::max<size_t>(payload_in_.size(), theirs));
+    std::memcpy(payload_in_.data(), got, have);
+    Recv(peer, payload_in_.data() + have, theirs - have);
+    payload_ = payload_in_.data();
+  }
   WaitAll();
 }
 
@@ -662,7 +722,7 @@ void TcpTransport::FramedExchange(const char* input, char* output, size_t count,
   if (r < 2 * extra && r % 2 == 0) {
     SendFrame(r + 1, all, record_bytes, r, r + 1, input, bytes);
     WaitAll();
-    const uint64_t theirs = RecvHead(r + 1, all, record_bytes, 0, n);
+    const uint64_t theirs = RecvHead(r + 1, all, record_bytes, 0, n, bytes);
     const bool reduced = decide();
     if (reduced) {
       TRAINRUN_ENFORCE(theirs == bytes, "rank ", r + 1, " sent ", theirs,
@@ -674,10 +734,10 @@ void TcpTransport::FramedExchange(const char* input, char* output, size_t count,
   int v = r - extra;
   if (r < 2 * extra) {
     v = r / 2;
-    const uint64_t theirs = RecvHead(r - 1, all, record_bytes, r - 1, r);
+    const uint64_t theirs = RecvHead(r - 1, all, record_bytes, r - 1, r, bytes);
     RecvData(r - 1, theirs, nullptr);
     if (valid && theirs == bytes) {
-      Reduce(type, op, sum_.data(), payload_in_.data(), input, count);  // the lower rank first
+      Reduce(type, op, sum_.data(), payload_, input, count);  // the lower rank first
       sum = sum_.data();
     } else {
       valid = false;
@@ -691,8 +751,8 @@ void TcpTransport::FramedExchange(const char* input, char* output, size_t count,
     const int theirs_from = pv & ~(mask - 1);
     SendFrame(peer, all, record_bytes, first_of(mine), end_of(mine + mask - 1), sum,
               valid ? bytes : 0);
-    const uint64_t theirs =
-        RecvHead(peer, all, record_bytes, first_of(theirs_from), end_of(theirs_from + mask - 1));
+    const uint64_t theirs = RecvHead(peer, all, record_bytes, first_of(theirs_from),
+                                     end_of(theirs_from + mask - 1), bytes);
     const bool usable = valid && theirs == bytes;
     const bool last = mask * 2 == p;
     if (last) reduced = decide();  // every record is here now
@@ -706,8 +766,8 @@ void TcpTransport::FramedExchange(const char* input, char* output, size_t count,
       continue;
     }
     // The lower ranks' sum first, on both sides, so that both compute the same bits.
-    const char* lower = (v & mask) != 0 ? payload_in_.data() : sum;
-    const char* upper = (v & mask) != 0 ? sum : payload_in_.data();
+    const char* lower = (v & mask) != 0 ? payload_ : sum;
+    const char* upper = (v & mask) != 0 ? sum : payload_;
     if (!last) {
       Reduce(type, op, sum_.data(), lower, upper, count);
       sum = sum_.data();
@@ -725,15 +785,12 @@ void TcpTransport::FramedExchange(const char* input, char* output, size_t count,
 uint64_t TcpTransport::ExchangeFrames(const void* data, size_t bytes) {
   const int peer = 1 - rank_;
   const size_t head = frame_out_.size();
-  frame_in_.resize(head);
   // The head and the data leave in one sendmsg (ProgressSends), without a copy.
   Send(peer, frame_out_.data(), head);
   if (bytes > 0) Send(peer, data, bytes);
-  Wait(Recv(peer, frame_in_.data(), head));
+  RecvFrameHead(peer, head, bytes);
   const uint64_t theirs = AnnouncedBytes(peer);
-  payload_in_.resize(theirs);
-  if (theirs > 0) Recv(peer, payload_in_.data(), theirs);
-  WaitAll();
+  RecvData(peer, theirs, nullptr);
   return theirs;
 }
 
@@ -747,7 +804,7 @@ bool TcpTransport::TryAllgather(const void* input, void* output, size_t bytes) {
     std::memcpy(frame_out_.data() + sizeof none, input, bytes);
     ExchangeFrames(nullptr, 0);  // a peer's allreduce data, if its frame has any, is drained
     std::memmove(all + rank_ * bytes, frame_out_.data() + sizeof none, bytes);
-    std::memcpy(all + (1 - rank_) * bytes, frame_in_.data() + sizeof none, bytes);
+    std::memcpy(all + (1 - rank_) * bytes, FrameHead() + sizeof none, bytes);
     return true;
   }
   if (input != all + rank_ * bytes) std::memmove(all + rank_ * bytes, input, bytes);
@@ -777,7 +834,7 @@ bool TcpTransport::TryCheckedAllreduce(const void* input, void* output, size_t c
   std::memcpy(frame_out_.data() + sizeof length, record, record_bytes);
   // Both frames are whole once this returns: the input went out (output may be the input).
   const uint64_t theirs = ExchangeFrames(input, bytes);
-  const char* their_record = frame_in_.data() + sizeof length;
+  const char* their_record = FrameHead() + sizeof length;
   const bool same = std::memcmp(their_record, record, record_bytes) == 0;
   if (!same) {
     std::memcpy(all + rank_ * record_bytes, record, record_bytes);
@@ -788,8 +845,8 @@ bool TcpTransport::TryCheckedAllreduce(const void* input, void* output, size_t c
                      " bytes for an allreduce of ", bytes);
     // Rank 0's data first on both ranks, so that both compute the same bits.
     const char* mine = static_cast<const char*>(input);
-    const char* first = rank_ == 0 ? mine : payload_in_.data();
-    const char* second = rank_ == 0 ? payload_in_.data() : mine;
+    const char* first = rank_ == 0 ? mine : payload_;
+    const char* second = rank_ == 0 ? payload_ : mine;
     Reduce(type, op, output, first, second, count);
     if (op == ReduceOp::kAverage) Divide(type, output, count, 2);
   }

@@ -10,6 +10,8 @@
 // wait inside a collective, so that the timeout names the rank in none (FailTimeout).
 #pragma once
 
+#include <poll.h>
+
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -86,6 +88,10 @@ class TcpTransport : public Transport {
     char* data;
     size_t left;
     Request request;
+    // A receive may take up to `extra` bytes beyond `left` that are already there (RecvHead: a
+    // frame's head and the data it most likely announces in one recv); what it took is the
+    // connection's `overread`.
+    size_t extra = 0;
   };
   struct Conn {
     Fd fd;
@@ -94,6 +100,12 @@ class TcpTransport : public Transport {
     std::deque<Op> recvs;
     bool maybe_writable = true;
     bool maybe_readable = true;
+    size_t overread = 0;  // bytes the last receive with `extra` took beyond its `left`
+    // Bytes read from the socket past the frame they came with (a peer's next frame, when its
+    // head announced less data than RecvHead let the receive take): the next receives on this
+    // connection take them first, so the stream stays in step.
+    std::vector<char> stash;
+    size_t stash_from = 0;
   };
   struct Control {
     Fd fd;
@@ -137,7 +149,7 @@ class TcpTransport : public Transport {
   void AskWhomPeersWait();
   // FramedExchange at n = 2: ExchangeFrames sends frame_out_ (the head: length and record) with
   // `bytes` of `data` after it to the other rank, and receives its frame's head (of the same size)
-  // into frame_in_ and the data that head announces into payload_in_; returns that data's length.
+  // into frame_in_ and the data that head announces (payload_); returns that data's length.
   uint64_t ExchangeFrames(const void* data, size_t bytes);
   // AnnouncedBytes: the data length in the head just received into frame_in_ from `peer`; fails
   // (IoError naming the peer) when it is more than any rank sends (kFoldBytes).
@@ -154,10 +166,17 @@ class TcpTransport : public Transport {
   void SendFrame(int peer, const char* all, size_t record_bytes, int first, int end,
                  const void* data, size_t bytes);
   // RecvHead receives a frame's head from `peer`, its records (ranks [first, end)) into `all`, and
-  // returns the length of the data that follows (not yet received).
-  uint64_t RecvHead(int peer, char* all, size_t record_bytes, int first, int end);
-  // RecvData receives the `theirs` bytes of data a head announced: into `into` when it is not
-  // null (`theirs` is then what was expected), else into payload_in_. Waits for everything queued.
+  // returns the length of the data that follows. The receive may take up to `expected` bytes of
+  // that data with the head (one system call where the peer's data is as long as this rank's:
+  // RecvFrameHead); RecvData takes the rest.
+  uint64_t RecvHead(int peer, char* all, size_t record_bytes, int first, int end, size_t expected);
+  // RecvFrameHead receives `head` bytes from `peer` into frame_in_, and up to `expected` more
+  // that are already there (frame_got_ says how many).
+  void RecvFrameHead(int peer, size_t head, size_t expected);
+  // RecvData receives the `theirs` bytes of data the head just received announced: into `into`
+  // when it is not null (`theirs` is then what was expected), else into frame_in_ or payload_in_;
+  // payload_ points at them. Bytes the head's receive took past them go back to the connection
+  // (Conn::stash). Waits for everything queued.
   void RecvData(int peer, uint64_t theirs, char* into);
 
   int rank_;
@@ -171,6 +190,17 @@ class TcpTransport : public Transport {
   int failed_peer_ = -1;
   // The frames' buffers: a head going out (n = 2) and one coming in, a peer's data, a sum.
   std::vector<char> frame_out_, frame_in_, payload_in_, sum_;
+  // The head just received lies at frame_in_[frame_at_, frame_at_ + frame_head_), frame_at_
+  // chosen so that the data received after it starts 16-byte aligned, as payload_in_'s does.
+  size_t frame_at_ = 0;
+  size_t frame_head_ = 0;
+  size_t frame_got_ = 0;           // data bytes received with the head, after it
+  const char* payload_ = nullptr;  // the data RecvData received when `into` was null
+  const char* FrameHead() const { return frame_in_.data() + frame_at_; }
+  // PollOnce's lists, kept between calls (no allocation a wait): the descriptors, and whose each
+  // is (an index into conns_, or -(peer + 1) for a control connection).
+  std::vector<pollfd> poll_fds_;
+  std::vector<int> poll_owner_;
   uint64_t length_out_ = 0;  // the length word of the frame being sent (n > 2)
   bool resolving_ = false;   // FailTimeout is asking the peers whom they wait on
   // Adaptive spinning (Wait): spinning pays only while the peer runs on another CPU. When the two
