@@ -658,9 +658,9 @@ void TcpTransport::RecvFrameHead(int peer, size_t head, size_t expected) {
 uint64_t TcpTransport::AnnouncedBytes(int peer) {
   uint64_t theirs = 0;
   std::memcpy(&theirs, FrameHead(), sizeof theirs);
-  if (theirs > kFoldBytes) {
+  if (theirs > FoldBytes(size_)) {
     Fail(peer, MakeMessage("rank ", peer, " sent a frame announcing ", theirs,
-                           " bytes of data, more than the ", kFoldBytes,
+                           " bytes of data, more than the ", FoldBytes(size_),
                            " any rank sends (a different trainrun build?)"));
   }
   return theirs;
@@ -681,8 +681,10 @@ void TcpTransport::RecvData(int peer, uint64_t theirs, char* into) {
     std::memcpy(into, got, have);
     if (theirs > have) Recv(peer, into + have, theirs - have);
     payload_ = into;
-  } else if (have == theirs) {
-    payload_ = got;  // it all came with the head
+  } else if (frame_in_.size() - (got - frame_in_.data()) >= theirs) {
+    // Where the head's receive put its part: the rest after it (nothing to receive, often).
+    if (theirs > have) Recv(peer, const_cast<char*>(got) + have, theirs - have);
+    payload_ = got;
   } else {
     payload_in_.resize(std::max<size_t>(payload_in_.size(), theirs));
     std::memcpy(payload_in_.data(), got, have);
@@ -817,7 +819,7 @@ bool TcpTransport::TryCheckedAllreduce(const void* input, void* output, size_t c
                                        ReduceOp op, const void* record, size_t record_bytes,
                                        void* records, FunctionRef<bool(bool)> reduce) {
   const size_t bytes = count * ElementSize(type);
-  if (size_ < 2 || count == 0 || bytes > kFoldBytes || record_bytes > kFrameRecordBytes ||
+  if (size_ < 2 || count == 0 || bytes > FoldBytes(size_) || record_bytes > kFrameRecordBytes ||
       op == ReduceOp::kAdasum) {
     return false;
   }

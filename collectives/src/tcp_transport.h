@@ -75,9 +75,15 @@ class TcpTransport : public Transport {
   // a rank that takes either meets the others' records in the same frames and every rank raises a
   // mismatch, with the streams in step. At n = 2 this is one frame each way, built by
   // ExchangeFrames (the head whole in one buffer: fewer instructions than the general path). Above
-  // kFoldBytes of data neither applies (false).
+  // FoldBytes(n) of data TryCheckedAllreduce does not apply (false): recursive doubling sends all
+  // the data log2(n) times in log2(n) steps, and every rank reduces all of it, where the ring
+  // sends 2(n-1)/n of it in 2(n-1) steps and reduces 1/n, so the frames win while a step costs
+  // more than the bytes and the reduction (on loopback, docs/performance.md: to 256 KiB at n = 2
+  // to 4, not at 512 KiB beside a busy process; beyond 4 ranks 64 KiB, as before).
   static constexpr size_t kFrameRecordBytes = 4096;
-  static constexpr size_t kFoldBytes = 64 << 10;
+  static constexpr size_t FoldBytes(int size) {
+    return size <= 4 ? size_t{256} << 10 : size_t{64} << 10;
+  }
   bool TryAllgather(const void* input, void* output, size_t bytes) override;
   bool TryCheckedAllreduce(const void* input, void* output, size_t count, DataType type,
                            ReduceOp op, const void* record, size_t record_bytes, void* records,
@@ -152,7 +158,7 @@ class TcpTransport : public Transport {
   // into frame_in_ and the data that head announces (payload_); returns that data's length.
   uint64_t ExchangeFrames(const void* data, size_t bytes);
   // AnnouncedBytes: the data length in the head just received into frame_in_ from `peer`; fails
-  // (IoError naming the peer) when it is more than any rank sends (kFoldBytes).
+  // (IoError naming the peer) when it is more than any rank sends (FoldBytes).
   uint64_t AnnouncedBytes(int peer);
   // FramedExchange runs the frames above: `all` holds this rank's record (`record_bytes`) at its
   // place and gets every rank's. With `reduce` (TryCheckedAllreduce), `count` elements of `type`
