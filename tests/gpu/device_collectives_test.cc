@@ -2,9 +2,10 @@
 // the fake NCCL of fake_nccl.h): every collective and type on "device" buffers at 1, 2 and 3 ranks
 // against a float64 reference, the stream-order protocol with delayed "kernels" and no
 // synchronize, 200 collectives in flight collected in any order, pinned and fusion buffers reused,
-// tensor fusion where the ranks' queues differ, prescale and postscale, and ranks whose calls
-// differ failing loudly. Ranks are threads over the in-memory store; each runs its collectives'
-// Run on a thread of its own, as the Python bindings' communication thread does.
+// tensor fusion where the ranks' queues differ (in length, or in a later call's count), prescale
+// and postscale, and ranks whose calls differ failing loudly. Ranks are threads over the in-memory
+// store; each runs its collectives' Run on a thread of its own, as the Python bindings'
+// communication thread does.
 #include "trainrun/collectives/gpu/device_collectives.h"
 
 #include <algorithm>
@@ -1418,6 +1419,224 @@ TEST_CASE(
       }
     }
     CHECK(nccl.failures().size() == (fusion ? 0u : 2u));
+  }
+}
+
+// Offered: what RunFused made of one rank's queue: the size of each group it ran, and what each
+// work failed with ("" where it did not; "MismatchError: " before a MismatchError's sentence).
+struct Offered {
+  std::vector<size_t> groups;
+  std::vector<std::string> errors;
+};
+
+// OfferInSlices runs `works` as a communication thread that found `slices[0]` of them queued,
+// then `slices[1]`, and so on: RunFused from the first not yet run until its slice has run,
+// going on past a failure as the communication thread does.
+Offered OfferInSlices(const std::vector<std::shared_ptr<DeviceWork>>& works,
+                      const std::vector<size_t>& slices) {
+  Offered offered;
+  offered.errors.resize(works.size());
+  size_t end = 0;
+  for (size_t slice : slices) {
+    const size_t begin = end;
+    end = std::min(works.size(), begin + slice);
+    for (size_t first = begin; first < end;) {
+      std::vector<DeviceWork*> rest;
+      for (size_t i = first; i < end; ++i) rest.push_back(works[i].get());
+      std::exception_ptr error;
+      const size_t k = DeviceWork::RunFused(rest, &error);
+      std::string what;
+      try {
+        if (error) std::rethrow_exception(error);
+      } catch (const MismatchError& e) {
+        what = std::string("MismatchError: ") + e.what();
+      } catch (const std::exception& e) {
+        what = e.what();
+      }
+      for (size_t i = first; i < first + k; ++i) offered.errors[i] = what;
+      offered.groups.push_back(k);
+      first += k;
+    }
+  }
+  return offered;
+}
+
+TEST_CASE(
+    "nccl (fake): fusion agrees on every call it fuses, not only the first: ranks whose queues "
+    "differ in a later call fuse the prefix alike, the differing call fails on every rank naming "
+    "its count, no mismatched NCCL call is posted, and the communicator goes on (as many queued, "
+    "fewer on one rank, 3 ranks)",
+    "[gpu_fake]") {
+  struct Case {
+    const char* what;
+    // Per rank: the element counts of its four allreduces, and the slices it offers them in.
+    std::vector<std::vector<size_t>> counts;
+    std::vector<std::vector<size_t>> slices;
+    size_t differs;  // the allreduce whose count differs
+    std::vector<size_t> groups;
+    std::vector<size_t> nccl_counts;  // what NCCL ran, the 5 + 6 + 7 after included
+  };
+  const std::vector<size_t> same = {10, 20, 30, 40};
+  const std::vector<size_t> third_differs = {10, 20, 35, 40};
+  const std::vector<size_t> last_differs = {10, 20, 30, 45};
+  // 10 and 20 fuse; then what is left runs one at a time up to the differing one, refused; the
+  // rest as agreed.
+  const std::vector<Case> cases = {
+      {"2 ranks, each offers its four at once",
+       {same, third_differs},
+       {{4}, {4}},
+       2,
+       {2, 1, 1},
+       {30, 40, 18}},
+      {"2 ranks, the differing one offers 3 then 1",
+       {same, third_differs},
+       {{4}, {3, 1}},
+       2,
+       {2, 1, 1},
+       {30, 40, 18}},
+      // The second batch, [30, 40] on ranks 0 and 1 and [30, 45] on rank 2, starts alike.
+      {"3 ranks, the last one's last differs, rank 1 offers 2 then 2",
+       {same, same, last_differs},
+       {{4}, {2, 2}, {4}},
+       3,
+       {2, 1, 1},
+       {30, 30, 18}},
+  };
+  for (const Case& c : cases) {
+    const int size = static_cast<int>(c.counts.size());
+    FakeGpuRuntime fake(size);
+    FakeNccl nccl(fake);
+    std::vector<Offered> offered(size);
+    std::vector<std::vector<float>> seen(size);  // element 0 of each tensor after it ran
+    std::vector<size_t> wrong(size, 0);
+    std::vector<std::vector<size_t>> after(size);  // the groups of a queue of 3 alike, after
+    std::vector<std::string> unexpected(size);
+    Ranks(
+        size, fake,
+        [&](Rank& rank) {
+          const int me = rank.comm.rank();
+          try {
+            std::vector<std::unique_ptr<Ones>> ones;
+            std::vector<std::shared_ptr<DeviceWork>> works;
+            for (size_t k = 0; k < 4; ++k) {
+              ones.push_back(
+                  std::make_unique<Ones>(fake, c.counts[me][k], me, static_cast<float>(k + 1)));
+              works.push_back(rank.gpu.Start(ones.back()->Call()));
+            }
+            offered[me] = OfferInSlices(works, c.slices[me]);
+            for (size_t k = 0; k < 4; ++k) {
+              if (offered[me].errors[k].empty()) works[k]->Wait();
+              const float* data = ones[k]->data();
+              seen[me].push_back(data[0]);
+              for (size_t i = 1; i < c.counts[me][k]; ++i) wrong[me] += data[i] != data[0];
+            }
+            // The same communicator, on: three alike, fused, every element right.
+            std::vector<std::unique_ptr<Ones>> more;
+            std::vector<std::shared_ptr<DeviceWork>> next;
+            for (size_t k = 0; k < 3; ++k) {
+              more.push_back(std::make_unique<Ones>(fake, 5 + k, me, 1.0f));
+              next.push_back(rank.gpu.Start(more.back()->Call()));
+            }
+            after[me] = RunAll(next);
+            for (auto& work : next) work->Wait();
+            for (size_t k = 0; k < 3; ++k) {
+              for (size_t i = 0; i < 5 + k; ++i) {
+                wrong[me] += more[k]->data()[i] != static_cast<float>(size);
+              }
+            }
+          } catch (const std::exception& e) {
+            unexpected[me] = e.what();
+          }
+        },
+        NcclOptions(nccl));
+    INFO(c.what);
+    const auto n = static_cast<float>(size);
+    for (int r = 0; r < size; ++r) {
+      INFO("rank " << r);
+      CHECK(unexpected[r] == "");
+      CHECK(offered[r].groups == c.groups);
+      CHECK(offered[r].errors.size() == 4);
+      if (offered[r].errors.size() != 4) continue;
+      std::vector<float> want;
+      for (size_t k = 0; k < 4; ++k) {
+        if (k != c.differs) {
+          CHECK(offered[r].errors[k] == "");
+          want.push_back(n * static_cast<float>(k + 1));
+          continue;
+        }
+        CHECK_THAT(offered[r].errors[k],
+                   Catch::StartsWith("MismatchError: mismatched GPU allreduces") &&
+                       Catch::Contains("rank " + std::to_string(r) + " reduces " +
+                                       std::to_string(c.counts[r][k]) + " float32"));
+        want.push_back(static_cast<float>(k + 1));  // refused, it did nothing: this rank's value
+      }
+      CHECK(seen[r] == want);
+      CHECK(wrong[r] == 0);
+      CHECK(after[r] == std::vector<size_t>{3});
+    }
+    // NCCL saw only calls every rank posted alike.
+    CHECK(nccl.failures().empty());
+    CHECK(nccl.allreduce_counts() == c.nccl_counts);
+  }
+}
+
+TEST_CASE(
+    "nccl (fake): ranks that offer queues of different lengths, alike as far as each goes, fuse "
+    "all the fewest offered in one NCCL allreduce and the rest after, every element right (2 "
+    "and 3 ranks)",
+    "[gpu_fake]") {
+  const std::vector<size_t> counts = {10, 20, 30, 40, 50};
+  const std::vector<std::vector<size_t>> slices = {{5}, {3, 2}, {2, 3}};
+  for (int size : {2, 3}) {
+    FakeGpuRuntime fake(size);
+    FakeNccl nccl(fake);
+    std::vector<Offered> offered(size);
+    std::vector<size_t> wrong(size, 0);
+    std::vector<std::string> unexpected(size);
+    Ranks(
+        size, fake,
+        [&](Rank& rank) {
+          const int me = rank.comm.rank();
+          try {
+            std::vector<std::unique_ptr<Ones>> ones;
+            std::vector<std::shared_ptr<DeviceWork>> works;
+            for (size_t k = 0; k < counts.size(); ++k) {
+              ones.push_back(
+                  std::make_unique<Ones>(fake, counts[k], me, static_cast<float>(k + 1 + me)));
+              works.push_back(rank.gpu.Start(ones.back()->Call()));
+            }
+            offered[me] = OfferInSlices(works, slices[me]);
+            for (auto& work : works) work->Wait();
+            const double ranks_sum = size * (size - 1) / 2.0;
+            for (size_t k = 0; k < counts.size(); ++k) {
+              const auto want = static_cast<float>(size * static_cast<double>(k + 1) + ranks_sum);
+              for (size_t i = 0; i < counts[k]; ++i) wrong[me] += ones[k]->data()[i] != want;
+            }
+          } catch (const std::exception& e) {
+            unexpected[me] = e.what();
+          }
+        },
+        NcclOptions(nccl));
+    INFO(size << " ranks");
+    // 2 ranks (slices 5; 3, 2): 3 then 2. 3 ranks (5; 3, 2; 2, 3): 2, then 1 (rank 1's slice
+    // ends), then 2.
+    const std::vector<size_t> want =
+        size == 2 ? std::vector<size_t>{3, 2} : std::vector<size_t>{2, 1, 2};
+    for (int r = 0; r < size; ++r) {
+      INFO("rank " << r);
+      CHECK(unexpected[r] == "");
+      CHECK(offered[r].groups == want);
+      CHECK(offered[r].errors == std::vector<std::string>(counts.size()));
+      CHECK(wrong[r] == 0);
+    }
+    std::vector<size_t> nccl_counts;
+    for (size_t g = 0, done = 0; g < want.size(); done += want[g++]) {
+      size_t count = 0;
+      for (size_t t = done; t < done + want[g]; ++t) count += counts[t];
+      nccl_counts.push_back(count);
+    }
+    CHECK(nccl.allreduce_counts() == nccl_counts);
+    CHECK(nccl.failures().empty());
   }
 }
 

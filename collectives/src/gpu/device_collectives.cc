@@ -609,24 +609,50 @@ bool DeviceCollectives::NcclAgrees(const DeviceCall& call) const {
   return nccl_fuse_ && call.op == DeviceOp::kAllreduce;
 }
 
-size_t DeviceCollectives::NcclAgree(const DeviceCall& head, size_t offered) {
-  // What must be alike on every rank about the first allreduce, as a positive number, so that
-  // the min of it and of its negation show whether every rank has the same.
+size_t DeviceCollectives::NcclAgree(const std::vector<DeviceWork*>& works, size_t offered) {
+  const DeviceCall& head = works[0]->call_;
+  // prefix[j]: a hash of what must be alike on every rank about the first j + 1 allreduces (the
+  // head's type and op, which the others share, and every one's element count), positive, so
+  // that the min of it and of its negation show whether every rank has the same. The one of all
+  // `offered` stands for them all: ranks that offer different numbers have different hashes.
+  std::vector<int64_t> prefix;
+  prefix.reserve(offered);
   uint64_t h = 1469598103934665603ull;
-  for (uint64_t word : {static_cast<uint64_t>(head.input_counts[0]),
-                        static_cast<uint64_t>(head.type), static_cast<uint64_t>(head.reduce)}) {
+  auto mix = [&h](uint64_t word) {
     h = (h ^ word) * 0x9E3779B97F4A7C15ull;
     h ^= h >> 29;
+  };
+  mix(static_cast<uint64_t>(head.type));
+  mix(static_cast<uint64_t>(head.reduce));
+  for (size_t i = 0; i < offered; ++i) {
+    mix(static_cast<uint64_t>(works[i]->call_.input_counts[0]));
+    prefix.push_back(static_cast<int64_t>((h >> 2) | 1));
   }
-  const auto described = static_cast<int64_t>((h >> 2) | 1);
-  std::array<int64_t, 3> words = {static_cast<int64_t>(offered), described, -described};
-  // Named as the allreduce (its shape left out: the record's count is these three words), so
-  // that ranks whose next collectives differ by name get an OrderError and negotiate. A rank
-  // that has joined meets a min, which join() refuses: a MismatchError saying it joined.
+  // Named as the allreduce (its shape left out: the record's count is the words'), so that
+  // ranks whose next collectives differ by name get an OrderError and negotiate. A rank that has
+  // joined meets a min, which join() refuses: a MismatchError saying it joined.
   CallCheck check;
   check.name = head.check.name;
+  // The common case, every rank offering the same allreduces, costs one host allreduce (min) of
+  // three words: the number offered and the hash of them all with its negation.
+  std::array<int64_t, 3> words = {static_cast<int64_t>(offered), prefix.back(), -prefix.back()};
   comm_.Allreduce(words.data(), words.size(), DataType::kInt64, ReduceOp::kMin, check);
-  if (words[1] != described || -words[2] != described) {
+  const size_t fewest =
+      static_cast<size_t>(std::clamp<int64_t>(words[0], 1, static_cast<int64_t>(offered)));
+  if (words[1] == -words[2]) return fewest;  // all alike: `offered` on every rank
+  // Otherwise a second one, of 2 * fewest words: the hash of every prefix up to the fewest any
+  // rank offers, and their negations. The longest prefix alike on every rank runs fused (every
+  // rank sees the same mins, so every rank takes the same); the first call past it that differs
+  // comes to the head of the queue, where its own exchange finds it differing and names it.
+  std::vector<int64_t> prefixes(2 * fewest);
+  for (size_t j = 0; j < fewest; ++j) {
+    prefixes[j] = prefix[j];
+    prefixes[fewest + j] = -prefix[j];
+  }
+  comm_.Allreduce(prefixes.data(), prefixes.size(), DataType::kInt64, ReduceOp::kMin, check);
+  size_t alike = 0;
+  while (alike < fewest && prefixes[alike] == -prefixes[fewest + alike]) ++alike;
+  if (alike == 0) {
     throw MismatchError(MakeMessage(
         "mismatched GPU allreduces",
         head.check.name.empty() ? std::string() : " '" + head.check.name + "'", ": rank ",
@@ -635,7 +661,7 @@ size_t DeviceCollectives::NcclAgree(const DeviceCall& head, size_t offered) {
         ") but another rank a different count, element type or op; every rank must call the "
         "same collectives in the same order (this call did nothing)"));
   }
-  return static_cast<size_t>(std::clamp<int64_t>(words[0], 1, static_cast<int64_t>(offered)));
+  return alike;
 }
 
 std::vector<size_t> DeviceCollectives::FusionOffsets(const std::vector<DeviceWork*>& works,
@@ -1133,7 +1159,7 @@ void DeviceWork::Run() {
   path_ = owner_.path_ == Path::kNccl && owner_.NcclCan(call_) ? Path::kNccl : Path::kStaged;
   ran_ = true;
   if (path_ == Path::kNccl) {
-    if (owner_.NcclAgrees(call_)) owner_.NcclAgree(call_, 1);  // alone: 1 whatever the others
+    if (owner_.NcclAgrees(call_)) owner_.NcclAgree({this}, 1);  // alone: 1 whatever the others
     owner_.RunNccl(*this);
   } else {
     owner_.RunStaged(*this);
@@ -1164,7 +1190,7 @@ size_t DeviceWork::RunFused(const std::vector<DeviceWork*>& works, std::exceptio
     const bool nccl = owner.path_ == Path::kNccl && owner.NcclCan(head.call_);
     if (nccl && alike > 0 && owner.NcclAgrees(head.call_)) {
       // Every rank exchanges here, however many it has queued: the one decision they all make.
-      const size_t k = owner.NcclAgree(head.call_, alike);
+      const size_t k = owner.NcclAgree(works, alike);
       if (k == 1) {
         head.path_ = Path::kNccl;
         head.ran_ = true;

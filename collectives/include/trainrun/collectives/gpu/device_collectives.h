@@ -6,7 +6,8 @@
 //    after an event recorded on the buffer's stream at the call; the caller's stream then waits on
 //    the collective's completion event (Wait), as PyTorch's NCCL process group does. In-place
 //    allreduces queued together run as one NCCL allreduce of a device fusion buffer, as many as
-//    every rank has queued (RunFused; NcclAgree exchanges the counts over the host communicator).
+//    every rank has queued alike (RunFused; NcclAgree exchanges the number and a hash of their
+//    element counts over the host communicator).
 //  - host-staged otherwise (no NCCL, ranks sharing a GPU, or TRAINRUN_GPU_PATH=staged): the
 //    buffers are copied, in the same stream order, into pinned host buffers that are reused from
 //    call to call (an allreduce's: one staging buffer per communicator, grown to the largest;
@@ -187,7 +188,8 @@ class DeviceWork {
   // (at least one); the others stay to be run later. What those that ran failed with goes to
   // `*error`. On the staged path they go as one staged collective (Communicator::AllreduceReady
   // agrees on how many); on the NCCL path a host allreduce of three words agrees on how many
-  // (NcclAgree), and they go as one NCCL allreduce of a device fusion buffer.
+  // (NcclAgree: as many as every rank has queued alike, count by count; a second exchange where
+  // the ranks' queues differ), and they go as one NCCL allreduce of a device fusion buffer.
   static size_t RunFused(const std::vector<DeviceWork*>& works, std::exception_ptr* error);
 
  private:
@@ -246,12 +248,14 @@ class DeviceCollectives {
   // NcclAgrees: an allreduce that runs over NCCL exchanges with NcclAgree first (fusion is on
   // on every rank), whether fused or alone, so that every rank makes the same host exchanges.
   bool NcclAgrees(const DeviceCall& call) const;
-  // NcclAgree returns how many of the `offered` (at least 1) allreduces at the head of this
-  // rank's queue, the first being `head`, run fused: the fewest any rank offers. One host
-  // allreduce (min) of three words, named as `head` (so ranks whose next collectives have other
-  // names negotiate their order, as on the staged path); it also checks that every rank's `head`
-  // has the same element count, type and op (MismatchError on every rank otherwise).
-  size_t NcclAgree(const DeviceCall& head, size_t offered);
+  // NcclAgree returns how many of the first `offered` (at least 1) of `works`, this rank's queue
+  // (one type and op), run fused: the longest prefix of them that every rank offers alike (the
+  // same element count each), so that no two ranks post NCCL calls of different counts. Where
+  // every rank offers the same, one host allreduce (min) of three words; otherwise a second, of
+  // two words per allreduce the fewest offered. Named as the first (so ranks whose next
+  // collectives have other names negotiate their order, as on the staged path); where the first
+  // differs (element count, type or op), a MismatchError on every rank naming it.
+  size_t NcclAgree(const std::vector<DeviceWork*>& works, size_t offered);
   // NcclFused: RunFused's NCCL case, for the first k of `works` (k > 1).
   void NcclFused(const std::vector<DeviceWork*>& works, size_t k);
   void WaitDone(DeviceWork& work);
