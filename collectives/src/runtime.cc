@@ -45,6 +45,15 @@ bool OnGpu(const std::vector<const TensorRef*>& refs) {
   return true;
 }
 
+// RefuseHostScaling throws for prescale or postscale factors other than 1 given to `what` (a
+// collective of host buffers): the caller scales a host buffer itself, where it can.
+void RefuseHostScaling(const char* what, double prescale, double postscale) {
+  if (prescale == 1.0 && postscale == 1.0) return;
+  throw InvalidArgumentError(MakeMessage(
+      what, " got prescale or postscale factors; they are for GPU buffers, and the caller ",
+      "scales a host buffer itself"));
+}
+
 // DeviceCallOf describes a collective of GPU buffers `inputs` -> `outputs` for DeviceCollectives.
 gpu::DeviceCall DeviceCallOf(gpu::DeviceOp op, const std::vector<TensorRef>& inputs,
                              const std::vector<TensorRef>& outputs, const CallCheck& check) {
@@ -217,11 +226,7 @@ Runtime::Handle Runtime::Allreduce(const TensorRef& input, const TensorRef& outp
   }
   const void* in = HostBuffer(input);
   void* out = HostBuffer(output);
-  if (prescale != 1.0 || postscale != 1.0) {
-    throw InvalidArgumentError(
-        "an allreduce of a host buffer got prescale or postscale factors; they are for GPU "
-        "buffers, and the caller scales a host buffer itself");
-  }
+  RefuseHostScaling("an allreduce of a host buffer", prescale, postscale);
   const size_t count = output.count;
   const DataType type = output.type;
   if (in == out) {  // in place: may be fused with the allreduces queued next to it
@@ -234,7 +239,8 @@ Runtime::Handle Runtime::Allreduce(const TensorRef& input, const TensorRef& outp
 
 Runtime::Handle Runtime::GroupedAllreduce(const std::vector<TensorRef>& buffers, DataType type,
                                           ReduceOp op, int set, CallCheck check,
-                                          const std::string* match) {
+                                          const std::string* match, double prescale,
+                                          double postscale) {
   std::vector<const TensorRef*> refs;
   for (const TensorRef& ref : buffers) refs.push_back(&ref);
   if (!buffers.empty() && OnGpu(refs)) {
@@ -246,6 +252,8 @@ Runtime::Handle Runtime::GroupedAllreduce(const std::vector<TensorRef>& buffers,
     }
     gpu::DeviceCall call = DeviceCallOf(gpu::DeviceOp::kGroupedAllreduce, buffers, {}, check);
     call.reduce = op;
+    call.prescale = prescale;
+    call.postscale = postscale;
     return SubmitDevice(set, std::move(call));
   }
   std::vector<Communicator::Buffer> views;
@@ -257,6 +265,7 @@ Runtime::Handle Runtime::GroupedAllreduce(const std::vector<TensorRef>& buffers,
     }
     views.push_back({HostBuffer(ref), ref.count});
   }
+  RefuseHostScaling("a grouped allreduce of host buffers", prescale, postscale);
   return SubmitNamed(set, match != nullptr ? *match : check.name,
                      [=](Communicator& c) { c.GroupedAllreduce(views, type, op, check); });
 }

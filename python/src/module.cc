@@ -357,12 +357,12 @@ PYBIND11_MODULE(_core, m) {
       py::arg("prompt") = false, py::arg("device") = -1, py::arg("stream") = 0,
       py::arg("prescale") = 1.0, py::arg("postscale") = 1.0);
   // One allreduce of several buffers of one type, in place, without concatenating them where the
-  // transport can (grouped_allreduce).
+  // transport can (grouped_allreduce); `prescale` and `postscale` as allreduce_async's.
   m.def(
       "grouped_allreduce_async",
       [](std::vector<uintptr_t> addresses, std::vector<int64_t> counts, int dtype, ReduceOp op,
          int set, std::string name, std::optional<std::vector<int64_t>> shape, int device,
-         uintptr_t stream, std::optional<std::string> match) {
+         uintptr_t stream, std::optional<std::string> match, double prescale, double postscale) {
         if (addresses.size() != counts.size()) {
           throw trainrun::InvalidArgumentError(
               trainrun::internal::MakeMessage("grouped allreduce got ", addresses.size(),
@@ -375,11 +375,12 @@ PYBIND11_MODULE(_core, m) {
         }
         return TheRuntime().GroupedAllreduce(buffers, ToDataType(dtype), op, set,
                                              MakeCheck(std::move(name), std::move(shape)),
-                                             match ? &*match : nullptr);
+                                             match ? &*match : nullptr, prescale, postscale);
       },
       py::arg("addresses"), py::arg("counts"), py::arg("dtype"), py::arg("op"), py::arg("set") = 0,
       py::arg("name") = "", py::arg("shape") = py::none(), py::arg("device") = -1,
-      py::arg("stream") = 0, py::arg("match") = py::none());
+      py::arg("stream") = 0, py::arg("match") = py::none(), py::arg("prescale") = 1.0,
+      py::arg("postscale") = 1.0);
   m.def(
       "broadcast_async",
       [](uintptr_t address, size_t count, int dtype, int root, int set, std::string name,

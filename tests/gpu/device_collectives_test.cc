@@ -1697,6 +1697,38 @@ TEST_CASE("nccl (fake): a rank whose peer never makes the call fails within the 
   CHECK(nccl.failures().size() == 1);
 }
 
+// ScaledWant: element i (Value's numbering) of an allreduce with `op` (sum, average or max) of
+// every rank's Value times `pre`, the result times `post`, as the core scales arrays that cannot
+// scale themselves: floats in their own precision, integers through float64 and truncated (an
+// integer average truncates too).
+double ScaledWant(DataType type, ReduceOp op, int size, size_t i, double pre, double post) {
+  const bool real = IsFloatingPoint(type);
+  auto cut = [&](double v) { return real ? v : std::trunc(v); };
+  double acc = cut(Value(type, op, 0, i) * pre);
+  for (int r = 1; r < size; ++r) {
+    const double v = cut(Value(type, op, r, i) * pre);
+    acc = op == ReduceOp::kMax ? std::max(acc, v) : acc + v;
+  }
+  if (op == ReduceOp::kAverage) acc = cut(acc / size);
+  return cut(acc * post);
+}
+
+// FirstScaledWrong: "" when each of the `count` elements at `data` (Value's from `offset` on) is
+// ScaledWant's, else the first that is not, described.
+std::string FirstScaledWrong(DataType type, ReduceOp op, int size, const char* data, size_t count,
+                             size_t offset, double pre, double post) {
+  for (size_t i = 0; i < count; ++i) {
+    const double want = ScaledWant(type, op, size, offset + i, pre, post);
+    const double got = Get(type, data, i);
+    if (std::abs(got - want) > Tolerance(type) * 4 * std::max(1.0, std::abs(want))) {
+      return std::string(DataTypeName(type)) + " " + ReduceOpName(op) + " count " +
+             std::to_string(count) + " element " + std::to_string(i) + ": " + std::to_string(got) +
+             " != " + std::to_string(want);
+    }
+  }
+  return "";
+}
+
 TEST_CASE(
     "prescale and postscale of arrays that cannot scale themselves: over NCCL a float sum or "
     "average is one PreMulSum allreduce, every other type and op (and the staged path) scales "
@@ -1710,7 +1742,6 @@ TEST_CASE(
       FakeNccl nccl(fake);
       DeviceOptions options = NcclOptions(nccl);
       if (!over_nccl) options = {};
-      std::vector<size_t> wrong(size, 0);
       std::vector<std::string> first_wrong(size);
       size_t float_sums = 0;  // calls NCCL can take as PreMulSum
       Ranks(
@@ -1735,27 +1766,9 @@ TEST_CASE(
                   call.prescale = pre;
                   call.postscale = post;
                   Execute(rank.gpu, call);
-                  const bool real = IsFloatingPoint(type);
-                  auto cut = [&](double v) { return real ? v : std::trunc(v); };
-                  for (size_t i = 0; i < count; ++i) {
-                    double acc = cut(Value(type, op, 0, i) * pre);
-                    for (int r = 1; r < size; ++r) {
-                      const double v = cut(Value(type, op, r, i) * pre);
-                      acc = op == ReduceOp::kMax ? std::max(acc, v) : acc + v;
-                    }
-                    if (op == ReduceOp::kAverage) acc = cut(acc / size);
-                    const double want = cut(acc * post);
-                    const double got = Get(type, data.data, i);
-                    if (std::abs(got - want) >
-                        Tolerance(type) * 4 * std::max(1.0, std::abs(want))) {
-                      if (wrong[me]++ == 0) {
-                        first_wrong[me] = std::string(DataTypeName(type)) + " " + ReduceOpName(op) +
-                                          " count " + std::to_string(count) + " element " +
-                                          std::to_string(i) + ": " + std::to_string(got) +
-                                          " != " + std::to_string(want);
-                      }
-                    }
-                  }
+                  const std::string wrong =
+                      FirstScaledWrong(type, op, size, data.data, count, 0, pre, post);
+                  if (first_wrong[me].empty()) first_wrong[me] = wrong;
                 }
               }
             }
@@ -1764,8 +1777,77 @@ TEST_CASE(
       INFO((over_nccl ? "NCCL" : "staged") << ", " << size << " ranks");
       for (int r = 0; r < size; ++r) CHECK(first_wrong[r] == "");
       CHECK(nccl.failures().empty());
-      // Over NCCL: the float sums and averages (3 counts each) as PreMulSum, the rest staged.
+      // Over NCCL: the float sums and averages (3 counts each) as PreMulSum, the rest staged;
+      // every op destroyed once its allreduce has returned.
       CHECK(nccl.pre_mul_sums() == (over_nccl ? 3 * float_sums : 0));
+      CHECK(nccl.live_ops() == 0);
+    }
+  }
+}
+
+TEST_CASE(
+    "grouped allreduces' prescale and postscale: over NCCL a float sum or average is one "
+    "PreMulSum op for the whole group, every other type and op (and the staged path) scales in "
+    "host memory, every element against a float64 reference (2 and 3 ranks)",
+    "[gpu_fake]") {
+  const double pre = 0.5;
+  const double post = 3.0;
+  const std::vector<size_t> parts = {1, 1000, 70001};  // the group's buffers
+  const std::vector<DataType> types = {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16,
+                                       DataType::kFloat64, DataType::kInt32,   DataType::kUInt8};
+  for (bool over_nccl : {true, false}) {
+    for (int size : {2, 3}) {
+      FakeGpuRuntime fake(size);
+      FakeNccl nccl(fake);
+      DeviceOptions options = NcclOptions(nccl);
+      if (!over_nccl) options = {};
+      std::vector<std::string> first_wrong(size);
+      size_t float_sums = 0;  // groups NCCL can take with a PreMulSum op
+      Ranks(
+          size, fake,
+          [&](Rank& rank) {
+            const int me = rank.comm.rank();
+            for (DataType type : types) {
+              for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+                if (me == 0 && IsFloatingPoint(type) && op != ReduceOp::kMax) ++float_sums;
+                std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+                DeviceCall call;
+                call.op = DeviceOp::kGroupedAllreduce;
+                call.type = type;
+                call.reduce = op;
+                call.prescale = pre;
+                call.postscale = post;
+                size_t offset = 0;  // each buffer goes on with Value's elements
+                for (size_t count : parts) {
+                  buffers.push_back(std::make_unique<DeviceBuffer>(fake, count, type, me));
+                  for (size_t i = 0; i < count; ++i)
+                    Put(type, buffers.back()->data, i, Value(type, op, me, offset + i));
+                  call.inputs.push_back(buffers.back()->data);
+                  call.input_counts.push_back(count);
+                  offset += count;
+                }
+                Execute(rank.gpu, call);
+                offset = 0;
+                for (size_t k = 0; k < parts.size(); ++k) {
+                  const std::string wrong = FirstScaledWrong(type, op, size, buffers[k]->data,
+                                                             parts[k], offset, pre, post);
+                  if (first_wrong[me].empty() && !wrong.empty()) {
+                    first_wrong[me] = "buffer " + std::to_string(k) + ": " + wrong;
+                  }
+                  offset += parts[k];
+                }
+              }
+            }
+          },
+          options);
+      INFO((over_nccl ? "NCCL" : "staged") << ", " << size << " ranks");
+      for (int r = 0; r < size; ++r) CHECK(first_wrong[r] == "");
+      CHECK(nccl.failures().empty());
+      // Over NCCL: each float sum or average is one group of PreMulSum allreduces sharing one op
+      // per rank, destroyed after the group; the rest staged.
+      CHECK(nccl.pre_mul_sums() == (over_nccl ? parts.size() * float_sums : 0));
+      CHECK(nccl.pre_mul_sum_ops() == (over_nccl ? size * float_sums : 0));
+      CHECK(nccl.live_ops() == 0);
     }
   }
 }

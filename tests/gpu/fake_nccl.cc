@@ -302,6 +302,8 @@ struct FakeNccl::State {
   mutable std::mutex stats_mutex;  // what follows
   size_t meetings = 0;
   size_t pre_mul_sums = 0;
+  size_t ops_created = 0;
+  size_t ops_destroyed = 0;
   std::vector<size_t> allreduce_counts;
   std::vector<std::string> failures;
 
@@ -521,16 +523,23 @@ int RedOpCreatePreMulSum(int* op, void* scalar, int nccl_type, int residence, vo
     return kNcclInvalidArgument;
   }
   auto* comm = static_cast<Comm*>(handle);
+  FakeNccl::State& state = Active();
   std::lock_guard<std::mutex> lock(comm->world->mutex);
   *op = comm->next_op++;
   comm->ops[*op] = Get(type, scalar, 0);
+  std::lock_guard<std::mutex> guard(state.stats_mutex);
+  ++state.ops_created;
   return kNcclSuccess;
 }
 
 int RedOpDestroy(int op, void* handle) {
   auto* comm = static_cast<Comm*>(handle);
+  FakeNccl::State& state = Active();
   std::lock_guard<std::mutex> lock(comm->world->mutex);
-  return comm->ops.erase(op) == 1 ? kNcclSuccess : kNcclInvalidArgument;
+  if (comm->ops.erase(op) != 1) return kNcclInvalidArgument;
+  std::lock_guard<std::mutex> guard(state.stats_mutex);
+  ++state.ops_destroyed;
+  return kNcclSuccess;
 }
 
 int GroupStart() {
@@ -595,6 +604,16 @@ std::vector<size_t> FakeNccl::allreduce_counts() const {
 size_t FakeNccl::pre_mul_sums() const {
   std::lock_guard<std::mutex> lock(state_->stats_mutex);
   return state_->pre_mul_sums;
+}
+
+size_t FakeNccl::pre_mul_sum_ops() const {
+  std::lock_guard<std::mutex> lock(state_->stats_mutex);
+  return state_->ops_created;
+}
+
+size_t FakeNccl::live_ops() const {
+  std::lock_guard<std::mutex> lock(state_->stats_mutex);
+  return state_->ops_created - state_->ops_destroyed;
 }
 
 size_t FakeNccl::meetings() const {

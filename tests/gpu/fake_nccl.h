@@ -56,6 +56,10 @@ class FakeNccl {
   size_t meetings() const;
   // pre_mul_sums: ncclAllReduce calls with a ncclRedOpCreatePreMulSum op, counted so.
   size_t pre_mul_sums() const;
+  // pre_mul_sum_ops: ncclRedOpCreatePreMulSum calls of every rank; live_ops: those of them that
+  // ncclRedOpDestroy has not destroyed yet.
+  size_t pre_mul_sum_ops() const;
+  size_t live_ops() const;
   // failures: the sentence of every call that failed (one per rank that came).
   std::vector<std::string> failures() const;
 

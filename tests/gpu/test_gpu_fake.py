@@ -104,13 +104,23 @@ class BareArray:
         return self.inner.__cuda_array_interface__
 
 
+def scaled_reference(dtype, op, n, size, pre, post, offset=0):
+    """The allreduce (Sum, Average or Max) of every rank's values times `pre`, times `post` after,
+    as the core scales: integers through float64 and truncated (an integer average truncates)."""
+    cut = (lambda v: v) if dtype.startswith("float") else numpy.trunc
+    stack = numpy.stack([cut(values(dtype, op, r, n, offset).astype(numpy.float64) * pre)
+                         for r in range(size)])
+    want = stack.max(0) if op == trainrun.Max else stack.sum(0)
+    if op == trainrun.Average:
+        want = cut(want / size)
+    return cut(want * post)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32", "uint8"])
 def test_prescale_postscale_of_an_array_that_cannot_scale_itself(dtype):
     """The core scales it (staged here: in pinned host memory, integers through float64 and
     truncated, as trainrun scales host arrays)."""
     size, rank = trainrun.size(), trainrun.rank()
-    real = dtype.startswith("float")
-    cut = (lambda v: v) if real else numpy.trunc
     for op in (trainrun.Sum, trainrun.Average, trainrun.Max):
         x = fake_cuda.from_host(values(dtype, op, rank, 1000))
         bare = BareArray(x)
@@ -119,12 +129,29 @@ def test_prescale_postscale_of_an_array_that_cannot_scale_itself(dtype):
         h = trainrun.allreduce_async_(bare, op=op, prescale_factor=0.5, postscale_factor=3.0,
                                       name=f"bare.{dtype}.{op}")
         assert trainrun.synchronize(h) is bare
-        stack = numpy.stack([cut(values(dtype, op, r, 1000).astype(numpy.float64) * 0.5)
-                             for r in range(size)])
-        want = stack.max(0) if op == trainrun.Max else stack.sum(0)
-        if op == trainrun.Average:
-            want = cut(want / size)
-        close(x.to_host(), cut(want * 3.0), dtype)
+        close(x.to_host(), scaled_reference(dtype, op, 1000, size, 0.5, 3.0), dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32", "uint8"])
+def test_grouped_prescale_postscale_of_arrays_that_cannot_scale_themselves(dtype):
+    """The core scales a grouped allreduce of them too, every buffer of the group (staged here),
+    alone or grouped with arrays of another dtype (one core call per dtype, each scaled)."""
+    size, rank = trainrun.size(), trainrun.rank()
+    parts = [(1, 0), (1000, 1), (70001, 1001)]  # (count, offset into values)
+    for op in (trainrun.Sum, trainrun.Average, trainrun.Max):
+        xs = [fake_cuda.from_host(values(dtype, op, rank, n, offset)) for n, offset in parts]
+        other = fake_cuda.from_host(values("float64", op, rank, 10))
+        bares = [BareArray(x) for x in xs + [other]]
+        h = trainrun.grouped_allreduce_async_(bares, op=op, prescale_factor=0.5,
+                                              postscale_factor=3.0, name=f"gbare.{dtype}.{op}")
+        assert all(a is b for a, b in zip(trainrun.synchronize(h), bares, strict=True))
+        for x, (n, offset) in zip(xs, parts):
+            close(x.to_host(), scaled_reference(dtype, op, n, size, 0.5, 3.0, offset), dtype)
+        close(other.to_host(), scaled_reference("float64", op, 10, size, 0.5, 3.0), "float64")
+        xs = [fake_cuda.from_host(values(dtype, op, rank, n, offset)) for n, offset in parts]
+        trainrun.grouped_allreduce_([BareArray(x) for x in xs], op=op, postscale_factor=2.0)
+        for x, (n, offset) in zip(xs, parts):
+            close(x.to_host(), scaled_reference(dtype, op, n, size, 1.0, 2.0, offset), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -365,6 +365,27 @@ def test_fast_calls_share_names_handles_and_errors_with_the_python_way():
     assert trainrun.allreduce(np.ones(2), op=trainrun.Sum).tolist() == [n] * 2
 
 
+def test_the_core_refuses_scaling_factors_for_host_buffers():
+    """prescale and postscale are for GPU buffers: for host memory (which trainrun's Python
+    scales itself) the core refuses them in one sentence, before anything is queued."""
+    from trainrun import _buffers
+
+    a, b = np.ones(4, np.float32), np.ones(3, np.float32)
+    code = _buffers.view(a, "test", writable=True).dtype
+    grouped = ("^a grouped allreduce of host buffers got prescale or postscale factors; they are "
+               "for GPU buffers, and the caller scales a host buffer itself$")
+    for factors in ({"prescale": 2.0}, {"postscale": 0.5}):
+        with pytest.raises(trainrun.InvalidArgumentError, match=grouped):
+            _core.grouped_allreduce_async([a.ctypes.data, b.ctypes.data], [4, 3], code,
+                                          trainrun.Sum, **factors)
+    with pytest.raises(trainrun.InvalidArgumentError, match="^an allreduce of a host buffer got "
+                       "prescale or postscale factors; they are for GPU buffers"):
+        _core.allreduce_async(a.ctypes.data, a.ctypes.data, 4, code, trainrun.Sum, prescale=2.0)
+    assert (a == 1).all() and (b == 1).all()
+    # Nothing was queued: the next collective meets the other ranks' next one.
+    assert (trainrun.grouped_allreduce([a, b], op=trainrun.Sum)[1] == trainrun.size()).all()
+
+
 def test_grouped_allreduce_mismatch_names_the_culprit():
     if trainrun.size() == 1:
         pytest.skip("needs two ranks")

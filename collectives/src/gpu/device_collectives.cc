@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "element_codec.h"
@@ -81,6 +82,36 @@ using internal::FloatToBFloat16;
 using internal::Half;
 
 bool Scaled(const DeviceCall& call) { return call.prescale != 1.0 || call.postscale != 1.0; }
+
+// PreMulSumScalar: the scalar of a scaled allreduce's ncclRedOpCreatePreMulSum op, in the call's
+// type (NcclCan lets floats only through): each input times prescale * postscale, over `size`
+// for an average, so that the sum is the scaled result with no kernel of ours.
+std::array<char, 8> PreMulSumScalar(const DeviceCall& call, int size) {
+  const double scalar = call.prescale * call.postscale /
+                        (call.reduce == ReduceOp::kAverage ? static_cast<double>(size) : 1.0);
+  std::array<char, 8> value{};
+  switch (call.type) {
+    case DataType::kFloat64:
+      std::memcpy(value.data(), &scalar, sizeof(double));
+      break;
+    case DataType::kFloat16: {
+      const auto half = static_cast<Half>(static_cast<float>(scalar));
+      std::memcpy(value.data(), &half, sizeof(half));
+      break;
+    }
+    case DataType::kBFloat16: {
+      const uint16_t bits = FloatToBFloat16(static_cast<float>(scalar));
+      std::memcpy(value.data(), &bits, sizeof(bits));
+      break;
+    }
+    default: {  // float32
+      const auto single = static_cast<float>(scalar);
+      std::memcpy(value.data(), &single, sizeof(single));
+      break;
+    }
+  }
+  return value;
+}
 
 // ScaleHost multiplies `count` elements of `type` at `data` (host memory) by `factor`: floats in
 // their own precision (16-bit ones through float32), integers through float64, truncated toward
@@ -322,6 +353,32 @@ struct DeviceCollectives::Nccl {
     if (comm != nullptr && !aborted) api->comm_abort(comm);
     aborted = true;
   }
+
+  // ScaledSum owns the PreMulSum op (PreMulSumScalar) of a scaled allreduce or grouped
+  // allreduce: one op for every allreduce of the call, created before the first is enqueued and
+  // destroyed once the last has returned (a group's: after ncclGroupEnd), as NCCL allows; not
+  // on a communicator aborted meanwhile, which took its ops with it.
+  class ScaledSum {
+   public:
+    ScaledSum(Nccl& nccl, const DeviceCall& call, int size, const std::string& what)
+        : nccl_(nccl), comm_(nccl.Live()) {
+      std::array<char, 8> scalar = PreMulSumScalar(call, size);
+      nccl.Check(nccl.api->red_op_create_pre_mul_sum(&op_, scalar.data(), NcclTypeOf(call.type),
+                                                     kNcclScalarHostImmediate, comm_),
+                 what);
+    }
+    ~ScaledSum() {
+      if (!nccl_.aborted) nccl_.api->red_op_destroy(op_, comm_);
+    }
+    ScaledSum(const ScaledSum&) = delete;
+    ScaledSum& operator=(const ScaledSum&) = delete;
+    int op() const { return op_; }
+
+   private:
+    Nccl& nccl_;
+    void* comm_;
+    int op_ = 0;
+  };
 };
 
 // --- DeviceCollectives ---------------------------------------------------------------------------
@@ -596,7 +653,8 @@ bool DeviceCollectives::NcclCan(const DeviceCall& call) const {
   // Adasum is not element-wise: the host's algorithm (adasum.cc) runs it.
   if (call.reduce == ReduceOp::kAdasum) return false;
   // Scaled: one PreMulSum op, a float sum (an average divides the scalar by the size).
-  if (call.op == DeviceOp::kAllreduce && Scaled(call)) {
+  const bool allreduces = call.op == DeviceOp::kAllreduce || call.op == DeviceOp::kGroupedAllreduce;
+  if (allreduces && Scaled(call)) {
     return IsFloat(call.type) &&
            (call.reduce == ReduceOp::kSum || call.reduce == ReduceOp::kAverage);
   }
@@ -750,56 +808,27 @@ void DeviceCollectives::RunNccl(DeviceWork& work) {
       MakeMessage("rank ", rank, " enqueueing a ", DataTypeName(call.type), " collective",
                   call.check.name.empty() ? std::string() : " '" + call.check.name + "'");
   switch (call.op) {
-    case DeviceOp::kAllreduce: {
-      if (!Scaled(call)) {
-        nccl.Check(api.all_reduce(call.inputs[0], call.outputs[0], call.input_counts[0], type, op,
-                                  comm, stream),
+    case DeviceOp::kAllreduce:
+    case DeviceOp::kGroupedAllreduce: {
+      // Scaled: each input times the factors within NCCL's sum, one op for the whole call.
+      std::optional<Nccl::ScaledSum> scaled_sum;
+      if (Scaled(call)) scaled_sum.emplace(nccl, call, size, what);
+      const int reduce = scaled_sum ? scaled_sum->op() : op;
+      if (call.op == DeviceOp::kAllreduce) {
+        nccl.Check(api.all_reduce(call.inputs[0], call.outputs[0], call.input_counts[0], type,
+                                  reduce, comm, stream),
                    what);
         break;
       }
-      // Each input times pre * post (over the size for an average), summed: no kernel of ours.
-      const double scalar = call.prescale * call.postscale /
-                            (call.reduce == ReduceOp::kAverage ? static_cast<double>(size) : 1.0);
-      std::array<char, 8> value{};
-      switch (call.type) {
-        case DataType::kFloat64:
-          std::memcpy(value.data(), &scalar, sizeof(double));
-          break;
-        case DataType::kFloat16: {
-          const auto half = static_cast<Half>(static_cast<float>(scalar));
-          std::memcpy(value.data(), &half, sizeof(half));
-          break;
-        }
-        case DataType::kBFloat16: {
-          const uint16_t bits = FloatToBFloat16(static_cast<float>(scalar));
-          std::memcpy(value.data(), &bits, sizeof(bits));
-          break;
-        }
-        default: {  // float32 (NcclCan lets floats only through)
-          const auto single = static_cast<float>(scalar);
-          std::memcpy(value.data(), &single, sizeof(single));
-          break;
-        }
-      }
-      int scaled_sum = 0;
-      nccl.Check(api.red_op_create_pre_mul_sum(&scaled_sum, value.data(), type,
-                                               kNcclScalarHostImmediate, comm),
-                 what);
-      const int result = api.all_reduce(call.inputs[0], call.outputs[0], call.input_counts[0], type,
-                                        scaled_sum, comm, stream);
-      api.red_op_destroy(scaled_sum, comm);  // allowed once the call using it has returned
-      nccl.Check(result, what);
-      break;
-    }
-    case DeviceOp::kGroupedAllreduce:
       nccl.Check(api.group_start(), what);
       for (size_t i = 0; i < call.inputs.size(); ++i) {
-        nccl.Check(api.all_reduce(call.inputs[i], call.inputs[i], call.input_counts[i], type, op,
-                                  comm, stream),
+        nccl.Check(api.all_reduce(call.inputs[i], call.inputs[i], call.input_counts[i], type,
+                                  reduce, comm, stream),
                    what);
       }
       nccl.Check(api.group_end(), what);
       break;
+    }
     case DeviceOp::kBroadcast:
       nccl.Check(api.broadcast(call.inputs[0], call.inputs[0], call.input_counts[0] * scale, type,
                                call.root, comm, stream),
@@ -1002,7 +1031,10 @@ void DeviceCollectives::RunStaged(DeviceWork& work) {
         offset += call.input_counts[i];
       }
       landed();
+      // Scaled as StagedAllreduce scales: the host allreduce divides an average between.
+      ScaleHost(call.type, host, total, call.prescale);
       comm_.GroupedAllreduce(buffers, call.type, call.reduce, call.check);
+      ScaleHost(call.type, host, total, call.postscale);
       offset = 0;
       for (size_t i = 0; i < call.inputs.size(); ++i) {
         back(call.inputs[i], host + offset * element, call.input_counts[i]);

@@ -1,7 +1,7 @@
-"""The collectives' argument checks (ops, splits, the rows a reducescatter gives each rank), and
-what a rank does with the arguments it refuses: it tells the other ranks of the process set
-(_refuse, Communicator::Refuse), so that the ranks that made the call raise MismatchError too
-instead of waiting for this one, and then raises its own error."""
+"""The collectives' argument checks (ops, splits, the rows a reducescatter gives each rank, who
+scales an allreduce), and what a rank does with the arguments it refuses: it tells the other ranks
+of the process set (_refuse, Communicator::Refuse), so that the ranks that made the call raise
+MismatchError too instead of waiting for this one, and then raises its own error."""
 
 from trainrun import _buffers
 from trainrun import _core
@@ -19,6 +19,17 @@ def _check_op(op, what):
         raise InvalidArgumentError(
             f"{what}: op must be trainrun.Sum, Average, Min, Max, Product or Adasum, got {op!r}")
     return op
+
+
+def _scaling(core_scales, prescale_factor, postscale_factor):
+    """(the core's prescale, the core's postscale, Python's prescale, Python's postscale) of an
+    allreduce: GPU arrays other than torch tensors (CuPy's, JAX's, any __cuda_array_interface__
+    object; `core_scales`) are scaled by the core in stream order, over NCCL within the allreduce
+    (one PreMulSum op), else in pinned host memory, so they need no arithmetic of their own;
+    anything else is scaled in Python (_buffers.scale_)."""
+    if core_scales:
+        return float(prescale_factor), float(postscale_factor), 1.0, 1.0
+    return 1.0, 1.0, prescale_factor, postscale_factor
 
 
 def _refuse(error, set_id, collective, name, match=None):

@@ -12,8 +12,8 @@ import array as _array
 
 from trainrun import _buffers
 from trainrun import _core
-from trainrun.common.arguments import (_check_op, _grouped_first_name, _refuse, _scatter_kind,
-                                       _scatter_rows, _splits_list, _view_refused)
+from trainrun.common.arguments import (_check_op, _grouped_first_name, _refuse, _scaling,
+                                       _scatter_kind, _scatter_rows, _splits_list, _view_refused)
 from trainrun.common.exceptions import Error, InvalidArgumentError
 from trainrun.common.exchange import INT64, exchange_firsts
 from trainrun.common.handles import (_Op, _claim_name, _names_in_flight, _ops, _part,
@@ -79,15 +79,8 @@ def _allreduce_start(tensor, op, name, process_set, prescale_factor, postscale_f
         _refuse(e, set_id, "allreduce", name)
         raise
     key = _claim_name(set_id, name, what)
-    # A GPU array other than a torch tensor (CuPy's, JAX's, any __cuda_array_interface__ object)
-    # is scaled by the core, in stream order: over NCCL within the allreduce (PreMulSum), else
-    # in pinned host memory; such an array may have no arithmetic of its own.
-    core_scale = buf.is_gpu_array
-    if core_scale:
-        pre, post = float(prescale_factor), float(postscale_factor)
-        prescale_factor = postscale_factor = 1.0
-    else:
-        pre = post = 1.0
+    pre, post, prescale_factor, postscale_factor = _scaling(buf.is_gpu_array, prescale_factor,
+                                                            postscale_factor)
     if prescale_factor != 1.0:
         _buffers.scale_(tensor, prescale_factor)
     try:
@@ -162,6 +155,9 @@ def grouped_allreduce_async_(tensors, op=None, name=None, process_set=None, pres
         _refuse(e, set_id, "allreduce", _grouped_first_name(tensors, name, what), name or None)
         raise
     key = _claim_name(set_id, name, what)
+    # By the core where every buffer is a GPU array it scales (the group: one PreMulSum op).
+    pre, post, prescale_factor, postscale_factor = _scaling(
+        all(b.is_gpu_array for b in bufs), prescale_factor, postscale_factor)
     for t in tensors:
         _buffers.scale_(t, prescale_factor)
     core = []
@@ -175,7 +171,7 @@ def grouped_allreduce_async_(tensors, op=None, name=None, process_set=None, pres
             core.append(_core.grouped_allreduce_async(
                 [bufs[i].ptr for i in members], [bufs[i].count for i in members],
                 first.dtype, op, set_id, f"{name}#{dtype_name}" if name else "", shape,
-                first.device, first.stream, (name or "") if not core else None))
+                first.device, first.stream, (name or "") if not core else None, pre, post))
     except Exception:
         for h in core:  # what was queued runs; wait for it before raising
             try:

@@ -145,8 +145,10 @@ class Runtime {
   // GroupedAllreduce: one allreduce of `buffers` (each of element type `type`), in place.
   // `match`: the name it is matched (and refused as a duplicate) by, when not check.name (a
   // grouped call's first part goes by the call's name, its messages by the part's).
+  // `prescale` and `postscale` scale every buffer as Allreduce's do (GPU buffers only).
   Handle GroupedAllreduce(const std::vector<TensorRef>& buffers, DataType type, ReduceOp op,
-                          int set, CallCheck check, const std::string* match = nullptr);
+                          int set, CallCheck check, const std::string* match = nullptr,
+                          double prescale = 1.0, double postscale = 1.0);
   Handle Broadcast(const TensorRef& data, int root, int set, CallCheck check);
   // Allgatherv: `counts[r]` elements from rank r; input.count is this rank's.
   Handle Allgatherv(const TensorRef& input, const TensorRef& output, std::vector<size_t> counts,

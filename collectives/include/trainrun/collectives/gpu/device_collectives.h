@@ -110,10 +110,11 @@ struct DeviceCall {
   DataType type = DataType::kFloat32;
   ReduceOp reduce = ReduceOp::kSum;
   int root = 0;
-  // kAllreduce: each rank's input is multiplied by `prescale` before the reduction and the result
-  // by `postscale` after (Horovod's prescale_factor and postscale_factor), for arrays that cannot
-  // scale themselves: over NCCL a float sum or average as one ncclRedOpCreatePreMulSum op, else
-  // staged and scaled in pinned host memory (integers through float64, truncated, as Python's).
+  // kAllreduce, kGroupedAllreduce: each rank's input is multiplied by `prescale` before the
+  // reduction and the result by `postscale` after (Horovod's prescale_factor and
+  // postscale_factor), for arrays that cannot scale themselves: over NCCL a float sum or average
+  // as one ncclRedOpCreatePreMulSum op (a group's allreduces all use the one op), else staged and
+  // scaled in pinned host memory (integers through float64, truncated, as Python's).
   double prescale = 1.0;
   double postscale = 1.0;
   CallCheck check;
