@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -1461,6 +1462,24 @@ Offered OfferInSlices(const std::vector<std::shared_ptr<DeviceWork>>& works,
   return offered;
 }
 
+// QueuedOnes: in-place allreduces started on a rank's device collectives (not run yet), with the
+// buffers they reduce.
+struct QueuedOnes {
+  std::vector<std::unique_ptr<Ones>> ones;
+  std::vector<std::shared_ptr<DeviceWork>> works;
+};
+
+// QueueOnes starts one allreduce of counts[k] floats, each value(k), for every k.
+QueuedOnes QueueOnes(FakeGpuRuntime& fake, Rank& rank, const std::vector<size_t>& counts,
+                     const std::function<float(size_t)>& value) {
+  QueuedOnes queued;
+  for (size_t k = 0; k < counts.size(); ++k) {
+    queued.ones.push_back(std::make_unique<Ones>(fake, counts[k], rank.comm.rank(), value(k)));
+    queued.works.push_back(rank.gpu.Start(queued.ones.back()->Call()));
+  }
+  return queued;
+}
+
 TEST_CASE(
     "nccl (fake): fusion agrees on every call it fuses, not only the first: ranks whose queues "
     "differ in a later call fuse the prefix alike, the differing call fails on every rank naming "
@@ -1516,32 +1535,22 @@ TEST_CASE(
         [&](Rank& rank) {
           const int me = rank.comm.rank();
           try {
-            std::vector<std::unique_ptr<Ones>> ones;
-            std::vector<std::shared_ptr<DeviceWork>> works;
+            QueuedOnes queued = QueueOnes(fake, rank, c.counts[me],
+                                          [](size_t k) { return static_cast<float>(k + 1); });
+            offered[me] = OfferInSlices(queued.works, c.slices[me]);
             for (size_t k = 0; k < 4; ++k) {
-              ones.push_back(
-                  std::make_unique<Ones>(fake, c.counts[me][k], me, static_cast<float>(k + 1)));
-              works.push_back(rank.gpu.Start(ones.back()->Call()));
-            }
-            offered[me] = OfferInSlices(works, c.slices[me]);
-            for (size_t k = 0; k < 4; ++k) {
-              if (offered[me].errors[k].empty()) works[k]->Wait();
-              const float* data = ones[k]->data();
+              if (offered[me].errors[k].empty()) queued.works[k]->Wait();
+              const float* data = queued.ones[k]->data();
               seen[me].push_back(data[0]);
               for (size_t i = 1; i < c.counts[me][k]; ++i) wrong[me] += data[i] != data[0];
             }
             // The same communicator, on: three alike, fused, every element right.
-            std::vector<std::unique_ptr<Ones>> more;
-            std::vector<std::shared_ptr<DeviceWork>> next;
-            for (size_t k = 0; k < 3; ++k) {
-              more.push_back(std::make_unique<Ones>(fake, 5 + k, me, 1.0f));
-              next.push_back(rank.gpu.Start(more.back()->Call()));
-            }
-            after[me] = RunAll(next);
-            for (auto& work : next) work->Wait();
+            QueuedOnes more = QueueOnes(fake, rank, {5, 6, 7}, [](size_t) { return 1.0f; });
+            after[me] = RunAll(more.works);
+            for (auto& work : more.works) work->Wait();
             for (size_t k = 0; k < 3; ++k) {
               for (size_t i = 0; i < 5 + k; ++i) {
-                wrong[me] += more[k]->data()[i] != static_cast<float>(size);
+                wrong[me] += more.ones[k]->data()[i] != static_cast<float>(size);
               }
             }
           } catch (const std::exception& e) {
@@ -1598,19 +1607,16 @@ TEST_CASE(
         [&](Rank& rank) {
           const int me = rank.comm.rank();
           try {
-            std::vector<std::unique_ptr<Ones>> ones;
-            std::vector<std::shared_ptr<DeviceWork>> works;
-            for (size_t k = 0; k < counts.size(); ++k) {
-              ones.push_back(
-                  std::make_unique<Ones>(fake, counts[k], me, static_cast<float>(k + 1 + me)));
-              works.push_back(rank.gpu.Start(ones.back()->Call()));
-            }
-            offered[me] = OfferInSlices(works, slices[me]);
-            for (auto& work : works) work->Wait();
+            QueuedOnes queued = QueueOnes(
+                fake, rank, counts, [me](size_t k) { return static_cast<float>(k + 1 + me); });
+            offered[me] = OfferInSlices(queued.works, slices[me]);
+            for (auto& work : queued.works) work->Wait();
             const double ranks_sum = size * (size - 1) / 2.0;
             for (size_t k = 0; k < counts.size(); ++k) {
               const auto want = static_cast<float>(size * static_cast<double>(k + 1) + ranks_sum);
-              for (size_t i = 0; i < counts[k]; ++i) wrong[me] += ones[k]->data()[i] != want;
+              for (size_t i = 0; i < counts[k]; ++i) {
+                wrong[me] += queued.ones[k]->data()[i] != want;
+              }
             }
           } catch (const std::exception& e) {
             unexpected[me] = e.what();
