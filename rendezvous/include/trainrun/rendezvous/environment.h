@@ -403,7 +403,9 @@ inline constexpr IntSetting kSmallAllreduceBytes{
     0,
     kNoLimit,
     Side::kRank,
-    "largest allreduce that uses recursive doubling instead of the ring, bytes"};
+    "largest allreduce that uses recursive doubling instead of the ring, bytes (over TCP, "
+    "allreduces up to 256 KiB at up to 4 ranks, 64 KiB above, take recursive doubling with "
+    "the call records in any case)"};
 
 // Microseconds a wait for a peer polls without sleeping before it blocks in poll(2) (lower latency,
 // at the cost of a busy core while waiting). Only used when ranks have a core each.
