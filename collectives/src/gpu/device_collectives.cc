@@ -11,6 +11,7 @@
 #include <iostream>
 #include <optional>
 #include <thread>
+#include <type_traits>
 
 #include "element_codec.h"
 #include "nccl_api.h"
@@ -121,6 +122,10 @@ void ScaleHost(DataType type, void* data, size_t count, double factor) {
   auto each = [&](auto* elements, auto scale) {
     for (size_t i = 0; i < count; ++i) elements[i] = scale(elements[i]);
   };
+  auto integers = [&](auto* elements) {
+    using T = std::remove_pointer_t<decltype(elements)>;
+    each(elements, [&](T v) { return static_cast<T>(static_cast<double>(v) * factor); });
+  };
   switch (type) {
     case DataType::kFloat32:
       each(static_cast<float*>(data), [f = static_cast<float>(factor)](float v) { return v * f; });
@@ -139,24 +144,19 @@ void ScaleHost(DataType type, void* data, size_t count, double factor) {
       });
       return;
     case DataType::kInt32:
-      each(static_cast<int32_t*>(data),
-           [&](int32_t v) { return static_cast<int32_t>(static_cast<double>(v) * factor); });
+      integers(static_cast<int32_t*>(data));
       return;
     case DataType::kInt64:
-      each(static_cast<int64_t*>(data),
-           [&](int64_t v) { return static_cast<int64_t>(static_cast<double>(v) * factor); });
+      integers(static_cast<int64_t*>(data));
       return;
     case DataType::kInt16:
-      each(static_cast<int16_t*>(data),
-           [&](int16_t v) { return static_cast<int16_t>(static_cast<double>(v) * factor); });
+      integers(static_cast<int16_t*>(data));
       return;
     case DataType::kInt8:
-      each(static_cast<int8_t*>(data),
-           [&](int8_t v) { return static_cast<int8_t>(static_cast<double>(v) * factor); });
+      integers(static_cast<int8_t*>(data));
       return;
     case DataType::kUInt8:
-      each(static_cast<uint8_t*>(data),
-           [&](uint8_t v) { return static_cast<uint8_t>(static_cast<double>(v) * factor); });
+      integers(static_cast<uint8_t*>(data));
       return;
     case DataType::kBool:
       each(static_cast<uint8_t*>(data),
