@@ -168,7 +168,9 @@ class TcpTransport : public Transport {
   void FramedExchange(const char* input, char* output, size_t count, DataType type, ReduceOp op,
                       char* all, size_t record_bytes, FunctionRef<bool(bool)>* reduce);
   // SendFrame queues a frame to `peer`: the records of ranks [first, end) from `all`, then
-  // `bytes` of `data`.
+  // `bytes` of `data`. A frame whose data is small (kCopyFrameBytes) is copied into one buffer
+  // and queued as one send; a larger one goes as its parts, in one sendmsg, without a copy.
+  // Where ranks share cores, each queued part's bookkeeping is CPU on the other ranks' path.
   void SendFrame(int peer, const char* all, size_t record_bytes, int first, int end,
                  const void* data, size_t bytes);
   // RecvHead receives a frame's head from `peer`, its records (ranks [first, end)) into `all`, and
@@ -196,6 +198,9 @@ class TcpTransport : public Transport {
   int failed_peer_ = -1;
   // The frames' buffers: a head going out (n = 2) and one coming in, a peer's data, a sum.
   std::vector<char> frame_out_, frame_in_, payload_in_, sum_;
+  std::vector<char> frame_send_;  // a small frame being sent (SendFrame), head and data
+  // SendBuffer returns frame_send_ with room for `bytes`.
+  char* SendBuffer(size_t bytes);
   // The head just received lies at frame_in_[frame_at_, frame_at_ + frame_head_), frame_at_
   // chosen so that the data received after it starts 16-byte aligned, as payload_in_'s does.
   size_t frame_at_ = 0;
