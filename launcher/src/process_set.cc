@@ -95,6 +95,13 @@ absl::Status MakePty(UniqueFd& master, UniqueFd& slave) {
   termios mode{};
   if (tcgetattr(slave.get(), &mode) != 0) return fail("tcgetattr");
   cfmakeraw(&mode);
+  // Output processing on, with nothing to process: the bytes arrive as written (no '\r' before a
+  // '\n', no case or tab changes), as raw; but the kernel's output path then writes no more than
+  // the pty has room for each time (process_output_block), where raw's writes as much as it can
+  // queue and waits, and bulk output reaches the reader 1.4-1.6 times faster (docs/performance.md).
+  mode.c_oflag |= OPOST;
+  mode.c_oflag &= ~(ONLCR | OCRNL | ONOCR | ONLRET | OLCUC | OFILL | NLDLY | CRDLY | TABDLY | BSDLY |
+                    VTDLY | FFDLY);
   if (tcsetattr(slave.get(), TCSANOW, &mode) != 0) return fail("tcsetattr");
   return absl::OkStatus();
 }
