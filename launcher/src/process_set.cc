@@ -100,8 +100,8 @@ absl::Status MakePty(UniqueFd& master, UniqueFd& slave) {
   // the pty has room for each time (process_output_block), where raw's writes as much as it can
   // queue and waits, and bulk output reaches the reader 1.4-1.6 times faster (docs/performance.md).
   mode.c_oflag |= OPOST;
-  mode.c_oflag &= ~(ONLCR | OCRNL | ONOCR | ONLRET | OLCUC | OFILL | NLDLY | CRDLY | TABDLY | BSDLY |
-                    VTDLY | FFDLY);
+  mode.c_oflag &= ~(ONLCR | OCRNL | ONOCR | ONLRET | OLCUC | OFILL | NLDLY | CRDLY | TABDLY |
+                    BSDLY | VTDLY | FFDLY);
   if (tcsetattr(slave.get(), TCSANOW, &mode) != 0) return fail("tcsetattr");
   return absl::OkStatus();
 }
